@@ -1,0 +1,1 @@
+"""kvledger.contracts: binds any implementation to the spec."""

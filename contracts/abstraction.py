@@ -1,0 +1,73 @@
+"""Abstraction functions: implementation state -> spec state.
+
+Small and explicit (STYLE.md rule 12). A pool's abstraction is the spec
+:class:`~kvledger.spec.ledger.Ledger` whose free set is the slots tagged free
+and whose owners are the decoded tags. The core conformance check is
+``abstract(after) == spec.step(abstract(before), op)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
+from kvledger.impl.mamba import MambaPool
+from kvledger.impl.owners import FREE_TAG, decode
+from kvledger.impl.req_to_token import ReqToTokenPool
+from kvledger.impl.slots import SlotPool
+from kvledger.spec.ledger import Ledger
+from kvledger.spec.types import Owner
+
+AnyPool = TokenAllocator | PagedAllocator | SWATokenAllocator | MambaPool | ReqToTokenPool
+
+
+def ledger_of(pool: SlotPool) -> Ledger:
+    """The spec ledger a ``SlotPool`` stands for (a whole-pool pass: slow tier)."""
+    tags = pool.owner_tag[pool.base :].cpu()
+    slots = torch.arange(pool.base, pool.size, dtype=torch.int64)
+    free = frozenset(slots[tags == FREE_TAG].tolist())
+    held: dict[Owner, frozenset[int]] = {}
+    owned = tags != FREE_TAG
+    if bool(owned.any()):
+        t = tags[owned]
+        s = slots[owned]
+        order = torch.argsort(t, stable=True)
+        t, s = t[order], s[order]
+        uniq, counts = torch.unique_consecutive(t, return_counts=True)
+        start = 0
+        for tag, count in zip(uniq.tolist(), counts.tolist(), strict=True):
+            owner = decode(tag)
+            group = frozenset(s[start : start + count].tolist())
+            start += count
+            if owner is None:  # a reserved tag inside the pool's range: report it as nobody's
+                continue
+            held[owner] = group
+    return Ledger(pool.name, pool.capacity, free, held, pool.base)
+
+
+def free_stack_of(pool: SlotPool) -> frozenset[int]:
+    """The slots on the free stack, as a set."""
+    return frozenset(pool.free_slots().cpu().tolist())
+
+
+def inv_free_stack_matches_tags(pool: SlotPool) -> bool:
+    """The free stack holds each free-tagged slot exactly once and nothing else."""
+    stack = pool.free_slots().cpu()
+    tagged_free = int((pool.owner_tag[pool.base :] == FREE_TAG).sum())
+    return (
+        stack.numel() == tagged_free
+        and torch.unique(stack).numel() == stack.numel()
+        and bool((pool.owner_tag[pool.free_slots()] == FREE_TAG).all())
+    )
+
+
+def pools_of(obj: AnyPool) -> dict[str, SlotPool]:
+    """Every ``SlotPool`` inside an allocator or pool object, by ledger name."""
+    if isinstance(obj, SWATokenAllocator):
+        return {"kv": obj.full.pool, "swa": obj.swa.pool}
+    return {obj.pool.name: obj.pool}
+
+
+def abstract(obj: AnyPool) -> dict[str, Ledger]:
+    """The spec ledgers of every pool inside ``obj``."""
+    return {name: ledger_of(p) for name, p in pools_of(obj).items()}

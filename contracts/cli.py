@@ -1,0 +1,146 @@
+"""The ``kvledger`` command.
+
+``kvledger check`` runs the conformance state machines against the built-in
+reference implementation with contracts on and ends with a table of suites x
+models: rules, examples, steps, time, verdict. Exit 0 when every law holds,
+1 on a violation, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+from hypothesis import settings as Settings
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kvledger.contracts import bindings
+from kvledger.contracts.profiles import PROFILES, register_profiles
+from kvledger.contracts.runner import CheckResult, run_machine
+from kvledger.contracts.suites import SUITES
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="kvledger: check LLM-serving memory managers.")
+
+
+def _fail_usage(message: str) -> None:
+    Console(stderr=True).print(f"[red]error:[/red] {message}")
+    raise typer.Exit(2)
+
+
+@app.command()
+def check(
+    suite: Annotated[list[str] | None, typer.Option("--suite", help=f"suite(s) to run: {', '.join(SUITES)}")] = None,
+    model: Annotated[list[str] | None, typer.Option("--model", help="model kind(s) within the suites")] = None,
+    profile: Annotated[str, typer.Option(help=f"Hypothesis profile: {', '.join(PROFILES)}")] = "ci",
+    examples: Annotated[int | None, typer.Option(min=1, help="examples per model (overrides the profile)")] = None,
+    steps: Annotated[int | None, typer.Option(min=1, help="max steps per example (overrides the profile)")] = None,
+    seed: Annotated[int | None, typer.Option(help="random seed (default: the profile's derandomised run)")] = None,
+    contracts: Annotated[str, typer.Option(help="contract tier during the run: off, on, slow")] = "on",
+    as_json: Annotated[bool, typer.Option("--json", help="print a machine-readable result")] = False,
+) -> None:
+    """Run the conformance machines against the reference implementation."""
+    register_profiles()
+    if profile not in PROFILES:
+        _fail_usage(f"unknown profile {profile!r}; expected one of {', '.join(PROFILES)}")
+    if contracts not in bindings.LEVELS:
+        _fail_usage(f"unknown contract tier {contracts!r}; expected one of {', '.join(bindings.LEVELS)}")
+    suites = suite or list(SUITES)
+    for name in suites:
+        if name not in SUITES:
+            _fail_usage(f"unknown suite {name!r}; expected one of {', '.join(SUITES)}")
+    known_models = {m for s in suites for m in SUITES[s].models}
+    for m in model or []:
+        if m not in known_models:
+            _fail_usage(
+                f"unknown model {m!r} for suites {', '.join(suites)}; expected one of {', '.join(sorted(known_models))}"
+            )
+    base = Settings.get_profile(profile)
+    overrides: dict[str, object] = {}
+    if examples is not None:
+        overrides["max_examples"] = examples
+    if steps is not None:
+        overrides["stateful_step_count"] = steps
+    if seed is not None:
+        overrides["derandomize"] = False
+    run_settings = Settings(base, **overrides)  # type: ignore[arg-type]
+    bindings.install(contracts)  # type: ignore[arg-type]
+    jobs = [(s, m) for s in suites for m in SUITES[s].models if not model or m in model]
+    results: list[CheckResult] = []
+    console = Console(stderr=as_json)
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=as_json,
+        disable=as_json and not sys.stderr.isatty(),
+    ) as progress:
+        task = progress.add_task("checking", total=len(jobs))
+        for s, m in jobs:
+            progress.update(task, description=f"{s}/{m}")
+            machine = SUITES[s].models[m]()
+            results.append(run_machine(s, m, machine, list(SUITES[s].rules), run_settings, seed))
+            progress.advance(task)
+    bindings.uninstall()
+    ok = all(r.ok for r in results)
+    if as_json:
+        payload = {
+            "ok": ok,
+            "adapter": "kvledger-reference",
+            "profile": profile,
+            "seed": seed,
+            "contracts": contracts,
+            "results": [r.to_json() for r in results],
+        }
+        typer.echo(json.dumps(payload, indent=2))
+    else:
+        _print_table(console, results)
+    raise typer.Exit(0 if ok else 1)
+
+
+def _print_table(console: Console, results: list[CheckResult]) -> None:
+    table = Table(title="kvledger check: reference implementation")
+    for col in ("suite", "model", "rules", "examples", "steps", "time", "verdict"):
+        table.add_column(col, justify="right" if col in ("examples", "steps", "time") else "left")
+    for r in results:
+        verdict = "[green]holds[/green]" if r.ok else f"[red]VIOLATED[/red] {r.violation.rule if r.violation else ''}"
+        table.add_row(r.suite, r.model, str(len(r.rules)), str(r.examples), str(r.steps), f"{r.seconds:.1f}s", verdict)
+    console.print(table)
+    for r in results:
+        if r.violation is None:
+            continue
+        v = r.violation
+        console.print(f"\n[red bold]{r.suite}/{r.model}: {v.rule}[/red bold]\n{v.message}")
+        console.print(f"shrunk counterexample ({v.length} steps):")
+        for i, step in enumerate(v.steps, 1):
+            console.print(f"  {i:2d}. {step}", markup=False)
+        console.print("\nregression test:\n" + v.program, markup=False)
+
+
+@app.command("spec-check")
+def spec_check(
+    per_condition_timeout: Annotated[float, typer.Option(help="seconds CrossHair spends per condition")] = 4.0,
+) -> None:
+    """Run CrossHair on the spec modules' contracts (exit 1 if it finds a counterexample)."""
+    import tempfile
+    from pathlib import Path
+
+    from kvledger.contracts.crosshair_check import SPEC_MODULES, run_crosshair
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run_crosshair(list(SPEC_MODULES), Path(tmp), per_condition_timeout=per_condition_timeout)
+    typer.echo(result.stdout, nl=False)
+    typer.echo(result.stderr, nl=False, err=True)
+    if result.returncode == 0:
+        typer.echo(f"crosshair: no counterexample in {', '.join(SPEC_MODULES)}")
+    raise typer.Exit(result.returncode)
+
+
+def main() -> None:
+    """Console entry point."""
+    app()

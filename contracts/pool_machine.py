@@ -1,0 +1,318 @@
+"""Hypothesis state machines that drive each pool and the spec ledger in lockstep.
+
+One rule per spec transition (``allocate``, ``free``, ``transfer``) plus the
+misuses every engine eventually commits (double free, foreign free, out of
+range, bad tensors). After every step the abstraction of the implementation
+must equal the spec model, every ledger law must hold, and every held slot
+must still hold the data written into it.
+
+``PoolKind`` says how one pool maps onto ledgers; ``machine_for(kind)``
+builds the ``RuleBasedStateMachine``. A test or ``kvledger check`` runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, rule
+
+from kvledger.contracts.abstraction import AnyPool, abstract, inv_free_stack_matches_tags, pools_of
+from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
+from kvledger.impl.mamba import MambaPool
+from kvledger.impl.req_to_token import ReqToTokenPool
+from kvledger.spec import ledger as spec
+from kvledger.spec.errors import InvalidArgument, KVLedgerError, LedgerError, PageAlignmentError
+from kvledger.spec.ledger import Ledger
+from kvledger.spec.types import Owner, node, request, session
+
+OWNERS = (request(1), request(2), node(7), session(3))
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one ``alloc`` gave one owner (user-level indices: tokens, rows or state slots)."""
+
+    owner: Owner
+    idx: torch.Tensor
+    stamp: int
+
+    def __repr__(self) -> str:
+        return f"Chunk({self.owner}, {self.idx.tolist()})"
+
+
+@dataclass(frozen=True)
+class PoolKind:
+    """How a pool object maps user-level indices onto spec ledgers."""
+
+    name: str
+    make: Callable[[str], AnyPool]
+    unit: int = 1  # user indices per ledger slot (page_size for a paged pool)
+
+    def effects(self, pool: AnyPool, idx: torch.Tensor, owner: Owner) -> dict[str, tuple[Owner, frozenset[int]]]:
+        """Which ledger slots ``idx`` stands for, and under which owner, per ledger."""
+        if isinstance(pool, PagedAllocator):
+            return {"kv": (owner, frozenset((idx // pool.page_size).tolist()))}
+        if isinstance(pool, SWATokenAllocator):
+            out = {"kv": (owner, frozenset(idx.tolist()))}
+            live = pool.translate(idx)
+            live = live[live != 0]
+            if live.numel():
+                out["swa"] = (swa_owner(owner), frozenset(live.tolist()))
+            return out
+        name = next(iter(pools_of(pool)))
+        return {name: (owner, frozenset(idx.tolist()))}
+
+
+def _alloc(pool: AnyPool, n: int, owner: Owner) -> torch.Tensor:
+    if isinstance(pool, ReqToTokenPool):
+        return torch.tensor([pool.alloc(owner)], dtype=torch.int64, device=pool.device)
+    return pool.alloc(n, owner)
+
+
+def _free(pool: AnyPool, idx: torch.Tensor, owner: Owner) -> None:
+    if isinstance(pool, ReqToTokenPool):
+        pool.pool.free(idx, owner)  # rows are freed one at a time by the public API; the pool takes a tensor
+    else:
+        pool.free(idx, owner)
+
+
+def _transfer(pool: AnyPool, idx: torch.Tensor, src: Owner, dst: Owner) -> None:
+    if isinstance(pool, ReqToTokenPool):
+        pool.pool.transfer(idx, src, dst)
+    else:
+        pool.transfer(idx, src, dst)
+
+
+def _data(pool: AnyPool) -> torch.Tensor | None:
+    if isinstance(pool, ReqToTokenPool):
+        return None
+    if isinstance(pool, SWATokenAllocator):
+        return pool.full.data
+    return pool.data
+
+
+KINDS: dict[str, PoolKind] = {
+    "token": PoolKind("token", lambda dev: TokenAllocator(12, device=dev)),
+    "paged": PoolKind("paged", lambda dev: PagedAllocator(6, 2, device=dev), unit=2),
+    "swa": PoolKind("swa", lambda dev: SWATokenAllocator(12, 8, device=dev)),
+    "req_to_token": PoolKind("req_to_token", lambda dev: ReqToTokenPool(4, 16, device=dev)),
+    "mamba": PoolKind("mamba", lambda dev: MambaPool(6, ping_pong_size=1, device=dev)),
+}
+
+
+def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachine]:
+    """A state machine class checking ``kind``'s pool against the spec ledger."""
+
+    class PoolConformance(RuleBasedStateMachine):
+        chunks = Bundle("chunks")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.pool = kind.make(device)
+            self.model: dict[str, Ledger] = abstract(self.pool)
+            self.stamp = 0
+            self.expect: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # stamp -> (slots, fingerprints)
+            self.released: list[Chunk] = []
+
+        # ---------------------------------------------------------- helpers
+
+        def _apply(self, op: str, effects: dict[str, tuple[Owner, frozenset[int]]], dst: Owner | None = None) -> None:
+            new = dict(self.model)
+            for name, (owner, slots) in effects.items():
+                try:
+                    if op == "allocate":
+                        new[name] = spec.allocate(new[name], owner, slots)
+                    elif op == "free":
+                        new[name] = spec.free(new[name], owner, slots)
+                    else:
+                        assert dst is not None
+                        d = swa_owner(dst) if name == "swa" else dst
+                        new[name] = spec.transfer(new[name], owner, d, slots)
+                except LedgerError as err:
+                    raise AssertionError(f"refinement: the implementation did what spec.{op} forbids: {err}") from err
+            self.model = new
+
+        def _expect_rejected(self, call: Callable[[], object], expected: type[KVLedgerError]) -> None:
+            before = abstract(self.pool)
+            data = _data(self.pool)
+            data_before = None if data is None else data.clone()
+            try:
+                call()
+            except KVLedgerError as err:
+                assert isinstance(err, expected), f"expected {expected.__name__}, got {type(err).__name__}: {err}"
+            else:
+                raise AssertionError(f"invalid call accepted (expected {expected.__name__})")
+            assert abstract(self.pool) == before, "a rejected call changed the pool"
+            if data is not None and data_before is not None:
+                assert torch.equal(data, data_before), "a rejected call changed slot data"
+
+        # ---------------------------------------------------------- spec transitions
+
+        @rule(target=chunks, owner=st.sampled_from(OWNERS), n=st.integers(1, 5))
+        def allocate(self, owner: Owner, n: int) -> object:
+            need = -(-n // kind.unit)
+            fits = all(spec.can_allocate(led, need) for led in self.model.values())
+            if isinstance(self.pool, MambaPool | ReqToTokenPool):
+                fits = spec.can_allocate(
+                    next(iter(self.model.values())), 1 if isinstance(self.pool, ReqToTokenPool) else n
+                )
+            if not fits:
+                from kvledger.spec.errors import OverAllocation
+
+                self._expect_rejected(lambda: _alloc(self.pool, n, owner), OverAllocation)
+                return multiple()
+            idx = _alloc(self.pool, n, owner)
+            self._apply("allocate", kind.effects(self.pool, idx, owner))
+            self.stamp += 1
+            data = _data(self.pool)
+            if data is not None:
+                from kvledger.impl.integrity import fingerprint
+
+                fp = fingerprint(torch.full_like(idx, owner.ident), torch.arange(idx.numel()) + 100 * self.stamp)
+                if isinstance(self.pool, MambaPool):
+                    for slot, value in zip(idx.tolist(), fp.tolist(), strict=True):
+                        self.pool.write_fingerprint(slot, value)
+                else:
+                    data[idx] = fp
+                self.expect[self.stamp] = (idx, fp)
+            return Chunk(owner, idx, self.stamp)
+
+        @rule(chunk=consumes(chunks))
+        def free(self, chunk: Chunk) -> None:
+            effects = kind.effects(self.pool, chunk.idx, chunk.owner)
+            _free(self.pool, chunk.idx, chunk.owner)
+            self._apply("free", effects)
+            self.expect.pop(chunk.stamp, None)
+            self.released.append(chunk)
+
+        @rule(target=chunks, chunk=consumes(chunks), dst=st.sampled_from(OWNERS))
+        def transfer(self, chunk: Chunk, dst: Owner) -> Chunk:
+            if dst == chunk.owner:
+                self._expect_rejected(lambda: _transfer(self.pool, chunk.idx, chunk.owner, dst), InvalidArgument)
+                return chunk
+            effects = kind.effects(self.pool, chunk.idx, chunk.owner)
+            _transfer(self.pool, chunk.idx, chunk.owner, dst)
+            self._apply("transfer", effects, dst)
+            return Chunk(dst, chunk.idx, chunk.stamp)
+
+        # ---------------------------------------------------------- misuse: typed error, state unchanged
+
+        @rule()
+        def double_free(self) -> None:
+            if not self.released:
+                return
+            chunk = self.released[-1]
+            effects = kind.effects(self.pool, chunk.idx, chunk.owner)
+            name = next(iter(effects))
+            owner, slots = effects[name]
+            err = spec.check_free(self.model[name], owner, slots)
+            if err is None:  # its slots were handed out again, to the same owner: a legal free now
+                return
+            self._expect_rejected(lambda: _free(self.pool, chunk.idx, chunk.owner), type(err))
+
+        @rule(chunk=chunks, thief=st.sampled_from(OWNERS))
+        def foreign_free(self, chunk: Chunk, thief: Owner) -> None:
+            if thief == chunk.owner:
+                return
+            from kvledger.spec.errors import NotOwner
+
+            self._expect_rejected(lambda: _free(self.pool, chunk.idx, thief), NotOwner)
+
+        @rule(where=st.sampled_from(["below", "above"]))
+        def out_of_range(self, where: str) -> None:
+            from kvledger.spec.errors import OutOfRange
+
+            big = _data(self.pool)
+            top = 10_000 if big is None else big.numel() + 10_000
+            bad = torch.tensor([-1 if where == "below" else top], dtype=torch.int64)
+            self._expect_rejected(lambda: _free(self.pool, bad, OWNERS[0]), OutOfRange)
+
+        @rule(chunk=chunks, bad=st.sampled_from(["float", "2d", "empty", "dup"]))
+        def malformed_indices(self, chunk: Chunk, bad: str) -> None:
+            if bad == "float":
+                idx = chunk.idx.to(torch.float32)
+            elif bad == "2d":
+                idx = chunk.idx.reshape(1, -1)
+            elif bad == "empty":
+                idx = chunk.idx[:0]
+            else:
+                idx = torch.cat((chunk.idx, chunk.idx[:1]))
+            expected: type[KVLedgerError] = InvalidArgument
+            if bad == "dup" and isinstance(self.pool, PagedAllocator):
+                expected = PageAlignmentError
+            self._expect_rejected(lambda: _free(self.pool, idx, chunk.owner), expected)
+
+        @rule(chunk=chunks, bad_n=st.sampled_from([0, -1]))
+        def bad_size(self, chunk: Chunk, bad_n: int) -> None:
+            if isinstance(self.pool, ReqToTokenPool):
+                return
+            self._expect_rejected(lambda: _alloc(self.pool, bad_n, chunk.owner), InvalidArgument)
+
+        @rule(chunk=chunks)
+        def split_page_free(self, chunk: Chunk) -> None:
+            if not isinstance(self.pool, PagedAllocator):
+                return
+            self._expect_rejected(lambda: _free(self.pool, chunk.idx[:1], chunk.owner), PageAlignmentError)
+
+        @rule(target=chunks, chunk=consumes(chunks))
+        def free_swa(self, chunk: Chunk) -> Chunk:
+            pool = self.pool
+            if not isinstance(pool, SWATokenAllocator):
+                return chunk
+            live = pool.translate(chunk.idx)
+            if bool((live == 0).any()):
+                self._expect_rejected(lambda: pool.free_swa(chunk.idx, chunk.owner), InvalidArgument)
+                return chunk
+            swa = frozenset(live.tolist())
+            pool.free_swa(chunk.idx, chunk.owner)
+            self._apply("free", {"swa": (swa_owner(chunk.owner), swa)})
+            return chunk
+
+        @rule(src=chunks, dst=chunks)
+        def copy_state(self, src: Chunk, dst: Chunk) -> None:
+            if not isinstance(self.pool, MambaPool):
+                return
+            s, d = int(src.idx[0]), int(dst.idx[-1])
+            if s == d:
+                return
+            self.pool.copy_state(s, d, dst.owner)
+            self.pool.verify(d, int(self.pool.data[s]))
+            # the destination now holds the source's state: update what it must hold
+            slots, fps = self.expect[dst.stamp]
+            fps = fps.clone()
+            fps[-1] = int(self.pool.data[s])
+            self.expect[dst.stamp] = (slots, fps)
+
+        # ---------------------------------------------------------- invariants
+
+        @invariant()
+        def inv_refines_spec(self) -> None:
+            got = abstract(self.pool)
+            assert got == self.model, f"abstraction differs from spec model:\n impl {got}\n spec {self.model}"
+
+        @invariant()
+        def inv_ledger_laws(self) -> None:
+            for name, led in abstract(self.pool).items():
+                assert spec.inv_slots_conserved(led), f"inv_slots_conserved broken on {name}"
+                assert spec.inv_single_owner(led), f"inv_single_owner broken on {name}"
+
+        @invariant()
+        def inv_free_stack(self) -> None:
+            for name, p in pools_of(self.pool).items():
+                assert inv_free_stack_matches_tags(p), f"free stack does not match tags on {name}"
+
+        @invariant()
+        def inv_data_integrity(self) -> None:
+            data = _data(self.pool)
+            if data is None:
+                return
+            for stamp, (slots, fps) in self.expect.items():
+                bad = data[slots] != fps
+                assert not bool(bad.any()), f"data integrity: chunk {stamp} slots {slots[bad].tolist()} lost their data"
+
+    PoolConformance.__name__ = f"PoolConformance_{kind.name}"
+    PoolConformance.__qualname__ = PoolConformance.__name__
+    return PoolConformance

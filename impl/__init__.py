@@ -1,0 +1,1 @@
+"""kvledger.impl: the torch-backed reference memory manager."""

@@ -1,0 +1,242 @@
+"""KV allocators: token-granular, paged, and the SWA pair (full + sliding-window).
+
+Each refines :mod:`kvledger.spec.ledger` through the :class:`SlotPool` it is
+built on. Every slot carries an ``int64`` fingerprint column (``data``) that
+stands for its K/V contents (see :mod:`kvledger.impl.integrity`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvledger.impl.integrity import fingerprint, verify
+from kvledger.impl.slots import SlotPool
+from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError
+from kvledger.spec.types import Component, Owner, OwnerKind
+
+
+class TokenAllocator:
+    """Token-granular KV slot allocator (SGLang's ``TokenToKVPoolAllocator``).
+
+    Slots ``1..size`` are allocatable; slot 0 is reserved as padding, as
+    engines do. Owned slots belong to whoever ``alloc`` named until they are
+    freed or transferred.
+    """
+
+    page_size = 1
+
+    def __init__(self, size: int, *, device: str | torch.device = "cpu", name: str = "kv") -> None:
+        self.pool = SlotPool(name, size, base=1, device=device)
+        self.device = self.pool.device
+        self.data = torch.zeros(self.pool.size, dtype=torch.int64, device=self.device)
+
+    @property
+    def capacity(self) -> int:
+        return self.pool.capacity
+
+    def available_size(self) -> int:
+        """Free token slots."""
+        return self.pool.available_size()
+
+    def alloc(self, n: int, owner: Owner) -> torch.Tensor:
+        """``n`` token slots for ``owner`` (all or nothing). Refines ``spec.ledger.allocate``."""
+        return self.pool.alloc(n, owner)
+
+    def free(self, indices: torch.Tensor, owner: Owner) -> None:
+        """Return ``owner``'s slots. Refines ``spec.ledger.free``."""
+        self.pool.free(indices, owner)
+
+    def transfer(self, indices: torch.Tensor, src: Owner, dst: Owner) -> None:
+        """Hand slots from ``src`` to ``dst``. Refines ``spec.ledger.transfer``."""
+        self.pool.transfer(indices, src, dst)
+
+    def write_fingerprint(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        """Write the KV of ``tokens`` at ``positions`` into ``slots`` (as fingerprints)."""
+        self.data[slots] = fingerprint(tokens, positions)
+
+    def verify(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        """Raise ``IntegrityError`` unless ``slots`` hold exactly ``tokens`` at ``positions``."""
+        verify(self.pool.name, self.data, slots, tokens, positions)
+
+
+class PagedAllocator:
+    """Paged KV allocator: whole pages of ``page_size`` token slots.
+
+    Page 0 is reserved padding. ``alloc`` returns token indices of whole
+    pages; ``free`` accepts only whole pages (a free that would split a page
+    raises ``PageAlignmentError``). The ledger's slots are pages.
+    """
+
+    def __init__(self, num_pages: int, page_size: int, *, device: str | torch.device = "cpu", name: str = "kv") -> None:
+        if page_size < 1:
+            raise InvalidArgument("create", name, (), f"page_size {page_size} must be >= 1")
+        self.page_size = page_size
+        self.pool = SlotPool(name, num_pages, base=1, device=device)
+        self.device = self.pool.device
+        self.data = torch.zeros(self.pool.size * page_size, dtype=torch.int64, device=self.device)
+        self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
+
+    @property
+    def capacity(self) -> int:
+        """Capacity in tokens."""
+        return self.pool.capacity * self.page_size
+
+    def available_size(self) -> int:
+        """Free token slots (whole free pages times ``page_size``)."""
+        return self.pool.available_size() * self.page_size
+
+    def pages_for(self, num_tokens: int) -> int:
+        """Pages needed to hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.page_size)
+
+    def tokens_of(self, pages: torch.Tensor) -> torch.Tensor:
+        """Token indices of ``pages``, page by page."""
+        return (pages[:, None] * self.page_size + self._offsets).flatten()
+
+    def alloc(self, num_tokens: int, owner: Owner) -> torch.Tensor:
+        """Whole pages for ``num_tokens`` tokens: returns ``pages_for(num_tokens) * page_size`` token indices."""
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens <= 0:
+            raise InvalidArgument(
+                "alloc", self.pool.name, (), f"size {num_tokens!r} for {owner} must be a positive int"
+            )
+        return self.tokens_of(self.pool.alloc(self.pages_for(num_tokens), owner))
+
+    def pages_of(self, op: str, indices: torch.Tensor) -> torch.Tensor:
+        """The pages that ``indices`` cover exactly; raise unless they are whole, distinct pages."""
+        if not isinstance(indices, torch.Tensor) or indices.dim() != 1 or indices.numel() == 0:
+            raise InvalidArgument(op, self.pool.name, (), "indices must be a non-empty 1-D tensor")
+        if indices.dtype not in (torch.int64, torch.int32) or indices.device != self.device:
+            raise InvalidArgument(op, self.pool.name, (), f"indices {indices.dtype} on {indices.device}")
+        idx = indices.to(torch.int64)
+        if int(idx.min()) < self.page_size or int(idx.max()) >= self.data.numel():
+            raise OutOfRange(
+                op,
+                self.pool.name,
+                idx[(idx < self.page_size) | (idx >= self.data.numel())].tolist(),
+                f"token index outside [{self.page_size}, {self.data.numel()})",
+            )
+        pages = idx // self.page_size
+        uniq: torch.Tensor
+        counts: torch.Tensor
+        uniq, counts = torch.unique(pages, return_counts=True)
+        if uniq.numel() * self.page_size != idx.numel() or bool((counts != self.page_size).any()):
+            partial = uniq[counts != self.page_size].tolist() or uniq.tolist()
+            raise PageAlignmentError(
+                op, self.pool.name, partial, f"indices cover {idx.numel()} tokens, not whole pages of {self.page_size}"
+            )
+        return uniq
+
+    def free(self, indices: torch.Tensor, owner: Owner) -> None:
+        """Return whole pages (given as token indices) from ``owner``."""
+        self.pool.free(self.pages_of("free", indices), owner)
+
+    def transfer(self, indices: torch.Tensor, src: Owner, dst: Owner) -> None:
+        """Hand whole pages (given as token indices) from ``src`` to ``dst``."""
+        self.pool.transfer(self.pages_of("transfer", indices), src, dst)
+
+    def write_fingerprint(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        """Write the KV of ``tokens`` at ``positions`` into token ``slots``."""
+        self.data[slots] = fingerprint(tokens, positions)
+
+    def verify(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        """Raise ``IntegrityError`` unless token ``slots`` hold exactly ``tokens`` at ``positions``."""
+        verify(self.pool.name, self.data, slots, tokens, positions)
+
+
+def swa_owner(owner: Owner) -> Owner:
+    """Who holds the SWA slots of ``owner``'s full slots: a tree node's SWA component, else the same owner."""
+    if owner.kind is OwnerKind.NODE:
+        return Owner(owner.kind, owner.ident, Component.SWA)
+    return owner
+
+
+class SWATokenAllocator:
+    """A full KV pool paired with a sliding-window (SWA) pool (SGLang's ``SWATokenToKVPoolAllocator``).
+
+    Every allocated full slot gets an SWA slot; ``full_to_swa`` maps one to the
+    other (0: none). When tokens fall out of the window, ``free_swa`` returns
+    their SWA slots while the full slots stay (an SWA tombstone).
+    """
+
+    page_size = 1
+
+    def __init__(self, size: int, swa_size: int, *, device: str | torch.device = "cpu") -> None:
+        self.full = TokenAllocator(size, device=device, name="kv")
+        self.swa = TokenAllocator(swa_size, device=device, name="swa")
+        self.device = self.full.device
+        self.full_to_swa = torch.zeros(self.full.pool.size, dtype=torch.int64, device=self.device)
+
+    @property
+    def capacity(self) -> int:
+        return self.full.capacity
+
+    def available_size(self) -> int:
+        """Tokens allocatable now: limited by both pools."""
+        return min(self.full.available_size(), self.swa.available_size())
+
+    def alloc(self, n: int, owner: Owner) -> torch.Tensor:
+        """``n`` full slots, each with an SWA slot, for ``owner`` (both or neither)."""
+        self.full.pool.check_alloc(n, owner)
+        self.swa.pool.check_alloc(n, swa_owner(owner))
+        out = self.full.alloc(n, owner)
+        self.full_to_swa[out] = self.swa.alloc(n, swa_owner(owner))
+        return out
+
+    def translate(self, full_indices: torch.Tensor) -> torch.Tensor:
+        """SWA slots of ``full_indices`` (0 where the SWA slot was freed)."""
+        out: torch.Tensor = self.full_to_swa[full_indices]
+        return out
+
+    def _live_swa(self, idx: torch.Tensor) -> torch.Tensor:
+        s = self.full_to_swa[idx]
+        return s[s != 0]
+
+    def free(self, indices: torch.Tensor, owner: Owner) -> None:
+        """Return full slots and whatever SWA slots they still have."""
+        idx = self.full.pool.as_index("free", indices)
+        self.full.pool.check_held("free", idx, owner)
+        live = self._live_swa(idx)
+        if live.numel():
+            self.swa.pool.check_held("free", live, swa_owner(owner))
+            self.swa.pool.release(live)
+        self.full_to_swa[idx] = 0
+        self.full.pool.release(idx)
+
+    def free_swa(self, indices: torch.Tensor, owner: Owner) -> None:
+        """Return only the SWA slots of ``indices`` (out of the window); the full slots stay with ``owner``."""
+        idx = self.full.pool.as_index("free_swa", indices)
+        self.full.pool.check_held("free_swa", idx, owner)
+        swa = self.full_to_swa[idx]
+        if bool((swa == 0).any()):
+            raise InvalidArgument(
+                "free_swa", "swa", idx[swa == 0].tolist(), "full slots without an SWA slot (SWA double free)"
+            )
+        self.swa.pool.check_held("free_swa", swa, swa_owner(owner))
+        self.swa.pool.release(swa)
+        self.full_to_swa[idx] = 0
+
+    def transfer(self, indices: torch.Tensor, src: Owner, dst: Owner) -> None:
+        """Hand full slots and their live SWA slots from ``src`` to ``dst``."""
+        idx = self.full.pool.as_index("transfer", indices)
+        self.full.pool.check_held("transfer", idx, src)
+        live = self._live_swa(idx)
+        if live.numel():
+            self.swa.pool.check_held("transfer", live, swa_owner(src))
+        self.full.pool.transfer(idx, src, dst)
+        if live.numel() and swa_owner(src) != swa_owner(dst):
+            self.swa.pool.transfer(live, swa_owner(src), swa_owner(dst))
+
+    def write_fingerprint(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        """Write KV into the full slots and their SWA slots."""
+        self.full.write_fingerprint(slots, tokens, positions)
+        live = self.full_to_swa[slots]
+        mask = live != 0
+        self.swa.data[live[mask]] = self.full.data[slots[mask]]
+
+    def verify(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        """Verify the full slots (SWA slots where present must match too)."""
+        self.full.verify(slots, tokens, positions)
+        live = self.full_to_swa[slots]
+        mask = live != 0
+        if bool(mask.any()):
+            verify("swa", self.swa.data, live[mask], tokens[mask], positions[mask])

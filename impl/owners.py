@@ -1,0 +1,38 @@
+"""Owner tags: how the reference implementation writes an owner into a tensor.
+
+Each pool keeps one ``int64`` tag per slot (``FREE_TAG`` when free). A tag
+packs an :class:`~kvledger.spec.types.Owner` as ``kind << 60 | component << 56
+| ident`` so ownership checks are one vectorised comparison, and the
+abstraction function can decode a whole pool in one pass.
+"""
+
+from __future__ import annotations
+
+from kvledger.spec.types import Component, Owner, OwnerKind
+
+FREE_TAG = 0
+RESERVED_TAG = -1
+"""Tag of a slot that is never handed out (the padding slot 0 of a token pool)."""
+
+_KIND_CODE = {OwnerKind.REQUEST: 1, OwnerKind.NODE: 2, OwnerKind.SESSION: 3}
+_KIND_OF = {v: k for k, v in _KIND_CODE.items()}
+_COMP_CODE = {None: 0, Component.FULL: 1, Component.SWA: 2, Component.MAMBA: 3}
+_COMP_OF = {v: k for k, v in _COMP_CODE.items()}
+_IDENT_BITS = 56
+MAX_IDENT = (1 << _IDENT_BITS) - 1
+
+
+def encode(owner: Owner) -> int:
+    """The tag of ``owner`` (always > 0)."""
+    if not 0 <= owner.ident <= MAX_IDENT:
+        raise ValueError(f"owner id {owner.ident} of {owner} outside [0, {MAX_IDENT}]")
+    return (_KIND_CODE[owner.kind] << 60) | (_COMP_CODE[owner.component] << _IDENT_BITS) | owner.ident
+
+
+def decode(tag: int) -> Owner | None:
+    """The owner a tag stands for; ``None`` for a free or reserved slot."""
+    if tag <= 0:
+        return None
+    kind = _KIND_OF[tag >> 60]
+    comp = _COMP_OF[(tag >> _IDENT_BITS) & 0xF]
+    return Owner(kind, tag & MAX_IDENT, comp)

@@ -1,0 +1,66 @@
+"""The request-to-token table: one row per request, holding its KV slot indices.
+
+Rows are slots of their own pool (SGLang's ``ReqToTokenPool``), so a row has
+exactly one owner: a running request or a streaming session that saved it.
+``table[row, i]`` is the KV slot of the request's token ``i``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvledger.impl.slots import SlotPool
+from kvledger.spec.errors import InvalidArgument, OutOfRange
+from kvledger.spec.types import Owner
+
+
+class ReqToTokenPool:
+    """``size`` rows of ``max_context_len`` slot indices each. Rows refine ``spec.ledger``."""
+
+    def __init__(self, size: int, max_context_len: int, *, device: str | torch.device = "cpu") -> None:
+        if max_context_len <= 0:
+            raise InvalidArgument("create", "req_to_token", (), f"max_context_len {max_context_len} must be > 0")
+        self.pool = SlotPool("req_to_token", size, device=device)
+        self.device = self.pool.device
+        self.max_context_len = max_context_len
+        self.table = torch.zeros((size, max_context_len), dtype=torch.int64, device=self.device)
+
+    def available_size(self) -> int:
+        """Free rows."""
+        return self.pool.available_size()
+
+    def alloc(self, owner: Owner) -> int:
+        """One row for ``owner``. Refines ``spec.ledger.allocate``."""
+        return int(self.pool.alloc(1, owner)[0])
+
+    def free(self, row: int, owner: Owner) -> None:
+        """Return ``owner``'s row (its contents become meaningless). Refines ``spec.ledger.free``."""
+        self.pool.free(self._row(row), owner)
+
+    def transfer(self, row: int, src: Owner, dst: Owner) -> None:
+        """Hand a row from ``src`` to ``dst`` (a session saving a request's row)."""
+        self.pool.transfer(self._row(row), src, dst)
+
+    def write(self, row: int, start: int, slots: torch.Tensor, owner: Owner) -> None:
+        """Write ``slots`` into ``table[row, start:start + len(slots)]``; ``owner`` must hold the row."""
+        r = self._row(row)
+        self.pool.check_held("write", r, owner)
+        end = start + slots.numel()
+        if start < 0 or end > self.max_context_len:
+            raise OutOfRange(
+                "write", "req_to_token", [row], f"columns [{start}, {end}) outside [0, {self.max_context_len})"
+            )
+        self.table[row, start:end] = slots.to(torch.int64)
+
+    def read(self, row: int, start: int, end: int) -> torch.Tensor:
+        """A copy of ``table[row, start:end]``."""
+        if not 0 <= start <= end <= self.max_context_len:
+            raise OutOfRange(
+                "read", "req_to_token", [row], f"columns [{start}, {end}) outside [0, {self.max_context_len})"
+            )
+        return self.table[row, start:end].clone()
+
+    def _row(self, row: int) -> torch.Tensor:
+        if not isinstance(row, int) or isinstance(row, bool):
+            raise InvalidArgument("row", "req_to_token", (), f"row must be an int, got {type(row).__name__}")
+        return torch.tensor([row], dtype=torch.int64, device=self.device)

@@ -1,0 +1,1 @@
+"""kvledger.spec: the executable specification (pure Python, no torch)."""

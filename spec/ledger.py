@@ -1,0 +1,264 @@
+"""The ownership ledger of one pool: single ownership and conservation.
+
+Every slot of a pool (KV token slots or pages, request rows, Mamba state
+slots, ping-pong track buffers, SWA slots) has exactly one holder at every
+moment: the free list or one :class:`~kvledger.spec.types.Owner`. The laws:
+
+* ``inv_slots_conserved``: ``len(free) + sum(len(held[o])) == capacity``;
+* ``inv_single_owner``: the free list and the owners' sets are pairwise
+  disjoint and together cover exactly the pool's slots.
+
+Operations are pure functions ``step(state, args) -> state`` over a frozen
+state (DESIGN.md: the form CrossHair can check). Each has a named predicate
+``check_<op>`` that returns the typed error a misuse deserves (or ``None``);
+the precondition reuses it, so a rejected call raises that error and, being
+pure, changes nothing.
+
+>>> from kvledger.spec.types import request
+>>> s = new_ledger("kv", capacity=4)
+>>> s = allocate(s, request(1), frozenset({0, 1}))
+>>> sorted(s.free), owner_of(s, 0)
+([2, 3], Owner(kind=<OwnerKind.REQUEST: 'req'>, ident=1, component=None))
+>>> free(s, request(2), frozenset({0}))
+Traceback (most recent call last):
+...
+kvledger.spec.errors.NotOwner: free on pool 'kv' slots [0]: slot 0 is held by req:1, not by req:2
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import icontract
+
+from kvledger.spec.errors import (
+    DoubleFree,
+    InvalidArgument,
+    LedgerError,
+    NotOwner,
+    OutOfRange,
+    OverAllocation,
+)
+from kvledger.spec.types import Owner
+
+Slots = frozenset[int]
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Abstract state of one pool.
+
+    ``held`` maps each owner to the non-empty set of slots it holds; an owner
+    that holds nothing is absent. The pool's slots are
+    ``range(base, base + capacity)`` (``base == 1`` for a token pool whose
+    slot 0 is reserved padding).
+    """
+
+    name: str
+    capacity: int
+    free: Slots
+    held: Mapping[Owner, Slots] = field(default_factory=dict)
+    base: int = 0
+
+
+def new_ledger(name: str, capacity: int, base: int = 0) -> Ledger:
+    """A pool of ``capacity`` slots, all free."""
+    return Ledger(name, capacity, frozenset(range(base, base + capacity)), {}, base)
+
+
+def owner_of(s: Ledger, slot: int) -> Owner | None:
+    """The owner holding ``slot``, or ``None`` when it is free (or out of range)."""
+    for o, slots in s.held.items():
+        if slot in slots:
+            return o
+    return None
+
+
+def held_by(s: Ledger, owner: Owner) -> Slots:
+    """The slots ``owner`` holds (empty when it holds none)."""
+    return s.held.get(owner, frozenset())
+
+
+def num_held(s: Ledger) -> int:
+    """How many slots are held by some owner."""
+    return sum(len(v) for v in s.held.values())
+
+
+# ---------------------------------------------------------------- invariants
+
+
+def inv_slots_conserved(s: Ledger) -> bool:
+    """free + sum of owners == capacity."""
+    return len(s.free) + num_held(s) == s.capacity
+
+
+def inv_single_owner(s: Ledger) -> bool:
+    """Free list and owners are pairwise disjoint and cover exactly the pool."""
+    seen: set[int] = set(s.free)
+    total = len(s.free)
+    for slots in s.held.values():
+        if not slots:
+            return False  # an owner with nothing must be absent
+        seen |= slots
+        total += len(slots)
+    return total == len(seen) and seen == set(range(s.base, s.base + s.capacity))
+
+
+def inv_ledger(s: Ledger) -> bool:
+    """Both ledger laws."""
+    return inv_slots_conserved(s) and inv_single_owner(s)
+
+
+# ---------------------------------------------------------------- predicates
+
+
+def _check_range(op: str, s: Ledger, slots: Slots) -> LedgerError | None:
+    bad = [x for x in slots if not s.base <= x < s.base + s.capacity]
+    if bad:
+        return OutOfRange(op, s.name, bad, f"outside [{s.base}, {s.base + s.capacity})")
+    return None
+
+
+def _check_held(op: str, s: Ledger, owner: Owner, slots: Slots) -> LedgerError | None:
+    if not slots:
+        return InvalidArgument(op, s.name, slots, "empty slot set")
+    err = _check_range(op, s, slots)
+    if err is not None:
+        return err
+    loose = slots & s.free
+    if loose:
+        return DoubleFree(op, s.name, loose, f"already free (double free by {owner})")
+    mine = held_by(s, owner)
+    foreign = slots - mine
+    if foreign:
+        x = min(foreign)
+        return NotOwner(op, s.name, foreign, f"slot {x} is held by {owner_of(s, x)}, not by {owner}")
+    return None
+
+
+def can_allocate(s: Ledger, n: int) -> bool:
+    """At least ``n`` slots are free."""
+    return len(s.free) >= n
+
+
+def check_allocate(s: Ledger, owner: Owner, slots: Slots) -> LedgerError | None:
+    """Why giving ``slots`` to ``owner`` is illegal, or ``None``."""
+    if not slots:
+        return InvalidArgument("allocate", s.name, slots, f"empty allocation for {owner}")
+    err = _check_range("allocate", s, slots)
+    if err is not None:
+        return err
+    if not can_allocate(s, len(slots)):
+        return OverAllocation("allocate", s.name, slots, f"{len(slots)} requested by {owner}, {len(s.free)} free")
+    taken = slots - s.free
+    if taken:
+        x = min(taken)
+        return OverAllocation("allocate", s.name, taken, f"slot {x} is held by {owner_of(s, x)}, not free")
+    return None
+
+
+def check_free(s: Ledger, owner: Owner, slots: Slots) -> LedgerError | None:
+    """Why ``owner`` may not free ``slots``, or ``None``."""
+    return _check_held("free", s, owner, slots)
+
+
+def check_transfer(s: Ledger, src: Owner, dst: Owner, slots: Slots) -> LedgerError | None:
+    """Why ``slots`` may not move from ``src`` to ``dst``, or ``None``."""
+    if src == dst:
+        return InvalidArgument("transfer", s.name, slots, f"source and destination are both {src}")
+    return _check_held("transfer", s, src, slots)
+
+
+# ---------------------------------------------------------------- transitions
+
+
+def _must(err: LedgerError | None) -> LedgerError:
+    # NOTE: only called by icontract after the predicate said "illegal".
+    assert err is not None
+    return err
+
+
+def _with(held: Mapping[Owner, Slots], owner: Owner, slots: Slots) -> dict[Owner, Slots]:
+    out = dict(held)
+    if slots:
+        out[owner] = slots
+    else:
+        out.pop(owner, None)
+    return out
+
+
+def _others_unchanged(old: Ledger, new: Ledger, *owners: Owner) -> bool:
+    keys = (set(old.held) | set(new.held)) - set(owners)
+    return all(held_by(old, o) == held_by(new, o) for o in keys)
+
+
+@icontract.require(lambda s: inv_ledger(s), "well-formed ledger")
+@icontract.require(
+    lambda s, owner, slots: check_allocate(s, owner, slots) is None,
+    "slots are free and in range",
+    error=lambda s, owner, slots: _must(check_allocate(s, owner, slots)),
+)
+@icontract.ensure(lambda result: inv_slots_conserved(result), "slots conserved")
+@icontract.ensure(lambda result: inv_single_owner(result), "single owner")
+@icontract.ensure(
+    lambda s, owner, slots, result: held_by(result, owner) == held_by(s, owner) | slots, "owner gains exactly the slots"
+)
+@icontract.ensure(lambda s, slots, result: result.free == s.free - slots, "free list loses exactly the slots")
+@icontract.ensure(lambda s, owner, result: _others_unchanged(s, result, owner), "other owners untouched")
+def allocate(s: Ledger, owner: Owner, slots: Slots) -> Ledger:
+    """Move free ``slots`` to ``owner`` (all or nothing).
+
+    The implementation chooses which slots; the spec accepts any free ones.
+    """
+    return Ledger(s.name, s.capacity, s.free - slots, _with(s.held, owner, held_by(s, owner) | slots), s.base)
+
+
+@icontract.require(lambda s: inv_ledger(s), "well-formed ledger")
+@icontract.require(
+    lambda s, owner, slots: check_free(s, owner, slots) is None,
+    "slots held by owner",
+    error=lambda s, owner, slots: _must(check_free(s, owner, slots)),
+)
+@icontract.ensure(lambda result: inv_slots_conserved(result), "slots conserved")
+@icontract.ensure(lambda result: inv_single_owner(result), "single owner")
+@icontract.ensure(
+    lambda s, owner, slots, result: held_by(result, owner) == held_by(s, owner) - slots, "owner loses exactly the slots"
+)
+@icontract.ensure(lambda s, slots, result: result.free == s.free | slots, "free list gains exactly the slots")
+@icontract.ensure(lambda s, owner, result: _others_unchanged(s, result, owner), "other owners untouched")
+def free(s: Ledger, owner: Owner, slots: Slots) -> Ledger:
+    """Return ``slots`` from ``owner`` to the free list; only their owner may."""
+    return Ledger(s.name, s.capacity, s.free | slots, _with(s.held, owner, held_by(s, owner) - slots), s.base)
+
+
+@icontract.require(lambda s: inv_ledger(s), "well-formed ledger")
+@icontract.require(
+    lambda s, src, dst, slots: check_transfer(s, src, dst, slots) is None,
+    "slots held by the named source",
+    error=lambda s, src, dst, slots: _must(check_transfer(s, src, dst, slots)),
+)
+@icontract.ensure(lambda result: inv_slots_conserved(result), "slots conserved")
+@icontract.ensure(lambda result: inv_single_owner(result), "single owner")
+@icontract.ensure(
+    lambda s, src, slots, result: held_by(result, src) == held_by(s, src) - slots, "source loses exactly the slots"
+)
+@icontract.ensure(
+    lambda s, dst, slots, result: held_by(result, dst) == held_by(s, dst) | slots, "destination gains exactly the slots"
+)
+@icontract.ensure(lambda s, result: result.free == s.free, "free list untouched")
+@icontract.ensure(lambda s, src, dst, result: _others_unchanged(s, result, src, dst), "other owners untouched")
+def transfer(s: Ledger, src: Owner, dst: Owner, slots: Slots) -> Ledger:
+    """Move ``slots`` from ``src`` (which must hold them) to ``dst``.
+
+    This is how a request hands its KV to a tree node on insert, or its row and
+    Mamba state to a streaming session on save.
+    """
+    held = _with(s.held, src, held_by(s, src) - slots)
+    held = _with(held, dst, held_by(s, dst) | slots)
+    return Ledger(s.name, s.capacity, s.free, held, s.base)
+
+
+def lowest_free(s: Ledger, n: int) -> Slots:
+    """The ``n`` lowest free slots: a deterministic choice for spec-only runs."""
+    return frozenset(sorted(s.free)[:n])

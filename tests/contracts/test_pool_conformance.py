@@ -1,0 +1,86 @@
+"""The pool state machines pass on the real pools and fail, naming the law, on broken ones."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from hypothesis import settings
+from hypothesis.errors import Flaky
+
+from kvledger.contracts.pool_machine import KINDS, machine_for
+from kvledger.impl.slots import SlotPool
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_pool_conforms_to_ledger_spec(kind: str) -> None:
+    machine_for(KINDS[kind]).TestCase().runTest()
+
+
+def run_expecting_failure(kind: str) -> str:
+    case = machine_for(KINDS[kind]).TestCase()
+    case.settings = settings(case.settings, max_examples=200, print_blob=False, report_multiple_bugs=False)
+    with pytest.raises((AssertionError, Flaky)) as info:
+        case.runTest()
+    return str(info.value)
+
+
+@pytest.fixture
+def leaky_release(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A pool whose free forgets to push the last slot back on the free stack (a leak)."""
+    original = SlotPool.release
+
+    def release(self: SlotPool, idx: torch.Tensor) -> None:
+        original(self, idx)
+        if idx.numel() > 1:
+            self._top -= 1
+
+    monkeypatch.setattr(SlotPool, "release", release)
+    yield
+
+
+@pytest.fixture
+def untagged_alloc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A pool whose alloc hands out slots without recording the owner (lost ownership)."""
+    original = SlotPool.alloc
+
+    def alloc(self: SlotPool, n: int, owner: object) -> torch.Tensor:
+        out = original(self, n, owner)  # type: ignore[arg-type]
+        if n > 1:
+            self.owner_tag[out[-1]] = 0
+        return out
+
+    monkeypatch.setattr(SlotPool, "alloc", alloc)
+    yield
+
+
+@pytest.mark.usefixtures("leaky_release")
+@pytest.mark.parametrize("kind", ["token", "paged", "mamba"])
+def test_leaky_free_is_caught(kind: str) -> None:
+    msg = run_expecting_failure(kind)
+    assert "free stack does not match tags" in msg or "differs from spec model" in msg or "free count" in msg, msg
+
+
+@pytest.mark.usefixtures("untagged_alloc")
+def test_lost_owner_is_caught() -> None:
+    msg = run_expecting_failure("token")
+    assert "differs from spec model" in msg or "free stack does not match tags" in msg, msg
+
+
+def test_data_overwrite_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool that hands out a held slot again (double allocation) corrupts data and ownership."""
+    original = SlotPool.alloc
+
+    def alloc(self: SlotPool, n: int, owner: object) -> torch.Tensor:
+        out = original(self, n, owner)  # type: ignore[arg-type]
+        held = torch.nonzero(self.owner_tag > 0).flatten()
+        held = held[~torch.isin(held, out)]
+        if held.numel():  # BUG: also give away someone else's slot
+            out = torch.cat((out[:-1], held[:1]))
+            self.owner_tag[out] = int(self.owner_tag[out[0]])
+        return out
+
+    monkeypatch.setattr(SlotPool, "alloc", alloc)
+    msg = run_expecting_failure("token")
+    assert "refinement" in msg or "differs from spec model" in msg or "data integrity" in msg, msg

@@ -1,0 +1,152 @@
+"""The torch pools: real allocation behaviour, typed errors, state unchanged on rejection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from kvledger.contracts.abstraction import abstract
+from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
+from kvledger.impl.mamba import MambaPool
+from kvledger.impl.req_to_token import ReqToTokenPool
+from kvledger.spec.errors import (
+    DoubleFree,
+    IntegrityError,
+    InvalidArgument,
+    KVLedgerError,
+    NotOwner,
+    OutOfRange,
+    OverAllocation,
+    PageAlignmentError,
+)
+from kvledger.spec.types import Component, node, request, session
+
+R1, R2 = request(1), request(2)
+
+
+def rejected(pool: object, call: Callable[[], object], error: type[KVLedgerError]) -> KVLedgerError:
+    before = abstract(pool)  # type: ignore[arg-type]
+    with pytest.raises(error) as info:
+        call()
+    assert abstract(pool) == before  # type: ignore[arg-type]
+    return info.value
+
+
+def test_token_allocator_reserves_padding_slot_and_reuses_freed() -> None:
+    a = TokenAllocator(4)
+    x = a.alloc(4, R1)
+    assert sorted(x.tolist()) == [1, 2, 3, 4] and a.available_size() == 0
+    rejected(a, lambda: a.alloc(1, R2), OverAllocation)
+    a.free(x[:2], R1)
+    y = a.alloc(2, R2)
+    assert sorted(y.tolist()) == sorted(x[:2].tolist())
+    assert a.pool.owner_of(int(y[0])) == R2
+
+
+def test_token_allocator_typed_errors() -> None:
+    a = TokenAllocator(8)
+    x = a.alloc(3, R1)
+    err = rejected(a, lambda: a.free(x, R2), NotOwner)
+    assert "held by req:1, not by req:2" in str(err) and "free" in str(err)
+    a.free(x[:1], R1)
+    err = rejected(a, lambda: a.free(x[:1], R1), DoubleFree)
+    assert f"[{int(x[0])}]" in str(err)
+    rejected(a, lambda: a.free(torch.tensor([0]), R1), OutOfRange)
+    rejected(a, lambda: a.free(torch.tensor([9]), R1), OutOfRange)
+    rejected(a, lambda: a.free(x[1:].float(), R1), InvalidArgument)
+    rejected(a, lambda: a.free(x[1:].reshape(1, -1), R1), InvalidArgument)
+    rejected(a, lambda: a.free(torch.cat((x[1:], x[1:2])), R1), InvalidArgument)
+    rejected(a, lambda: a.free(x[1:].tolist(), R1), InvalidArgument)  # type: ignore[arg-type]
+    rejected(a, lambda: a.alloc(0, R1), InvalidArgument)
+    rejected(a, lambda: a.alloc(-2, R1), InvalidArgument)
+    rejected(a, lambda: a.transfer(x[1:], R2, session(1)), NotOwner)
+
+
+def test_token_allocator_rejects_wrong_device() -> None:
+    a = TokenAllocator(8)
+    x = a.alloc(2, R1)
+    meta = torch.empty(2, dtype=torch.int64, device="meta")
+    err = rejected(a, lambda: a.free(meta, R1), InvalidArgument)
+    assert "meta" in str(err)
+    assert x.device == a.device
+
+
+def test_int32_indices_are_accepted() -> None:
+    a = TokenAllocator(8)
+    x = a.alloc(2, R1)
+    a.free(x.to(torch.int32), R1)
+    assert a.available_size() == 8
+
+
+def test_paged_allocator_whole_pages_only() -> None:
+    p = PagedAllocator(4, 4)
+    x = p.alloc(5, R1)
+    assert x.numel() == 8 and bool((x[:4] // 4 == x[0] // 4).all())
+    assert p.available_size() == 8
+    err = rejected(p, lambda: p.free(x[:6], R1), PageAlignmentError)
+    assert "whole pages" in str(err)
+    rejected(p, lambda: p.free(x[1:], R1), PageAlignmentError)
+    rejected(p, lambda: p.free(x[:4], R2), NotOwner)
+    rejected(p, lambda: p.free(torch.tensor([0, 1, 2, 3]), R1), OutOfRange)
+    p.free(x[:4], R1)
+    rejected(p, lambda: p.free(x[:4], R1), DoubleFree)
+    rejected(p, lambda: p.alloc(100, R1), OverAllocation)
+    p.transfer(x[4:], R1, node(5))
+    assert p.pool.owner_of(int(x[4] // 4)) == node(5)
+
+
+def test_swa_allocator_pairs_and_tombstones() -> None:
+    s = SWATokenAllocator(8, 4)
+    x = s.alloc(3, R1)
+    assert bool((s.translate(x) != 0).all())
+    rejected(s, lambda: s.alloc(2, R2), OverAllocation)  # SWA pool has 1 left
+    s.free_swa(x[:2], R1)
+    assert s.translate(x[:2]).tolist() == [0, 0] and s.swa.available_size() == 3
+    rejected(s, lambda: s.free_swa(x[:1], R1), InvalidArgument)
+    s.transfer(x, R1, node(4))
+    assert s.swa.pool.owner_of(int(s.translate(x[2:])[0])) == node(4, Component.SWA)
+    s.free(x, node(4))
+    assert s.available_size() == 4 and s.full.available_size() == 8
+
+
+def test_req_to_token_rows() -> None:
+    r = ReqToTokenPool(2, 8)
+    row = r.alloc(R1)
+    r.write(row, 0, torch.tensor([5, 6, 7]), R1)
+    assert r.read(row, 0, 3).tolist() == [5, 6, 7]
+    rejected(r, lambda: r.write(row, 6, torch.tensor([1, 2, 3]), R1), OutOfRange)
+    rejected(r, lambda: r.write(row, 0, torch.tensor([1]), R2), NotOwner)
+    r.transfer(row, R1, session(2))
+    rejected(r, lambda: r.free(row, R1), NotOwner)
+    r.free(row, session(2))
+    rejected(r, lambda: r.free(row, session(2)), DoubleFree)
+
+
+def test_mamba_pool_request_state_and_copy_on_write() -> None:
+    m = MambaPool(4, ping_pong_size=2)
+    got = m.alloc_request_state(R1)
+    assert len(got.slots()) == 3 and m.available_size() == 1
+    m.write_fingerprint(got.state, 12345)
+    cow = int(m.alloc(1, R2)[0])
+    m.copy_state(got.state, cow, R2)
+    m.verify(cow, 12345)
+    assert torch.equal(m.conv[cow], m.conv[got.state])
+    rejected(m, lambda: m.alloc_request_state(R2), OverAllocation)
+    m.free(torch.tensor(list(got.slots())), R1)
+    with pytest.raises(InvalidArgument, match="use after free"):
+        m.copy_state(got.state, cow, R2)
+    with pytest.raises(IntegrityError, match=f"slot {got.state}"):
+        m.verify(got.state, 999)
+
+
+def test_fingerprint_verify_catches_overwrite() -> None:
+    a = TokenAllocator(8)
+    x = a.alloc(3, R1)
+    toks, pos = torch.tensor([11, 12, 13]), torch.arange(3)
+    a.write_fingerprint(x, toks, pos)
+    a.verify(x, toks, pos)
+    a.write_fingerprint(x[1:2], torch.tensor([99]), torch.tensor([0]))  # another request wrote into slot x[1]
+    with pytest.raises(IntegrityError, match=f"slot {int(x[1])}"):
+        a.verify(x, toks, pos)

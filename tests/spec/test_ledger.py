@@ -1,0 +1,109 @@
+"""The ownership ledger: its laws hold on every legal run and fail on broken states."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvledger.spec import ledger as L
+from kvledger.spec.errors import DoubleFree, InvalidArgument, NotOwner, OutOfRange, OverAllocation
+from kvledger.spec.types import Component, node, request, session
+
+OWNERS = [request(1), request(2), node(3), node(3, Component.SWA), session(4)]
+
+
+def test_new_ledger_is_all_free() -> None:
+    s = L.new_ledger("kv", 5, base=1)
+    assert s.free == frozenset(range(1, 6)) and L.inv_ledger(s)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["alloc", "free", "transfer"]),
+            st.sampled_from(OWNERS),
+            st.sampled_from(OWNERS),
+            st.integers(1, 3),
+        ),
+        max_size=30,
+    )
+)
+def test_legal_runs_keep_the_laws(ops: list[tuple[str, object, object, int]]) -> None:
+    s = L.new_ledger("kv", 8)
+    for op, a, b, n in ops:
+        assert isinstance(a, type(OWNERS[0])) and isinstance(b, type(OWNERS[0]))
+        if op == "alloc" and L.can_allocate(s, n):
+            s = L.allocate(s, a, L.lowest_free(s, n))
+        elif op == "free" and L.held_by(s, a):
+            s = L.free(s, a, frozenset(sorted(L.held_by(s, a))[:n]))
+        elif op == "transfer" and L.held_by(s, a) and a != b:
+            s = L.transfer(s, a, b, frozenset(sorted(L.held_by(s, a))[:n]))
+        assert L.inv_slots_conserved(s) and L.inv_single_owner(s)
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda s: L.free(s, request(1), frozenset({5})), DoubleFree),
+        (lambda s: L.free(s, request(2), frozenset({0})), NotOwner),
+        (lambda s: L.free(s, request(1), frozenset({9})), OutOfRange),
+        (lambda s: L.free(s, request(1), frozenset()), InvalidArgument),
+        (lambda s: L.allocate(s, request(2), frozenset({0})), OverAllocation),
+        (lambda s: L.allocate(s, request(2), frozenset({1, 2})), OverAllocation),
+        (lambda s: L.allocate(s, request(2), frozenset({-1})), OutOfRange),
+        (lambda s: L.transfer(s, request(2), session(1), frozenset({0})), NotOwner),
+        (lambda s: L.transfer(s, request(1), request(1), frozenset({0})), InvalidArgument),
+        (lambda s: L.transfer(s, request(1), session(1), frozenset({4})), DoubleFree),
+    ],
+)
+def test_misuse_raises_typed_error_and_leaves_state(call: object, error: type[Exception]) -> None:
+    s = L.allocate(L.new_ledger("kv", 6), request(1), frozenset({0, 1}))
+    before = s
+    with pytest.raises(error) as info:
+        call(s)  # type: ignore[operator]
+    assert s == before
+    assert "'kv'" in str(info.value)
+
+
+def test_error_names_operation_slot_and_owners() -> None:
+    s = L.allocate(L.new_ledger("kv", 4), request(1), frozenset({2}))
+    with pytest.raises(NotOwner, match=r"free on pool 'kv' slots \[2\]: slot 2 is held by req:1, not by session:9"):
+        L.free(s, session(9), frozenset({2}))
+
+
+# ---- each invariant fails on a broken state
+
+
+def test_conservation_fails_on_a_leak() -> None:
+    s = L.allocate(L.new_ledger("kv", 4), request(1), frozenset({0, 1}))
+    leaked = L.Ledger("kv", 4, s.free, {request(1): frozenset({0})})  # slot 1 lost its owner
+    assert not L.inv_slots_conserved(leaked)
+    assert not L.inv_single_owner(leaked)
+
+
+def test_single_owner_fails_on_shared_slot() -> None:
+    shared = L.Ledger("kv", 3, frozenset({2}), {request(1): frozenset({0, 1}), request(2): frozenset({1})})
+    assert not L.inv_single_owner(shared)
+
+
+def test_single_owner_fails_on_free_and_held_slot() -> None:
+    both = L.Ledger("kv", 2, frozenset({0, 1}), {request(1): frozenset({1})})
+    assert not L.inv_single_owner(both)
+
+
+def test_single_owner_fails_on_foreign_slot_or_empty_owner() -> None:
+    assert not L.inv_single_owner(L.Ledger("kv", 2, frozenset({0, 7}), {}))
+    assert not L.inv_single_owner(L.Ledger("kv", 2, frozenset({0, 1}), {request(1): frozenset()}))
+
+
+def test_postcondition_catches_a_broken_transition() -> None:
+    import icontract
+
+    @icontract.ensure(lambda result: L.inv_slots_conserved(result), "slots conserved")
+    def leaky_free(s: L.Ledger, owner: object, slots: frozenset[int]) -> L.Ledger:
+        return L.Ledger(s.name, s.capacity, s.free, L._with(s.held, request(1), L.held_by(s, request(1)) - slots))
+
+    s = L.allocate(L.new_ledger("kv", 4), request(1), frozenset({0, 1}))
+    with pytest.raises(icontract.ViolationError, match="slots conserved"):
+        leaky_free(s, request(1), frozenset({0}))
