@@ -1,0 +1,85 @@
+"""Admission as a transaction (bug B2).
+
+Admitting a waiting request matches it against the cache (which may lock
+nodes and allocate a Mamba slot by copy-on-write), then either commits — the
+request is added to the batch and keeps what it acquired — or rolls back — the
+request goes back to the waiting queue holding exactly what it held before the
+attempt, with no lock handle left behind. The laws are stated over ledgers
+and live handles, so they hold for any implementation of the adder:
+
+* ``inv_rollback_restores`` — after a rejected attempt, the request holds in
+  every pool exactly what it held before, and the live handles it owns are the
+  ones it owned before;
+* ``inv_commit_keeps`` — after an admitted attempt, the request still holds
+  everything it held before (nothing of an admitted request was freed behind
+  its back: a later free of it would be a use-after-free).
+
+>>> from kvledger.spec.ledger import new_ledger, allocate
+>>> from kvledger.spec.types import request
+>>> m = new_ledger("mamba", 2)
+>>> a = begin(request(7), {"mamba": m}, frozenset())
+>>> grabbed = allocate(m, request(7), frozenset({0}))  # copy-on-write during matching
+>>> inv_rollback_restores(a, {"mamba": grabbed}, frozenset())
+False
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kvledger.spec.ledger import Ledger, Slots, held_by
+from kvledger.spec.types import HandleId, Owner
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one prefill batch may still take (SGLang's ``PrefillAdder`` budgets)."""
+
+    tokens: int
+    requests: int
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The state of one request when an admission attempt began."""
+
+    req: Owner
+    before: Mapping[str, Slots]  # pool name -> slots the request held
+    handles_before: frozenset[HandleId]
+
+
+def begin(req: Owner, ledgers: Mapping[str, Ledger], handles: frozenset[HandleId]) -> Attempt:
+    """Record what ``req`` holds as an attempt starts (``handles``: the live handles it owns)."""
+    return Attempt(req, {name: held_by(led, req) for name, led in ledgers.items()}, handles)
+
+
+def fits(budget: Budget, new_tokens: int) -> bool:
+    """The request's uncached tokens and one request slot fit in what remains of the budget."""
+    return budget.requests >= 1 and new_tokens <= budget.tokens
+
+
+def take(budget: Budget, new_tokens: int) -> Budget:
+    """The budget left after admitting a request with ``new_tokens`` uncached tokens."""
+    return Budget(budget.tokens - new_tokens, budget.requests - 1)
+
+
+def inv_rollback_restores(a: Attempt, after: Mapping[str, Ledger], handles_after: frozenset[HandleId]) -> bool:
+    """A rejected request holds exactly what it held before the attempt, in every pool and in locks."""
+    same_slots = all(held_by(led, a.req) == a.before.get(name, frozenset()) for name, led in after.items())
+    return same_slots and handles_after == a.handles_before
+
+
+def inv_commit_keeps(a: Attempt, after: Mapping[str, Ledger]) -> bool:
+    """An admitted request still holds everything it held before the attempt."""
+    return all(a.before.get(name, frozenset()) <= held_by(led, a.req) for name, led in after.items())
+
+
+def leaked_by_rollback(a: Attempt, after: Mapping[str, Ledger]) -> dict[str, Slots]:
+    """Per pool, the slots a rejected request kept that it did not hold before (for error messages)."""
+    out = {}
+    for name, led in after.items():
+        extra = held_by(led, a.req) - a.before.get(name, frozenset())
+        if extra:
+            out[name] = extra
+    return out

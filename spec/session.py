@@ -1,0 +1,171 @@
+"""Streaming sessions: a request's memory kept between turns (bugs B3, B4).
+
+A session slot (SGLang's ``SessionSlot``) holds, between two turns, the
+request-table row, the KV slots written in that row and the Mamba state (plus
+ping-pong track buffers) of the last request. The laws:
+
+* **append-only resumption** — a turn resumes from a prefix no longer than
+  what was committed (``prefix_len <= committed_len``);
+* **tail release** — on resume, row positions ``[start, allocated_len)`` are
+  freed *before* anything is written over them, where ``start`` is
+  ``prefix_len`` rounded *up* to a page boundary (a paged allocator frees
+  whole pages and the partial page still holds committed tokens); the
+  remainder ``[prefix_len, start)`` stays with the row;
+* **release on close** — closing frees everything the session holds;
+* **held equals recorded** — what the ledgers say the session holds is exactly
+  what its slot records (``inv_session_holds_recorded``).
+
+>>> s = save(new_session(1), row=3, kv=(10, 11, 12, 13, 14, 15), committed_len=5, mamba=frozenset({2}))
+>>> plan = resume(s, prefix_len=3, page_size=2)
+>>> plan.kept, plan.freed
+((10, 11, 12, 13), (14, 15))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import icontract
+
+from kvledger.spec.errors import InvalidArgument, LedgerError
+from kvledger.spec.ledger import Ledger, held_by
+from kvledger.spec.types import Owner, session
+
+
+@dataclass(frozen=True)
+class SessionSlot:
+    """What one streaming session holds between turns (nothing while a turn runs)."""
+
+    sid: int
+    row: int | None = None
+    kv: tuple[int, ...] = ()  # token slot of each position [0, allocated_len), as written in the row
+    committed_len: int = 0  # positions whose KV is final; <= allocated_len
+    mamba: frozenset[int] = frozenset()  # Mamba state slot and track buffers
+
+    @property
+    def allocated_len(self) -> int:
+        return len(self.kv)
+
+    @property
+    def owner(self) -> Owner:
+        return session(self.sid)
+
+    @property
+    def empty(self) -> bool:
+        return self.row is None and not self.kv and not self.mamba
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What resuming hands to the next turn and what it must free first."""
+
+    prefix_len: int
+    row: int | None
+    kept: tuple[int, ...]  # positions [0, start): handed to the request with the row
+    freed: tuple[int, ...]  # positions [start, allocated_len): freed before the row is written
+    mamba: frozenset[int]
+
+
+def new_session(sid: int) -> SessionSlot:
+    """An open session holding nothing."""
+    return SessionSlot(sid)
+
+
+def inv_committed_within_allocated(s: SessionSlot) -> bool:
+    """committed_len <= allocated_len."""
+    return 0 <= s.committed_len <= s.allocated_len
+
+
+def inv_kv_needs_row(s: SessionSlot) -> bool:
+    """KV slots are only held together with the row that references them."""
+    return s.row is not None or not s.kv
+
+
+def round_up(n: int, page_size: int) -> int:
+    """``n`` rounded up to a multiple of ``page_size``."""
+    return -(-n // page_size) * page_size
+
+
+def tail_start(prefix_len: int, allocated_len: int, page_size: int) -> int:
+    """First row position freed on resume: ``prefix_len`` rounded up to a page, at most ``allocated_len``."""
+    return min(round_up(prefix_len, page_size), allocated_len)
+
+
+def check_save(s: SessionSlot, kv: tuple[int, ...], committed_len: int) -> LedgerError | None:
+    """Why saving into ``s`` is illegal (it still holds a turn's memory, or lengths are wrong), or ``None``."""
+    if not s.empty:
+        return InvalidArgument(
+            "save", "session", s.kv, f"session {s.sid} still holds row {s.row}: resume or close first"
+        )
+    if not 0 <= committed_len <= len(kv):
+        return InvalidArgument("save", "session", kv, f"committed_len {committed_len} outside [0, {len(kv)}]")
+    return None
+
+
+def check_resume(s: SessionSlot, prefix_len: int, page_size: int) -> LedgerError | None:
+    """Why resuming ``s`` at ``prefix_len`` is illegal (append-only), or ``None``."""
+    if page_size < 1:
+        return InvalidArgument("resume", "session", (), f"page_size {page_size} must be >= 1")
+    if not 0 <= prefix_len <= s.committed_len:
+        return InvalidArgument(
+            "resume",
+            "session",
+            (),
+            f"session {s.sid}: prefix {prefix_len} beyond committed {s.committed_len} "
+            "(streaming sessions are append-only)",
+        )
+    return None
+
+
+def _must(err: LedgerError | None) -> LedgerError:
+    assert err is not None
+    return err
+
+
+@icontract.require(
+    lambda s, kv, committed_len: check_save(s, kv, committed_len) is None,
+    "session empty, lengths valid",
+    error=lambda s, kv, committed_len: _must(check_save(s, kv, committed_len)),
+)
+@icontract.ensure(lambda result: inv_committed_within_allocated(result), "committed within allocated")
+@icontract.ensure(lambda result: inv_kv_needs_row(result), "kv held with its row")
+def save(
+    s: SessionSlot, row: int | None, kv: tuple[int, ...], committed_len: int, mamba: frozenset[int]
+) -> SessionSlot:
+    """The session takes the finished turn's row, KV and Mamba state (``save_from_req``)."""
+    return SessionSlot(s.sid, row, kv, committed_len, mamba)
+
+
+@icontract.require(lambda s: inv_committed_within_allocated(s), "well-formed session")
+@icontract.require(
+    lambda s, prefix_len, page_size: check_resume(s, prefix_len, page_size) is None,
+    "append-only",
+    error=lambda s, prefix_len, page_size: _must(check_resume(s, prefix_len, page_size)),
+)
+@icontract.ensure(lambda s, result: result.kept + result.freed == s.kv, "kept and freed split the row")
+@icontract.ensure(lambda result: len(result.kept) >= result.prefix_len, "committed prefix kept")
+@icontract.ensure(
+    lambda page_size, result: not result.freed or len(result.kept) % page_size == 0, "tail freed from a page boundary"
+)
+def resume(s: SessionSlot, prefix_len: int, page_size: int) -> ResumePlan:
+    """Plan the next turn: free the tail past the page-aligned prefix, hand the rest to the request."""
+    start = tail_start(prefix_len, s.allocated_len, page_size)
+    return ResumePlan(prefix_len, s.row, s.kv[:start], s.kv[start:], s.mamba)
+
+
+def close(s: SessionSlot) -> tuple[SessionSlot, ResumePlan]:
+    """Close: everything the session holds is released (row, every KV slot, Mamba state and track buffers)."""
+    return new_session(s.sid), ResumePlan(0, s.row, (), s.kv, s.mamba)
+
+
+def inv_session_holds_recorded(
+    s: SessionSlot, kv: Ledger, rows: Ledger | None, mamba: Ledger | None, page_size: int = 1
+) -> bool:
+    """The ledgers' view of what the session holds equals what its slot records (no more, no less)."""
+    pages = frozenset(x // page_size for x in s.kv) if page_size > 1 else frozenset(s.kv)
+    ok = held_by(kv, s.owner) == pages
+    if rows is not None:
+        ok = ok and held_by(rows, s.owner) == (frozenset() if s.row is None else frozenset({s.row}))
+    if mamba is not None:
+        ok = ok and held_by(mamba, s.owner) == s.mamba
+    return ok

@@ -1,0 +1,102 @@
+"""Session and admission laws: they hold on legal runs and fail on the states B2, B3 and B4 leave."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvledger.spec import admission as A
+from kvledger.spec import session as S
+from kvledger.spec.errors import InvalidArgument
+from kvledger.spec.ledger import allocate, free, new_ledger, transfer
+from kvledger.spec.types import HandleId, request, session
+
+
+@given(
+    alloc=st.integers(0, 12),
+    data=st.data(),
+    page=st.sampled_from([1, 2, 4]),
+)
+def test_resume_splits_row_at_page_boundary(alloc: int, data: st.DataObject, page: int) -> None:
+    committed = data.draw(st.integers(0, alloc))
+    prefix = data.draw(st.integers(0, committed))
+    s = S.save(S.new_session(1), 0, tuple(range(100, 100 + alloc)), committed, frozenset())
+    plan = S.resume(s, prefix, page)
+    assert plan.kept + plan.freed == s.kv
+    assert len(plan.kept) >= prefix
+    assert not plan.freed or len(plan.kept) % page == 0
+    assert len(plan.kept) - prefix < page  # never keeps a whole page past the prefix
+
+
+def test_resume_beyond_committed_is_rejected() -> None:
+    s = S.save(S.new_session(1), 0, (1, 2, 3), 2, frozenset())
+    with pytest.raises(InvalidArgument, match="append-only"):
+        S.resume(s, 3, 1)
+
+
+def test_save_into_a_busy_session_is_rejected() -> None:
+    s = S.save(S.new_session(1), 0, (1, 2), 2, frozenset())
+    with pytest.raises(InvalidArgument, match="still holds row 0"):
+        S.save(s, 1, (3,), 1, frozenset())
+
+
+def test_close_releases_everything() -> None:
+    s = S.save(S.new_session(2), 4, (7, 8, 9), 3, frozenset({1, 2}))
+    emptied, plan = S.close(s)
+    assert emptied.empty and plan.row == 4 and set(plan.freed) == {7, 8, 9} and plan.mamba == {1, 2}
+
+
+def test_held_equals_recorded_fails_when_close_keeps_mamba() -> None:
+    """The state bug B3 leaves: the session slot is empty but the Mamba ledger still names the session."""
+    kv, rows, mamba = new_ledger("kv", 8), new_ledger("rows", 2), new_ledger("mamba", 3)
+    kv = allocate(kv, session(1), frozenset({1, 2}))
+    rows = allocate(rows, session(1), frozenset({0}))
+    mamba = allocate(mamba, session(1), frozenset({0, 1}))
+    s = S.save(S.new_session(1), 0, (1, 2), 2, frozenset({0, 1}))
+    assert S.inv_session_holds_recorded(s, kv, rows, mamba)
+    emptied, plan = S.close(s)
+    kv = free(kv, session(1), frozenset(plan.freed))
+    rows = free(rows, session(1), frozenset({0}))
+    assert not S.inv_session_holds_recorded(emptied, kv, rows, mamba)  # mamba not freed: B3
+    assert S.inv_session_holds_recorded(emptied, kv, rows, free(mamba, session(1), plan.mamba))
+
+
+def test_held_equals_recorded_fails_when_tail_is_overwritten() -> None:
+    """The state bug B4 leaves: the tail was dropped from the record without being freed."""
+    kv = allocate(new_ledger("kv", 8), session(1), frozenset({1, 2, 3, 4}))
+    s = S.save(S.new_session(1), 0, (1, 2, 3, 4), 2, frozenset())
+    plan = S.resume(s, 2, 1)
+    lost = S.SessionSlot(1, 0, plan.kept, 2)  # tail (3, 4) forgotten, still held in the ledger
+    assert not S.inv_session_holds_recorded(lost, kv, None, None)
+    assert S.inv_session_holds_recorded(lost, free(kv, session(1), frozenset(plan.freed)), None, None)
+
+
+def test_rollback_law_fails_on_kept_mamba_slot_and_holds_after_release() -> None:
+    """B2: a rejected request keeps the Mamba slot matching gave it."""
+    m = new_ledger("mamba", 2)
+    a = A.begin(request(1), {"mamba": m}, frozenset())
+    got = allocate(m, request(1), frozenset({1}))
+    assert not A.inv_rollback_restores(a, {"mamba": got}, frozenset())
+    assert A.leaked_by_rollback(a, {"mamba": got}) == {"mamba": frozenset({1})}
+    assert A.inv_rollback_restores(a, {"mamba": free(got, request(1), frozenset({1}))}, frozenset())
+
+
+def test_rollback_law_fails_on_a_leftover_lock_handle() -> None:
+    m = new_ledger("mamba", 2)
+    a = A.begin(request(1), {"mamba": m}, frozenset())
+    assert not A.inv_rollback_restores(a, {"mamba": m}, frozenset({HandleId(3)}))
+
+
+def test_commit_law_fails_when_an_admitted_request_loses_its_slot() -> None:
+    m = allocate(new_ledger("mamba", 2), request(1), frozenset({0}))
+    a = A.begin(request(1), {"mamba": m}, frozenset())
+    assert A.inv_commit_keeps(a, {"mamba": m})
+    assert not A.inv_commit_keeps(a, {"mamba": transfer(m, request(1), request(2), frozenset({0}))})
+
+
+def test_budget() -> None:
+    b = A.Budget(tokens=10, requests=2)
+    assert A.fits(b, 10) and not A.fits(b, 11)
+    b = A.take(A.take(b, 4), 4)
+    assert not A.fits(b, 1)
