@@ -14,21 +14,21 @@ import torch
 
 from kvledger.spec.errors import IntegrityError
 
-_MASK = (1 << 61) - 1
-_A = 0x9E3779B1
-_B = 0x85EBCA77
+_M32 = 0xFFFFFFFF
 
 
 def fingerprint(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """``((t + 1) * A + (p + 1) * B) mod 2**61 - 1``, element-wise, as int64 (never 0)."""
-    t = tokens.to(torch.int64) + 1
-    p = positions.to(torch.int64) + 1
-    return ((t * _A + p * _B) % _MASK) + 1
+    """:func:`kvledger.spec.prefix.fingerprint`, element-wise on int64 tensors (every intermediate fits)."""
+    x = (tokens.to(torch.int64) * 0x2545F491 + positions.to(torch.int64) * 0x4F6CDD1D + 0x6A09E667) & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x045D9F3B) & _M32
+    x = x ^ (x >> 16)
+    return 1 + x % 0xFFFFFF
 
 
 def fingerprint_one(token: int, position: int) -> int:
-    """The scalar fingerprint, equal to :func:`fingerprint` on one element."""
-    return (((token + 1) * _A + (position + 1) * _B) % _MASK) + 1
+    """The scalar fingerprint (equal to ``kvledger.spec.prefix.fingerprint``)."""
+    return int(fingerprint(torch.tensor([token]), torch.tensor([position]))[0])
 
 
 def verify(what: str, stored: torch.Tensor, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:

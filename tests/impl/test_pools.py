@@ -6,9 +6,12 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvledger.contracts.abstraction import abstract
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
+from kvledger.impl.integrity import fingerprint
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.req_to_token import ReqToTokenPool
 from kvledger.spec.errors import (
@@ -21,6 +24,7 @@ from kvledger.spec.errors import (
     OverAllocation,
     PageAlignmentError,
 )
+from kvledger.spec.prefix import fingerprint as spec_fingerprint
 from kvledger.spec.types import Component, node, request, session
 
 R1, R2 = request(1), request(2)
@@ -150,3 +154,10 @@ def test_fingerprint_verify_catches_overwrite() -> None:
     a.write_fingerprint(x[1:2], torch.tensor([99]), torch.tensor([0]))  # another request wrote into slot x[1]
     with pytest.raises(IntegrityError, match=f"slot {int(x[1])}"):
         a.verify(x, toks, pos)
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1)), min_size=1, max_size=50))
+def test_torch_fingerprint_equals_spec_fingerprint(pairs: list[tuple[int, int]]) -> None:
+    tokens = torch.tensor([t for t, _ in pairs])
+    positions = torch.tensor([p for _, p in pairs])
+    assert fingerprint(tokens, positions).tolist() == [spec_fingerprint(t, p) for t, p in pairs]

@@ -1,0 +1,93 @@
+"""The radix cache's view of its KV allocator: tags, checks and moves of node slots, whatever the allocator.
+
+A token allocator and an SWA allocator own token slots; a paged allocator
+owns pages (``grain`` tokens each). The cache speaks token slots throughout
+and this view turns them into what the pool checks, so ``insert`` can check
+everything before it changes anything (STYLE.md rule 6).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
+from kvledger.impl.owners import encode
+from kvledger.impl.slots import SlotPool
+from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError, SlotConflict
+from kvledger.spec.types import Owner, node
+
+KVAllocator = TokenAllocator | PagedAllocator | SWATokenAllocator
+_NODE_KIND = encode(node(0)) >> 60
+
+
+class KVView:
+    """``kv`` seen per token slot. ``grain``: the allocator's page size (1 when token-granular)."""
+
+    def __init__(self, kv: KVAllocator) -> None:
+        self.kv = kv
+        self.grain = kv.page_size if isinstance(kv, PagedAllocator) else 1
+        self.pool: SlotPool = kv.full.pool if isinstance(kv, SWATokenAllocator) else kv.pool
+        self.swa = kv if isinstance(kv, SWATokenAllocator) else None
+        self._offsets = torch.arange(self.grain, dtype=torch.int64, device=kv.device)
+
+    def owner_of(self, slot: int) -> Owner | None:
+        """The owner tagged on token ``slot`` (on its page when paged)."""
+        return self.pool.owner_of(slot // self.grain)
+
+    def units(self, op: str, idx: torch.Tensor) -> torch.Tensor:
+        """The pool slots (pages when paged) of token slots ``idx``, validated: in range, distinct, whole pages."""
+        if isinstance(self.kv, PagedAllocator):
+            return self.kv.pages_of(op, idx)
+        return self.pool.as_index(op, idx)
+
+    def check_fresh(self, key: tuple[int, ...], value: torch.Tensor, offered: torch.Tensor) -> None:
+        """Raise ``SlotConflict`` if ``value`` repeats a slot or offers one a node holds (``spec.prefix.check_insert``).
+
+        ``offered`` marks the positions whose slot differs from the cached one
+        (new positions, and duplicates the caller will get back).
+        """
+        if torch.unique(value).numel() != value.numel():
+            s, _ = torch.sort(value)
+            x = int(s[1:][s[1:] == s[:-1]][0])
+            raise SlotConflict("insert", key, f"slot {x} offered for two positions (double allocation?)")
+        idx = value[offered]
+        if idx.numel():
+            lo, hi = self.pool.base * self.grain, self.pool.size * self.grain
+            out = (idx < lo) | (idx >= hi)
+            if bool(out.any()):
+                raise OutOfRange("insert", self.pool.name, idx[out].tolist(), f"token slot outside [{lo}, {hi})")
+            cached = (self.pool.owner_tag[idx // self.grain] >> 60) == _NODE_KIND
+            if bool(cached.any()):
+                i = int(torch.nonzero(offered)[int(torch.nonzero(cached)[0])])
+                x = int(value[i])
+                raise SlotConflict("insert", key, f"slot {x} for position {i} is cached at {self.owner_of(x)}")
+
+    def check_held(self, value: torch.Tensor, offered: torch.Tensor, owner: Owner) -> None:
+        """Raise unless ``owner`` holds ``value[offered]`` (pages whole and in order, SWA slots too)."""
+        idx = value[offered]
+        if not idx.numel():
+            return
+        self.check_pages("insert", value)
+        self.pool.check_held("insert", self.units("insert", idx), owner)
+        if self.swa is not None:
+            live = self.swa.translate(idx)
+            live = live[live != 0]
+            if live.numel():
+                self.swa.swa.pool.check_held("insert", live, swa_owner(owner))
+
+    def check_pages(self, op: str, value: torch.Tensor) -> None:
+        """Raise ``PageAlignmentError`` unless ``value`` is whole pages in page order (paged allocators)."""
+        if self.grain == 1:
+            return
+        v = value.view(-1, self.grain)
+        ok = (v[:, 0] % self.grain == 0) & (v - v[:, :1] == self._offsets).all(dim=1)
+        if not bool(ok.all()):
+            bad = (v[~ok][:, 0] // self.grain).tolist()
+            raise PageAlignmentError(op, self.pool.name, bad, f"slots are not whole pages of {self.grain} in order")
+
+    def check_swa_live(self, op: str, idx: torch.Tensor) -> None:
+        """Raise unless every token slot of ``idx`` still has its SWA slot (new cached positions are SWA-live)."""
+        if self.swa is not None and idx.numel():
+            dead = self.swa.translate(idx) == 0
+            if bool(dead.any()):
+                raise InvalidArgument(op, "swa", idx[dead].tolist(), "slot's SWA slot was freed: cannot cache SWA-live")

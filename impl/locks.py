@@ -1,0 +1,112 @@
+"""Lock handles and the table of live ones. Refines :mod:`kvledger.spec.locks`.
+
+``RadixCache.inc_lock_ref`` returns a :class:`LockHandle` naming exactly the
+(node, component) counters it raised; ``dec_lock_ref`` takes the handle back
+and lowers those counters, once. There is no release without a handle: the
+pitfall of SGLang's ``dec_lock_ref(node)`` without its ``swa_uuid_for_lock``
+(bug B5, PR #27038) cannot be written.
+
+Node ids vs positions: the spec counts locks per *position* (cached token
+prefix). A radix node covers several positions, and a match or insert may
+split a locked node in two; the new upper node must then carry the same
+counts, and every live handle that covered the old node covers the new one
+too (:meth:`LockTable.extend_on_split`). The positions a handle covers never
+change, so the abstraction (node counters expanded to positions) is
+unaffected by splits. ``LockHandle.counters`` is what ``inc_lock_ref``
+raised; :meth:`LockTable.coverage` is what the handle covers now.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from kvledger.spec.errors import DoubleUnlock, UnknownHandle
+from kvledger.spec.types import Component, HandleId, NodeId
+
+Counter = tuple[NodeId, Component]
+"""One lock counter: a radix node's ``lock_ref`` in one component."""
+
+_TABLE_IDS = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class LockHandle:
+    """An immutable receipt for one ``inc_lock_ref``: owned by the caller until passed to ``dec_lock_ref``.
+
+    ``table`` identifies the issuing cache (a handle from another cache is
+    rejected); ``node_id`` is the node that was locked; ``counters`` the
+    (node, component) counters raised, from that node towards the root.
+    """
+
+    id: HandleId
+    table: int
+    node_id: NodeId
+    counters: tuple[Counter, ...]
+
+
+class LockTable:
+    """The live handles of one cache and the counters each covers (SGLang keeps no such table)."""
+
+    def __init__(self) -> None:
+        self.ident = next(_TABLE_IDS)
+        self._next = 1
+        self._live: dict[HandleId, list[Counter]] = {}
+        self._covering: dict[Counter, set[HandleId]] = {}
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def issue(self, node_id: NodeId, counters: Iterable[Counter]) -> LockHandle:
+        """Record a new live handle covering ``counters`` (the caller has raised them)."""
+        h = HandleId(self._next)
+        self._next += 1
+        cov = list(counters)
+        self._live[h] = cov
+        for site in cov:
+            self._covering.setdefault(site, set()).add(h)
+        return LockHandle(h, self.ident, node_id, tuple(cov))
+
+    def coverage(self, op: str, handle: LockHandle) -> tuple[Counter, ...]:
+        """The counters live ``handle`` covers now; raise ``DoubleUnlock`` / ``UnknownHandle`` otherwise."""
+        if handle.table != self.ident:
+            raise UnknownHandle(op, handle.id, f"issued by another cache (table {handle.table}, this is {self.ident})")
+        cov = self._live.get(handle.id)
+        if cov is None:
+            if 0 < handle.id < self._next:
+                raise DoubleUnlock(op, handle.id, f"on node {handle.node_id}: handle already released (double unlock)")
+            raise UnknownHandle(op, handle.id, "was never issued by this cache")
+        return tuple(cov)
+
+    def release(self, handle: LockHandle) -> tuple[Counter, ...]:
+        """Forget live ``handle`` (validated by ``coverage``) and return what it covered."""
+        cov = self._live.pop(handle.id)
+        for site in cov:
+            holders = self._covering[site]
+            holders.discard(handle.id)
+            if not holders:
+                del self._covering[site]
+        return tuple(cov)
+
+    def extend_on_split(self, old: NodeId, new: NodeId, components: Iterable[Component]) -> None:
+        """``new`` took the upper part of split node ``old``: handles covering ``(old, c)`` now cover ``(new, c)``."""
+        for c in components:
+            holders = self._covering.get((old, c))
+            if not holders:
+                continue
+            self._covering[(new, c)] = set(holders)
+            for h in holders:
+                self._live[h].append((new, c))
+
+    def is_live(self, handle: LockHandle) -> bool:
+        """``handle`` was issued by this table and not yet released."""
+        return handle.table == self.ident and handle.id in self._live
+
+    def covering(self, node_id: NodeId, component: Component) -> int:
+        """How many live handles cover ``(node_id, component)`` (``inv_lock_ref_counts_handles``)."""
+        return len(self._covering.get((node_id, component), ()))
+
+    def live(self) -> Mapping[HandleId, tuple[Counter, ...]]:
+        """Every live handle and the counters it covers now (for the abstraction function)."""
+        return {h: tuple(c) for h, c in self._live.items()}

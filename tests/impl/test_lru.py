@@ -1,0 +1,129 @@
+"""The intrusive LRU list against ``kvledger.spec.lru``: same operations, same order and links."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvledger.impl.lru import SENTINEL_ID, Linked, LRUList
+from kvledger.spec import lru as spec
+from kvledger.spec.errors import AlreadyInList, IntegrityError, NotInList
+from kvledger.spec.types import Component, NodeId
+
+FULL, SWA = Component.FULL, Component.SWA
+
+
+def abstract(lst: LRUList[Linked], nodes: list[Linked]) -> spec.LruState:
+    """The spec state of ``lst``: its order, and every node's (prev, next) ids (sentinels as None inside)."""
+    c = lst.component
+
+    def ident(x: Linked | None, member: bool) -> NodeId | None:
+        if x is None or (member and x.id == SENTINEL_ID):
+            return None
+        return NodeId(x.id)
+
+    links = {NodeId(n.id): (ident(n.lru_prev[c], n in lst), ident(n.lru_next[c], n in lst)) for n in nodes}
+    return spec.LruState(tuple(NodeId(i) for i in lst.order()), links, c)
+
+
+def test_insert_touch_remove_clears_links() -> None:
+    lst: LRUList[Linked] = LRUList(FULL)
+    a, b, c = Linked(1), Linked(2), Linked(3)
+    for n in (a, b, c):
+        lst.insert_mru(n)
+    assert lst.order() == [3, 2, 1] and len(lst) == 3
+    assert [n.id for n in lst.iter_lru()] == [1, 2, 3]
+    lst.touch(a)
+    assert lst.order() == [1, 3, 2] and lst.lru_first() is b
+    lst.remove(c)
+    assert c.lru_prev[FULL] is None and c.lru_next[FULL] is None  # B1: detached
+    assert lst.order() == [1, 2] and c not in lst
+    lst.check()
+
+
+def test_misuse_raises_and_changes_nothing() -> None:
+    lst: LRUList[Linked] = LRUList(FULL)
+    a, b = Linked(1), Linked(2)
+    lst.insert_mru(a)
+    with pytest.raises(AlreadyInList):
+        lst.insert_mru(a)
+    with pytest.raises(NotInList, match="node 2"):
+        lst.remove(b)
+    with pytest.raises(NotInList):
+        lst.touch(b)
+    with pytest.raises(NotInList):
+        lst.insert_ahead_of(b, Linked(3))
+    assert lst.order() == [1] and b.lru_prev[FULL] is None
+    lst.check()
+
+
+def test_components_are_independent() -> None:
+    full: LRUList[Linked] = LRUList(FULL)
+    swa: LRUList[Linked] = LRUList(SWA)
+    a, b = Linked(1), Linked(2)
+    full.insert_mru(a)
+    full.insert_mru(b)
+    swa.insert_mru(a)
+    swa.remove(a)
+    assert a.lru_prev[SWA] is None and a.lru_next[FULL] is not None
+    assert full.order() == [2, 1] and swa.order() == []
+
+
+def test_insert_ahead_of_places_on_mru_side() -> None:
+    lst: LRUList[Linked] = LRUList(FULL)
+    a, b, c = Linked(1), Linked(2), Linked(3)
+    lst.insert_mru(a)
+    lst.insert_mru(b)
+    lst.insert_ahead_of(a, c)
+    assert lst.order() == [2, 3, 1]
+    lst.check()
+
+
+def test_iteration_tolerates_removing_the_yielded_node() -> None:
+    lst: LRUList[Linked] = LRUList(FULL)
+    nodes = [Linked(i) for i in range(1, 6)]
+    for n in nodes:
+        lst.insert_mru(n)
+    seen = []
+    for n in lst.iter_lru():
+        seen.append(n.id)
+        if n.id % 2:
+            lst.remove(n)
+    assert seen == [1, 2, 3, 4, 5] and lst.order() == [4, 2]
+
+
+def test_check_detects_a_broken_link() -> None:
+    lst: LRUList[Linked] = LRUList(FULL)
+    a, b = Linked(1), Linked(2)
+    lst.insert_mru(a)
+    lst.insert_mru(b)
+    a.lru_prev[FULL] = lst.head  # asymmetric: head.next is b
+    with pytest.raises(IntegrityError, match="asymmetric"):
+        lst.check()
+
+
+def test_random_operations_refine_the_spec() -> None:
+    rng = random.Random(7)
+    lst: LRUList[Linked] = LRUList(FULL)
+    nodes = [Linked(i) for i in range(1, 9)]
+    model = spec.new_lru(FULL)
+    for n in nodes:
+        model = spec.lru_add_node(model, NodeId(n.id))
+    for _ in range(400):
+        n = rng.choice(nodes)
+        op = rng.choice(["insert_mru", "remove", "touch"])
+        ok = {"insert_mru": spec.check_lru_insert_mru, "remove": spec.check_lru_remove, "touch": spec.check_lru_touch}
+        err = ok[op](model, NodeId(n.id))
+        if err is not None:
+            with pytest.raises(type(err)):
+                getattr(lst, op)(n)
+        else:
+            getattr(lst, op)(n)
+            model = {"insert_mru": spec.lru_insert_mru, "remove": spec.lru_remove, "touch": spec.lru_touch}[op](
+                model, NodeId(n.id)
+            )
+        got = abstract(lst, nodes)
+        assert got == model
+        assert spec.inv_lru(got)
+        assert [x.id for x in lst.iter_lru()] == list(spec.lru_eviction_order(model))
