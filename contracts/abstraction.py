@@ -23,26 +23,19 @@ AnyPool = TokenAllocator | PagedAllocator | SWATokenAllocator | MambaPool | ReqT
 
 def ledger_of(pool: SlotPool) -> Ledger:
     """The spec ledger a ``SlotPool`` stands for (a whole-pool pass: slow tier)."""
-    tags = pool.owner_tag[pool.base :].cpu()
-    slots = torch.arange(pool.base, pool.size, dtype=torch.int64)
-    free = frozenset(slots[tags == FREE_TAG].tolist())
+    free: list[int] = []
+    groups: dict[int, list[int]] = {}
+    for slot, tag in enumerate(pool.owner_tag[pool.base :].tolist(), pool.base):
+        if tag == FREE_TAG:
+            free.append(slot)
+        else:
+            groups.setdefault(tag, []).append(slot)
     held: dict[Owner, frozenset[int]] = {}
-    owned = tags != FREE_TAG
-    if bool(owned.any()):
-        t = tags[owned]
-        s = slots[owned]
-        order = torch.argsort(t, stable=True)
-        t, s = t[order], s[order]
-        uniq, counts = torch.unique_consecutive(t, return_counts=True)
-        start = 0
-        for tag, count in zip(uniq.tolist(), counts.tolist(), strict=True):
-            owner = decode(tag)
-            group = frozenset(s[start : start + count].tolist())
-            start += count
-            if owner is None:  # a reserved tag inside the pool's range: report it as nobody's
-                continue
-            held[owner] = group
-    return Ledger(pool.name, pool.capacity, free, held, pool.base)
+    for tag, slots in groups.items():
+        owner = decode(tag)
+        if owner is not None:  # a reserved tag inside the pool's range is nobody's: conservation reports it
+            held[owner] = frozenset(slots)
+    return Ledger(pool.name, pool.capacity, frozenset(free), held, pool.base)
 
 
 def free_stack_of(pool: SlotPool) -> frozenset[int]:

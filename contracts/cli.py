@@ -20,8 +20,11 @@ from rich.table import Table
 
 from kvledger.contracts import bindings
 from kvledger.contracts.profiles import PROFILES, register_profiles
+from kvledger.contracts.regression import render
 from kvledger.contracts.runner import CheckResult, run_machine
 from kvledger.contracts.suites import SUITES
+from kvledger.impl import faults
+from kvledger.impl.faults import FAULTS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="kvledger: check LLM-serving memory managers.")
 
@@ -40,10 +43,19 @@ def check(
     steps: Annotated[int | None, typer.Option(min=1, help="max steps per example (overrides the profile)")] = None,
     seed: Annotated[int | None, typer.Option(help="random seed (default: the profile's derandomised run)")] = None,
     contracts: Annotated[str, typer.Option(help="contract tier during the run: off, on, slow")] = "on",
+    fault: Annotated[
+        list[str] | None, typer.Option("--fault", help="switch a named fault on (B1..B5, repeatable); expect exit 1")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a machine-readable result")] = False,
 ) -> None:
     """Run the conformance machines against the reference implementation."""
     register_profiles()
+    faults_on = [f.upper() for f in fault or []]
+    for f in faults_on:
+        if f not in FAULTS:
+            _fail_usage(f"unknown fault {f!r}; expected one of {', '.join(sorted(FAULTS))} (see `kvledger faults`)")
+    if faults_on and not suite:
+        suite = sorted({s for f in faults_on for s in FAULTS[f].suites})
     if profile not in PROFILES:
         _fail_usage(f"unknown profile {profile!r}; expected one of {', '.join(PROFILES)}")
     if contracts not in bindings.LEVELS:
@@ -68,6 +80,7 @@ def check(
         overrides["derandomize"] = False
     run_settings = Settings(base, **overrides)  # type: ignore[arg-type]
     bindings.install(contracts)  # type: ignore[arg-type]
+    faults.enable(*faults_on)
     jobs = [(s, m) for s in suites for m in SUITES[s].models if not model or m in model]
     results: list[CheckResult] = []
     console = Console(stderr=as_json)
@@ -84,8 +97,13 @@ def check(
         for s, m in jobs:
             progress.update(task, description=f"{s}/{m}")
             machine = SUITES[s].models[m]()
-            results.append(run_machine(s, m, machine, list(SUITES[s].rules), run_settings, seed))
+
+            def regression(rule: str, lines: list[str], s: str = s, m: str = m) -> str:
+                return render(s, m, faults_on, rule, lines)
+
+            results.append(run_machine(s, m, machine, list(SUITES[s].rules), run_settings, seed, regression))
             progress.advance(task)
+    faults.disable()
     bindings.uninstall()
     ok = all(r.ok for r in results)
     if as_json:
@@ -95,16 +113,37 @@ def check(
             "profile": profile,
             "seed": seed,
             "contracts": contracts,
+            "faults": faults_on,
+            "rules_checked": sorted({rule for r in results for rule in r.rules}),
+            "examples": sum(r.examples for r in results),
+            "seconds": round(sum(r.seconds for r in results), 3),
+            "violations": [
+                {"suite": r.suite, "model": r.model, "rule": r.violation.rule, "length": r.violation.length}
+                for r in results
+                if r.violation is not None
+            ],
             "results": [r.to_json() for r in results],
         }
         typer.echo(json.dumps(payload, indent=2))
     else:
-        _print_table(console, results)
+        _print_table(console, results, faults_on)
     raise typer.Exit(0 if ok else 1)
 
 
-def _print_table(console: Console, results: list[CheckResult]) -> None:
-    table = Table(title="kvledger check: reference implementation")
+@app.command("faults")
+def list_faults() -> None:
+    """List the named faults (the historical bugs re-created in the reference implementation)."""
+    table = Table(title="named faults (kvledger check --fault NAME)")
+    for col in ("fault", "upstream fix", "what it breaks", "laws expected to catch it"):
+        table.add_column(col, overflow="fold")
+    for f in FAULTS.values():
+        table.add_row(f.name, f.upstream, f.title, " or ".join(f.laws))
+    Console().print(table)
+
+
+def _print_table(console: Console, results: list[CheckResult], faults_on: list[str]) -> None:
+    title = "kvledger check: reference implementation" + (f" with fault {', '.join(faults_on)}" if faults_on else "")
+    table = Table(title=title)
     for col in ("suite", "model", "rules", "examples", "steps", "time", "verdict"):
         table.add_column(col, justify="right" if col in ("examples", "steps", "time") else "left")
     for r in results:
@@ -119,7 +158,7 @@ def _print_table(console: Console, results: list[CheckResult]) -> None:
         console.print(f"shrunk counterexample ({v.length} steps):")
         for i, step in enumerate(v.steps, 1):
             console.print(f"  {i:2d}. {step}", markup=False)
-        console.print("\nregression test:\n" + v.program, markup=False)
+        console.print("\nregression test:\n" + v.program, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("spec-check")

@@ -20,7 +20,14 @@ import kvledger.contracts
 import kvledger.impl
 import kvledger.spec
 
-SPEC_MODULES = ("kvledger.spec.ledger",)
+SPEC_MODULES = (
+    "kvledger.spec.ledger",
+    "kvledger.spec.lru",
+    "kvledger.spec.locks",
+    "kvledger.spec.prefix",
+    "kvledger.spec.session",
+    "kvledger.spec.admission",
+)
 
 
 def build_view(root: Path) -> Path:

@@ -18,6 +18,8 @@ from hypothesis import settings as Settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, invariant, run_state_machine_as_test
 
+from kvledger.contracts.regression import program_lines
+
 _STEP = re.compile(r"^(?:\w+ = )?state\.(\w+)\((.*)\)$")
 _NOISE = ("inv_", "teardown")
 
@@ -102,7 +104,7 @@ def run_machine(
     rules: list[str],
     settings: Settings,
     seed: int | None = None,
-    regression: Callable[[list[str]], str] | None = None,
+    regression: Callable[[str, list[str]], str] | None = None,
 ) -> CheckResult:
     """Run ``machine`` under ``settings``; return what happened (never raises for a violation)."""
     result = CheckResult(suite, model, rules)
@@ -111,15 +113,17 @@ def run_machine(
     hypothesis.core.global_force_seed = seed  # type: ignore[assignment]
     start = time.perf_counter()
     try:
-        run_state_machine_as_test(counted_machine, settings=Settings(settings, database=None, print_blob=False))
+        run_state_machine_as_test(
+            counted_machine,
+            settings=Settings(settings, database=None, print_blob=False, report_multiple_bugs=False),
+        )
     except (AssertionError, Exception, Flaky) as err:
         notes = "\n".join(getattr(err, "__notes__", []))
         steps = parse_counterexample(notes)
         message = f"{type(err).__name__}: {err}" if not isinstance(err, AssertionError) else str(err)
-        program = regression(steps) if regression else notes
-        result.violation = Violation(
-            rule_of(message if isinstance(err, AssertionError) else str(err)), message, steps, program
-        )
+        rule = rule_of(str(err))
+        program = regression(rule, program_lines(notes)) if regression else notes
+        result.violation = Violation(rule, message, steps, program)
     finally:
         hypothesis.core.global_force_seed = saved_seed
     result.seconds = time.perf_counter() - start

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 
 from hypothesis.stateful import RuleBasedStateMachine
 
+from kvledger.contracts.adapter import CacheConfig
+from kvledger.contracts.cache_machine import RULES as CACHE_RULES
+from kvledger.contracts.cache_machine import machine_for_cache
 from kvledger.contracts.pool_machine import KINDS, machine_for
+from kvledger.contracts.reference_adapter import ReferenceAdapter
 
 
 @dataclass(frozen=True)
@@ -39,11 +43,31 @@ def _pool_model(kind: str) -> Callable[[], type[RuleBasedStateMachine]]:
     return lambda: machine_for(KINDS[kind])
 
 
+CACHE_MODELS: dict[str, CacheConfig] = {
+    "full": CacheConfig(),
+    "full-paged": CacheConfig(page_size=2),
+    "swa": CacheConfig(window=2),
+    "mamba": CacheConfig(mamba=True),
+    "hybrid": CacheConfig(window=2, mamba=True),
+}
+"""Model kinds of the radix-cache suite: full attention (token and paged), + SWA, + Mamba, all three."""
+
+
+def _cache_model(config: CacheConfig) -> Callable[[], type[RuleBasedStateMachine]]:
+    return lambda: machine_for_cache(lambda: ReferenceAdapter(config))
+
+
 SUITES: dict[str, Suite] = {
     "pools": Suite(
         "pools",
         "every pool (token, paged, SWA pair, request rows, Mamba) against the ownership ledger",
         POOL_RULES,
         {kind: _pool_model(kind) for kind in KINDS},
+    ),
+    "cache": Suite(
+        "cache",
+        "the radix prefix cache (LRU lists, lock handles, match/insert/evict, Mamba copy-on-write) against the spec",
+        CACHE_RULES,
+        {name: _cache_model(cfg) for name, cfg in CACHE_MODELS.items()},
     ),
 }

@@ -86,7 +86,7 @@ def test_alloc_of_held_slot_violates_a_named_law(level: str) -> None:
     a.pool._stack[a.pool._top - 1] = x[0]  # corrupt the free stack: a held slot sits on it
     with pytest.raises(
         icontract.ViolationError,
-        match=r"alloc hands out exactly the top n free slots|free stack matches tags|ledger laws",
+        match=r"alloc hands out exactly the top n free slots|free stack matches tags|ledger laws|abstract\(after\)",
     ):
         a.alloc(1, session(3))
 
@@ -102,3 +102,17 @@ def test_slow_tier_checks_refinement() -> None:
             a.alloc(1, R1)
     finally:
         bindings.install(saved)
+
+
+def test_slow_tier_adds_to_the_incremental_tier() -> None:
+    saved = bindings.current_level()
+    try:
+        bindings.install("on")
+        on = {c.description for c in SlotPool.alloc.__postconditions__}  # type: ignore[attr-defined]
+        bindings.install("slow")
+        slow = {c.description for c in SlotPool.alloc.__postconditions__}  # type: ignore[attr-defined]
+        assert on < slow
+        assert {"pool obeys the ledger laws", "abstract(after) == spec.allocate(abstract(before))"} <= slow
+    finally:
+        bindings.install(saved)
+    assert bindings.current_level() == saved

@@ -1,0 +1,153 @@
+"""The adapter protocol: how the conformance machinery drives *any* radix-cache implementation.
+
+An engine author checks their own cache by writing one class with the
+methods of :class:`CacheAdapter` (operations, in the engine's own API) and a
+:meth:`CacheAdapter.snapshot` that reports the implementation's state in spec
+terms (:class:`Snapshot`). The state machine in
+:mod:`kvledger.contracts.cache_machine` calls nothing else: the reference
+implementation's adapter (:mod:`kvledger.contracts.reference_adapter`) uses no
+private shortcut, so whatever it can be checked for, an engine's cache can be
+checked for too.
+
+Requests are plain ints; the adapter maps them to the engine's owners. Slots
+are token slot indices (a paged engine reports token indices of whole pages).
+What an implementation cannot express is declared in ``capabilities``; the
+rules that need it are reported as *skipped*, never silently passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from kvledger.spec.ledger import Ledger
+from kvledger.spec.locks import LockState
+from kvledger.spec.lru import LruState
+from kvledger.spec.prefix import PrefixCache
+from kvledger.spec.types import Component, NodeId
+
+CAPABILITIES = frozenset({"lru", "locks", "ledgers", "content", "sizes", "mamba_cow"})
+"""Everything a snapshot or an adapter may provide; an adapter lists what it has."""
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The model kind and pool sizes a conformance run builds the cache with (tiny, so shrinking is readable)."""
+
+    page_size: int = 1
+    window: int | None = None
+    mamba: bool = False
+    kv_tokens: int = 48
+    swa_tokens: int = 32
+    mamba_slots: int = 2
+
+    @property
+    def kind(self) -> str:
+        parts = ["full"] + (["swa"] if self.window is not None else []) + (["mamba"] if self.mamba else [])
+        return "+".join(parts) + (f"/page{self.page_size}" if self.page_size > 1 else "")
+
+
+@dataclass(frozen=True)
+class Match:
+    """What ``match_prefix`` returned: ``length`` tokens, their slots, the Mamba state at the end (or ``None``)."""
+
+    length: int
+    slots: tuple[int, ...]
+    mamba: int | None
+
+
+@dataclass(frozen=True)
+class Inserted:
+    """What ``insert`` returned: tokens already cached, and the caller's slots the cache did not take."""
+
+    prefix_len: int
+    dup_slots: tuple[int, ...]
+    dup_mamba: int | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The implementation's state in spec terms (the abstraction function's result).
+
+    ``prefix``: cached content. ``locks``: live handles (by ``handle_id``) with
+    their coverage and the per-site counters the implementation keeps.
+    ``lru``: one list per component, with the links of every node the adapter
+    has seen (alive or evicted). ``ledgers``: each pool, owners included
+    (``request(r)`` for request ``r``, ``node(id, component)`` for tree nodes).
+    ``content``: the fingerprint each cached full slot holds. ``sizes``: the
+    implementation's own ``(evictable, protected)`` counters per component.
+    ``cached_nodes``: per component, the nodes holding its content (what its
+    LRU list must contain).
+    A field the adapter cannot observe is empty and its capability absent.
+    """
+
+    prefix: PrefixCache
+    locks: LockState = field(default_factory=LockState)
+    lru: Mapping[Component, LruState] = field(default_factory=dict)
+    ledgers: Mapping[str, Ledger] = field(default_factory=dict)
+    content: Mapping[int, int] = field(default_factory=dict)
+    sizes: Mapping[Component, tuple[int, int]] = field(default_factory=dict)
+    cached_nodes: Mapping[Component, frozenset[NodeId]] = field(default_factory=dict)
+
+
+@runtime_checkable
+class CacheAdapter(Protocol):
+    """Operations the conformance machine drives, plus ``snapshot``. One instance = one fresh cache."""
+
+    name: str
+    version: str
+    config: CacheConfig
+    capabilities: frozenset[str]
+
+    def alloc_kv(self, req: int, n: int) -> tuple[int, ...] | None:
+        """``n`` token slots (whole pages) for request ``req``, or ``None`` (nothing changed) when short."""
+        ...
+
+    def free_kv(self, req: int, slots: tuple[int, ...]) -> None:
+        """Return request ``req``'s slots (whole pages)."""
+        ...
+
+    def alloc_mamba(self, req: int) -> int | None:
+        """One Mamba state slot for ``req``, or ``None`` when the pool is empty."""
+        ...
+
+    def free_mamba(self, req: int, slot: int) -> None:
+        """Return ``req``'s Mamba slot."""
+        ...
+
+    def write_kv(self, slots: tuple[int, ...], tokens: tuple[int, ...], start: int) -> None:
+        """Fill ``slots`` with the KV of ``tokens`` at positions ``start..`` (a fingerprint where data is fake)."""
+        ...
+
+    def match_prefix(self, key: tuple[int, ...]) -> Match:
+        """The engine's ``match_prefix`` (no lock taken)."""
+        ...
+
+    def lock(self, key: tuple[int, ...]) -> tuple[Match, Hashable]:
+        """``match_prefix`` then ``inc_lock_ref`` on the match's last node; returns the match and a handle."""
+        ...
+
+    def unlock(self, handle: Hashable) -> None:
+        """``dec_lock_ref`` with everything ``lock`` returned (a second call must be rejected)."""
+        ...
+
+    def handle_id(self, handle: Hashable) -> int:
+        """The id under which ``snapshot().locks.handles`` reports ``handle``."""
+        ...
+
+    def insert(self, req: int, key: tuple[int, ...], slots: tuple[int, ...], mamba: int | None) -> Inserted:
+        """The engine's ``insert`` of ``req``'s sequence; new pages' slots pass from ``req`` to the cache."""
+        ...
+
+    def evict(self, component: Component, n: int) -> int:
+        """Evict at least ``n`` tokens (MAMBA: states) of ``component`` if possible; how many went."""
+        ...
+
+    def mamba_cow(self, handle: Hashable, req: int) -> int | None:
+        """Copy the Mamba state of the locked match into a new slot for ``req`` (``None`` when impossible)."""
+        ...
+
+    def snapshot(self) -> Snapshot:
+        """The state in spec terms. Must not change the cache."""
+        ...

@@ -1,0 +1,447 @@
+"""The conformance state machine for a radix cache behind the adapter protocol.
+
+One rule per spec transition, same names: ``match_prefix``, ``inc_lock_ref``,
+``dec_lock_ref``, ``insert`` (a request caches its sequence, borrowing a
+locked match or not), ``evict`` (per component), ``mamba_copy_on_write``;
+plus the misuse ``double_dec_lock_ref``. Each rule drives the adapter and the
+spec model (:mod:`kvledger.spec.prefix`, :mod:`kvledger.spec.locks`)
+together and compares what they return. After every step one snapshot of the
+implementation (the abstraction function) is checked against every law:
+
+* pool conservation: ``inv_slots_conserved`` / ``inv_single_owner`` on every
+  pool, and ``inv_owners_account`` (requests hold what they were given, tree
+  nodes hold exactly the cached slots);
+* refinement: the abstract cache equals the spec model (``inv_refines_prefix``)
+  and obeys ``inv_prefix``;
+* LRU detachment: ``inv_lru_detached``, ``inv_lru_links_symmetric``,
+  ``inv_lru_members``;
+* lock pairing: ``inv_lock_ref_counts_handles``, ``inv_lock_ref_nonnegative``,
+  ``inv_handles_match``, ``inv_locked_cached``, ``inv_sizes``;
+* data integrity: ``inv_content``.
+
+Requests draw from a few shared prompts with short random suffixes over a tiny
+alphabet, and pools are small, so eviction and copy-on-write under pressure
+happen within a few steps and counterexamples shrink to a handful of lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
+
+from kvledger.contracts.adapter import CacheAdapter, CacheConfig, Match, Snapshot
+from kvledger.spec import ledger as L
+from kvledger.spec import locks as K
+from kvledger.spec import lru as U
+from kvledger.spec import prefix as P
+from kvledger.spec.errors import KVLedgerError
+from kvledger.spec.ledger import Ledger
+from kvledger.spec.types import Component, HandleId, OwnerKind, request
+
+FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
+PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8, 7, 8))
+suffixes = st.lists(st.integers(1, 4), max_size=6).map(tuple)
+
+
+@dataclass(frozen=True, eq=False)
+class Held:
+    """A live lock handle the machine holds, with the key it locked and what the match returned."""
+
+    handle: Hashable
+    hid: HandleId
+    key: tuple[int, ...]
+    match: Match
+
+    def __repr__(self) -> str:
+        return f"Held(handle {self.hid} on {self.key[: self.match.length]})"
+
+
+RULES = (
+    "inv_slots_conserved",
+    "inv_single_owner",
+    "inv_owners_account",
+    "inv_refines_prefix",
+    "inv_prefix",
+    "inv_lru_detached",
+    "inv_lru_links_symmetric",
+    "inv_lru_members",
+    "inv_lock_ref_counts_handles",
+    "inv_lock_ref_nonnegative",
+    "inv_handles_match",
+    "inv_locked_cached",
+    "inv_sizes",
+    "inv_content",
+    "results equal the spec's",
+)
+
+
+def _fail(law: str, detail: str) -> AssertionError:
+    return AssertionError(f"{law}: {detail}")
+
+
+def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMachine]:
+    """A state machine class that checks the caches ``make`` builds against the spec."""
+
+    class CacheConformance(RuleBasedStateMachine):
+        handles = Bundle("handles")
+        keys = Bundle("keys")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = make()
+            cfg: CacheConfig = self.a.config
+            self.cfg = cfg
+            self.caps = self.a.capabilities
+            self.prefix = P.new_prefix_cache(cfg.page_size, cfg.window, cfg.mamba)
+            self.locks = K.new_lock_state()
+            self.req_kv: dict[int, set[int]] = {}
+            self.req_mamba: dict[int, set[int]] = {}
+            self.next_req = 1
+            self.released: list[Held] = []
+            self._snap: Snapshot | None = None  # valid only until the next adapter call
+
+        # ---------------------------------------------------------- helpers
+
+        def _key(self, prompt: int, suffix: tuple[int, ...]) -> tuple[int, ...]:
+            key = PROMPTS[prompt] + suffix
+            return key[: len(key) - len(key) % self.cfg.page_size]
+
+        def _spec(self, what: str, call: Callable[[], object]) -> object:
+            try:
+                return call()
+            except KVLedgerError as err:
+                law = "inv_lock_ref_counts_handles" if "Locked" in type(err).__name__ else "results equal the spec's"
+                raise _fail(law, f"the implementation did what spec {what} forbids: {err}") from err
+
+        def _apply_evictions(self, before: P.PrefixCache, after: P.PrefixCache) -> None:
+            """Account for whatever the implementation evicted between two snapshots, as spec evictions."""
+            gone_states = frozenset(before.mamba_state.keys() - after.mamba_state.keys())
+            if gone_states:
+                self.prefix = self._spec("evict_mamba", lambda: P.evict_mamba(self.prefix, gone_states, self.locks))[0]  # type: ignore[index]
+            gone = frozenset(before.full.keys() - after.full.keys())
+            if gone:
+                self.prefix = self._spec("evict_full", lambda: P.evict_full(self.prefix, gone, self.locks))[0]  # type: ignore[index]
+            tomb = frozenset((before.swa_live & after.full.keys()) - after.swa_live)
+            if tomb:
+                self.prefix = self._spec("evict_swa", lambda: P.evict_swa(self.prefix, tomb, self.locks))  # type: ignore[assignment]
+
+        def _before(self) -> P.PrefixCache:
+            """The abstract cache now (the last invariant check's snapshot when nothing changed since)."""
+            snap, self._snap = self._snap, None
+            return snap.prefix if snap is not None else self.a.snapshot().prefix
+
+        def _compare_match(self, key: tuple[int, ...], got: Match) -> None:
+            want = P.match_prefix(self.prefix, key)
+            if (got.length, got.slots, got.mamba) != (want.length, tuple(want.slots), want.mamba):
+                raise _fail(
+                    "results equal the spec's",
+                    f"match_prefix({key}) returned length {got.length} slots {got.slots} mamba {got.mamba}; "
+                    f"spec: length {want.length} slots {tuple(want.slots)} mamba {want.mamba}",
+                )
+
+        def _new_req(self) -> int:
+            r = self.next_req
+            self.next_req += 1
+            self.req_kv[r] = set()
+            self.req_mamba[r] = set()
+            return r
+
+        def _lock(self, key: tuple[int, ...]) -> Held:
+            m, h = self.a.lock(key)
+            self._compare_match(key, m)
+            hid = HandleId(self.a.handle_id(h))
+            cov = self.a.snapshot().locks.handles.get(hid, frozenset()) if "locks" in self.caps else frozenset()
+            need = K.required_coverage(key[: m.length], self.cfg.window, self.cfg.mamba, self.cfg.page_size)
+            if "locks" in self.caps and not K.covers_required(cov, need):
+                missing = sorted(need - cov)[:3]
+                raise _fail(
+                    "inv_lock_ref_counts_handles", f"handle {hid} on {key[: m.length]} does not cover {missing}"
+                )
+            self.locks = self._spec("inc_lock_ref", lambda: K.inc_lock_ref(self.locks, hid, cov))  # type: ignore[assignment]
+            return Held(h, hid, key, m)
+
+        def _unlock(self, held: Held) -> None:
+            self.a.unlock(held.handle)
+            self.locks = self._spec("dec_lock_ref", lambda: K.dec_lock_ref(self.locks, held.hid))  # type: ignore[assignment]
+            self.released.append(held)
+
+        # ---------------------------------------------------------- rules: one per spec transition
+
+        @rule(prompt=st.integers(0, len(PROMPTS) - 1), suffix=suffixes)
+        def match_prefix(self, prompt: int, suffix: tuple[int, ...]) -> None:
+            key = self._key(prompt, suffix)
+            self._compare_match(key, self.a.match_prefix(key))
+
+        @rule(target=handles, prompt=st.integers(0, len(PROMPTS) - 1), suffix=suffixes)
+        def inc_lock_ref(self, prompt: int, suffix: tuple[int, ...]) -> Held:
+            return self._lock(self._key(prompt, suffix))
+
+        @rule(target=handles, key=keys, more=suffixes, cow=st.booleans())
+        def inc_lock_ref_cached(self, key: tuple[int, ...], more: tuple[int, ...], cow: bool) -> Held:
+            """Lock a sequence inserted earlier (maybe extended): the common case of a returning prefix.
+
+            With ``cow``, a Mamba model then copies the matched state for a new
+            request, as admission does right after matching.
+            """
+            k = key + more
+            held = self._lock(k[: len(k) - len(k) % self.cfg.page_size])
+            if cow:
+                self.mamba_copy_on_write(held)
+            return held
+
+        @rule(held=consumes(handles))
+        def dec_lock_ref(self, held: Held) -> None:
+            self._unlock(held)
+
+        @precondition(lambda self: bool(self.released) and "locks" in self.caps)
+        @rule()
+        def double_dec_lock_ref(self) -> None:
+            held = self.released[-1]
+            before = self.a.snapshot()
+            try:
+                self.a.unlock(held.handle)
+            except KVLedgerError:
+                pass
+            else:
+                raise _fail("inv_lock_ref_counts_handles", f"second dec_lock_ref of handle {held.hid} was accepted")
+            after = self.a.snapshot()
+            if (after.locks, after.sizes) != (before.locks, before.sizes):
+                raise _fail("inv_lock_ref_counts_handles", f"rejected dec_lock_ref of handle {held.hid} changed locks")
+
+        @rule(target=keys, prompt=st.integers(0, len(PROMPTS) - 1), suffix=suffixes, borrow=st.booleans())
+        def insert(self, prompt: int, suffix: tuple[int, ...], borrow: bool) -> tuple[int, ...]:
+            key = self._key(prompt, suffix)
+            if key:
+                self._insert(key, borrow)
+            return key
+
+        def _insert(self, key: tuple[int, ...], borrow: bool) -> None:
+            req = self._new_req()
+            held = self._lock(key) if borrow else None
+            have = held.match.length if held else 0
+            slots: tuple[int, ...] = ()
+            if len(key) > have:
+                got = self._alloc(req, len(key) - have)
+                if got is None:
+                    if held:
+                        self._unlock(held)
+                    return
+                slots = got
+                self.a.write_kv(slots, key[have:], have)
+            state = self._alloc_state(req) if self.cfg.mamba else None
+            offered = (held.match.slots if held else ()) + slots
+            got_ins = self.a.insert(req, key, offered, state)
+            self._snap = None
+            want = self._spec("insert", lambda: P.insert(self.prefix, key, offered, state))  # type: ignore[arg-type]
+            assert isinstance(want, P.InsertResult)
+            if (got_ins.prefix_len, set(got_ins.dup_slots), got_ins.dup_mamba) != (
+                want.prefix_len,
+                set(want.dup_slots),
+                want.dup_mamba,
+            ):
+                raise _fail(
+                    "results equal the spec's",
+                    f"insert({key}) returned prefix_len {got_ins.prefix_len} dups {got_ins.dup_slots} "
+                    f"dup_mamba {got_ins.dup_mamba}; spec: {want.prefix_len} {want.dup_slots} {want.dup_mamba}",
+                )
+            self.prefix = want.state
+            self.req_kv[req] -= set(slots) - set(got_ins.dup_slots)
+            if got_ins.dup_slots:
+                self.a.free_kv(req, got_ins.dup_slots)
+                self.req_kv[req] -= set(got_ins.dup_slots)
+            if state is not None:
+                self.req_mamba[req].discard(state)
+                if got_ins.dup_mamba is not None:
+                    self.a.free_mamba(req, got_ins.dup_mamba)
+            if held:
+                self._unlock(held)
+
+        def _alloc(self, req: int, n: int) -> tuple[int, ...] | None:
+            got = self.a.alloc_kv(req, n)
+            if got is None:
+                self.evict(FULL, n)
+                got = self.a.alloc_kv(req, n)
+            if got is not None:
+                self.req_kv[req] |= set(got)
+            return got
+
+        def _alloc_state(self, req: int) -> int | None:
+            got = self.a.alloc_mamba(req)
+            if got is None and self.cfg.mamba:
+                self.evict(MAMBA, 1)
+                got = self.a.alloc_mamba(req)
+            if got is not None:
+                self.req_mamba[req].add(got)
+                self.a.write_mamba(got, P.fingerprint(req, 0))  # type: ignore[attr-defined]
+            return got
+
+        @rule(comp=st.sampled_from([FULL, SWA, MAMBA]), n=st.integers(1, 12))
+        def evict(self, comp: Component, n: int) -> None:
+            on = {FULL, *([SWA] if self.cfg.window is not None else []), *([MAMBA] if self.cfg.mamba else [])}
+            if comp not in on:
+                return
+            before = self._before()
+            self.a.evict(comp, n)
+            self._apply_evictions(before, self.a.snapshot().prefix)
+
+        @precondition(lambda self: "mamba_cow" in self.caps)
+        @rule(held=handles)
+        def mamba_copy_on_write(self, held: Held) -> None:
+            if "mamba_cow" not in self.caps or held.match.mamba is None or held in self.released:
+                return
+            req = self._new_req()
+            before = self._before()
+            slot = self.a.mamba_cow(held.handle, req)
+            self._apply_evictions(before, self.a.snapshot().prefix)
+            if slot is not None:
+                self.req_mamba[req].add(slot)
+                self.a.free_mamba(req, slot)
+                self.req_mamba[req].discard(slot)
+
+        # ---------------------------------------------------------- the laws, on one snapshot per step
+
+        @invariant()
+        def inv_all_laws(self) -> None:
+            snap = self.a.snapshot()
+            self._snap = snap
+            if "ledgers" in self.caps:
+                self._check_ledgers(snap)
+            if snap.prefix != self.prefix:
+                raise _fail("inv_refines_prefix", _prefix_diff(snap.prefix, self.prefix))
+            if not P.inv_prefix(snap.prefix):
+                raise _fail("inv_prefix", "the abstract cache breaks a prefix law")
+            if "lru" in self.caps:
+                self._check_lru(snap)
+            if "locks" in self.caps:
+                self._check_locks(snap)
+            if "content" in self.caps and not P.inv_content(snap.prefix, snap.content):  # type: ignore[arg-type]
+                bad = [
+                    (k, x)
+                    for k, xs in snap.prefix.full.items()
+                    for i, x in enumerate(xs, len(k) - self.cfg.page_size)
+                    if snap.content.get(x) != P.fingerprint(k[i], i)
+                ]
+                raise _fail("inv_content", f"cached slots hold another token's KV: {bad[:3]}")
+
+        def _check_ledgers(self, snap: Snapshot) -> None:
+            ps = self.cfg.page_size
+            for name, led in snap.ledgers.items():
+                if not L.inv_slots_conserved(led):
+                    raise _fail("inv_slots_conserved", f"pool {name!r}: {len(led.free)} free + held != {led.capacity}")
+                if not L.inv_single_owner(led):
+                    raise _fail("inv_single_owner", f"pool {name!r}: a slot has two holders or none")
+            kv = snap.ledgers["kv"]
+            grain = ps if ps > 1 and not self.cfg.window else 1  # a paged pool's ledger counts pages
+
+            def unit(xs: Iterable[int]) -> set[int]:
+                return {x // grain for x in xs}
+
+            for r, slots in self.req_kv.items():
+                if L.held_by(kv, request(r)) != unit(slots):
+                    raise _fail(
+                        "inv_owners_account",
+                        f"request {r} holds {sorted(L.held_by(kv, request(r)))} "
+                        f"in 'kv', expected {sorted(unit(slots))}",
+                    )
+            tree = _node_held(kv, FULL)
+            cached = unit(x for xs in snap.prefix.full.values() for x in xs)
+            if tree != cached:
+                raise _fail(
+                    "inv_owners_account",
+                    f"tree nodes hold {sorted(tree ^ cached)[:6]} in 'kv' that are not "
+                    "cached, or cached slots no node holds (leak or double ownership)",
+                )
+            if "mamba" in snap.ledgers:
+                mam = snap.ledgers["mamba"]
+                states = set(snap.prefix.mamba_state.values())
+                if _node_held(mam, MAMBA) != states:
+                    raise _fail(
+                        "inv_owners_account",
+                        f"tree holds Mamba slots {sorted(_node_held(mam, MAMBA))}, cached states are {sorted(states)}",
+                    )
+                for r, ms in self.req_mamba.items():
+                    if L.held_by(mam, request(r)) != ms:
+                        raise _fail(
+                            "inv_owners_account",
+                            f"request {r} holds Mamba slots "
+                            f"{sorted(L.held_by(mam, request(r)))}, expected {sorted(ms)}",
+                        )
+            if "swa" in snap.ledgers:
+                live = len(snap.prefix.swa_live) * ps
+                held = len(_node_held(snap.ledgers["swa"], SWA))
+                if held != live:
+                    raise _fail("inv_owners_account", f"tree holds {held} SWA slots for {live} SWA-live tokens")
+
+        def _check_lru(self, snap: Snapshot) -> None:
+            for comp, lst in snap.lru.items():
+                if not U.inv_lru_detached(lst):
+                    members = set(lst.order)
+                    stale = [(n, ln) for n, ln in lst.links.items() if n not in members and ln != U.DETACHED][:3]
+                    raise _fail(
+                        "inv_lru_detached",
+                        f"{comp.value} list {lst.order}: nodes outside it keep links {stale}"
+                        if stale
+                        else f"{comp.value} list {lst.order}: links out of order",
+                    )
+                if not U.inv_lru_links_symmetric(lst):
+                    raise _fail("inv_lru_links_symmetric", f"{comp.value} list {lst.order}")
+                cached = snap.cached_nodes.get(comp, frozenset())
+                if not U.inv_lru_members(lst, cached):
+                    raise _fail("inv_lru_members", f"{comp.value} list {sorted(lst.order)} vs holders {sorted(cached)}")
+
+        def _check_locks(self, snap: Snapshot) -> None:
+            locks = snap.locks
+            if not K.inv_lock_ref_nonnegative(locks):
+                neg = [(k, c.value, n) for (k, c), n in locks.lock_ref.items() if n < 0][:3]
+                raise _fail("inv_lock_ref_nonnegative", f"negative lock_ref {neg}")
+            if not K.inv_lock_ref_counts_handles(locks):
+                want = K._count_handles(locks.handles.values())
+                bad = sorted(
+                    (k, c.value, locks.lock_ref.get((k, c), 0), want.get((k, c), 0))
+                    for (k, c) in set(want) | set(locks.lock_ref)
+                    if locks.lock_ref.get((k, c), 0) != want.get((k, c), 0)
+                )[:3]
+                raise _fail("inv_lock_ref_counts_handles", f"(key, component, lock_ref, live handles covering) {bad}")
+            if dict(locks.handles) != dict(self.locks.handles):
+                raise _fail(
+                    "inv_handles_match", f"live handles {sorted(locks.handles)}, expected {sorted(self.locks.handles)}"
+                )
+            if not P.inv_locked_cached(snap.prefix, locks):
+                raise _fail("inv_locked_cached", "a live lock covers content its component no longer holds")
+            if "sizes" in self.caps:
+                for comp, sizes in snap.sizes.items():
+                    spec_sizes = (
+                        P.evictable_size(snap.prefix, locks, comp),
+                        P.protected_size(snap.prefix, locks, comp),
+                    )
+                    if tuple(sizes) != spec_sizes:
+                        raise _fail(
+                            "inv_sizes", f"{comp.value} (evictable, protected) = {tuple(sizes)}, spec {spec_sizes}"
+                        )
+
+    CacheConformance.__name__ = "CacheConformance"
+    CacheConformance.__qualname__ = "CacheConformance"
+    return CacheConformance
+
+
+def _node_held(led: Ledger, comp: Component) -> set[int]:
+    return {x for o, xs in led.held.items() if o.kind is OwnerKind.NODE and o.component is comp for x in xs}
+
+
+def _prefix_diff(got: P.PrefixCache, want: P.PrefixCache) -> str:
+    extra = sorted(got.full.keys() - want.full.keys())[:3]
+    missing = sorted(want.full.keys() - got.full.keys())[:3]
+    diff = [k for k in got.full.keys() & want.full.keys() if got.full[k] != want.full[k]][:3]
+    parts = [
+        f"cached but not in spec {extra}" if extra else "",
+        f"in spec but not cached {missing}" if missing else "",
+        f"other slots at {diff}" if diff else "",
+    ]
+    if got.swa_live != want.swa_live:
+        parts.append(f"SWA-live differs at {sorted(got.swa_live ^ want.swa_live)[:3]}")
+    if got.mamba_state != want.mamba_state:
+        parts.append(f"Mamba states {dict(got.mamba_state)} vs spec {dict(want.mamba_state)}")
+    return "; ".join(p for p in parts if p) or "abstract cache differs from the spec model"

@@ -1,0 +1,131 @@
+"""The radix-cache state machine passes on the reference cache and fails, naming the law, on broken ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import Phase, settings
+
+from kvledger.contracts.profiles import register_profiles
+from kvledger.contracts.runner import CheckResult, run_machine
+from kvledger.contracts.suites import CACHE_MODELS, SUITES
+from kvledger.impl import faults
+from kvledger.impl.radix import RadixCache
+from kvledger.impl.tree import RadixTree
+
+register_profiles()
+FIND = settings(settings.get_profile("ci"), max_examples=200, phases=[Phase.explicit, Phase.generate])
+"""Detection only (no shrinking): the tests ask *whether* and *by which law* a broken cache is caught."""
+
+
+def run(model: str, s: settings = FIND) -> CheckResult:
+    return run_machine("cache", model, SUITES["cache"].models[model](), [], s)
+
+
+@pytest.mark.parametrize("model", sorted(CACHE_MODELS))
+def test_reference_cache_conforms(model: str) -> None:
+    result = run(model, settings.get_profile("ci"))
+    assert result.ok, result.violation and result.violation.message
+    assert result.examples >= 50 and result.steps > 500
+
+
+@pytest.mark.parametrize("model", ["full", "swa", "mamba", "hybrid", "full-paged"])
+def test_b1_is_caught_by_lru_detachment(model: str) -> None:
+    with faults.injected("B1"):
+        result = run(model)
+    assert result.violation is not None and result.violation.rule == "inv_lru_detached", result.violation
+
+
+def test_b5_is_caught_by_lock_pairing() -> None:
+    with faults.injected("B5"):
+        result = run("hybrid")
+    assert result.violation is not None
+    assert result.violation.rule in ("inv_lock_ref_counts_handles", "inv_lock_ref_nonnegative"), result.violation
+
+
+def test_faults_are_off_after_the_block() -> None:
+    with faults.injected("B1", "B5"):
+        assert faults.active() == {"B1", "B5"}
+    assert faults.active() == frozenset()
+    assert run("hybrid", settings(FIND, max_examples=20)).ok
+
+
+def test_unknown_fault_is_a_clear_error() -> None:
+    with pytest.raises(KeyError, match="unknown fault 'B9'; known: B1"):
+        faults.enable("B9")
+
+
+def broken(monkeypatch: pytest.MonkeyPatch, cls: type, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
+    monkeypatch.setattr(cls, name, make(getattr(cls, name)))
+
+
+def test_size_counter_drift_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def make(orig: Callable[..., None]) -> Callable[..., None]:
+        def raise_lock(self: RadixTree, n: Any, comp: Any) -> None:
+            n.lock_ref[comp] += 1  # BUG: evictable/protected counters not moved
+
+        return raise_lock
+
+    broken(monkeypatch, RadixTree, "_raise_lock", make)
+    result = run("full")
+    assert result.violation is not None and result.violation.rule == "inv_sizes", result.violation
+
+
+def test_leaking_eviction_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def make(orig: Callable[..., int]) -> Callable[..., int]:
+        def delete_leaf(self: RadixTree, n: Any) -> int:
+            free = self.kv.free
+            self.kv.free = lambda *a, **k: None  # type: ignore[method-assign]  # BUG: the leaf's slots are not freed
+            try:
+                return orig(self, n)
+            finally:
+                self.kv.free = free  # type: ignore[method-assign]
+
+        return delete_leaf
+
+    broken(monkeypatch, RadixTree, "_delete_leaf", make)
+    result = run("full")
+    assert result.violation is not None and result.violation.rule == "inv_owners_account", result.violation
+
+
+def test_match_that_ignores_swa_tombstones_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvledger.impl.radix as radix
+
+    real = radix.longest_match
+    monkeypatch.setattr(radix, "longest_match", lambda c, p, w, t, m: real(c, p, w, [], m))  # BUG: tombstones ignored
+    result = run("swa")
+    assert result.violation is not None and result.violation.rule == "results equal the spec's", result.violation
+
+
+def test_corrupted_kv_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvledger.impl.allocators import TokenAllocator
+
+    def make(orig: Callable[..., None]) -> Callable[..., None]:
+        def write(self: TokenAllocator, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+            orig(self, slots, tokens, positions + 1)  # BUG: KV written for the wrong positions
+
+        return write
+
+    broken(monkeypatch, TokenAllocator, "write_fingerprint", make)
+    result = run("full")
+    assert result.violation is not None and result.violation.rule == "inv_content", result.violation
+
+
+def test_lock_that_skips_ancestors_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def inc_lock_ref(self: RadixCache, n: Any) -> Any:
+            h = orig(self, n)
+            for nid, comp in list(self._locks.live()[h.id]):
+                if nid != n.id:  # BUG: ancestors unlocked behind the handle's back
+                    self._lower_lock(self._nodes[nid], comp)
+            return h
+
+        return inc_lock_ref
+
+    broken(monkeypatch, RadixCache, "inc_lock_ref", make)
+    result = run("full")
+    assert result.violation is not None
+    assert result.violation.rule in ("inv_lock_ref_counts_handles", "inv_sizes"), result.violation

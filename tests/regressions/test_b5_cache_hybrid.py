@@ -1,0 +1,28 @@
+"""Regression from `kvledger check --suite cache --model hybrid --fault B5`: inv_lock_ref_nonnegative."""
+
+# ruff: noqa: F401, F841  (the program is Hypothesis' printout: names it binds are not always used)
+import pytest
+
+from kvledger.contracts.suites import SUITES
+from kvledger.impl import faults
+from kvledger.spec.types import Component, Owner, OwnerKind
+
+
+def program(state) -> None:  # type: ignore[no-untyped-def]
+    state.inv_all_laws()
+    keys_0 = state.insert(borrow=False, prompt=1, suffix=())
+    state.inv_all_laws()
+    keys_1 = state.insert(borrow=False, prompt=0, suffix=())
+    state.inv_all_laws()
+    handles_0 = state.inc_lock_ref_cached(cow=True, key=keys_1, more=())
+    state.inv_all_laws()
+    state.teardown()
+
+
+def test_b5_cache_hybrid_fails_with_fault() -> None:
+    with faults.injected("B5"), pytest.raises(AssertionError, match="inv_lock_ref_nonnegative"):
+        program(SUITES["cache"].models["hybrid"]()())
+
+
+def test_b5_cache_hybrid_passes_without_fault() -> None:
+    program(SUITES["cache"].models["hybrid"]()())
