@@ -91,8 +91,10 @@ def tail_start(prefix_len: int, allocated_len: int, page_size: int) -> int:
     return min(round_up(prefix_len, page_size), allocated_len)
 
 
-def check_save(s: SessionSlot, kv: tuple[int, ...], committed_len: int) -> LedgerError | None:
-    """Why saving into ``s`` is illegal (it still holds a turn's memory, or lengths are wrong), or ``None``."""
+def check_save(s: SessionSlot, row: int | None, kv: tuple[int, ...], committed_len: int) -> LedgerError | None:
+    """Why saving into ``s`` is illegal (it still holds a turn's memory, KV without a row, bad lengths), or ``None``."""
+    if kv and row is None:
+        return InvalidArgument("save", "session", kv, f"session {s.sid}: KV slots without the row that references them")
     if not s.empty:
         return InvalidArgument(
             "save", "session", s.kv, f"session {s.sid} still holds row {s.row}: resume or close first"
@@ -123,9 +125,9 @@ def _must(err: LedgerError | None) -> LedgerError:
 
 
 @icontract.require(
-    lambda s, kv, committed_len: check_save(s, kv, committed_len) is None,
-    "session empty, lengths valid",
-    error=lambda s, kv, committed_len: _must(check_save(s, kv, committed_len)),
+    lambda s, row, kv, committed_len: check_save(s, row, kv, committed_len) is None,
+    "session empty, KV with its row, lengths valid",
+    error=lambda s, row, kv, committed_len: _must(check_save(s, row, kv, committed_len)),
 )
 @icontract.ensure(lambda result: inv_committed_within_allocated(result), "committed within allocated")
 @icontract.ensure(lambda result: inv_kv_needs_row(result), "kv held with its row")

@@ -100,3 +100,9 @@ def test_budget() -> None:
     assert A.fits(b, 10) and not A.fits(b, 11)
     b = A.take(A.take(b, 4), 4)
     assert not A.fits(b, 1)
+
+
+def test_save_of_kv_without_a_row_is_rejected() -> None:
+    """Found by CrossHair: KV slots saved without the row that references them would be unreachable."""
+    with pytest.raises(InvalidArgument, match="without the row"):
+        S.save(S.new_session(0), None, (0,), 0, frozenset())
