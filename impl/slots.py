@@ -51,6 +51,10 @@ class SlotPool:
         # NOTE: filled descending so a fresh pool hands out its lowest slots first.
         self._stack = torch.arange(self.size - 1, base - 1, -1, dtype=torch.int64, device=self.device)
         self._top = capacity
+        # Provenance: origin[s] is the ``stamp`` in force when slot s last got its owner (alloc or
+        # transfer). Whoever drives the pool (the memory manager) sets ``stamp`` to an event id it logs.
+        self.origin = torch.zeros(self.size, dtype=torch.int64, device=self.device)
+        self.stamp = 0
 
     # ------------------------------------------------------------ queries
 
@@ -130,6 +134,7 @@ class SlotPool:
         out = self._stack[self._top - n : self._top].flip(0)
         self._top -= n
         self.owner_tag[out] = encode(owner)
+        self.origin[out] = self.stamp
         return out
 
     def free(self, indices: torch.Tensor, owner: Owner) -> None:
@@ -157,6 +162,7 @@ class SlotPool:
         code = encode(dst)
         self.check_held("transfer", idx, src)
         self.owner_tag[idx] = code
+        self.origin[idx] = self.stamp
 
     def free_all_of(self, owner: Owner) -> torch.Tensor:
         """Free every slot tagged ``owner`` (a whole-pool scan: for teardown paths) and return them."""

@@ -1,0 +1,264 @@
+"""The memory manager: requests, the request table, KV and Mamba pools, the radix cache, sessions.
+
+This is the layer a scheduler calls (SGLang's ``ScheduleBatch`` memory paths,
+``cache_finished_req`` / ``cache_unfinished_req``, ``alloc_for_extend``,
+retract and abort). Every path that acquires something either hands it to an
+owner that references it or returns it; every path may meet an allocation
+failure (a full pool after eviction, or one injected with ``fail_next``) and
+then leaves everything as it was.
+
+Provenance: each operation is an *event* (``events``); pools stamp every slot
+they hand out or transfer with the event id, so the leak checker can say which
+operation gave a leaked slot its owner (and, with ``debug=True``, the stack).
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+from kvledger.impl.allocators import PagedAllocator, TokenAllocator
+from kvledger.impl.mamba import MambaAlloc, MambaPool
+from kvledger.impl.radix import RadixCache
+from kvledger.impl.req_to_token import ReqToTokenPool
+from kvledger.impl.requests import Request, Status
+from kvledger.impl.slots import SlotPool
+from kvledger.impl.tree import TreeNode
+from kvledger.spec.errors import InvalidArgument, OverAllocation
+from kvledger.spec.types import Component, Owner
+
+
+@dataclass(frozen=True)
+class Event:
+    """One operation of the memory manager (the provenance of the slots it handed out)."""
+
+    step: int
+    op: str
+    who: str
+    stack: str | None = None
+
+
+class MemoryManager:
+    """Pools, cache, requests and sessions of one engine instance (token or paged KV; Mamba optional)."""
+
+    def __init__(self, cache: RadixCache, rows: ReqToTokenPool, *, debug: bool = False) -> None:
+        if not isinstance(cache.kv, TokenAllocator | PagedAllocator):
+            raise InvalidArgument("create", "kv", (), "the memory manager takes a token or paged KV allocator")
+        self.cache = cache
+        self.kv: TokenAllocator | PagedAllocator = cache.kv
+        self.rows = rows
+        self.mamba: MambaPool | None = cache.mamba
+        self.page = self.kv.page_size if isinstance(self.kv, PagedAllocator) else 1
+        self.debug = debug
+        self.requests: dict[int, Request] = {}
+        self.events: list[Event] = [Event(0, "init", "-")]
+        self.fail_next = 0  # allocation failures to inject (each failing alloc counts one)
+        self._next_rid = 1
+        from kvledger.impl.session import Sessions  # NOTE: sessions need the manager; import here
+
+        self.sessions = Sessions(self)
+
+    # ------------------------------------------------------------ provenance and pools
+
+    def pools(self) -> dict[str, SlotPool]:
+        """Every pool by ledger name."""
+        out = {"kv": self.kv.pool, "req_to_token": self.rows.pool}
+        if self.mamba is not None:
+            out["mamba"] = self.mamba.pool
+        return out
+
+    def event(self, op: str, who: str) -> int:
+        """Log an operation and stamp the pools with it; returns its id."""
+        step = len(self.events)
+        self.events.append(Event(step, op, who, "".join(traceback.format_stack(limit=8)[:-1]) if self.debug else None))
+        for p in self.pools().values():
+            p.stamp = step
+        return step
+
+    def _tensor(self, xs: list[int] | tuple[int, ...]) -> torch.Tensor:
+        return torch.tensor(list(xs), dtype=torch.int64, device=self.kv.device)
+
+    def round_up(self, n: int) -> int:
+        return -(-n // self.page) * self.page
+
+    def alloc_kv(self, owner: Owner, n: int) -> torch.Tensor:
+        """``n`` token slots (whole pages) for ``owner``, evicting from the cache if short; all or nothing."""
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            raise OverAllocation("alloc", "kv", (), f"injected allocation failure ({n} tokens for {owner})")
+        short = n - self.kv.available_size()
+        if short > 0:
+            self.cache.evict(Component.FULL, short)
+        return self.kv.alloc(n, owner)
+
+    def alloc_mamba(self, owner: Owner) -> MambaAlloc:
+        """A Mamba state and its track buffers for ``owner``, evicting cached states if short."""
+        assert self.mamba is not None
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            raise OverAllocation("alloc", "mamba", (), f"injected allocation failure (state for {owner})")
+        short = 1 + self.mamba.ping_pong_size - self.mamba.available_size()
+        if short > 0:
+            self.cache.evict(Component.MAMBA, short)
+        return self.mamba.alloc_request_state(owner)
+
+    def free_mamba(self, owner: Owner, m: MambaAlloc) -> None:
+        """Return a request's (or session's) Mamba state and track buffers."""
+        self._free_mamba_slots(owner, m.slots())
+
+    # ------------------------------------------------------------ requests
+
+    def add_request(self, tokens: tuple[int, ...], session: int | None = None) -> Request:
+        """A new waiting request (owns nothing yet)."""
+        if not tokens:
+            raise InvalidArgument("add_request", "req_to_token", (), "a request needs at least one token")
+        if len(tokens) > self.rows.max_context_len:
+            raise InvalidArgument("add_request", "req_to_token", (), f"{len(tokens)} tokens > max context")
+        if session is not None and session not in self.sessions.slots:
+            raise InvalidArgument("add_request", "session", (), f"session {session} is not open")
+        req = Request(self._next_rid, tuple(tokens), session)
+        self._next_rid += 1
+        self.requests[req.rid] = req
+        return req
+
+    def running(self) -> list[Request]:
+        return [r for r in self.requests.values() if r.status is Status.RUNNING]
+
+    def write_kv(self, req: Request, start: int, end: int) -> None:
+        """Compute (fingerprint) the KV of ``req``'s tokens ``[start, end)`` into its row's slots."""
+        if end > start:
+            assert req.row is not None
+            slots = self.rows.table[req.row, start:end]
+            pos = torch.arange(start, end, dtype=torch.int64, device=self.kv.device)
+            self.kv.write_fingerprint(slots, self._tensor(req.tokens[start:end]), pos)
+
+    def extend(self, req: Request, new_tokens: tuple[int, ...], ahead: int = 0) -> None:
+        """Decode/extend: append ``new_tokens`` (their KV computed) and keep ``ahead`` extra slots allocated.
+
+        ``ahead`` models speculative decoding's over-allocation: the row holds slots
+        past ``kv_len`` that the next step may or may not use. All or nothing.
+        """
+        if req.status is not Status.RUNNING or req.row is None:
+            raise InvalidArgument("extend", "req_to_token", (), f"request {req.rid} is not running")
+        end = req.kv_len + len(new_tokens)
+        if end + ahead > self.rows.max_context_len:
+            raise InvalidArgument("extend", "req_to_token", [req.row], f"{end + ahead} tokens > max context")
+        target = self.round_up(end + ahead)
+        self.event("extend", f"req {req.rid}")
+        if target > req.alloc_len:
+            got = self.alloc_kv(req.owner, target - req.alloc_len)
+            self.rows.write(req.row, req.alloc_len, got, req.owner)
+            req.alloc_len = target
+        req.tokens = req.tokens[: req.kv_len] + tuple(new_tokens)
+        self.write_kv(req, req.kv_len, end)
+        req.kv_len = end
+
+    def _path_slots(self, n: TreeNode) -> torch.Tensor:
+        parts = []
+        while n.parent is not None:
+            parts.append(n.value)
+            n = n.parent
+        return torch.cat([self.cache.root.value, *reversed(parts)])
+
+    def _release_owned(self, req: Request, start: int) -> None:
+        """Free ``req``'s slots in row positions ``[start, alloc_len)`` (whole pages)."""
+        if req.alloc_len > start:
+            assert req.row is not None
+            self.kv.free(self.rows.table[req.row, start : req.alloc_len].clone(), req.owner)
+        req.alloc_len = min(req.alloc_len, start)
+
+    def _cache_into_tree(self, req: Request, state: int | None) -> tuple[TreeNode, bool]:
+        """Insert ``req``'s page-aligned computed prefix (and ``state`` at its end) into the tree.
+
+        New pages' slots pass to the tree; duplicates are freed. Returns the node
+        ending at the prefix and whether the tree took ``state``.
+        """
+        assert req.row is not None
+        aligned = req.kv_len - req.kv_len % self.cache.page_size
+        key = self._tensor(req.tokens[:aligned])
+        res = self.cache.insert(key, self.rows.table[req.row, :aligned].clone(), req.owner, mamba_slot=state)
+        if res.dup_indices.numel():
+            self.kv.free(res.dup_indices, req.owner)
+        return res.last_node, state is not None and res.dup_mamba is None
+
+    def finish(self, req: Request) -> None:
+        """The request ended: cache its prefix (or save it to its session) and release everything else."""
+        self._require_running(req, "finish")
+        self.event("finish", f"req {req.rid}")
+        if req.session is not None:
+            self.sessions.save(req)
+        else:
+            assert req.row is not None
+            aligned = req.kv_len - req.kv_len % self.cache.page_size
+            m = req.mamba
+            state = m.state if m is not None and aligned == req.kv_len and aligned > 0 else None
+            _, taken = self._cache_into_tree(req, state)
+            self._release_owned(req, max(req.own_from, aligned))
+            self._drop_lock(req)
+            if m is not None:
+                rest = m.track if taken else m.slots()
+                if rest:
+                    self._free_mamba_slots(req.owner, rest)
+                req.mamba = None
+            self.rows.free(req.row, req.owner)
+            req.row = None
+        req.status = Status.FINISHED
+
+    def _free_mamba_slots(self, owner: Owner, slots: tuple[int, ...]) -> None:
+        assert self.mamba is not None
+        self.mamba.free(self._tensor(slots), owner)
+
+    def chunk(self, req: Request) -> None:
+        """Chunked prefill (``cache_unfinished_req``): cache the computed prefix, keep running on it."""
+        self._require_running(req, "chunk")
+        self.event("chunk", f"req {req.rid}")
+        if req.session is not None:
+            return  # a session request keeps its own KV until it finishes
+        aligned = req.kv_len - req.kv_len % self.cache.page_size
+        if aligned <= req.prefix_len:
+            return
+        node, _ = self._cache_into_tree(req, None)
+        assert req.row is not None
+        self.rows.write(req.row, 0, self._path_slots(node), req.owner)
+        handle = self.cache.inc_lock_ref(node)
+        self._drop_lock(req)
+        req.handle, req.prefix_len, req.own_from = handle, aligned, aligned
+
+    def retract(self, req: Request) -> None:
+        """Preempt a running request: it returns everything and waits again, holding nothing."""
+        self._require_running(req, "retract")
+        self.event("retract", f"req {req.rid}")
+        self._release_all(req)
+        req.status = Status.WAITING  # it keeps its tokens and will be matched again
+
+    def abort(self, req: Request) -> None:
+        """Abort at any point: whatever the request holds is returned and it is gone."""
+        self.event("abort", f"req {req.rid}")
+        self._release_all(req)
+        req.status = Status.ABORTED
+
+    def _release_all(self, req: Request) -> None:
+        if req.session is not None and req.session in self.sessions.slots:
+            slot = self.sessions.slots[req.session]
+            if slot.lent_to == req.rid:
+                slot.lent_to = None  # the turn's memory is returned, not saved: the session holds nothing
+        if req.row is not None:
+            self._release_owned(req, req.own_from)
+            self.rows.free(req.row, req.owner)
+            req.row = None
+        self._drop_lock(req)
+        if req.mamba is not None:
+            self.free_mamba(req.owner, req.mamba)
+            req.mamba = None
+        req.prefix_len = req.own_from = req.kv_len = req.alloc_len = 0
+
+    def _drop_lock(self, req: Request) -> None:
+        if req.handle is not None:
+            self.cache.dec_lock_ref(req.handle)
+            req.handle = None
+
+    def _require_running(self, req: Request, op: str) -> None:
+        if req.status is not Status.RUNNING:
+            raise InvalidArgument(op, "req_to_token", (), f"request {req.rid} is {req.status.value}, not running")
