@@ -40,12 +40,11 @@ def render(suite: str, model: str, faults: list[str], rule: str, lines: list[str
     flag = " ".join(f"--fault {f}" for f in faults)
     return f'''"""Regression from `kvledger check --suite {suite} --model {model} {flag}`: {rule}."""
 
-# ruff: noqa: F401, F841  (the program is Hypothesis' printout: names it binds are not always used)
 import pytest
 
 from kvledger.contracts.suites import SUITES
 from kvledger.impl import faults
-from kvledger.spec.types import Component, Owner, OwnerKind
+from kvledger.spec.types import Component, Owner, OwnerKind  # noqa: F401  (names the printout may use)
 
 
 def program(state) -> None:  # type: ignore[no-untyped-def]

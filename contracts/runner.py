@@ -97,6 +97,13 @@ def rule_of(message: str) -> str:
     return first.split(":", 1)[0].strip()[:120]
 
 
+def _where(err: BaseException) -> str:
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}" if tb is not None else "?"
+
+
 def run_machine(
     suite: str,
     model: str,
@@ -121,7 +128,7 @@ def run_machine(
         notes = "\n".join(getattr(err, "__notes__", []))
         steps = parse_counterexample(notes)
         message = f"{type(err).__name__}: {err}" if not isinstance(err, AssertionError) else str(err)
-        rule = rule_of(str(err))
+        rule = rule_of(str(err)) if str(err).strip() else f"crash: {type(err).__name__} in {_where(err)}"
         program = regression(rule, program_lines(notes)) if regression else notes
         result.violation = Violation(rule, message, steps, program)
     finally:

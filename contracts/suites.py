@@ -17,6 +17,8 @@ from kvledger.contracts.cache_machine import RULES as CACHE_RULES
 from kvledger.contracts.cache_machine import machine_for_cache
 from kvledger.contracts.pool_machine import KINDS, machine_for
 from kvledger.contracts.reference_adapter import ReferenceAdapter
+from kvledger.contracts.system_machine import RULES as SYSTEM_RULES
+from kvledger.contracts.system_machine import build_manager, machine_for_system
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,14 @@ def _cache_model(config: CacheConfig) -> Callable[[], type[RuleBasedStateMachine
     return lambda: machine_for_cache(lambda: ReferenceAdapter(config))
 
 
+SYSTEM_MODELS: dict[str, tuple[int, bool]] = {"full": (1, False), "paged": (2, False), "mamba": (1, True)}
+"""Model kinds of the memory-manager suite: (KV page size, Mamba pool with track buffers)."""
+
+
+def _system_model(page_size: int, mamba: bool) -> Callable[[], type[RuleBasedStateMachine]]:
+    return lambda: machine_for_system(lambda: build_manager(page_size, mamba))
+
+
 SUITES: dict[str, Suite] = {
     "pools": Suite(
         "pools",
@@ -69,5 +79,11 @@ SUITES: dict[str, Suite] = {
         "the radix prefix cache (LRU lists, lock handles, match/insert/evict, Mamba copy-on-write) against the spec",
         CACHE_RULES,
         {name: _cache_model(cfg) for name, cfg in CACHE_MODELS.items()},
+    ),
+    "system": Suite(
+        "system",
+        "the memory manager: requests, admission, streaming sessions, allocation failures, the leak checker",
+        SYSTEM_RULES,
+        {name: _system_model(*m) for name, m in SYSTEM_MODELS.items()},
     ),
 }

@@ -18,9 +18,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from kvledger.impl import admission, leaks
+from kvledger.impl.admission import Attempt
 from kvledger.impl.locks import LockHandle
 from kvledger.impl.lru import Linked, LRUList
+from kvledger.impl.memory import MemoryManager
 from kvledger.impl.radix import RadixCache
+from kvledger.impl.session import Sessions, SessionSlot
 from kvledger.spec.types import Component
 
 
@@ -33,9 +37,7 @@ class Fault:
     upstream: str
     laws: tuple[str, ...]  # the general laws expected to catch it (any one of them)
     suites: tuple[str, ...]  # where kvledger check looks for it
-    target: type
-    method: str
-    buggy: Callable[..., Any]
+    patches: tuple[tuple[Any, str, Callable[..., Any]], ...]  # (class or module, attribute, buggy twin)
 
 
 # ---------------------------------------------------------------- B1: LRU node not detached
@@ -75,6 +77,33 @@ def _b5_release_cow_lock(self: RadixCache, h: LockHandle) -> None:
             self._lower_lock(self._nodes[nid], comp)
 
 
+# ---------------------------------------------------------------- B2: admission rollback keeps the Mamba slot
+
+
+def _b2_release_attempt_state(mm: MemoryManager, a: Attempt) -> None:
+    """Rollback before SGLang PR #21404: the rejected request goes back to waiting still holding the slot."""
+
+
+# ---------------------------------------------------------------- B3: session close keeps Mamba state
+
+
+def _b3_release_state(self: Sessions, slot: SessionSlot) -> None:
+    """``release_session`` before SGLang PR #23496: KV and row freed, Mamba state and track buffers not."""
+
+
+def _b3_session_mamba_refs(slot: object) -> tuple[int, ...]:
+    """The idle check before SGLang PR #23496: Mamba slots held by open sessions counted as 0."""
+    return ()
+
+
+# ---------------------------------------------------------------- B4: resume overwrites the tail
+
+
+def _b4_free_tail(self: Sessions, slot: SessionSlot, start: int) -> None:
+    """Resume before SGLang PR #22862: ``[start, allocated)`` is written over without being freed."""
+    slot.alloc_len = min(slot.alloc_len, start)
+
+
 FAULTS: dict[str, Fault] = {
     f.name: f
     for f in (
@@ -84,24 +113,44 @@ FAULTS: dict[str, Fault] = {
             "SGLang PR #25770",
             ("inv_lru_detached",),
             ("cache",),
-            LRUList,
-            "remove",
-            _b1_remove,
+            ((LRUList, "remove", _b1_remove),),
+        ),
+        Fault(
+            "B2",
+            "a request rejected by admission keeps the Mamba slot matching copied for it",
+            "SGLang PR #21404",
+            ("admission rolls back", "leak checker agrees with the ledgers", "inv_owners_account"),
+            ("system",),
+            ((admission, "release_attempt_state", _b2_release_attempt_state),),
+        ),
+        Fault(
+            "B3",
+            "session close keeps its Mamba state and track buffers; the idle check counts them as 0",
+            "SGLang PR #23496",
+            ("close releases everything", "leak checker agrees with the ledgers", "inv_owners_account"),
+            ("system",),
+            ((Sessions, "release_state", _b3_release_state), (leaks, "session_mamba_refs", _b3_session_mamba_refs)),
+        ),
+        Fault(
+            "B4",
+            "resume overwrites the session's KV tail in the request table without freeing it",
+            "SGLang PR #22862",
+            ("leak checker agrees with the ledgers", "inv_owners_account", "resume frees the tail"),
+            ("system",),
+            ((Sessions, "free_tail", _b4_free_tail),),
         ),
         Fault(
             "B5",
             "copy-on-write path unlocks without the lock's context and over-releases ancestors' SWA locks",
             "SGLang PR #27038",
             ("inv_lock_ref_counts_handles", "inv_lock_ref_nonnegative"),
-            ("cache",),
-            RadixCache,
-            "_release_cow_lock",
-            _b5_release_cow_lock,
+            ("cache", "system"),
+            ((RadixCache, "_release_cow_lock", _b5_release_cow_lock),),
         ),
     )
 }
 
-_saved: dict[str, Any] = {}
+_saved: dict[str, list[tuple[Any, str, Any]]] = {}
 
 
 def active() -> frozenset[str]:
@@ -117,17 +166,16 @@ def enable(*names: str) -> None:
     for name in names:
         if name in _saved:
             continue
-        f = FAULTS[name]
-        _saved[name] = f.target.__dict__[f.method]
-        setattr(f.target, f.method, f.buggy)
+        _saved[name] = [(target, attr, target.__dict__[attr]) for target, attr, _ in FAULTS[name].patches]
+        for target, attr, buggy in FAULTS[name].patches:
+            setattr(target, attr, buggy)
 
 
 def disable(*names: str) -> None:
     """Switch faults off (all of them when no name is given)."""
     for name in names or tuple(_saved):
-        if name in _saved:
-            f = FAULTS[name]
-            setattr(f.target, f.method, _saved.pop(name))
+        for target, attr, original in _saved.pop(name, ()):
+            setattr(target, attr, original)
 
 
 @contextmanager

@@ -1,11 +1,10 @@
 """Regression from `kvledger check --suite cache --model full --fault B1`: inv_lru_detached."""
 
-# ruff: noqa: F401, F841  (the program is Hypothesis' printout: names it binds are not always used)
 import pytest
 
 from kvledger.contracts.suites import SUITES
 from kvledger.impl import faults
-from kvledger.spec.types import Component, Owner, OwnerKind
+from kvledger.spec.types import Component, Owner, OwnerKind  # noqa: F401  (names the printout may use)
 
 
 def program(state) -> None:  # type: ignore[no-untyped-def]

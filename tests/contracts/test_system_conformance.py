@@ -1,0 +1,65 @@
+"""The memory-manager machine passes on the reference and catches B2, B3, B4 (and their halves) by general laws."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import Phase, settings
+
+from kvledger.contracts.profiles import register_profiles
+from kvledger.contracts.runner import CheckResult, run_machine
+from kvledger.contracts.suites import SUITES, SYSTEM_MODELS
+from kvledger.impl import faults, leaks
+from kvledger.impl.session import Sessions
+
+register_profiles()
+FIND = settings(settings.get_profile("ci"), max_examples=300, phases=[Phase.explicit, Phase.generate])
+
+
+def run(model: str, s: settings = FIND) -> CheckResult:
+    return run_machine("system", model, SUITES["system"].models[model](), [], s)
+
+
+@pytest.mark.parametrize("model", sorted(SYSTEM_MODELS))
+def test_reference_memory_manager_conforms(model: str) -> None:
+    result = run(model, settings.get_profile("ci"))
+    assert result.ok, result.violation and result.violation.message
+    assert result.examples >= 50
+
+
+@pytest.mark.parametrize(("fault", "model"), [("B2", "mamba"), ("B3", "mamba"), ("B4", "full"), ("B4", "paged")])
+def test_fault_is_caught_by_a_general_law(fault: str, model: str) -> None:
+    with faults.injected(fault):
+        result = run(model)
+    assert result.violation is not None, f"{fault} not caught on {model}"
+    assert result.violation.rule in faults.FAULTS[fault].laws, result.violation.message
+
+
+def test_b3_close_half_alone_is_caught_by_ownership(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the leak on close (the idle check correct): the closed session still holds its Mamba slots."""
+    monkeypatch.setattr(Sessions, "release_state", lambda self, slot: None)
+    result = run("mamba")
+    assert result.violation is not None and result.violation.rule == "inv_owners_account", result.violation
+
+
+def test_b3_checker_half_alone_is_a_false_positive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the idle check's hard-coded 0: the checker reports a leak the ledgers do not have."""
+    monkeypatch.setattr(leaks, "session_mamba_refs", lambda slot: ())
+    result = run("mamba")
+    assert result.violation is not None and result.violation.rule == "leak checker agrees with the ledgers"
+
+
+def test_checker_that_misses_a_leak_is_a_false_negative(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checker that trusts tags (everything tagged counts as referenced) misses B4's leak."""
+    real = leaks.check_leaks
+
+    def blind(mm: object) -> leaks.LeakReport:
+        report = real(mm)  # type: ignore[arg-type]
+        report.findings = [f for f in report.findings if f.kind != "leaked"]
+        for c in report.pools.values():
+            c.waiting += c.capacity - c.accounted
+        return report
+
+    monkeypatch.setattr("kvledger.contracts.system_machine.check_leaks", blind)
+    with faults.injected("B4"):
+        result = run("full")
+    assert result.violation is not None and result.violation.rule == "leak checker agrees with the ledgers"
