@@ -226,7 +226,7 @@ def machine_for_system(make: Callable[[], MemoryManager]) -> type[RuleBasedState
                         truly_leaked.setdefault(name, set()).update(held - want)
                         first = sorted(held ^ want)[:4]
                         culprit = [
-                            f"slot {x}: given by {mm.events[int(mm.pools()[name].origin[x])].op}"
+                            f"slot {x}: given by {getattr(mm.events.get(int(mm.pools()[name].origin[x])), 'op', '?')}"
                             for x in sorted(held - want)[:2]
                         ]
                         self._pending = _fail(

@@ -163,7 +163,7 @@ def check_leaks(mm: MemoryManager) -> LeakReport:
                 continue
             if want is not None and tag == encode(want):
                 continue
-            ev = mm.events[origin[slot]] if origin[slot] < len(mm.events) else None
+            ev = mm.events.get(origin[slot])
             kind = "lost" if want is not None else "leaked"
             report.findings.append(
                 Finding(

@@ -53,7 +53,8 @@ class MemoryManager:
         self.page = self.kv.page_size if isinstance(self.kv, PagedAllocator) else 1
         self.debug = debug
         self.requests: dict[int, Request] = {}
-        self.events: list[Event] = [Event(0, "init", "-")]
+        self.events: dict[int, Event] = {0: Event(0, "init", "-")}  # only events some slot still points at
+        self._step = 0
         self.fail_next = 0  # allocation failures to inject (each failing alloc counts one)
         self._next_rid = 1
         from kvledger.impl.session import Sessions  # NOTE: sessions need the manager; import here
@@ -71,11 +72,22 @@ class MemoryManager:
 
     def event(self, op: str, who: str) -> int:
         """Log an operation and stamp the pools with it; returns its id."""
-        step = len(self.events)
-        self.events.append(Event(step, op, who, "".join(traceback.format_stack(limit=8)[:-1]) if self.debug else None))
+        self._step += 1
+        step = self._step
+        stack = "".join(traceback.format_stack(limit=8)[:-1]) if self.debug else None
+        self.events[step] = Event(step, op, who, stack)
         for p in self.pools().values():
             p.stamp = step
+        if len(self.events) > 4096 and step % 4096 == 0:
+            self._prune_events()
         return step
+
+    def _prune_events(self) -> None:
+        """Forget events no slot's provenance points at (keeps the log bounded on long runs)."""
+        live = {self._step}
+        for p in self.pools().values():
+            live.update(torch.unique(p.origin).tolist())
+        self.events = {k: v for k, v in self.events.items() if k in live}
 
     def _tensor(self, xs: list[int] | tuple[int, ...]) -> torch.Tensor:
         return torch.tensor(list(xs), dtype=torch.int64, device=self.kv.device)
