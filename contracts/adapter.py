@@ -17,7 +17,7 @@ rules that need it are reported as *skipped*, never silently passed.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -151,3 +151,48 @@ class CacheAdapter(Protocol):
     def snapshot(self) -> Snapshot:
         """The state in spec terms. Must not change the cache."""
         ...
+
+
+class Unsupported(Exception):
+    """Raised by an adapter factory for a model kind its engine cannot build (reported as skipped)."""
+
+
+RULES_NEEDING: dict[str, tuple[str, ...]] = {
+    "ledgers": ("inv_slots_conserved", "inv_single_owner", "inv_owners_account"),
+    "lru": ("inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members"),
+    "locks": ("inv_lock_ref_counts_handles", "inv_lock_ref_nonnegative", "inv_handles_match", "inv_locked_cached"),
+    "sizes": ("inv_sizes",),
+    "content": ("inv_content",),
+    "mamba_cow": ("mamba_copy_on_write (rule)",),
+}
+"""The rules that are skipped (and reported as skipped) when an adapter lacks a capability."""
+
+ALIASES: dict[str, str] = {
+    "reference": "kvledger.contracts.reference_adapter:ReferenceAdapter",
+}
+"""Short names for ``kvledger check --adapter``."""
+
+AdapterFactory = Callable[[CacheConfig], CacheAdapter]
+
+
+def load_factory(spec: str) -> AdapterFactory:
+    """The factory named by ``spec``: an alias, or ``package.module:callable`` taking a ``CacheConfig``."""
+    target = ALIASES.get(spec, spec)
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"adapter {spec!r}: expected an alias ({', '.join(ALIASES)}) or package.module:factory")
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"adapter {spec!r}: cannot import {module_name}: {err}") from err
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValueError(f"adapter {spec!r}: {module_name} has no callable {attr!r}")
+    return factory  # type: ignore[no-any-return]
+
+
+def skipped_rules(capabilities: frozenset[str]) -> list[str]:
+    """The rules an adapter with ``capabilities`` cannot be checked for."""
+    return [r for cap, rules in RULES_NEEDING.items() if cap not in capabilities for r in rules]

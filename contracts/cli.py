@@ -19,10 +19,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kvledger.contracts import bindings
+from kvledger.contracts.adapter import AdapterFactory, CacheConfig, Unsupported, load_factory, skipped_rules
+from kvledger.contracts.cache_machine import RULES as CACHE_RULES
+from kvledger.contracts.cache_machine import machine_for_cache
 from kvledger.contracts.profiles import PROFILES, register_profiles
 from kvledger.contracts.regression import render
 from kvledger.contracts.runner import CheckResult, run_machine
-from kvledger.contracts.suites import SUITES
+from kvledger.contracts.suites import CACHE_MODELS, SUITES
 from kvledger.impl import faults
 from kvledger.impl.faults import FAULTS
 
@@ -46,10 +49,26 @@ def check(
     fault: Annotated[
         list[str] | None, typer.Option("--fault", help="switch a named fault on (B1..B5, repeatable); expect exit 1")
     ] = None,
+    adapter: Annotated[
+        str | None,
+        typer.Option(help="check another cache: an alias (reference, sglang...) or package.module:factory"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a machine-readable result")] = False,
 ) -> None:
-    """Run the conformance machines against the reference implementation."""
+    """Run the conformance machines against the reference implementation (or an engine's adapter)."""
     register_profiles()
+    factory = None
+    adapter_name, adapter_version = "kvledger-reference", "0.1.0"
+    if adapter is not None:
+        try:
+            factory = load_factory(adapter)
+            probe = factory(CacheConfig())
+        except (ValueError, Unsupported) as err:
+            _fail_usage(str(err))
+        adapter_name, adapter_version = probe.name, probe.version
+        if suite and suite != ["cache"]:
+            _fail_usage("--adapter checks a radix cache: only --suite cache applies")
+        suite = ["cache"]
     faults_on = [f.upper() for f in fault or []]
     for f in faults_on:
         if f not in FAULTS:
@@ -96,6 +115,11 @@ def check(
         task = progress.add_task("checking", total=len(jobs))
         for s, m in jobs:
             progress.update(task, description=f"{s}/{m}")
+            if factory is not None:
+                machine_result = _adapter_run(factory, m, run_settings, seed)
+                results.append(machine_result)
+                progress.advance(task)
+                continue
             machine = SUITES[s].models[m]()
 
             def regression(rule: str, lines: list[str], s: str = s, m: str = m) -> str:
@@ -109,7 +133,8 @@ def check(
     if as_json:
         payload = {
             "ok": ok,
-            "adapter": "kvledger-reference",
+            "adapter": adapter_name,
+            "adapter_version": adapter_version,
             "profile": profile,
             "seed": seed,
             "contracts": contracts,
@@ -126,8 +151,22 @@ def check(
         }
         typer.echo(json.dumps(payload, indent=2))
     else:
-        _print_table(console, results, faults_on)
+        _print_table(console, results, faults_on, adapter_name if factory is not None else None)
     raise typer.Exit(0 if ok else 1)
+
+
+def _adapter_run(factory: AdapterFactory, model: str, run_settings: Settings, seed: int | None) -> CheckResult:
+    """Run the cache suite's machine for ``model`` on an adapter; unsupported models and capabilities are skipped."""
+    config = CACHE_MODELS[model]
+    try:
+        caps = factory(config).capabilities
+    except Unsupported as err:
+        return CheckResult("cache", model, [], skipped=[f"model not supported by the adapter: {err}"])
+    machine = machine_for_cache(lambda: factory(config))
+    result = run_machine("cache", model, machine, list(CACHE_RULES), run_settings, seed)
+    result.skipped = skipped_rules(caps)
+    result.rules = [r for r in result.rules if r not in result.skipped]
+    return result
 
 
 @app.command("faults")
@@ -141,15 +180,23 @@ def list_faults() -> None:
     Console().print(table)
 
 
-def _print_table(console: Console, results: list[CheckResult], faults_on: list[str]) -> None:
-    title = "kvledger check: reference implementation" + (f" with fault {', '.join(faults_on)}" if faults_on else "")
+def _print_table(
+    console: Console, results: list[CheckResult], faults_on: list[str], adapter: str | None = None
+) -> None:
+    title = f"kvledger check: {adapter or 'reference implementation'}"
+    title += f" with fault {', '.join(faults_on)}" if faults_on else ""
     table = Table(title=title)
     for col in ("suite", "model", "rules", "examples", "steps", "time", "verdict"):
         table.add_column(col, justify="right" if col in ("examples", "steps", "time") else "left")
     for r in results:
         verdict = "[green]holds[/green]" if r.ok else f"[red]VIOLATED[/red] {r.violation.rule if r.violation else ''}"
+        if r.skipped:
+            verdict += f" [yellow]({len(r.skipped)} skipped)[/yellow]"
         table.add_row(r.suite, r.model, str(len(r.rules)), str(r.examples), str(r.steps), f"{r.seconds:.1f}s", verdict)
     console.print(table)
+    for r in results:
+        if r.skipped:
+            console.print(f"{r.suite}/{r.model}: skipped (the adapter cannot express them): {', '.join(r.skipped)}")
     for r in results:
         if r.violation is None:
             continue
@@ -164,20 +211,30 @@ def _print_table(console: Console, results: list[CheckResult], faults_on: list[s
 @app.command("spec-check")
 def spec_check(
     per_condition_timeout: Annotated[float, typer.Option(help="seconds CrossHair spends per condition")] = 4.0,
+    jobs: Annotated[int, typer.Option(min=1, help="modules checked in parallel (default: CPU count)")] = 0,
 ) -> None:
     """Run CrossHair on the spec modules' contracts (exit 1 if it finds a counterexample)."""
+    import os
     import tempfile
+    from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
     from kvledger.contracts.crosshair_check import SPEC_MODULES, run_crosshair
 
-    with tempfile.TemporaryDirectory() as tmp:
-        result = run_crosshair(list(SPEC_MODULES), Path(tmp), per_condition_timeout=per_condition_timeout)
-    typer.echo(result.stdout, nl=False)
-    typer.echo(result.stderr, nl=False, err=True)
-    if result.returncode == 0:
-        typer.echo(f"crosshair: no counterexample in {', '.join(SPEC_MODULES)}")
-    raise typer.Exit(result.returncode)
+    def one(module: str) -> tuple[str, int, str, str]:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = run_crosshair([module], Path(tmp), per_condition_timeout=per_condition_timeout)
+        return module, r.returncode, r.stdout, r.stderr
+
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        results = list(pool.map(one, SPEC_MODULES))
+    worst = 0
+    for module, code, out, err in results:
+        typer.echo(out, nl=False)
+        typer.echo(err, nl=False, err=True)
+        typer.echo(f"crosshair {module}: {'no counterexample' if code == 0 else f'exit {code}'}")
+        worst = max(worst, code)
+    raise typer.Exit(worst)
 
 
 def main() -> None:
