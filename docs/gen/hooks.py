@@ -6,6 +6,7 @@ of its own (or, for ``spec-link``, inline)::
     <!-- kvledger:readme-commands -->          the README's set-up commands, verbatim
     <!-- kvledger:run check -->                ``kvledger check --examples 5``'s table
     <!-- kvledger:run check-json -->           the same run with ``--json``
+    <!-- kvledger:run faults -->               ``kvledger faults``' table
     <!-- kvledger:help [SUBCOMMAND] -->        ``kvledger [SUBCOMMAND] --help``
     <!-- kvledger:help-rest -->                the help of every subcommand not shown yet
     <!-- kvledger:source PATH NAME... -->      source of NAMEs (``a.b`` for nested) in PATH
@@ -147,7 +148,7 @@ def _readme_commands(_: str) -> str:
 
 def _run(arg: str) -> str:
     which = arg.strip()
-    if which not in ("check", "check-json"):
+    if which not in ("check", "check-json", "faults"):
         raise PluginError(f"kvledger docs: unknown run {which!r}")
     code, out, _seconds = _get(which)
     if code not in (0, 1):  # 1 is a violated law: real output worth showing; anything else is a crash
@@ -379,6 +380,7 @@ def on_pre_build(config: Any) -> None:
     exe = _kvledger()
     _start("check", [exe, *CHECK_ARGS], {"COLUMNS": "100"})
     _start("check-json", [exe, *CHECK_ARGS, "--json"])
+    _start("faults", [exe, "faults"], {"COLUMNS": "100"})
     _start("help", [sys.executable, str(ROOT / "docs" / "gen" / "cli_help.py")])
     _start("contract-tiers", [sys.executable, str(ROOT / "docs" / "gen" / "contract_table.py")])
 
