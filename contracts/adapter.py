@@ -120,6 +120,10 @@ class CacheAdapter(Protocol):
         """Fill ``slots`` with the KV of ``tokens`` at positions ``start..`` (a fingerprint where data is fake)."""
         ...
 
+    def write_mamba(self, slot: int, value: int) -> None:
+        """Fill Mamba state ``slot`` with a state determined by ``value`` (a fingerprint where data is fake)."""
+        ...
+
     def match_prefix(self, key: tuple[int, ...]) -> Match:
         """The engine's ``match_prefix`` (no lock taken)."""
         ...

@@ -275,7 +275,7 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                 got = self.a.alloc_mamba(req)
             if got is not None:
                 self.req_mamba[req].add(got)
-                self.a.write_mamba(got, P.fingerprint(req, 0))  # type: ignore[attr-defined]
+                self.a.write_mamba(got, P.fingerprint(req, 0))
             return got
 
         @rule(comp=st.sampled_from([FULL, SWA, MAMBA]), n=st.integers(1, 12))
