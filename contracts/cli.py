@@ -211,7 +211,7 @@ def _print_table(
 @app.command("spec-check")
 def spec_check(
     per_condition_timeout: Annotated[float, typer.Option(help="seconds CrossHair spends per condition")] = 4.0,
-    jobs: Annotated[int, typer.Option(min=1, help="modules checked in parallel (default: CPU count)")] = 0,
+    jobs: Annotated[int, typer.Option(min=0, help="modules checked in parallel (0: one per CPU)")] = 0,
 ) -> None:
     """Run CrossHair on the spec modules' contracts (exit 1 if it finds a counterexample)."""
     import os
