@@ -1,0 +1,14 @@
+"""kvledger's adapters for SGLang's radix caches. Importing this package does not import SGLang.
+
+Factories (``config -> CacheAdapter``, for ``kvledger check --adapter package.module:factory``):
+
+* ``kvledger.contracts.sglang.legacy:radix_cache_factory`` — SGLang 0.5.9 ``RadixCache``;
+* ``kvledger.contracts.sglang.legacy:mamba_radix_cache_factory`` — SGLang 0.5.9 ``MambaRadixCache``;
+* ``kvledger.contracts.sglang.unified:unified_python_factory`` — SGLang 0.5.23 ``UnifiedRadixCache``, Python core;
+* ``kvledger.contracts.sglang.unified:unified_rust_factory`` — SGLang 0.5.23 ``UnifiedRadixCache``, Rust core.
+
+:mod:`~kvledger.contracts.sglang.cpu_import` imports SGLang on CPU;
+:mod:`~kvledger.contracts.sglang.common` holds what the adapters share and
+:func:`~kvledger.contracts.sglang.common.check`, which runs the conformance
+machine and lists the laws an adapter cannot express as skipped.
+"""

@@ -1,0 +1,280 @@
+"""What every SGLang adapter shares: node ids, the stand-in KV buffer, ledgers, LRU walks, and the run.
+
+None of this imports SGLang. An adapter observes SGLang's objects through
+their public attributes and methods only, and turns them into spec values
+with the helpers here:
+
+* :class:`NodeIds` gives each SGLang tree node object a stable
+  :class:`~kvledger.spec.types.NodeId` (SGLang's own ``node.id`` counters
+  are shared by every tree in the process and by the LRU sentinels) and keeps
+  a strong reference to every node ever seen, so an evicted node's LRU
+  pointers can still be read: that is how a node left linked after removal
+  (B1) becomes visible.
+* :class:`KVBuffer` stands in for the KV pool SGLang would write through
+  (its allocators run with ``kvcache=None`` on CPU): ``write_kv`` records the
+  fingerprint of each token in the slot SGLang handed out, exactly where a
+  model would write its KV, so a slot cached for the wrong token or reused
+  while cached shows up as a wrong fingerprint.
+* :func:`ledger` builds a pool's ownership ledger from SGLang's free list, the
+  slots its tree nodes hold and the slots the adapter gave each request; a
+  slot that appears twice (twice on the free list, free and cached, cached by
+  two nodes) gets two holders, which ``inv_single_owner`` rejects.
+* :func:`lru_state` walks an intrusive doubly linked list from its head
+  sentinel and reads the pointers of every node seen.
+* :func:`sglang_machine` / :func:`check` run the conformance machine with the
+  rules an adapter cannot express removed, and report them as skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import settings as Settings
+from hypothesis.stateful import RuleBasedStateMachine
+
+from kvledger.contracts.adapter import CacheAdapter, Unsupported
+from kvledger.contracts.cache_machine import RULES, machine_for_cache
+from kvledger.contracts.runner import CheckResult, run_machine
+from kvledger.spec.ledger import Ledger
+from kvledger.spec.lru import SENTINEL, LruState
+from kvledger.spec.prefix import fingerprint
+from kvledger.spec.types import Component, NodeId, Owner, node, request
+
+FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
+
+REJECTS_DOUBLE_UNLOCK = "rejects_double_unlock"
+"""Capability (proposed for :data:`kvledger.contracts.adapter.CAPABILITIES`): a second release of the same
+lock result is rejected, leaving the cache unchanged. SGLang's locks carry no identity, so none has it."""
+
+STATELESS_INSERT = "stateless_insert"
+"""Capability (proposed): a Mamba cache accepts ``insert`` without a Mamba state. SGLang's Mamba caches
+require one (every request owns a state slot from admission on), so a Mamba adapter leaves it out."""
+
+DOUBLE_FREE_OWNER = request(-1)
+"""The second holder a ledger gives a slot that sits on SGLang's free list twice (a double free)."""
+
+LAWS_OF: dict[str, tuple[str, ...]] = {
+    "ledgers": ("inv_slots_conserved", "inv_single_owner", "inv_owners_account"),
+    "lru": ("inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members"),
+    "locks": (
+        "inv_lock_ref_counts_handles",
+        "inv_lock_ref_nonnegative",
+        "inv_handles_match",
+        "inv_locked_cached",
+        "inv_sizes",
+    ),
+    "sizes": ("inv_sizes",),
+    "content": ("inv_content",),
+    "mamba_cow": ("rule mamba_copy_on_write",),
+    REJECTS_DOUBLE_UNLOCK: ("rule double_dec_lock_ref",),
+}
+"""The laws (and rules) that are skipped when an adapter lacks a capability."""
+
+
+class NotExpressible(Unsupported, NotImplementedError):
+    """The protocol asked for something SGLang's API cannot do (a factory: a model kind it cannot build)."""
+
+
+class NodeIds:
+    """Stable ids for SGLang tree nodes, with a strong reference to every node ever seen (alive or evicted)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[int, NodeId] = {}
+        self.seen: dict[NodeId, Any] = {}
+
+    def __call__(self, obj: Any) -> NodeId:
+        key = id(obj)
+        nid = self._ids.get(key)
+        if nid is None:
+            nid = NodeId(len(self._ids) + 1)
+            self._ids[key] = nid
+            self.seen[nid] = obj  # NOTE: the strong reference keeps id(obj) unique for this adapter's life
+        return nid
+
+
+class KVBuffer:
+    """The fingerprints a model would have written into each KV slot (SGLang runs with ``kvcache=None``)."""
+
+    def __init__(self) -> None:
+        self.data: dict[int, int] = {}
+        self.tokens: dict[int, int] = {}
+
+    def write(self, slots: Iterable[int], tokens: Iterable[int], start: int) -> None:
+        for i, (x, t) in enumerate(zip(slots, tokens, strict=True), start):
+            self.data[x] = fingerprint(t, i)
+            self.tokens[x] = t
+
+    def content(self, slots: Iterable[int]) -> dict[int, int]:
+        return {x: self.data.get(x, 0) for x in slots}
+
+
+def ledger(
+    name: str,
+    capacity: int,
+    base: int,
+    free: Iterable[int],
+    nodes: Mapping[Owner, Iterable[int]],
+    requests: Mapping[int, Iterable[int]],
+) -> Ledger:
+    """A pool's ledger from SGLang's free list, its tree nodes' slots and the adapter's request records."""
+    free_list = list(free)
+    held: dict[Owner, set[int]] = {}
+    seen_free: set[int] = set()
+    for x in free_list:
+        if x in seen_free:
+            held.setdefault(DOUBLE_FREE_OWNER, set()).add(x)
+        seen_free.add(x)
+    for owner, xs in nodes.items():
+        held.setdefault(owner, set()).update(xs)
+    for r, xs in requests.items():
+        held.setdefault(request(r), set()).update(xs)
+    return Ledger(name, capacity, frozenset(seen_free), {o: frozenset(xs) for o, xs in held.items() if xs}, base)
+
+
+def node_owner(nid: NodeId, comp: Component) -> Owner:
+    """The ledger owner that stands for node ``nid`` in ``comp``."""
+    return node(nid, comp)
+
+
+def lru_state(
+    comp: Component,
+    head: Any,
+    tail: Any,
+    prev_of: Callable[[Any], Any],
+    next_of: Callable[[Any], Any],
+    ids: NodeIds,
+    skip: Callable[[Any], bool] = lambda n: False,
+) -> LruState:
+    """The abstract LRU list: the order walked from ``head`` to ``tail``, and the links of every node ever seen.
+
+    ``skip`` names extra sentinels inside the list (walk cursors) that are not
+    nodes. A pointer at a sentinel held by a node outside the list becomes
+    ``SENTINEL`` (still a link, so ``inv_lru_detached`` rejects it).
+    """
+    sentinels = {id(head), id(tail)}
+    order: list[NodeId] = []
+    x = next_of(head)
+    steps = 0
+    while x is not None and x is not tail and steps <= len(ids.seen) + 2:
+        if not skip(x):
+            order.append(ids(x))
+        x = next_of(x)
+        steps += 1
+    members = set(order)
+
+    def link(y: Any, member: bool) -> NodeId | None:
+        if y is None or skip(y):
+            return None
+        if id(y) in sentinels:
+            return None if member else SENTINEL
+        return ids(y)
+
+    links = {}
+    for nid, obj in list(ids.seen.items()):
+        member = nid in members
+        links[nid] = (link(prev_of(obj), member), link(next_of(obj), member))
+    return LruState(tuple(order), links, comp)
+
+
+def skipped_laws(capabilities: frozenset[str]) -> list[str]:
+    """The laws and rules a run with these capabilities cannot check (reported, never silently passed)."""
+    out: list[str] = []
+    for cap, laws in LAWS_OF.items():
+        if cap not in capabilities:
+            out.extend(law for law in laws if law not in out)
+    return out
+
+
+def sglang_machine(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMachine]:
+    """:func:`~kvledger.contracts.cache_machine.machine_for_cache` without the rules the adapter cannot express.
+
+    NOTE: a stop-gap until the protocol grows :data:`REJECTS_DOUBLE_UNLOCK` and
+    :data:`STATELESS_INSERT` (see the report): ``double_dec_lock_ref`` is
+    removed when a second release cannot be rejected, and an insert for which
+    no Mamba state could be had is given up (its slots freed, its lock
+    released) when the cache cannot take a sequence without a state.
+    """
+    base = machine_for_cache(make)
+    probe = make()
+    caps = probe.capabilities
+    attrs: dict[str, Any] = {}
+    if REJECTS_DOUBLE_UNLOCK not in caps:
+        attrs["double_dec_lock_ref"] = None  # NOTE: a non-rule attribute hides the inherited rule
+    if STATELESS_INSERT not in caps and probe.config.mamba:
+        attrs["_alloc_state"] = _alloc_state_or_give_up(base)
+        attrs["_lock"] = _lock_remembered(base)
+        attrs["_insert"] = _insert_or_give_up(base)
+    if not attrs:
+        return base
+    machine = type("CacheConformance", (base,), attrs)
+    return machine
+
+
+class _NoState(Exception):
+    pass
+
+
+def _alloc_state_or_give_up(base: type[RuleBasedStateMachine]) -> Callable[..., int]:
+    inner = base._alloc_state  # type: ignore[attr-defined]
+
+    def alloc_state(self: Any, req: int) -> int:
+        got: int | None = inner(self, req)
+        if got is None:
+            raise _NoState
+        return got
+
+    return alloc_state
+
+
+def _lock_remembered(base: type[RuleBasedStateMachine]) -> Callable[..., Any]:
+    inner = base._lock  # type: ignore[attr-defined]
+
+    def lock(self: Any, key: tuple[int, ...]) -> Any:
+        held = inner(self, key)
+        self._last_held = held
+        return held
+
+    return lock
+
+
+def _insert_or_give_up(base: type[RuleBasedStateMachine]) -> Callable[..., None]:
+    inner = base._insert  # type: ignore[attr-defined]
+
+    def insert(self: Any, key: tuple[int, ...], borrow: bool) -> None:
+        self._last_held = None
+        before = {r: set(xs) for r, xs in self.req_kv.items()}
+        try:
+            inner(self, key, borrow)
+        except _NoState:
+            # NOTE: the request could not get a Mamba state: it gives back its new slots and its lock.
+            req = self.next_req - 1
+            mine = tuple(sorted(self.req_kv[req] - before.get(req, set())))
+            if mine:
+                self.a.free_kv(req, mine)
+                self.req_kv[req] -= set(mine)
+            held = self._last_held
+            if borrow and held is not None and held.hid in self.locks.handles:
+                self._unlock(held)
+
+    return insert
+
+
+@dataclass
+class Run:
+    """One conformance run of an SGLang cache: the result, with what was skipped and why."""
+
+    result: CheckResult
+    adapter: str
+    version: str
+    skipped: list[str]
+
+
+def check(make: Callable[[], CacheAdapter], settings: Settings, model: str = "", seed: int | None = None) -> Run:
+    """Run the cache conformance machine on the caches ``make`` builds; skipped laws are listed, not passed."""
+    probe = make()
+    skipped = skipped_laws(probe.capabilities)
+    result = run_machine("cache", model or probe.config.kind, sglang_machine(make), list(RULES), settings, seed)
+    result.skipped = list(skipped)
+    return Run(result, probe.name, probe.version, skipped)

@@ -1,0 +1,313 @@
+"""Import SGLang's memory-manager modules on a CPU-only machine.
+
+SGLang's radix caches and allocators are plain Python over torch tensors and
+run on CPU, but the modules around them import GPU-only code at import time:
+the ``sgl_kernel`` CUDA kernels, ``tvm_ffi`` (0.5.23), the NSA attention and
+``radix_attention`` layer modules (0.5.9; they pull CUDA JIT kernels),
+``hf_transformers_utils`` (model loading through Hugging Face, which the
+memory manager never calls), and ``sglang.srt.configs`` whose package
+``__init__`` imports every model configuration (and through them
+torchvision, which pulls a CUDA torch).
+
+:func:`import_sglang` checks the installed version against the range the
+adapters were tested on, then stubs **only** those modules, and only when
+they cannot be imported as they are: a module that imports is left alone. A
+stub answers every attribute with a placeholder class; calling or
+instantiating it raises :class:`StubbedGPUModule` naming the module, so a
+stub can never stand in silently for code that runs.
+``sglang.srt.configs`` is not stubbed: it becomes the real package with its
+``__init__`` skipped, so ``sglang.srt.configs.mamba_utils`` and friends are
+SGLang's own code.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import sys
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "LEGACY",
+    "UNIFIED",
+    "SGLangUnavailable",
+    "SGLangVersionError",
+    "StubbedGPUModule",
+    "TestedRange",
+    "import_sglang",
+    "installed_version",
+    "stubbed_modules",
+]
+
+
+class SGLangUnavailable(ImportError):
+    """SGLang is not installed in this environment."""
+
+
+class SGLangVersionError(ImportError):
+    """The installed SGLang is outside the range an adapter was tested on."""
+
+
+class StubbedGPUModule(RuntimeError):
+    """Code tried to *use* something from a GPU-only module that was stubbed for a CPU run."""
+
+
+def _parse(version: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+@dataclass(frozen=True)
+class TestedRange:
+    """The SGLang releases (inclusive) an adapter family was tested on, and the GPU-only modules it may stub."""
+
+    family: str
+    lowest: str
+    highest: str
+    stubs: tuple[str, ...]
+    """Modules replaced by a stub when they do not import (a trailing ``.*`` stubs the whole package)."""
+    bare_packages: tuple[str, ...] = ("sglang.srt.configs",)
+    """Packages made importable with their ``__init__`` skipped."""
+
+    __test__ = False  # NOTE: not a pytest test class despite the name
+
+    def contains(self, version: str) -> bool:
+        return _parse(self.lowest) <= _parse(version) <= _parse(self.highest)
+
+    def describe(self) -> str:
+        span = self.lowest if self.lowest == self.highest else f"{self.lowest} to {self.highest}"
+        return f"SGLang {span}"
+
+
+LEGACY = TestedRange(
+    "legacy (RadixCache, MambaRadixCache)",
+    "0.5.9",
+    "0.5.9",
+    (
+        "sgl_kernel.*",
+        "sglang.srt.utils.hf_transformers_utils",
+        "sglang.srt.layers.attention.nsa.index_buf_accessor",
+        "sglang.srt.layers.attention.nsa.quant_k_cache",
+        "sglang.srt.layers.radix_attention",
+    ),
+)
+"""0.5.9: the caches before the unified rewrite."""
+
+UNIFIED = TestedRange(
+    "unified (UnifiedRadixCache)",
+    "0.5.23",
+    "0.5.23",
+    ("sgl_kernel.*", "tvm_ffi.*", "sglang.srt.utils.hf_transformers_utils", "sglang.srt.utils.hf_transformers.*"),
+)
+"""0.5.23: ``UnifiedRadixCache`` with its Python and Rust tree cores."""
+
+
+_stubbed: list[str] = []
+
+
+def stubbed_modules() -> tuple[str, ...]:
+    """The modules :func:`import_sglang` replaced by stubs in this process, in order."""
+    return tuple(_stubbed)
+
+
+def installed_version() -> str:
+    """The installed SGLang version; :class:`SGLangUnavailable` when there is none."""
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError as err:
+        raise SGLangUnavailable(
+            "sglang is not installed: the SGLang adapters need it (see .ci/sglang_env for a CPU environment)"
+        ) from err
+
+
+class _Placeholder(type):
+    """The type of a stubbed name: usable as a base class, an annotation or an attribute path; never callable."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        value = _placeholder(cls.__module__, f"{cls.__qualname__}.{name}")
+        setattr(cls, name, value)
+        return value
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        raise StubbedGPUModule(
+            f"{cls.__module__}.{cls.__qualname__} is GPU-only code that kvledger stubbed to import SGLang on CPU; "
+            "it cannot run"
+        )
+
+
+def _placeholder(module: str, qualname: str) -> type:
+    return _Placeholder(qualname.rpartition(".")[2], (), {"__module__": module, "__qualname__": qualname})
+
+
+class _StubModule(types.ModuleType):
+    """A module whose every public attribute is a placeholder that refuses to run."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        value = _placeholder(self.__name__, name)
+        setattr(self, name, value)
+        return value
+
+
+def _make_stub(name: str, package: bool) -> _StubModule:
+    mod = _StubModule(name, f"kvledger CPU stub for GPU-only module {name}")
+    mod.__file__ = None
+    mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=package)
+    if package:
+        mod.__path__ = []
+    mod.__kvledger_stub__ = True  # type: ignore[attr-defined]
+    return mod
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves the submodules of stubbed packages (``sgl_kernel.flash_attn`` ...) as stubs."""
+
+    def __init__(self) -> None:
+        self.packages: set[str] = set()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if any(fullname.startswith(p + ".") for p in self.packages):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        _stubbed.append(spec.name)
+        return _make_stub(spec.name, package=True)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+_finder = _StubFinder()
+
+
+def _imports(name: str) -> bool:
+    """Whether ``name`` imports as it is.
+
+    NOTE: a failed import leaves nothing half-done behind: Python drops every module whose execution
+    the error interrupted, and what imported completely (torch, SGLang's CPU modules) is kept, as it
+    must be (a C extension cannot be loaded twice).
+    """
+    if name in sys.modules:
+        return True
+    try:
+        importlib.import_module(name)
+    except Exception:
+        return False
+    return True
+
+
+def _exported_names(init_file: str, package: str) -> dict[str, str]:
+    """``name -> submodule`` for every ``from <package>.<sub> import name`` in a package ``__init__``."""
+    with open(init_file, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), init_file)
+    out: dict[str, str] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.module.startswith(package + "."):
+            for alias in stmt.names:
+                out[alias.asname or alias.name] = stmt.module
+    return out
+
+
+def _bare_package(name: str) -> None:
+    """Make package ``name`` importable without running its ``__init__``.
+
+    Its submodules load normally; a name its ``__init__`` re-exports
+    (``from sglang.srt.configs import Qwen3NextConfig``) is imported from its
+    own submodule on first access, so only the configurations actually named
+    are loaded.
+    """
+    if name in sys.modules:
+        return
+    parent = name.rpartition(".")[0]
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.submodule_search_locations is None or spec.origin is None:
+        raise SGLangUnavailable(f"{name} is not a package of the installed SGLang")
+    exported = _exported_names(spec.origin, name)
+    mod = types.ModuleType(name, f"{name} with its __init__ skipped by kvledger (it imports every model config)")
+    mod.__path__ = list(spec.submodule_search_locations)
+    mod.__spec__ = spec
+    mod.__file__ = spec.origin
+    mod.__package__ = name
+
+    def lazy(attr: str) -> Any:
+        if attr not in exported:
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+        try:
+            value = getattr(importlib.import_module(exported[attr]), attr)
+        except ImportError:
+            # NOTE: a model configuration needs Hugging Face transformers, which the memory manager never
+            # uses and kvledger does not install; the name only appears in isinstance() checks of model code.
+            value = _placeholder(exported[attr], attr)
+            _stubbed.append(f"{exported[attr]}.{attr}")
+        setattr(mod, attr, value)
+        return value
+
+    mod.__getattr__ = lazy  # type: ignore[method-assign]
+    sys.modules[name] = mod
+    if parent:
+        setattr(sys.modules[parent], name.rpartition(".")[2], mod)
+
+
+def _stub(name: str) -> None:
+    package = name.endswith(".*")
+    base = name[:-2] if package else name
+    if package and base in _finder.packages:
+        return
+    if _imports(base):
+        return
+    # NOTE: every parent must exist first; SGLang's own parents (sglang.srt.layers ...) import on CPU.
+    parent = base.rpartition(".")[0]
+    if parent and parent not in sys.modules:
+        importlib.import_module(parent)
+    stub = _make_stub(base, package)
+    sys.modules[base] = stub
+    if parent:
+        setattr(sys.modules[parent], base.rpartition(".")[2], stub)
+    if package:
+        _finder.packages.add(base)
+    _stubbed.append(base)
+
+
+def import_sglang(tested: TestedRange, modules: Sequence[str] = ()) -> str:
+    """Check the SGLang version against ``tested``, install the CPU stubs, import ``modules``; return the version.
+
+    Raises :class:`SGLangUnavailable` when SGLang is not installed and
+    :class:`SGLangVersionError` (naming the tested range) when it is outside
+    ``tested``. Idempotent: a second call stubs nothing new.
+    """
+    version = installed_version()
+    if not tested.contains(version):
+        raise SGLangVersionError(
+            f"installed SGLang {version} is outside the range the kvledger {tested.family} adapters were "
+            f"tested on ({tested.describe()}); install a tested release, e.g. pip install --no-deps "
+            f"sglang=={tested.highest}"
+        )
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    importlib.import_module("sglang")
+    for name in tested.bare_packages:
+        parent = name.rpartition(".")[0]
+        if parent:
+            importlib.import_module(parent)
+        _bare_package(name)
+    for name in tested.stubs:
+        _stub(name)
+    for name in modules:
+        importlib.import_module(name)
+    return version

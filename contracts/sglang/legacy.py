@@ -1,0 +1,524 @@
+"""SGLang 0.5.9's radix caches behind the adapter protocol: ``RadixCache`` and ``MambaRadixCache``.
+
+Factories (for ``kvledger check --adapter``): :func:`radix_cache_factory`
+and :func:`mamba_radix_cache_factory`; both take a
+:class:`~kvledger.contracts.adapter.CacheConfig` and return a fresh adapter.
+
+How the protocol maps onto 0.5.9 (SGLang's own names):
+
+* ``alloc_kv`` / ``free_kv``: ``TokenToKVPoolAllocator.alloc`` / ``free``
+  (``PagedTokenToKVPoolAllocator`` for pages), ``device="cpu"``,
+  ``kvcache=None``. ``alloc_mamba`` / ``free_mamba``: ``MambaPool.alloc`` /
+  ``free`` of a ``HybridReqToTokenPool``.
+* ``match_prefix``: ``match_prefix(MatchPrefixParams(key=RadixKey(...)))``
+  (it splits nodes and refreshes LRU order, as in SGLang).
+* ``lock``: ``match_prefix`` then ``inc_lock_ref(last_node)``. 0.5.9 returns
+  no receipt: the *node* is what ``dec_lock_ref(node)`` must be given back,
+  so the adapter's handle holds the node (and, for Mamba, whether the
+  node's state was locked).
+* ``insert``: ``insert(InsertParams(key, value, mamba_value))``. 0.5.9
+  returns only ``prefix_len`` (and ``mamba_exist``) and **leaves the
+  duplicates to the caller**: as ``cache_finished_req`` does, the adapter
+  reports ``value[cache_protected_len:prefix_len]`` as duplicates (the
+  protected length is how many leading offered slots are the tree's own,
+  read before the insert), and the machine frees them. A duplicate Mamba
+  state is the offered one when ``mamba_exist``.
+* ``evict``: ``evict(EvictParams(num_tokens=n))`` (``mamba_num=n`` for MAMBA).
+* ``mamba_cow``: ``match_prefix(..., cow_mamba=True, req=...)`` with a
+  request that has no Mamba slot yet, as admission does; ``None`` when SGLang
+  asserts it "Can not alloc mamba cache".
+* ``snapshot``: a read-only walk of ``root_node`` (keys, ``value``,
+  ``mamba_value``, ``lock_ref`` / ``full_lock_ref`` / ``mamba_lock_ref``);
+  the allocators' ``free_pages`` and ``release_pages`` and the Mamba pool's
+  ``free_slots``; for ``MambaRadixCache`` its two ``LRUList`` objects
+  walked from ``head`` through ``next`` / ``mamba_next``, with the
+  ``prev`` / ``next`` pointers of every node the adapter ever saw; the
+  size counters.
+
+What 0.5.9 cannot express (those laws are skipped and reported):
+
+* ``RadixCache`` keeps no LRU list (eviction is a heap over
+  ``evictable_leaves`` by ``last_access_time``): no ``lru``.
+* No SWA component in either class: a config with a window is refused.
+* Locks carry no identity (``dec_lock_ref(node)``): a second release of the
+  same lock cannot be told from a release of another lock on the same node,
+  so ``double_dec_lock_ref`` is skipped (no ``rejects_double_unlock``).
+* ``MambaRadixCache.insert`` requires a Mamba state (every request owns one
+  from admission on): no ``stateless_insert``.
+* ``RadixCache`` has no copy-on-write: no ``mamba_cow``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from kvledger.contracts.adapter import CacheConfig, Inserted, Match, Snapshot
+from kvledger.contracts.sglang.common import (
+    FULL,
+    MAMBA,
+    KVBuffer,
+    NodeIds,
+    NotExpressible,
+    ledger,
+    lru_state,
+    node_owner,
+)
+from kvledger.contracts.sglang.cpu_import import LEGACY, import_sglang
+from kvledger.spec.locks import Key, LockSite, LockState
+from kvledger.spec.lru import LruState
+from kvledger.spec.prefix import PrefixCache
+from kvledger.spec.types import Component, HandleId, NodeId, Owner
+
+MODULES = (
+    "sglang.srt.mem_cache.radix_cache",
+    "sglang.srt.mem_cache.mamba_radix_cache",
+    "sglang.srt.mem_cache.allocator",
+    "sglang.srt.mem_cache.memory_pool",
+    "sglang.srt.mem_cache.cache_init_params",
+    "sglang.srt.server_args",
+)
+
+
+def _sglang() -> tuple[str, SimpleNamespace]:
+    """Import 0.5.9's memory manager on CPU; the modules the adapters use, by short name."""
+    version = import_sglang(LEGACY, MODULES)
+    import sglang.srt.mem_cache.allocator as allocator  # type: ignore[import-not-found]
+    import sglang.srt.mem_cache.base_prefix_cache as base  # type: ignore[import-not-found]
+    import sglang.srt.mem_cache.cache_init_params as params  # type: ignore[import-not-found]
+    import sglang.srt.mem_cache.mamba_radix_cache as mamba  # type: ignore[import-not-found]
+    import sglang.srt.mem_cache.memory_pool as pool  # type: ignore[import-not-found]
+    import sglang.srt.mem_cache.radix_cache as radix  # type: ignore[import-not-found]
+    import sglang.srt.server_args as server_args  # type: ignore[import-not-found]
+
+    return version, SimpleNamespace(
+        allocator=allocator, base=base, params=params, mamba=mamba, pool=pool, radix=radix, server_args=server_args
+    )
+
+
+@dataclass(eq=False)
+class LegacyLock:
+    """What ``lock`` hands out: the node ``dec_lock_ref`` must get back (0.5.9 returns no receipt)."""
+
+    hid: HandleId
+    node: Any
+    mamba_locked: bool
+    match: Match
+    key: tuple[int, ...]
+    released: bool = field(default=False)
+
+
+def _handle(h: Hashable) -> LegacyLock:
+    if not isinstance(h, LegacyLock):
+        raise TypeError(f"not a handle of an SGLang 0.5.9 adapter: {h!r}")
+    return h
+
+
+class _LegacyAdapter:
+    """Shared by both 0.5.9 adapters: pools, the stand-in KV buffer, locks, the tree walk."""
+
+    name = "sglang-0.5.9"
+    version = "0.5.9"
+    capabilities: frozenset[str] = frozenset()
+
+    def __init__(self, config: CacheConfig) -> None:
+        if config.window is not None:
+            raise NotExpressible(f"SGLang 0.5.9 {type(self).__name__}: no SWA component (config {config.kind})")
+        self.version, self.sg = _sglang()
+        self.name = f"sglang-{self.version}/{self.cache_class}"
+        self.config = config
+        self.ps = config.page_size
+        self.ids = NodeIds()
+        self.kv = KVBuffer()
+        self.req_kv: dict[int, set[int]] = {}
+        self.req_mamba: dict[int, set[int]] = {}
+        self.locks: dict[HandleId, LegacyLock] = {}
+        self.next_hid = 1
+        a = self.sg.allocator
+        if self.ps > 1:
+            self.allocator = a.PagedTokenToKVPoolAllocator(config.kv_tokens, self.ps, torch.int64, "cpu", None, False)
+        else:
+            self.allocator = a.TokenToKVPoolAllocator(config.kv_tokens, torch.int64, "cpu", None, False)
+        self.cache = self._build()
+
+    cache_class = ""
+
+    def _build(self) -> Any:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ pools
+
+    def alloc_kv(self, req: int, n: int) -> tuple[int, ...] | None:
+        got = self.allocator.alloc(n)
+        if got is None:
+            return None
+        slots = tuple(int(x) for x in got.tolist())
+        self.req_kv.setdefault(req, set()).update(slots)
+        return slots
+
+    def free_kv(self, req: int, slots: tuple[int, ...]) -> None:
+        self.allocator.free(torch.tensor(slots, dtype=torch.int64))
+        self.req_kv.setdefault(req, set()).difference_update(slots)
+
+    def alloc_mamba(self, req: int) -> int | None:
+        raise NotExpressible("SGLang 0.5.9 RadixCache has no Mamba pool")
+
+    def free_mamba(self, req: int, slot: int) -> None:
+        raise NotExpressible("SGLang 0.5.9 RadixCache has no Mamba pool")
+
+    def write_mamba(self, slot: int, value: int) -> None:
+        raise NotExpressible("SGLang 0.5.9 RadixCache has no Mamba pool")
+
+    def write_kv(self, slots: tuple[int, ...], tokens: tuple[int, ...], start: int) -> None:
+        self.kv.write(slots, tokens, start)
+
+    # ------------------------------------------------------------ tree
+
+    def _key(self, key: tuple[int, ...]) -> Any:
+        return self.sg.radix.RadixKey(list(key))
+
+    def _raw_match(self, key: tuple[int, ...], **extra: Any) -> tuple[Match, Any]:
+        m = self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=self._key(key), **extra))
+        slots = tuple(int(x) for x in m.device_indices.tolist())
+        node = m.last_device_node
+        state = self._state_of(node) if slots else None
+        return Match(len(slots), slots, state), node
+
+    def _state_of(self, node: Any) -> int | None:
+        return None
+
+    def match_prefix(self, key: tuple[int, ...]) -> Match:
+        return self._raw_match(key)[0]
+
+    def lock(self, key: tuple[int, ...]) -> tuple[Match, Hashable]:
+        m, node = self._raw_match(key)
+        mamba_locked = self._lock_node(node)
+        h = LegacyLock(HandleId(self.next_hid), node, mamba_locked, m, key)
+        self.next_hid += 1
+        self.locks[h.hid] = h
+        return m, h
+
+    def _lock_node(self, node: Any) -> bool:
+        self.cache.inc_lock_ref(node)
+        return False
+
+    def unlock(self, handle: Hashable) -> None:
+        h = _handle(handle)
+        # NOTE: forwarded even when already released: 0.5.9 has no way to refuse it, and the checker must see that.
+        self.cache.dec_lock_ref(h.node)
+        h.released = True
+        self.locks.pop(h.hid, None)
+
+    def handle_id(self, handle: Hashable) -> int:
+        return int(_handle(handle).hid)
+
+    def _tree_slots(self, key: tuple[int, ...]) -> list[int]:
+        """The tree's slots along ``key`` as far as it is cached, read without touching the cache."""
+        out: list[int] = []
+        node, rest = self.cache.root_node, list(key)
+        while rest:
+            child = node.children.get(self.cache.get_child_key_fn(self._key(tuple(rest))))
+            if child is None or child.value is None:
+                break
+            ck = list(child.key.token_ids)
+            n = 0
+            while n < len(ck) and n < len(rest) and ck[n] == rest[n]:
+                n += 1
+            n -= n % self.ps
+            out.extend(int(x) for x in child.value[:n].tolist())
+            if n < len(ck):
+                break
+            node, rest = child, rest[n:]
+        return out
+
+    def _protected_len(self, key: tuple[int, ...], slots: tuple[int, ...]) -> int:
+        """SGLang's ``cache_protected_len``: how many leading offered slots are already the tree's own."""
+        n = 0
+        for mine, theirs in zip(slots, self._tree_slots(key), strict=False):
+            if mine != theirs:
+                break
+            n += 1
+        return n - n % self.ps
+
+    def evict(self, component: Component, n: int) -> int:
+        if component is FULL:
+            return int(self.cache.evict(self.sg.base.EvictParams(num_tokens=n)).num_tokens_evicted)
+        raise NotExpressible(f"SGLang 0.5.9 {self.cache_class}: no {component.value} component")
+
+    def mamba_cow(self, handle: Hashable, req: int) -> int | None:
+        raise NotExpressible("SGLang 0.5.9 RadixCache has no Mamba copy-on-write")
+
+    # ------------------------------------------------------------ abstraction
+
+    def _nodes(self) -> Iterator[tuple[Any, tuple[int, ...]]]:
+        """Every node below the root with the tokens from the root to its end."""
+        stack: list[tuple[Any, tuple[int, ...]]] = [(c, ()) for c in self.cache.root_node.children.values()]
+        while stack:
+            n, above = stack.pop()
+            toks = above + tuple(int(t) for t in n.key.token_ids)
+            yield n, toks
+            stack.extend((c, toks) for c in n.children.values())
+
+    def _pages(self, toks: tuple[int, ...], length: int) -> list[Key]:
+        start = len(toks) - length
+        return [toks[: start + i + self.ps] for i in range(0, length, self.ps)]
+
+    def _path_sites(self, node: Any, end: dict[int, tuple[int, ...]]) -> list[LockSite]:
+        sites: list[LockSite] = []
+        while node is not self.cache.root_node and node is not None:
+            toks = end.get(id(node))
+            if toks is None:  # NOTE: a locked node that left the tree: its lock covers nothing cached
+                break
+            sites.extend((k, FULL) for k in self._pages(toks, len(node.key)))
+            node = node.parent
+        return sites
+
+    def _full_lock_ref(self, node: Any) -> int:
+        return int(node.lock_ref)
+
+    def _base_snapshot(self) -> tuple[dict[Key, tuple[int, ...]], dict[int, tuple[int, ...]], dict[Owner, set[int]]]:
+        full: dict[Key, tuple[int, ...]] = {}
+        end: dict[int, tuple[int, ...]] = {}
+        owners: dict[Owner, set[int]] = {}
+        grain = self.ps if self.ps > 1 else 1
+        for n, toks in self._nodes():
+            nid = self.ids(n)
+            end[id(n)] = toks
+            vals = [int(x) for x in n.value.tolist()]
+            for i, k in enumerate(self._pages(toks, len(vals))):
+                full[k] = tuple(vals[i * self.ps : (i + 1) * self.ps])
+            owners.setdefault(node_owner(nid, FULL), set()).update(x // grain for x in vals)
+        return full, end, owners
+
+    def _kv_ledger(self, owners: dict[Owner, set[int]]) -> Any:
+        a = self.allocator
+        free = [int(x) for x in torch.cat((a.free_pages, a.release_pages)).tolist()]
+        if self.ps > 1:
+            reqs = {r: {x // self.ps for x in xs} for r, xs in self.req_kv.items()}
+            return ledger("kv", a.num_pages, 1, free, owners, reqs)
+        return ledger("kv", a.size, 1, free, owners, self.req_kv)
+
+    def _locks(self, end: dict[int, tuple[int, ...]], extra: dict[LockSite, int]) -> LockState:
+        lock_ref: dict[LockSite, int] = dict(extra)
+        for n, toks in self._nodes():
+            ref = self._full_lock_ref(n)
+            if ref != 0:
+                for k in self._pages(toks, len(n.key)):
+                    lock_ref[(k, FULL)] = ref
+        handles = {}
+        for hid, h in self.locks.items():
+            cov = set(self._path_sites(h.node, end))
+            if h.mamba_locked and id(h.node) in end:
+                cov.add((end[id(h.node)], MAMBA))
+            handles[hid] = frozenset(cov)
+        return LockState(handles, lock_ref, frozenset())
+
+
+class LegacyRadixAdapter(_LegacyAdapter):
+    """SGLang 0.5.9 ``RadixCache`` (full attention, token or paged) behind the adapter protocol."""
+
+    cache_class = "RadixCache"
+    capabilities = frozenset({"locks", "ledgers", "content", "sizes"})
+
+    def __init__(self, config: CacheConfig) -> None:
+        if config.mamba:
+            raise NotExpressible("SGLang 0.5.9 RadixCache has no Mamba component: use mamba_radix_cache_factory")
+        super().__init__(config)
+
+    def _build(self) -> Any:
+        params = self.sg.params.CacheInitParams(
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.allocator, page_size=self.ps
+        )
+        return self.sg.radix.RadixCache(params)
+
+    def insert(self, req: int, key: tuple[int, ...], slots: tuple[int, ...], mamba: int | None) -> Inserted:
+        if mamba is not None:
+            raise NotExpressible("SGLang 0.5.9 RadixCache has no Mamba component")
+        protected = self._protected_len(key, slots)
+        value = torch.tensor(slots, dtype=torch.int64)
+        r = self.cache.insert(self.sg.base.InsertParams(key=self._key(key), value=value))
+        prefix_len = int(r.prefix_len)
+        dups = slots[protected:prefix_len]
+        self.req_kv.setdefault(req, set()).difference_update(set(slots) - set(dups))
+        return Inserted(prefix_len, dups, None)
+
+    def snapshot(self) -> Snapshot:
+        full, end, owners = self._base_snapshot()
+        prefix = PrefixCache(self.ps, None, False, full, frozenset(), {})  # type: ignore[arg-type]
+        slots = [x for xs in full.values() for x in xs]
+        sizes = {FULL: (int(self.cache.evictable_size()), int(self.cache.protected_size()))}
+        return Snapshot(
+            prefix,
+            self._locks(end, {}),
+            {},
+            {"kv": self._kv_ledger(owners)},
+            self.kv.content(slots),
+            sizes,
+            {},
+        )
+
+
+class LegacyMambaAdapter(_LegacyAdapter):
+    """SGLang 0.5.9 ``MambaRadixCache`` (full attention + Mamba states, page size 1) with its two ``LRUList``."""
+
+    cache_class = "MambaRadixCache"
+    capabilities = frozenset({"lru", "locks", "ledgers", "content", "sizes", "mamba_cow"})
+
+    def __init__(self, config: CacheConfig) -> None:
+        if not config.mamba:
+            raise NotExpressible("MambaRadixCache needs a Mamba config: use radix_cache_factory for full attention")
+        if config.page_size != 1:
+            raise NotExpressible("SGLang 0.5.9 MambaRadixCache supports page size 1 only (without extra buffer)")
+        super().__init__(config)
+
+    def _build(self) -> Any:
+        # NOTE: match_prefix reads mamba_cache_chunk_size from the global server args; only that field is needed.
+        self.sg.server_args.set_global_server_args_for_scheduler(SimpleNamespace(mamba_cache_chunk_size=64))
+        cache_params = SimpleNamespace(
+            shape=SimpleNamespace(conv=[(1, 2)], temporal=(1, 1, 2)),
+            dtype=SimpleNamespace(conv=torch.float32, temporal=torch.float32),
+            layers=[0],
+        )
+        self.req_pool = self.sg.pool.HybridReqToTokenPool(
+            size=4,
+            mamba_size=self.config.mamba_slots,
+            mamba_spec_state_size=self.config.mamba_slots,
+            max_context_len=64,
+            device="cpu",
+            enable_memory_saver=False,
+            cache_params=cache_params,
+            enable_mamba_extra_buffer=False,
+        )
+        params = self.sg.params.CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.req_pool,
+            token_to_kv_pool_allocator=self.allocator,
+            page_size=self.ps,
+        )
+        return self.sg.mamba.MambaRadixCache(params)
+
+    @property
+    def mamba_pool(self) -> Any:
+        return self.req_pool.mamba_pool
+
+    def alloc_mamba(self, req: int) -> int | None:
+        got = self.mamba_pool.alloc(1)
+        if got is None:
+            return None
+        slot = int(got[0])
+        self.req_mamba.setdefault(req, set()).add(slot)
+        return slot
+
+    def free_mamba(self, req: int, slot: int) -> None:
+        self.mamba_pool.free(torch.tensor([slot], dtype=torch.int64))
+        self.req_mamba.setdefault(req, set()).discard(slot)
+
+    def write_mamba(self, slot: int, value: int) -> None:
+        self.mamba_pool.mamba_cache.temporal[:, slot] = float(value)
+
+    def _state_of(self, node: Any) -> int | None:
+        return None if node.mamba_value is None else int(node.mamba_value[0])
+
+    def _lock_node(self, node: Any) -> bool:
+        has_state = node is not self.cache.root_node and node.mamba_value is not None
+        self.cache.inc_lock_ref(node)
+        return has_state
+
+    def _full_lock_ref(self, node: Any) -> int:
+        return int(node.full_lock_ref)
+
+    def insert(self, req: int, key: tuple[int, ...], slots: tuple[int, ...], mamba: int | None) -> Inserted:
+        if mamba is None:
+            raise NotExpressible("SGLang 0.5.9 MambaRadixCache.insert requires a Mamba state (no stateless_insert)")
+        protected = self._protected_len(key, slots)
+        r = self.cache.insert(
+            self.sg.base.InsertParams(
+                key=self._key(key),
+                value=torch.tensor(slots, dtype=torch.int64),
+                mamba_value=torch.tensor([mamba], dtype=torch.int64),
+            )
+        )
+        prefix_len = int(r.prefix_len)
+        dups = slots[protected:prefix_len]
+        dup_mamba = mamba if r.mamba_exist else None
+        self.req_kv.setdefault(req, set()).difference_update(set(slots) - set(dups))
+        if dup_mamba is None:
+            self.req_mamba.setdefault(req, set()).discard(mamba)
+        return Inserted(prefix_len, dups, dup_mamba)
+
+    def evict(self, component: Component, n: int) -> int:
+        if component is MAMBA:
+            return int(self.cache.evict(self.sg.base.EvictParams(num_tokens=0, mamba_num=n)).mamba_num_evicted)
+        return super().evict(component, n)
+
+    def mamba_cow(self, handle: Hashable, req: int) -> int | None:
+        h = _handle(handle)
+        fake_req = SimpleNamespace(mamba_pool_idx=None)
+        key = h.key[: h.match.length]
+        try:
+            self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=self._key(key), cow_mamba=True, req=fake_req))
+        except AssertionError as err:
+            if "Can not alloc mamba cache" in str(err):
+                return None
+            raise
+        if fake_req.mamba_pool_idx is None:
+            return None
+        slot = int(fake_req.mamba_pool_idx)
+        self.req_mamba.setdefault(req, set()).add(slot)
+        return slot
+
+    def snapshot(self) -> Snapshot:
+        full, end, owners = self._base_snapshot()
+        states: dict[Key, int] = {}
+        mamba_owners: dict[Owner, set[int]] = {}
+        mamba_ref: dict[LockSite, int] = {}
+        cached: dict[Component, set[NodeId]] = {FULL: set(), MAMBA: set()}
+        for n, toks in self._nodes():
+            nid = self.ids(n)
+            cached[FULL].add(nid)
+            if n.mamba_value is not None:
+                slot = int(n.mamba_value[0])
+                states[toks] = slot
+                mamba_owners[node_owner(nid, MAMBA)] = {slot}
+                cached[MAMBA].add(nid)
+                if n.mamba_lock_ref:
+                    mamba_ref[(toks, MAMBA)] = int(n.mamba_lock_ref)
+        prefix = PrefixCache(self.ps, None, True, full, frozenset(), states)  # type: ignore[arg-type]
+        pool = self.mamba_pool
+        mamba_ledger = ledger(
+            "mamba", pool.size, 1, [int(x) for x in pool.free_slots.tolist()], mamba_owners, self.req_mamba
+        )
+        lru = {FULL: self._lru(self.cache.full_lru_list, FULL), MAMBA: self._lru(self.cache.mamba_lru_list, MAMBA)}
+        slots = [x for xs in full.values() for x in xs]
+        sizes = {
+            FULL: (int(self.cache.full_evictable_size()), int(self.cache.full_protected_size())),
+            MAMBA: (int(self.cache.mamba_evictable_size()), int(self.cache.mamba_protected_size())),
+        }
+        return Snapshot(
+            prefix,
+            self._locks(end, mamba_ref),
+            lru,
+            {"kv": self._kv_ledger(owners), "mamba": mamba_ledger},
+            self.kv.content(slots),
+            sizes,
+            {c: frozenset(ns) for c, ns in cached.items()},
+        )
+
+    def _lru(self, lst: Any, comp: Component) -> LruState:
+        return lru_state(
+            comp, lst.head, lst.tail, lambda n: getattr(n, lst.prv), lambda n: getattr(n, lst.nxt), self.ids
+        )
+
+
+def radix_cache_factory(config: CacheConfig) -> LegacyRadixAdapter:
+    """SGLang 0.5.9 ``RadixCache`` for ``config`` (full attention; page size 1 or more)."""
+    return LegacyRadixAdapter(config)
+
+
+def mamba_radix_cache_factory(config: CacheConfig) -> LegacyMambaAdapter:
+    """SGLang 0.5.9 ``MambaRadixCache`` for ``config`` (full attention + Mamba, page size 1)."""
+    return LegacyMambaAdapter(config)

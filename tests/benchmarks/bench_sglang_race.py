@@ -1,0 +1,332 @@
+"""Race kvledger's radix cache against SGLang's on one trace (a benchmark, not a test).
+
+    python tests/benchmarks/bench_sglang_race.py [--requests 2000] [--pool 400000] [--pages 1,16]
+
+The trace: ``--requests`` requests of 512..2,048 tokens over 32 shared
+prefixes, each request taking its prefix up to a random cut point and random
+tokens after it (seeded, so every implementation sees the same tokens). Per
+request, as a scheduler does: ``match_prefix`` -> lock the match -> evict if
+the pool is short -> allocate the new tokens -> ``insert`` -> release the
+lock. Then ``match_prefix`` alone over every request of the trace (the
+``match calls/s`` column). Contracts are off for the timings; kvledger is
+also timed with ``bindings.install("on")``.
+
+SGLang 0.5.9 and 0.5.23 cannot share an environment, so each implementation
+runs in a subprocess of the venv that has it (``.ci/sglang_env`` builds
+``build/sglang-0.5.9`` and ``build/sglang-0.5.23``); kvledger runs in the
+0.5.23 one. Ratios are taken within one run of this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import time
+from array import array
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+VARIANTS = {
+    "kvledger": "0.5.23",
+    "kvledger (contracts on)": "0.5.23",
+    "sglang 0.5.9 RadixCache": "0.5.9",
+    "sglang 0.5.23 unified (python core)": "0.5.23",
+    "sglang 0.5.23 unified (rust core)": "0.5.23",
+}
+
+
+def make_trace(requests: int, seed: int = 0) -> list[list[int]]:
+    """``requests`` token lists of 512..2,048 tokens over 32 shared prefixes with random cut points."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1, 32_000) for _ in range(2048)] for _ in range(32)]
+    out = []
+    for _ in range(requests):
+        n = rng.randint(512, 2048)
+        cut = rng.randint(0, n)
+        p = prefixes[rng.randrange(32)]
+        out.append(p[:cut] + [rng.randrange(1, 32_000) for _ in range(n - cut)])
+    return out
+
+
+# ---------------------------------------------------------------- one implementation per class, same loop
+
+
+class KvledgerOps:
+    """kvledger's ``RadixCache`` (token or paged allocator on CPU)."""
+
+    def __init__(self, pool: int, page: int) -> None:
+        import torch
+
+        from kvledger.impl.allocators import PagedAllocator, TokenAllocator
+        from kvledger.impl.radix import RadixCache
+        from kvledger.spec.types import request
+
+        self.torch, self.request = torch, request
+        self.kv = PagedAllocator(pool // page, page) if page > 1 else TokenAllocator(pool)
+        self.cache = RadixCache(self.kv, page_size=page)
+
+    def key(self, toks: list[int]) -> Any:
+        return self.torch.tensor(toks, dtype=self.torch.int64)
+
+    def match(self, key: Any) -> tuple[int, Any, Any]:
+        m = self.cache.match_prefix(key)
+        return m.length, m.indices, m.last_node
+
+    def lock(self, node: Any) -> Any:
+        return self.cache.inc_lock_ref(node)
+
+    def unlock(self, h: Any) -> None:
+        self.cache.dec_lock_ref(h)
+
+    def available(self) -> int:
+        return int(self.kv.available_size())
+
+    def evict(self, n: int) -> int:
+        from kvledger.spec.types import Component
+
+        return self.cache.evict(Component.FULL, n)
+
+    def alloc(self, r: int, n: int) -> Any:
+        return self.kv.alloc(n, self.request(r))
+
+    def insert(self, r: int, key: Any, prefix: Any, new: Any, matched: int) -> None:
+        value = self.torch.cat((prefix, new))
+        res = self.cache.insert(key, value, self.request(r))
+        if res.dup_indices.numel():
+            self.kv.free(res.dup_indices, self.request(r))
+
+
+class Legacy59Ops:
+    """SGLang 0.5.9 ``RadixCache``; the caller frees duplicates, as ``cache_finished_req`` does."""
+
+    def __init__(self, pool: int, page: int) -> None:
+        import torch
+
+        from kvledger.contracts.sglang.legacy import _sglang
+
+        _, sg = _sglang()
+        self.torch, self.sg = torch, sg
+        if page > 1:
+            self.alloc_ = sg.allocator.PagedTokenToKVPoolAllocator(pool, page, torch.int64, "cpu", None, False)
+        else:
+            self.alloc_ = sg.allocator.TokenToKVPoolAllocator(pool, torch.int64, "cpu", None, False)
+        params = sg.params.CacheInitParams(
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc_, page_size=page
+        )
+        self.cache = sg.radix.RadixCache(params)
+
+    def key(self, toks: list[int]) -> Any:
+        return toks
+
+    def match(self, key: Any) -> tuple[int, Any, Any]:
+        m = self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=self.sg.radix.RadixKey(key)))
+        return len(m.device_indices), m.device_indices, m.last_device_node
+
+    def lock(self, node: Any) -> Any:
+        self.cache.inc_lock_ref(node)
+        return node
+
+    def unlock(self, node: Any) -> None:
+        self.cache.dec_lock_ref(node)
+
+    def available(self) -> int:
+        return int(self.alloc_.available_size())
+
+    def evict(self, n: int) -> int:
+        return int(self.cache.evict(self.sg.base.EvictParams(num_tokens=n)).num_tokens_evicted)
+
+    def alloc(self, r: int, n: int) -> Any:
+        return self.alloc_.alloc(n)
+
+    def insert(self, r: int, key: Any, prefix: Any, new: Any, matched: int) -> None:
+        value = self.torch.cat((prefix, new))
+        res = self.cache.insert(self.sg.base.InsertParams(key=self.sg.radix.RadixKey(key), value=value))
+        self.alloc_.free(value[matched : res.prefix_len])
+
+
+class Unified523Ops:
+    """SGLang 0.5.23 ``UnifiedRadixCache`` on one tree core; insert frees duplicates itself."""
+
+    def __init__(self, pool: int, page: int, core: str) -> None:
+        import torch
+
+        from kvledger.contracts.sglang.unified import CORES, _sglang
+
+        _, sg = _sglang()
+        self.torch, self.sg = torch, sg
+        if page > 1:
+            self.alloc_ = sg.allocator.PagedTokenToKVPoolAllocator(pool, page, torch.int64, "cpu", None, False)
+        else:
+            self.alloc_ = sg.allocator.TokenToKVPoolAllocator(pool, torch.int64, "cpu", None, False)
+        req_pool = sg.pool.ReqToTokenPool(size=4, max_context_len=4096, device="cpu", enable_memory_saver=False)
+        params = sg.params.CacheInitParams(
+            disable=False,
+            req_to_token_pool=req_pool,
+            token_to_kv_pool_allocator=self.alloc_,
+            page_size=page,
+            tree_components=(sg.ComponentType.FULL,),
+            tree_core_backend=core,
+        )
+        self.cache = sg.unified.UnifiedRadixCache(params)
+        assert type(self.cache.tree_core).__name__ == CORES[core], type(self.cache.tree_core).__name__
+
+    def key(self, toks: list[int]) -> Any:
+        return array("q", toks)
+
+    def match(self, key: Any) -> tuple[int, Any, Any]:
+        m = self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=self.sg.radix.RadixKey(key)))
+        n = int(m.device_prefix_len)
+        idx = (
+            self.cache.path_device_indices(m.last_device_node)[:n] if n else self.torch.empty(0, dtype=self.torch.int64)
+        )
+        return n, idx, m.last_device_node
+
+    def lock(self, node: Any) -> Any:
+        return self.cache.lock(node)
+
+    def unlock(self, h: Any) -> None:
+        self.cache.unlock(h)
+
+    def available(self) -> int:
+        return int(self.alloc_.available_size())
+
+    def evict(self, n: int) -> int:
+        return int(self.cache.evict(self.sg.base.EvictParams(num_tokens=n)).num_tokens_evicted)
+
+    def alloc(self, r: int, n: int) -> Any:
+        return self.alloc_.alloc(n)
+
+    def insert(self, r: int, key: Any, prefix: Any, new: Any, matched: int) -> None:
+        value = self.torch.cat((prefix, new))
+        self.cache.insert(
+            self.sg.base.InsertParams(key=self.sg.radix.RadixKey(key), value=value, prev_prefix_len=matched)
+        )
+
+
+def build(variant: str, pool: int, page: int) -> Any:
+    if variant.startswith("kvledger"):
+        from kvledger.contracts import bindings
+
+        bindings.install("on" if "contracts on" in variant else "off")
+        return KvledgerOps(pool, page)
+    if variant == "sglang 0.5.9 RadixCache":
+        return Legacy59Ops(pool, page)
+    return Unified523Ops(pool, page, "rust" if "rust" in variant else "python")
+
+
+def run_trace(ops: Any, trace: list[list[int]], page: int) -> dict[str, float]:
+    """The per-request loop; returns counts and timings."""
+    keys = [ops.key(t[: len(t) - len(t) % page]) for t in trace]
+    tokens = sum(len(t) - len(t) % page for t in trace)
+    hit = evicted = 0
+    start = time.perf_counter()
+    for r, key in enumerate(keys, 1):
+        n = len(key)
+        matched, prefix, node = ops.match(key)
+        h = ops.lock(node)
+        need = n - matched
+        if need:
+            short = need - ops.available()
+            if short > 0:
+                evicted += ops.evict(short)
+            new = ops.alloc(r, need)
+            if new is None:
+                raise RuntimeError(f"request {r}: {need} slots not available after eviction")
+            ops.insert(r, key, prefix, new, matched)
+        ops.unlock(h)
+        hit += matched
+    seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    for key in keys:
+        ops.match(key)
+    match_seconds = time.perf_counter() - start
+    return {
+        "seconds": seconds,
+        "requests": len(keys),
+        "tokens": tokens,
+        "hit_tokens": hit,
+        "evicted_tokens": evicted,
+        "match_seconds": match_seconds,
+    }
+
+
+def worker(variant: str, requests: int, pool: int, page: int) -> None:
+    trace = make_trace(requests)
+    ops = build(variant, pool, page)
+    result = run_trace(ops, trace, page)
+    print("RESULT " + json.dumps({"variant": variant, "page": page, **result}))
+
+
+def python_of(version: str, venvs: dict[str, Path]) -> str:
+    return str(venvs[version] / "bin" / "python")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--pool", type=int, default=400_000)
+    parser.add_argument("--pages", default="1,16")
+    parser.add_argument("--venv-059", type=Path, default=ROOT / "build" / "sglang-0.5.9")
+    parser.add_argument("--venv-0523", type=Path, default=ROOT / "build" / "sglang-0.5.23")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--page", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON lines too")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.requests, args.pool, args.page)
+        return
+    venvs = {"0.5.9": args.venv_059, "0.5.23": args.venv_0523}
+    for version, path in venvs.items():
+        if not (path / "bin" / "python").exists():
+            sys.exit(f"no SGLang {version} environment at {path}: run .ci/sglang_env first")
+    results: list[dict[str, Any]] = []
+    for page in (int(p) for p in args.pages.split(",")):
+        for variant, version in VARIANTS.items():
+            cmd = [python_of(version, venvs), __file__, "--worker", variant, "--page", str(page)]
+            cmd += ["--requests", str(args.requests), "--pool", str(args.pool)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            if line is None:
+                sys.exit(f"{variant} (page {page}) failed:\n{proc.stderr[-3000:]}")
+            results.append(json.loads(line[len("RESULT ") :]))
+            print(f"ran {variant} page {page}", file=sys.stderr)
+    report(results)
+    if args.json:
+        for r in results:
+            print(json.dumps(r))
+
+
+def report(results: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    sglang = [v for v in VARIANTS if v.startswith("sglang")]
+    for page in sorted({r["page"] for r in results}):
+        rows = {r["variant"]: r for r in results if r["page"] == page}
+        table = Table(title=f"race, page size {page}: {rows['kvledger']['requests']} requests, one run")
+        cols = ["implementation", "requests/s", "match calls/s", "tokens/s", "hit rate", "evicted tokens"]
+        cols += [f"× {v.replace('sglang ', '')}" for v in sglang]
+        for c in cols:
+            table.add_column(c, justify="left" if c == "implementation" else "right")
+        rate: Callable[[dict[str, Any]], float] = lambda r: r["requests"] / r["seconds"]  # noqa: E731
+        for variant, r in rows.items():
+            ratios = [f"{rate(r) / rate(rows[s]):.2f}" for s in sglang]
+            table.add_row(
+                variant,
+                f"{rate(r):,.0f}",
+                f"{r['requests'] / r['match_seconds']:,.0f}",
+                f"{r['tokens'] / r['seconds']:,.0f}",
+                f"{r['hit_tokens'] / r['tokens']:.4f}",
+                f"{r['evicted_tokens']:,}",
+                *ratios,
+            )
+        Console(width=220).print(table)
+
+
+if __name__ == "__main__":
+    main()

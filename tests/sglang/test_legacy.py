@@ -1,0 +1,84 @@
+"""SGLang 0.5.9: ``RadixCache`` conforms; ``MambaRadixCache``'s ``LRUList`` breaks LRU detachment (B1)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+from hypothesis import settings
+
+from kvledger.contracts.adapter import CacheAdapter, CacheConfig
+from kvledger.contracts.profiles import register_profiles
+
+
+def sglang_version() -> str | None:
+    """The installed SGLang version, or ``None`` (the main CI environment has none)."""
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def need_sglang(version: str) -> pytest.MarkDecorator:
+    """Skip, saying why, unless SGLang ``version`` is installed (``.ci/sglang_env`` builds such environments)."""
+    have = sglang_version()
+    why = (
+        "SGLang is not installed (build an environment with .ci/sglang_env)" if have is None else f"{have} is installed"
+    )
+    return pytest.mark.skipif(have != version, reason=f"needs SGLang {version}; {why}")
+
+
+pytestmark = need_sglang("0.5.9")
+register_profiles()
+CI = settings.get_profile("ci")
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_radix_cache_conforms(page_size: int) -> None:
+    from kvledger.contracts.sglang.common import check
+    from kvledger.contracts.sglang.legacy import radix_cache_factory
+
+    run = check(lambda: radix_cache_factory(CacheConfig(page_size=page_size)), CI)
+    assert run.result.ok, run.result.violation and run.result.violation.message
+    assert run.result.examples >= 50 and run.result.steps > 500
+    assert "inv_lru_detached" in run.skipped and "rule double_dec_lock_ref" in run.skipped
+    assert "inv_lock_ref_counts_handles" not in run.skipped
+
+
+def test_mamba_lru_list_is_caught_by_lru_detachment() -> None:
+    """B1 (SGLang PR #25770), found by the general rule on SGLang's own ``LRUList``."""
+    from kvledger.contracts.sglang.common import check
+    from kvledger.contracts.sglang.legacy import mamba_radix_cache_factory
+
+    run = check(lambda: mamba_radix_cache_factory(CacheConfig(mamba=True)), CI)
+    v = run.result.violation
+    assert v is not None and v.rule == "inv_lru_detached", v
+    assert "nodes outside it keep links" in v.message
+    assert v.steps[-2:] == ["insert(borrow=False, prompt=0, suffix=())", "evict(comp=Component.FULL, n=1)"], v.steps
+
+
+def test_b1_program_replays_on_sglang() -> None:
+    """The shrunk program, pasted: insert one sequence, evict it; the evicted node still points into the list."""
+    from kvledger.contracts.sglang.common import sglang_machine
+    from kvledger.contracts.sglang.legacy import mamba_radix_cache_factory
+    from kvledger.spec.types import Component
+
+    state = sglang_machine(lambda: mamba_radix_cache_factory(CacheConfig(mamba=True)))()
+    state.inv_all_laws()
+    state.insert(borrow=False, prompt=0, suffix=())
+    state.inv_all_laws()
+    state.evict(comp=Component.FULL, n=1)
+    with pytest.raises(AssertionError, match=r"inv_lru_detached: full list \(\): nodes outside it keep links"):
+        state.inv_all_laws()
+
+
+def test_adapters_are_adapters_and_refuse_what_sglang_lacks() -> None:
+    from kvledger.contracts.sglang.common import NotExpressible
+    from kvledger.contracts.sglang.legacy import mamba_radix_cache_factory, radix_cache_factory
+
+    a = radix_cache_factory(CacheConfig())
+    assert isinstance(a, CacheAdapter) and a.version == "0.5.9"
+    with pytest.raises(NotExpressible, match="no SWA component"):
+        radix_cache_factory(CacheConfig(window=2))
+    with pytest.raises(NotExpressible, match="page size 1 only"):
+        mamba_radix_cache_factory(CacheConfig(mamba=True, page_size=2))
