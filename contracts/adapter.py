@@ -27,7 +27,7 @@ from kvledger.spec.lru import LruState
 from kvledger.spec.prefix import PrefixCache
 from kvledger.spec.types import Component, NodeId
 
-CAPABILITIES = frozenset({"lru", "locks", "ledgers", "content", "sizes", "mamba_cow"})
+CAPABILITIES = frozenset({"lru", "locks", "ledgers", "content", "sizes", "mamba_cow", "rejects_double_unlock"})
 """Everything a snapshot or an adapter may provide; an adapter lists what it has."""
 
 
@@ -164,8 +164,15 @@ class Unsupported(Exception):
 RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "ledgers": ("inv_slots_conserved", "inv_single_owner", "inv_owners_account"),
     "lru": ("inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members"),
-    "locks": ("inv_lock_ref_counts_handles", "inv_lock_ref_nonnegative", "inv_handles_match", "inv_locked_cached"),
+    "locks": (
+        "inv_lock_ref_counts_handles",
+        "inv_lock_ref_nonnegative",
+        "inv_handles_match",
+        "inv_locked_cached",
+        "inv_sizes",  # sizes are derived from the lock state, so they need it too
+    ),
     "sizes": ("inv_sizes",),
+    "rejects_double_unlock": ("double_dec_lock_ref (rule)",),
     "content": ("inv_content",),
     "mamba_cow": ("mamba_copy_on_write (rule)",),
 }
@@ -173,6 +180,10 @@ RULES_NEEDING: dict[str, tuple[str, ...]] = {
 
 ALIASES: dict[str, str] = {
     "reference": "kvledger.contracts.reference_adapter:ReferenceAdapter",
+    "sglang": "kvledger.contracts.sglang.unified:unified_python_factory",
+    "sglang-rust": "kvledger.contracts.sglang.unified:unified_rust_factory",
+    "sglang-0.5.9": "kvledger.contracts.sglang.legacy:radix_cache_factory",
+    "sglang-0.5.9-mamba": "kvledger.contracts.sglang.legacy:mamba_radix_cache_factory",
 }
 """Short names for ``kvledger check --adapter``."""
 
@@ -198,5 +209,6 @@ def load_factory(spec: str) -> AdapterFactory:
 
 
 def skipped_rules(capabilities: frozenset[str]) -> list[str]:
-    """The rules an adapter with ``capabilities`` cannot be checked for."""
-    return [r for cap, rules in RULES_NEEDING.items() if cap not in capabilities for r in rules]
+    """The rules an adapter with ``capabilities`` cannot be checked for (each once)."""
+    missing = [r for cap, rules in RULES_NEEDING.items() if cap not in capabilities for r in rules]
+    return list(dict.fromkeys(missing))

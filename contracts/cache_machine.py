@@ -196,7 +196,7 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
         def dec_lock_ref(self, held: Held) -> None:
             self._unlock(held)
 
-        @precondition(lambda self: bool(self.released) and "locks" in self.caps)
+        @precondition(lambda self: bool(self.released) and "rejects_double_unlock" in self.caps)
         @rule()
         def double_dec_lock_ref(self) -> None:
             held = self.released[-1]

@@ -63,8 +63,10 @@ def check(
         try:
             factory = load_factory(adapter)
             probe = factory(CacheConfig())
-        except (ValueError, Unsupported) as err:
-            _fail_usage(str(err))
+        except Exception as err:  # an adapter that cannot start is a usage error, not a crash
+            _fail_usage(
+                str(err) if isinstance(err, ValueError) else f"adapter {adapter!r}: {type(err).__name__}: {err}"
+            )
         adapter_name, adapter_version = probe.name, probe.version
         if suite and suite != ["cache"]:
             _fail_usage("--adapter checks a radix cache: only --suite cache applies")
@@ -240,3 +242,4 @@ def spec_check(
 def main() -> None:
     """Console entry point."""
     app()
+

@@ -140,7 +140,7 @@ class ReferenceAdapter:
 
     name = "kvledger-reference"
     version = "0.1.0"
-    capabilities = frozenset({"lru", "locks", "ledgers", "content", "sizes", "mamba_cow"})
+    capabilities = frozenset({"lru", "locks", "ledgers", "content", "sizes", "mamba_cow", "rejects_double_unlock"})
 
     def __init__(self, config: CacheConfig, device: str = "cpu") -> None:
         self.config = config
