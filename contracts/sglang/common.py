@@ -34,7 +34,7 @@ from typing import Any
 from hypothesis import settings as Settings
 from hypothesis.stateful import RuleBasedStateMachine
 
-from kvledger.contracts.adapter import CacheAdapter, Unsupported
+from kvledger.contracts.adapter import CacheAdapter, Unsupported, skipped_rules
 from kvledger.contracts.cache_machine import RULES, machine_for_cache
 from kvledger.contracts.runner import CheckResult, run_machine
 from kvledger.spec.ledger import Ledger
@@ -54,23 +54,6 @@ require one (every request owns a state slot from admission on), so a Mamba adap
 
 DOUBLE_FREE_OWNER = request(-1)
 """The second holder a ledger gives a slot that sits on SGLang's free list twice (a double free)."""
-
-LAWS_OF: dict[str, tuple[str, ...]] = {
-    "ledgers": ("inv_slots_conserved", "inv_single_owner", "inv_owners_account"),
-    "lru": ("inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members"),
-    "locks": (
-        "inv_lock_ref_counts_handles",
-        "inv_lock_ref_nonnegative",
-        "inv_handles_match",
-        "inv_locked_cached",
-        "inv_sizes",
-    ),
-    "sizes": ("inv_sizes",),
-    "content": ("inv_content",),
-    "mamba_cow": ("rule mamba_copy_on_write",),
-    REJECTS_DOUBLE_UNLOCK: ("rule double_dec_lock_ref",),
-}
-"""The laws (and rules) that are skipped when an adapter lacks a capability."""
 
 
 class NotExpressible(Unsupported, NotImplementedError):
@@ -178,15 +161,6 @@ def lru_state(
     return LruState(tuple(order), links, comp)
 
 
-def skipped_laws(capabilities: frozenset[str]) -> list[str]:
-    """The laws and rules a run with these capabilities cannot check (reported, never silently passed)."""
-    out: list[str] = []
-    for cap, laws in LAWS_OF.items():
-        if cap not in capabilities:
-            out.extend(law for law in laws if law not in out)
-    return out
-
-
 def sglang_machine(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMachine]:
     """:func:`~kvledger.contracts.cache_machine.machine_for_cache` without the rules the adapter cannot express.
 
@@ -274,7 +248,7 @@ class Run:
 def check(make: Callable[[], CacheAdapter], settings: Settings, model: str = "", seed: int | None = None) -> Run:
     """Run the cache conformance machine on the caches ``make`` builds; skipped laws are listed, not passed."""
     probe = make()
-    skipped = skipped_laws(probe.capabilities)
+    skipped = skipped_rules(probe.capabilities)
     result = run_machine("cache", model or probe.config.kind, sglang_machine(make), list(RULES), settings, seed)
     result.skipped = list(skipped)
     return Run(result, probe.name, probe.version, skipped)
