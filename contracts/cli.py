@@ -243,3 +243,9 @@ def main() -> None:
     """Console entry point."""
     app()
 
+
+# ---------------------------------------------------------------- trace commands (record, replay)
+from kvledger.contracts import trace_cli  # noqa: E402
+
+app.command("record")(trace_cli.record)
+app.command("replay")(trace_cli.replay)

@@ -1,0 +1,405 @@
+"""Recording: wrap any :class:`CacheAdapter` and write what it does as a trace (:mod:`kvledger.contracts.trace`).
+
+:class:`Recorder` is itself a ``CacheAdapter``: each call is forwarded and
+one event with the observed result is appended. What a replay cannot infer
+from results alone it takes from the adapter's ``snapshot()``, when the
+adapter has the capability:
+
+* evictions (``evict``, and those ``mamba_cow`` does under pressure): the
+  keys that left, from a diff of ``snapshot().prefix`` before and after;
+* lock coverage (``lock``): the sites the new handle covers, from
+  ``snapshot().locks.handles``; and ``lock_delta`` on ``lock``, ``unlock``,
+  ``mamba_cow``: how ``snapshot().locks.lock_ref`` moved (capability
+  ``locks``);
+* LRU links (capability ``lru``, ``lru=True``): an ``lru`` event after each
+  operation that changed a list, carrying the order and the links that
+  changed (delta-encoded, so a node's dangling links after removal show).
+
+:func:`record_workload` drives a random workload in the cache conformance
+machine's flavour (shared prompts, borrow-or-not inserts, lock/unlock, evict,
+copy-on-write) through a recorder; :func:`write_synthetic` writes a long,
+valid trace without any implementation (for streaming tests and benchmarks).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from kvledger.contracts.adapter import CacheAdapter, CacheConfig, Inserted, Match, Snapshot
+from kvledger.contracts.trace import Header, TraceWriter
+from kvledger.spec import prefix as P
+from kvledger.spec.errors import KVLedgerError
+from kvledger.spec.locks import LockSite
+from kvledger.spec.lru import LruState
+from kvledger.spec.types import Component
+
+FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
+PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8, 7, 8))
+
+
+def _site_order(site: LockSite) -> tuple[tuple[int, ...], str]:
+    return site[0], site[1].value
+
+
+def evicted_between(before: P.PrefixCache, after: P.PrefixCache) -> dict[str, list[list[int]]]:
+    """What left the cache between two abstract states: pages, SWA-live pages that became tombstones, states."""
+    return {
+        "full": [list(k) for k in sorted(before.full.keys() - after.full.keys())],
+        "swa": [list(k) for k in sorted((before.swa_live & after.full.keys()) - after.swa_live)],
+        "mamba": [list(k) for k in sorted(before.mamba_state.keys() - after.mamba_state.keys())],
+    }
+
+
+def lock_delta(before: Mapping[LockSite, int], after: Mapping[LockSite, int]) -> list[list[object]]:
+    """How lock counters moved, as trace triples ``[key, component, delta]`` (sorted, zeros left out)."""
+    out: list[list[object]] = []
+    for key, comp in sorted(set(before) | set(after), key=_site_order):
+        d = after.get((key, comp), 0) - before.get((key, comp), 0)
+        if d:
+            out.append([list(key), comp.value, d])
+    return out
+
+
+class Recorder:
+    """A :class:`CacheAdapter` that forwards to ``adapter`` and writes a trace of every call to ``out``."""
+
+    def __init__(
+        self, adapter: CacheAdapter, out: Path | str | IO[str], *, lru: bool = True, faults: tuple[str, ...] = ()
+    ) -> None:
+        self.a = adapter
+        self.name, self.version = adapter.name, adapter.version
+        self.config: CacheConfig = adapter.config
+        self.capabilities = adapter.capabilities
+        self.writer = TraceWriter(
+            out, Header(adapter.config, adapter.name, adapter.version, adapter.capabilities, faults)
+        )
+        self._locks = "locks" in adapter.capabilities
+        self._lru = lru and "lru" in adapter.capabilities
+        self._snap: Snapshot | None = None  # the adapter's state after the last call, when taken
+        self._lru_order: dict[Component, tuple[int, ...]] = {}
+        self._lru_links: dict[Component, dict[int, tuple[int | None, int | None]]] = {}
+
+    # ------------------------------------------------------------ helpers
+
+    def _state(self) -> Snapshot:
+        if self._snap is None:
+            self._snap = self.a.snapshot()
+        return self._snap
+
+    def _after(self) -> Snapshot | None:
+        """Snapshot after a mutating call when the trace needs one (LRU recording); else forget the old one."""
+        self._snap = None
+        if self._lru:
+            snap = self._state()
+            self._emit_lru(snap.lru)
+            return snap
+        return None
+
+    def _emit_lru(self, lists: Mapping[Component, LruState]) -> None:
+        for comp, lst in lists.items():
+            order = tuple(int(n) for n in lst.order)
+            last = self._lru_links.setdefault(comp, {})
+            changed: list[tuple[int, int | None, int | None]] = [
+                (int(n), None if p is None else int(p), None if q is None else int(q))
+                for n, (p, q) in lst.links.items()
+                if last.get(int(n), (None, None)) != (p, q)
+            ]
+            if changed or order != self._lru_order.get(comp, ()):
+                for n, p, q in changed:
+                    last[n] = (p, q)
+                self._lru_order[comp] = order
+                self.writer.event("lru", component=comp.value, order=list(order), links=[list(c) for c in changed])
+
+    def close(self) -> None:
+        self.writer.close()
+
+    # ------------------------------------------------------------ the adapter protocol
+
+    def alloc_kv(self, req: int, n: int) -> tuple[int, ...] | None:
+        got = self.a.alloc_kv(req, n)
+        self.writer.event("alloc_kv", req=req, n=n, slots=None if got is None else list(got))
+        self._after()
+        return got
+
+    def free_kv(self, req: int, slots: tuple[int, ...]) -> None:
+        self.a.free_kv(req, slots)
+        self.writer.event("free_kv", req=req, slots=list(slots))
+        self._after()
+
+    def alloc_mamba(self, req: int) -> int | None:
+        got = self.a.alloc_mamba(req)
+        self.writer.event("alloc_mamba", req=req, slot=got)
+        self._after()
+        return got
+
+    def free_mamba(self, req: int, slot: int) -> None:
+        self.a.free_mamba(req, slot)
+        self.writer.event("free_mamba", req=req, slot=slot)
+        self._after()
+
+    def write_kv(self, slots: tuple[int, ...], tokens: tuple[int, ...], start: int) -> None:
+        self.a.write_kv(slots, tokens, start)
+        self.writer.event("write_kv", slots=list(slots), tokens=list(tokens), start=start)
+        self._after()
+
+    def match_prefix(self, key: tuple[int, ...]) -> Match:
+        m = self.a.match_prefix(key)
+        self.writer.event("match_prefix", key=list(key), length=m.length, slots=list(m.slots), mamba=m.mamba)
+        self._after()
+        return m
+
+    def lock(self, key: tuple[int, ...]) -> tuple[Match, Hashable]:
+        before = self._state().locks.lock_ref if self._locks else {}
+        self._snap = None
+        m, h = self.a.lock(key)
+        hid = self.a.handle_id(h)
+        extra: dict[str, object] = {}
+        if self._locks:
+            snap = self._state()
+            cov = snap.locks.handles.get(hid, frozenset())  # type: ignore[call-overload]
+            extra["coverage"] = [[list(k), c.value] for k, c in sorted(cov, key=_site_order)]
+            extra["lock_delta"] = lock_delta(before, snap.locks.lock_ref)
+        fields = {"key": list(key), "handle": hid, "length": m.length, "slots": list(m.slots), "mamba": m.mamba}
+        self.writer.event("lock", **fields, **extra)
+        if self._lru:
+            self._emit_lru(self._state().lru)
+        return m, h
+
+    def unlock(self, handle: Hashable) -> None:
+        before = self._state().locks.lock_ref if self._locks else {}
+        self._snap = None
+        hid = self.a.handle_id(handle)
+        self.a.unlock(handle)
+        extra: dict[str, object] = {}
+        if self._locks:
+            extra["lock_delta"] = lock_delta(before, self._state().locks.lock_ref)
+        self.writer.event("unlock", handle=hid, **extra)
+        if self._lru:
+            self._emit_lru(self._state().lru)
+
+    def handle_id(self, handle: Hashable) -> int:
+        return self.a.handle_id(handle)
+
+    def insert(self, req: int, key: tuple[int, ...], slots: tuple[int, ...], mamba: int | None) -> Inserted:
+        r = self.a.insert(req, key, slots, mamba)
+        self.writer.event(
+            "insert",
+            req=req,
+            key=list(key),
+            slots=list(slots),
+            mamba=mamba,
+            prefix_len=r.prefix_len,
+            dup_slots=list(r.dup_slots),
+            dup_mamba=r.dup_mamba,
+        )
+        self._after()
+        return r
+
+    def evict(self, component: Component, n: int) -> int:
+        before = self._state().prefix
+        self._snap = None
+        freed = self.a.evict(component, n)
+        after = self._state()
+        ev = evicted_between(before, after.prefix)
+        self.writer.event("evict", component=component.value, n=n, freed=freed, evicted=ev)
+        if self._lru:
+            self._emit_lru(after.lru)
+        return freed
+
+    def mamba_cow(self, handle: Hashable, req: int) -> int | None:
+        before = self._state()
+        self._snap = None
+        hid = self.a.handle_id(handle)
+        slot = self.a.mamba_cow(handle, req)
+        after = self._state()
+        extra: dict[str, object] = {"evicted": evicted_between(before.prefix, after.prefix)}
+        if self._locks:
+            extra["lock_delta"] = lock_delta(before.locks.lock_ref, after.locks.lock_ref)
+        self.writer.event("mamba_cow", handle=hid, req=req, slot=slot, **extra)
+        if self._lru:
+            self._emit_lru(after.lru)
+        return slot
+
+    def snapshot(self) -> Snapshot:
+        return self._state()
+
+
+# ---------------------------------------------------------------- a random workload
+
+
+@dataclass
+class WorkloadResult:
+    """How a recorded workload went: operations driven, events written, and the error that stopped it (if any)."""
+
+    ops: int
+    events: int
+    stopped_by: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class _Held:
+    handle: Hashable
+    key: tuple[int, ...]
+    match: Match
+
+
+class _Driver:
+    def __init__(self, rec: Recorder, rng: random.Random) -> None:
+        self.rec, self.rng, self.cfg = rec, rng, rec.config
+        self.held: list[_Held] = []
+        self.next_req = 1
+        self.keys: list[tuple[int, ...]] = []
+
+    def key(self) -> tuple[int, ...]:
+        if self.keys and self.rng.random() < 0.4:
+            k = self.rng.choice(self.keys) + tuple(self.rng.randint(1, 4) for _ in range(self.rng.randint(0, 2)))
+        else:
+            k = self.rng.choice(PROMPTS) + tuple(self.rng.randint(1, 4) for _ in range(self.rng.randint(0, 6)))
+        return k[: len(k) - len(k) % self.cfg.page_size]
+
+    def req(self) -> int:
+        self.next_req += 1
+        return self.next_req - 1
+
+    def lock(self, key: tuple[int, ...]) -> _Held:
+        m, h = self.rec.lock(key)
+        held = _Held(h, key, m)
+        self.held.append(held)
+        return held
+
+    def unlock(self, held: _Held) -> None:
+        self.held.remove(held)
+        self.rec.unlock(held.handle)
+
+    def insert(self, key: tuple[int, ...], borrow: bool) -> None:
+        if not key:
+            return
+        req = self.req()
+        held = self.lock(key) if borrow else None
+        have = held.match.length if held else 0
+        slots: tuple[int, ...] = ()
+        if len(key) > have:
+            got = self.rec.alloc_kv(req, len(key) - have)
+            if got is None:
+                self.rec.evict(FULL, len(key) - have)
+                got = self.rec.alloc_kv(req, len(key) - have)
+            if got is None:
+                if held:
+                    self.unlock(held)
+                return
+            slots = got
+            self.rec.write_kv(slots, key[have:], have)
+        state = None
+        if self.cfg.mamba:
+            state = self.rec.alloc_mamba(req)
+            if state is None:
+                self.rec.evict(MAMBA, 1)
+                state = self.rec.alloc_mamba(req)
+        offered = (held.match.slots if held else ()) + slots
+        r = self.rec.insert(req, key, offered, state)
+        if r.dup_slots:
+            self.rec.free_kv(req, r.dup_slots)
+        if r.dup_mamba is not None:
+            self.rec.free_mamba(req, r.dup_mamba)
+        if held:
+            self.unlock(held)
+        self.keys = ([*self.keys, key])[-8:]
+
+    def step(self) -> str:
+        x = self.rng.random()
+        if x < 0.12:
+            self.rec.match_prefix(self.key())
+            return "match_prefix"
+        if x < 0.27:
+            held = self.lock(self.key())
+            if self.cfg.mamba and self.rng.random() < 0.5:
+                self.cow(held)
+            return "lock"
+        if x < 0.42 and self.held:
+            self.unlock(self.rng.choice(self.held))
+            return "unlock"
+        if x < 0.80:
+            self.insert(self.key(), self.rng.random() < 0.5)
+            return "insert"
+        if x < 0.92 or not self.cfg.mamba:
+            comps = [FULL, *([SWA] if self.cfg.window is not None else []), *([MAMBA] if self.cfg.mamba else [])]
+            self.rec.evict(self.rng.choice(comps), self.rng.randint(1, 12))
+            return "evict"
+        live = [h for h in self.held if h.match.mamba is not None]
+        if live:
+            self.cow(self.rng.choice(live))
+        return "mamba_cow"
+
+    def cow(self, held: _Held) -> None:
+        if held.match.mamba is None or "mamba_cow" not in self.rec.capabilities:
+            return
+        req = self.req()
+        slot = self.rec.mamba_cow(held.handle, req)
+        if slot is not None:
+            self.rec.free_mamba(req, slot)
+
+
+def record_workload(
+    adapter: CacheAdapter,
+    ops: int,
+    seed: int,
+    path: Path | str | IO[str],
+    *,
+    lru: bool = True,
+    faults: tuple[str, ...] = (),
+) -> WorkloadResult:
+    """Drive ``ops`` random operations (seeded) on ``adapter`` and record them to ``path``.
+
+    If the implementation raises a kvledger error (a fault can make it trip
+    over its own integrity checks), recording stops there: the trace holds
+    everything up to that call, and ``stopped_by`` says what happened.
+    """
+    rec = Recorder(adapter, path, lru=lru, faults=faults)
+    drv = _Driver(rec, random.Random(seed))
+    counts: dict[str, int] = {}
+    done, stopped = 0, None
+    try:
+        for done in range(1, ops + 1):  # noqa: B007
+            what = drv.step()
+            counts[what] = counts.get(what, 0) + 1
+    except KVLedgerError as err:
+        stopped = f"{type(err).__name__}: {err}"
+    finally:
+        rec.close()
+    return WorkloadResult(done, rec.writer.step, stopped, counts)
+
+
+def write_synthetic(path: Path | str | IO[str], events: int, config: CacheConfig | None = None) -> int:
+    """Write a valid trace of about ``events`` events without any implementation (full attention, page 1).
+
+    Each cycle allocates 4 slots, writes and inserts a 4-token key, locks,
+    matches and unlocks it, then evicts it: the cache returns to empty, so the
+    trace is as long as asked while its state stays small. Returns the events written.
+    """
+    cfg = config or CacheConfig()
+    header = Header(cfg, "kvledger-synthetic", "1", frozenset({"locks"}))
+    with TraceWriter(path, header) as w:
+        c = 0
+        base = cfg.page_size
+        slots = list(range(base, base + 4))
+        while w.step < events:
+            c += 1
+            key = [c % 997 + 1, 2, 3, 4]
+            w.event("alloc_kv", req=c, n=4, slots=slots)
+            w.event("write_kv", slots=slots, tokens=key, start=0)
+            w.event("insert", req=c, key=key, slots=slots, mamba=None, prefix_len=0, dup_slots=[], dup_mamba=None)
+            cov = [[key[:i], "full"] for i in range(1, 5)]
+            delta = [[k, comp, 1] for k, comp in cov]
+            w.event("lock", key=key, handle=c, length=4, slots=slots, mamba=None, coverage=cov, lock_delta=delta)
+            w.event("match_prefix", key=key, length=4, slots=slots, mamba=None)
+            w.event("unlock", handle=c, lock_delta=[[k, comp, -1] for k, comp in cov])
+            w.event("evict", component="full", n=4, freed=4, evicted={"full": [key[:i] for i in range(1, 5)]})
+        return w.step
+
+
+__all__ = ["Recorder", "WorkloadResult", "evicted_between", "lock_delta", "record_workload", "write_synthetic"]

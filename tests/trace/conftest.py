@@ -1,0 +1,3 @@
+"""The trace tests use pytester to run the kvledger pytest plugin in a child suite."""
+
+pytest_plugins = ["pytester"]

@@ -1,0 +1,112 @@
+"""The kvledger pytest plugin inside someone else's suite (pytester): the checked cache and conformance_test."""
+
+from __future__ import annotations
+
+import pytest
+
+DRIVE = """
+def drive(cache):
+    a = cache.adapter
+    key = (1, 2, 3, 4)
+    slots = a.alloc_kv(1, 4)
+    a.write_kv(slots, key, 0)
+    state = a.alloc_mamba(1) if cache.config.mamba else None
+    a.insert(1, key, slots, state)
+    m, h = a.lock(key + (5,))
+    a.unlock(h)
+    from kvledger.spec.types import Component
+    a.evict(Component.FULL, 4) if not cache.config.mamba else None
+    return m
+"""
+
+
+def test_fixture_default_and_marker(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        DRIVE
+        + """
+import pytest
+
+def test_default(kvledger_cache):
+    assert kvledger_cache.config.kind == "full"
+    assert drive(kvledger_cache).length == 4
+
+@pytest.mark.kvledger_cache(model="hybrid", kv_tokens=64)
+def test_marker(kvledger_cache):
+    assert kvledger_cache.config.window == 2 and kvledger_cache.config.mamba
+    assert kvledger_cache.config.kv_tokens == 64
+    assert drive(kvledger_cache).mamba is not None
+
+@pytest.mark.kvledger_cache(page_size=2)
+def test_paged(kvledger_cache):
+    assert kvledger_cache.config.page_size == 2
+    drive(kvledger_cache)
+"""
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=3)
+
+
+def test_ini_model_and_bad_marker(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nkvledger_cache_model = swa\n")
+    pytester.makepyfile(
+        """
+import pytest
+
+def test_ini(kvledger_cache):
+    assert kvledger_cache.config.window == 2
+
+@pytest.mark.kvledger_cache(colour="red")
+def test_bad(kvledger_cache):
+    pass
+"""
+    )
+    res = pytester.runpytest("-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1, errors=1)
+    res.stdout.fnmatch_lines(["*unknown fields*colour*"])
+
+
+def test_teardown_catches_a_fault(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        DRIVE
+        + """
+from kvledger.impl import faults
+
+def test_b1(kvledger_cache):
+    with faults.injected("B1"):
+        drive(kvledger_cache)
+"""
+    )
+    res = pytester.runpytest("-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1, errors=1)
+    res.stdout.fnmatch_lines(["*kvledger_cache laws broken*", "*inv_lru_detached*"])
+
+
+def test_conformance_test_helper(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+from kvledger.contracts.pytest_plugin import conformance_test
+
+test_reference = conformance_test(
+    "kvledger.contracts.reference_adapter:ReferenceAdapter", models=("full", "hybrid"), max_examples=3, steps=10
+)
+"""
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_plugin_options_still_there(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x():\n    pass\n")
+    res = pytester.runpytest("-p", "no:cacheprovider", "--kvledger-contracts=on", "--kvledger-profile=dev")
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines(["kvledger: contracts on"])
+
+
+def test_adapter_option_adds_a_test(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nkvledger_conformance_examples = 2\n")
+    pytester.makepyfile("def test_x():\n    pass\n")
+    res = pytester.runpytest(
+        "-p", "no:cacheprovider", "--kvledger-adapter", "reference", "--kvledger-profile=dev", "-v"
+    )
+    res.assert_outcomes(passed=2)
+    res.stdout.fnmatch_lines(["*kvledger_conformance*reference*PASSED*"])
+    bad = pytester.runpytest("-p", "no:cacheprovider", "--kvledger-adapter", "nowhere")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR

@@ -1,0 +1,148 @@
+"""Record and replay: round trips per model, faults caught by the expected rule, malformed input, streaming."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvledger.contracts.cli import app
+from kvledger.contracts.recorder import record_workload, write_synthetic
+from kvledger.contracts.reference_adapter import ReferenceAdapter
+from kvledger.contracts.replay import replay_path
+from kvledger.contracts.suites import CACHE_MODELS
+from kvledger.contracts.trace import OPS
+from kvledger.impl import faults
+from kvledger.impl.faults import FAULTS
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("model", list(CACHE_MODELS))
+def test_round_trip_holds(model: str, tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    rec = record_workload(ReferenceAdapter(CACHE_MODELS[model]), 120, seed=1, path=path)
+    assert rec.stopped_by is None
+    r = replay_path(path)
+    assert r.ok, (r.violation, r.error)
+    assert r.steps == rec.events
+
+
+@pytest.mark.parametrize(
+    ("fault", "model", "ops", "seed"), [("B1", "full", 60, 1), ("B1", "hybrid", 60, 1), ("B5", "hybrid", 80, 0)]
+)
+def test_fault_fails_replay_with_its_rule(fault: str, model: str, ops: int, seed: int, tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    with faults.injected(fault):
+        record_workload(ReferenceAdapter(CACHE_MODELS[model]), ops, seed=seed, path=path, faults=(fault,))
+    r = replay_path(path)
+    assert r.violation is not None and r.error is None
+    assert r.violation.rule in FAULTS[fault].laws
+    assert r.violation.history  # the keys/handles involved, with their last events
+
+
+def test_b5_caught_without_lru_links(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    with faults.injected("B5"):
+        record_workload(ReferenceAdapter(CACHE_MODELS["hybrid"]), 80, seed=0, path=path, lru=False)
+    r = replay_path(path)
+    assert r.violation is not None and r.violation.rule == "inv_lock_ref_counts_handles"
+    assert r.violation.op == "mamba_cow"
+
+
+def test_cli_record_and_replay(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    res = runner.invoke(app, ["record", "--ops", "60", "--seed", "2", "-o", str(out), "--model", "swa"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["replay", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["ok"] is True
+    bad = tmp_path / "b1.jsonl"
+    assert (
+        runner.invoke(app, ["record", "--ops", "60", "-o", str(bad), "--fault", "B1", "--model", "full"]).exit_code == 0
+    )
+    res = runner.invoke(app, ["replay", str(bad)])
+    assert res.exit_code == 1 and "inv_lru_detached" in res.output
+    assert runner.invoke(app, ["record", "--fault", "B9", "-o", str(bad)]).exit_code == 2
+    assert runner.invoke(app, ["record", "--model", "nope", "-o", str(bad)]).exit_code == 2
+
+
+HEADER = json.dumps({"kvledger_trace": 1, "config": {}, "adapter": "x", "version": "1"})
+ALLOC = '{"step":1,"op":"alloc_kv","req":1,"n":2,"slots":[1,2]}'
+
+
+@pytest.mark.parametrize(
+    ("lines", "line", "expected"),
+    [
+        ([HEADER, '{"step":1,"op":"alloc_kv",'], 2, "truncated"),
+        ([HEADER, "{not json}", ALLOC], 2, "valid JSON"),
+        ([HEADER, '{"step":1,"op":"teleport"}'], 2, "'op' one of"),
+        ([HEADER, '{"step":1,"op":"alloc_kv","req":1,"n":2}'], 2, "field 'slots'"),
+        ([HEADER, '{"step":1,"op":"alloc_kv","req":"1","n":2,"slots":null}'], 2, "an integer"),
+        ([HEADER, '{"step":3,"op":"alloc_kv","req":1,"n":2,"slots":null}'], 2, "'step' 1"),
+        ([HEADER.replace('"kvledger_trace": 1', '"kvledger_trace": 2'), ALLOC], 1, "schema version 1"),
+        (['{"hello": 1}'], 1, "a header"),
+        ([HEADER, '{"step":1,"op":"unlock","handle":7}'], 2, "handle returned by an earlier lock"),
+        ([HEADER, '{"step":1,"op":"free_kv","req":9,"slots":[1]}'], 2, "a request that allocated earlier"),
+        ([HEADER, ALLOC, '{"step":2,"op":"free_kv","req":1,"slots":[4000]}'], 3, "slots of pool 'kv'"),
+        ([HEADER, '{"step":1,"op":"alloc_mamba","req":1,"slot":0}'], 2, "no Mamba event"),
+        ([HEADER.replace("{}", '{"page_size": "x"}')], 1, "config field"),
+    ],
+)
+def test_malformed_input_exits_2_with_line(lines: list[str], line: int, expected: str, tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    text = "\n".join(lines) + ("" if expected == "truncated" else "\n")
+    path.write_text(text)
+    res = runner.invoke(app, ["replay", str(path), "--json"])
+    assert res.exit_code == 2, res.output
+    err = json.loads(res.stdout)["error"]
+    assert err["line"] == line and expected in (err["expected"] + err["got"]), err
+    assert "Traceback" not in res.output
+
+
+def test_missing_file_exits_2(tmp_path: Path) -> None:
+    assert runner.invoke(app, ["replay", str(tmp_path / "none.jsonl")]).exit_code == 2
+
+
+def test_violations_by_hand(tmp_path: Path) -> None:
+    """A double free and a double unlock are violations (exit 1), not format errors."""
+    path = tmp_path / "t.jsonl"
+    free = '{"step":2,"op":"free_kv","req":1,"slots":[1,2]}'
+    path.write_text("\n".join([HEADER, ALLOC, free, free.replace('"step":2', '"step":3')]) + "\n")
+    r = replay_path(path)
+    assert r.violation is not None and r.violation.rule == "inv_single_owner" and r.violation.step == 3
+    assert any("free_kv by req 1" in e for e in r.violation.history["kv slot 1"])
+
+
+def test_schema_names_every_op() -> None:
+    schema = json.loads((Path(__file__).parents[2] / "contracts" / "trace_schema.json").read_text())
+    assert {e["title"] for e in schema["$defs"]["event"]["oneOf"]} == set(OPS)
+
+
+CHILD = """
+import json, os, sys
+from kvledger.contracts.replay import replay_path
+page = os.sysconf("SC_PAGE_SIZE")
+samples = []
+def rss(n):
+    with open("/proc/self/statm") as f:
+        samples.append((n, int(f.read().split()[1]) * page))
+r = replay_path(sys.argv[1], rss)
+print(json.dumps({"ok": r.ok, "steps": r.steps, "samples": samples}))
+"""
+
+
+def test_streaming_memory_flat(tmp_path: Path) -> None:
+    """Resident memory while replaying 100k events stays flat after the first 20k (nothing accumulates per step)."""
+    path = tmp_path / "s.jsonl"
+    write_synthetic(path, 100_000)
+    out = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout)
+    assert got["ok"] and got["steps"] >= 100_000
+    early = max(b for n, b in got["samples"] if n <= 20_000)
+    late = max(b for n, b in got["samples"])
+    assert late - early < 4 * 2**20, (early, late)
