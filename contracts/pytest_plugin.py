@@ -4,15 +4,40 @@
 the environment) attaches the contracts to the reference implementation for
 the whole run, before any test module is imported. ``--kvledger-profile``
 picks a Hypothesis profile (``ci``, ``thorough``, ``dev``).
+
+It also gives every suite a ``kvledger_cache`` fixture: a checked reference
+radix cache (a :class:`~kvledger.contracts.recorder.Recorder` over
+:class:`~kvledger.contracts.reference_adapter.ReferenceAdapter`); the test
+drives ``kvledger_cache.adapter`` and at teardown the recorded trace must
+replay against the spec and the final snapshot obey every law. Configure it
+with ``@pytest.mark.kvledger_cache(model="hybrid", page_size=2, ...)`` or the
+ini option ``kvledger_cache_model``. :func:`conformance_test` turns an
+adapter factory into a test function running the cache conformance machine
+inside the user's suite (``test_mine = conformance_test("pkg.mod:factory")``);
+``pytest --kvledger-adapter pkg.mod:factory`` (repeatable) adds such a test to
+any run (ini ``kvledger_conformance_examples``: examples per model, default 10).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import settings
 
 from kvledger.contracts import bindings
+from kvledger.contracts.adapter import AdapterFactory, CacheConfig, Snapshot, Unsupported, load_factory
 from kvledger.contracts.profiles import PROFILES, register_profiles
+from kvledger.contracts.recorder import Recorder
+from kvledger.contracts.reference_adapter import ReferenceAdapter
+from kvledger.contracts.replay import replay as replay_trace
+from kvledger.spec import ledger as L
+from kvledger.spec import locks as K
+from kvledger.spec import lru as U
+from kvledger.spec import prefix as P
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -29,9 +54,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="Hypothesis profile registered by kvledger (ci, thorough, dev)",
     )
+    group.addoption(
+        "--kvledger-adapter",
+        action="append",
+        default=[],
+        metavar="package.module:factory",
+        help="add a test running the cache conformance machine on this adapter factory (repeatable)",
+    )
+    _addini(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _register_markers(config)
     register_profiles()
     level = config.getoption("--kvledger-contracts") or bindings.level_from_env()
     bindings.install(level)
@@ -46,3 +80,148 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     bindings.uninstall()
+
+
+# ---------------------------------------------------------------- a checked cache, and conformance in the user's suite
+
+MODEL_FIELDS = ("page_size", "window", "mamba", "kv_tokens", "swa_tokens", "mamba_slots")
+
+
+def _addini(parser: pytest.Parser) -> None:
+    parser.addini("kvledger_cache_model", "default model of the kvledger_cache fixture (full, hybrid, ...)", default="")
+    parser.addini("kvledger_conformance_examples", "examples per model for --kvledger-adapter tests", default="10")
+
+
+def _register_markers(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "kvledger_cache(model=None, **CacheConfig fields): configure the kvledger_cache fixture "
+        "(page_size, window, mamba, kv_tokens, swa_tokens, mamba_slots)",
+    )
+
+
+@dataclass
+class CheckedCache:
+    """A reference radix cache behind a :class:`Recorder`: every call is traced; teardown checks trace and state.
+
+    ``adapter`` is the recording :class:`CacheAdapter` to drive (the same
+    methods as any adapter); ``reference`` the wrapped reference adapter.
+    """
+
+    adapter: Recorder
+    reference: ReferenceAdapter
+    trace: io.StringIO
+
+    @property
+    def config(self) -> CacheConfig:
+        return self.reference.config
+
+    def violations(self) -> list[str]:
+        """Every law broken now: the trace replayed against the spec, then the laws on the state itself."""
+        out: list[str] = []
+        self.trace.seek(0)
+        r = replay_trace(io.StringIO(self.trace.getvalue()))
+        if r.error is not None:
+            out.append(f"trace: {r.error}")
+        if r.violation is not None:
+            out.append(f"{r.violation.rule} at step {r.violation.step} ({r.violation.op}): {r.violation.message}")
+        return out + snapshot_violations(self.reference.snapshot())
+
+
+def snapshot_violations(snap: Snapshot) -> list[str]:
+    """The laws a single snapshot must obey, as messages for those it breaks (empty: all hold)."""
+    out = [f"ledger laws of pool {n!r}" for n, led in snap.ledgers.items() if not L.inv_ledger(led)]
+    if not P.inv_prefix(snap.prefix):
+        out.append("inv_prefix")
+    out += [f"LRU laws of {c.value}" for c, lst in snap.lru.items() if not U.inv_lru(lst)]
+    if not (K.inv_lock_ref_counts_handles(snap.locks) and K.inv_lock_ref_nonnegative(snap.locks)):
+        out.append("inv_lock_ref_counts_handles")
+    if not P.inv_locked_cached(snap.prefix, snap.locks):
+        out.append("inv_locked_cached")
+    if snap.content and not P.inv_content(snap.prefix, snap.content):  # type: ignore[arg-type]
+        out.append("inv_content")
+    return out
+
+
+def cache_config_of(request: pytest.FixtureRequest) -> CacheConfig:
+    """The config the ``kvledger_cache`` marker (or ini ``kvledger_cache_model``) asks for."""
+    from kvledger.contracts.suites import CACHE_MODELS
+
+    marker = request.node.get_closest_marker("kvledger_cache")
+    kwargs = dict(marker.kwargs) if marker is not None else {}
+    model = kwargs.pop("model", None) or request.config.getini("kvledger_cache_model") or "full"
+    if model not in CACHE_MODELS:
+        raise pytest.UsageError(f"kvledger_cache: unknown model {model!r}; expected one of {', '.join(CACHE_MODELS)}")
+    unknown = set(kwargs) - set(MODEL_FIELDS)
+    if unknown:
+        raise pytest.UsageError(f"kvledger_cache: unknown fields {sorted(unknown)}; expected {', '.join(MODEL_FIELDS)}")
+    return dataclasses.replace(CACHE_MODELS[model], **kwargs)
+
+
+@pytest.fixture
+def kvledger_cache(request: pytest.FixtureRequest) -> Iterator[CheckedCache]:
+    """A checked reference cache; after the test, its trace must replay and its state obey every law."""
+    cfg = cache_config_of(request)
+    ref = ReferenceAdapter(cfg)
+    buf = io.StringIO()
+    checked = CheckedCache(Recorder(ref, buf), ref, buf)
+    yield checked
+    bad = checked.violations()
+    if bad:
+        pytest.fail("kvledger_cache laws broken:\n  " + "\n  ".join(bad), pytrace=False)
+
+
+def conformance_test(
+    factory: AdapterFactory | str, models: tuple[str, ...] | None = None, max_examples: int = 10, steps: int = 25
+) -> Callable[[], None]:
+    """A test function running the cache conformance machine on ``factory``'s adapters, one run per model.
+
+    ``factory``: a ``CacheConfig -> CacheAdapter`` callable or ``package.module:factory``. Models the
+    adapter raises :class:`Unsupported` for are skipped. Use ``test_my_cache = conformance_test(make)``.
+    """
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from kvledger.contracts.cache_machine import machine_for_cache
+    from kvledger.contracts.suites import CACHE_MODELS
+
+    def test_kvledger_conformance() -> None:
+        make = load_factory(factory) if isinstance(factory, str) else factory
+        ran = 0
+        for name in models or tuple(CACHE_MODELS):
+            cfg = CACHE_MODELS[name]
+            try:
+                make(cfg)
+            except Unsupported:
+                continue
+            machine = machine_for_cache(lambda cfg=cfg: make(cfg))  # type: ignore[misc]
+            run_state_machine_as_test(
+                machine, settings=settings(max_examples=max_examples, stateful_step_count=steps, deadline=None)
+            )
+            ran += 1
+        if not ran:
+            pytest.skip("the adapter supports none of the models")
+
+    return test_kvledger_conformance
+
+
+class ConformanceItem(pytest.Item):
+    """The test ``--kvledger-adapter package.module:factory`` adds: the cache conformance machine on that adapter."""
+
+    def __init__(self, *, target: str, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.target = target
+
+    def runtest(self) -> None:
+        conformance_test(self.target, max_examples=int(self.config.getini("kvledger_conformance_examples")))()
+
+    def reportinfo(self) -> tuple[str, int | None, str]:
+        return "kvledger", None, f"kvledger conformance of {self.target}"
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    for target in config.getoption("--kvledger-adapter") or []:
+        try:
+            load_factory(target)
+        except ValueError as err:
+            raise pytest.UsageError(f"--kvledger-adapter: {err}") from None
+        items.append(ConformanceItem.from_parent(session, name=f"kvledger_conformance[{target}]", target=target))
