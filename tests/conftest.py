@@ -12,5 +12,7 @@ from hypothesis import settings
 
 from kvledger.contracts.profiles import register_profiles
 
+pytest_plugins = ["pytester"]  # the plugin's own tests (tests/trace) run child suites
+
 register_profiles()
 settings.load_profile(os.environ.get("KVLEDGER_HYPOTHESIS_PROFILE", "ci"))
