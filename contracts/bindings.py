@@ -235,6 +235,9 @@ def install(level: Level) -> None:
         ens(refines_transfer, "abstract(after) == spec.transfer(abstract(before))", enabled=slow),
     )
     _wrap(SWATokenAllocator, "free_swa", ens(free_swa_clears_mapping, "freed SWA slots are unmapped"))
+    from kvledger.contracts import cache_bindings  # NOTE: here, so pool-only users do not import the cache
+
+    cache_bindings.attach(_wrap, slow)
     if slow:
         for name in ("alloc", "free", "transfer", "release"):
             _wrap(SlotPool, name, ens(inv_pool_ledger, "pool obeys the ledger laws"))

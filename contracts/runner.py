@@ -92,8 +92,13 @@ def parse_counterexample(text: str) -> list[str]:
 
 
 def rule_of(message: str) -> str:
-    """The law a failure message names: the ``inv_*``/law text before the first colon."""
-    first = message.strip().splitlines()[0] if message.strip() else "unknown"
+    """The law a failure message names: the ``inv_*``/law text before the first colon.
+
+    An icontract violation starts with a ``File ..., line N in ...:`` line; its
+    law is the contract's description on the next line.
+    """
+    lines = message.strip().splitlines() or ["unknown"]
+    first = lines[1] if lines[0].startswith("File ") and len(lines) > 1 else lines[0]
     return first.split(":", 1)[0].strip()[:120]
 
 

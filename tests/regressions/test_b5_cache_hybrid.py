@@ -19,7 +19,10 @@ def program(state) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_b5_cache_hybrid_fails_with_fault() -> None:
-    with faults.injected("B5"), pytest.raises(AssertionError, match="inv_lock_ref_nonnegative"):
+    with (
+        faults.injected("B5"),
+        pytest.raises(AssertionError, match=r"inv_lock_ref_nonnegative|inv_lock_ref_counts_handles"),
+    ):
         program(SUITES["cache"].models["hybrid"]()())
 
 

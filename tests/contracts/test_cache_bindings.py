@@ -1,0 +1,92 @@
+"""Radix-cache contracts: silent on a correct cache, and each law fails on a broken one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import icontract
+import pytest
+import torch
+
+from kvledger.contracts import bindings
+from kvledger.contracts.adapter import CacheConfig
+from kvledger.contracts.reference_adapter import build_cache
+from kvledger.impl import faults
+from kvledger.impl.radix import RadixCache
+from kvledger.impl.tree import RadixTree
+from kvledger.spec.types import Component, request
+
+R = request(1)
+
+
+@pytest.fixture
+def level(request: pytest.FixtureRequest) -> Iterator[str]:
+    saved = bindings.current_level()
+    yield str(request.param)
+    # NOTE: unwind in reverse: contracts off (their originals may be a fault's twin), faults off, contracts back.
+    bindings.install("off")
+    faults.disable()
+    bindings.install(saved)
+
+
+def put(cache: RadixCache, toks: list[int]) -> Any:
+    slots = cache.kv.alloc(len(toks), R)
+    res = cache.insert(torch.tensor(toks), slots, R)
+    if res.dup_indices.numel():
+        cache.kv.free(res.dup_indices, R)
+    return res
+
+
+@pytest.mark.parametrize("level", ["on", "slow"], indirect=True)
+def test_correct_cache_is_silent(level: str) -> None:
+    bindings.install(level)  # type: ignore[arg-type]
+    cache = build_cache(CacheConfig(window=2, mamba=True))
+    put(cache, [1, 2, 3, 4])
+    put(cache, [1, 2, 5, 6])
+    m = cache.match_prefix(torch.tensor([1, 2, 3, 4, 9]))
+    h = cache.inc_lock_ref(m.last_node)
+    cache.evict(Component.FULL, 100)
+    cache.dec_lock_ref(h)
+    cache.evict(Component.FULL, 100)
+
+
+@pytest.mark.parametrize("level", ["on"], indirect=True)
+def test_b1_breaks_the_detachment_contract(level: str) -> None:
+    bindings.install("off")
+    faults.enable("B1")
+    bindings.install("on")  # wraps the buggy removal
+    cache = build_cache(CacheConfig())
+    put(cache, [1, 2, 3])
+    with pytest.raises(icontract.ViolationError, match="inv_lru_detached"):
+        cache.evict(Component.FULL, 3)
+
+
+@pytest.mark.parametrize("level", ["on"], indirect=True)
+def test_b5_breaks_the_lock_contract(level: str) -> None:
+    bindings.install("on")
+    faults.enable("B5")
+    cache = build_cache(CacheConfig(window=2, mamba=True))
+    assert cache.mamba is not None
+    for toks in ([1, 2, 5, 6], [1, 2, 3, 4]):
+        slots = cache.kv.alloc(4, R)
+        state = int(cache.mamba.alloc(1, R)[0])
+        cache.insert(torch.tensor(toks), slots, R, mamba_slot=state)
+    m = cache.match_prefix(torch.tensor([1, 2, 3, 4]))
+    h = cache.inc_lock_ref(m.last_node)
+    with pytest.raises(icontract.ViolationError, match="inv_lock_ref_counts_handles"):
+        cache.mamba_copy_on_write(m, request(2))
+    del h
+
+
+@pytest.mark.parametrize("level", ["slow"], indirect=True)
+def test_size_drift_breaks_the_slow_tier(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def raise_lock(self: RadixTree, n: Any, comp: Component) -> None:
+        n.lock_ref[comp] += 1  # BUG: counters not moved
+
+    monkeypatch.setattr(RadixTree, "_raise_lock", raise_lock)
+    bindings.install("slow")
+    cache = build_cache(CacheConfig())
+    res = put(cache, [1, 2, 3])
+    with pytest.raises(icontract.ViolationError, match="inv_sizes"):
+        cache.inc_lock_ref(res.last_node)
