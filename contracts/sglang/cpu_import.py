@@ -132,6 +132,25 @@ def installed_version() -> str:
         ) from err
 
 
+def installed_version_or_none() -> str | None:
+    """The installed SGLang version, or ``None`` (the main CI environment has none)."""
+    try:
+        return installed_version()
+    except SGLangUnavailable:
+        return None
+
+
+def unavailable_reason(version: str) -> str | None:
+    """Why SGLang ``version`` cannot be used here (a test's skip reason), or ``None`` when it is installed."""
+    have = installed_version_or_none()
+    if have == version:
+        return None
+    why = (
+        "SGLang is not installed (build an environment with .ci/sglang_env)" if have is None else f"{have} is installed"
+    )
+    return f"needs SGLang {version}; {why}"
+
+
 class _Placeholder(type):
     """The type of a stubbed name: usable as a base class, an annotation or an attribute path; never callable."""
 

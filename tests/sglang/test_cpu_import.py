@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import pytest
 
 from kvledger.contracts.sglang import cpu_import
-from kvledger.contracts.sglang.cpu_import import LEGACY, UNIFIED, SGLangVersionError, StubbedGPUModule, TestedRange
-
-
-def sglang_version() -> str | None:
-    """The installed SGLang version, or ``None`` (the main CI environment has none)."""
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def need_sglang(version: str) -> pytest.MarkDecorator:
-    """Skip, saying why, unless SGLang ``version`` is installed (``.ci/sglang_env`` builds such environments)."""
-    have = sglang_version()
-    why = (
-        "SGLang is not installed (build an environment with .ci/sglang_env)" if have is None else f"{have} is installed"
-    )
-    return pytest.mark.skipif(have != version, reason=f"needs SGLang {version}; {why}")
+from kvledger.contracts.sglang.cpu_import import (
+    LEGACY,
+    UNIFIED,
+    SGLangVersionError,
+    StubbedGPUModule,
+    TestedRange,
+    installed_version_or_none,
+)
 
 
 def test_tested_ranges_name_their_versions() -> None:
@@ -34,22 +22,24 @@ def test_tested_ranges_name_their_versions() -> None:
     assert TestedRange("x", "0.5.9", "0.5.23", ()).describe() == "SGLang 0.5.9 to 0.5.23"
 
 
-@pytest.mark.skipif(sglang_version() is not None, reason="checks the error without SGLang installed")
+@pytest.mark.skipif(installed_version_or_none() is not None, reason="checks the error without SGLang installed")
 def test_missing_sglang_is_a_clear_error() -> None:
     with pytest.raises(cpu_import.SGLangUnavailable, match="sglang is not installed"):
         cpu_import.import_sglang(LEGACY)
 
 
-@pytest.mark.skipif(sglang_version() is None, reason="SGLang is not installed (build one with .ci/sglang_env)")
+@pytest.mark.skipif(
+    installed_version_or_none() is None, reason="SGLang is not installed (build one with .ci/sglang_env)"
+)
 def test_version_outside_the_tested_range_is_refused() -> None:
-    other = UNIFIED if sglang_version() == "0.5.9" else LEGACY
+    other = UNIFIED if installed_version_or_none() == "0.5.9" else LEGACY
     with pytest.raises(SGLangVersionError, match=rf"tested on \({other.describe()}\)"):
         cpu_import.import_sglang(other)
 
 
-@pytest.mark.skipif(sglang_version() not in ("0.5.9", "0.5.23"), reason="needs SGLang 0.5.9 or 0.5.23")
+@pytest.mark.skipif(installed_version_or_none() not in ("0.5.9", "0.5.23"), reason="needs SGLang 0.5.9 or 0.5.23")
 def test_stubs_only_gpu_modules_and_refuse_to_run() -> None:
-    tested = LEGACY if sglang_version() == "0.5.9" else UNIFIED
+    tested = LEGACY if installed_version_or_none() == "0.5.9" else UNIFIED
     cpu_import.import_sglang(tested)
     stubbed = cpu_import.stubbed_modules()
     assert "sgl_kernel" in stubbed

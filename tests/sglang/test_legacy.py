@@ -2,33 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import pytest
 from hypothesis import settings
 
 from kvledger.contracts.adapter import CacheAdapter, CacheConfig
 from kvledger.contracts.profiles import register_profiles
+from kvledger.contracts.sglang.cpu_import import unavailable_reason
 
-
-def sglang_version() -> str | None:
-    """The installed SGLang version, or ``None`` (the main CI environment has none)."""
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def need_sglang(version: str) -> pytest.MarkDecorator:
-    """Skip, saying why, unless SGLang ``version`` is installed (``.ci/sglang_env`` builds such environments)."""
-    have = sglang_version()
-    why = (
-        "SGLang is not installed (build an environment with .ci/sglang_env)" if have is None else f"{have} is installed"
-    )
-    return pytest.mark.skipif(have != version, reason=f"needs SGLang {version}; {why}")
-
-
-pytestmark = need_sglang("0.5.9")
+pytestmark = pytest.mark.skipif(unavailable_reason("0.5.9") is not None, reason=str(unavailable_reason("0.5.9")))
 register_profiles()
 CI = settings.get_profile("ci")
 
