@@ -7,6 +7,7 @@ owners involved (STYLE.md rule 11). A rejected operation never changes state.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TypeVar
 
 
 def _show(slots: Iterable[int], limit: int = 8) -> str:
@@ -18,6 +19,18 @@ def _show(slots: Iterable[int], limit: int = 8) -> str:
 
 class KVLedgerError(Exception):
     """Base of every kvledger error."""
+
+
+E = TypeVar("E", bound=KVLedgerError)
+
+
+def must(err: E | None) -> E:
+    """The error a ``check_*`` predicate returned, for an ``icontract.require(..., error=...)``.
+
+    NOTE: icontract calls ``error`` only after the predicate said "illegal", so ``err`` is never ``None``.
+    """
+    assert err is not None
+    return err
 
 
 class LedgerError(KVLedgerError):

@@ -39,6 +39,7 @@ from kvledger.spec.errors import (
     NotOwner,
     OutOfRange,
     OverAllocation,
+    must,
 )
 from kvledger.spec.types import Owner
 
@@ -173,12 +174,6 @@ def check_transfer(s: Ledger, src: Owner, dst: Owner, slots: Slots) -> LedgerErr
 # ---------------------------------------------------------------- transitions
 
 
-def _must(err: LedgerError | None) -> LedgerError:
-    # NOTE: only called by icontract after the predicate said "illegal".
-    assert err is not None
-    return err
-
-
 def _with(held: Mapping[Owner, Slots], owner: Owner, slots: Slots) -> dict[Owner, Slots]:
     out = dict(held)
     if slots:
@@ -197,7 +192,7 @@ def _others_unchanged(old: Ledger, new: Ledger, *owners: Owner) -> bool:
 @icontract.require(
     lambda s, owner, slots: check_allocate(s, owner, slots) is None,
     "slots are free and in range",
-    error=lambda s, owner, slots: _must(check_allocate(s, owner, slots)),
+    error=lambda s, owner, slots: must(check_allocate(s, owner, slots)),
 )
 @icontract.ensure(lambda result: inv_slots_conserved(result), "slots conserved")
 @icontract.ensure(lambda result: inv_single_owner(result), "single owner")
@@ -218,7 +213,7 @@ def allocate(s: Ledger, owner: Owner, slots: Slots) -> Ledger:
 @icontract.require(
     lambda s, owner, slots: check_free(s, owner, slots) is None,
     "slots held by owner",
-    error=lambda s, owner, slots: _must(check_free(s, owner, slots)),
+    error=lambda s, owner, slots: must(check_free(s, owner, slots)),
 )
 @icontract.ensure(lambda result: inv_slots_conserved(result), "slots conserved")
 @icontract.ensure(lambda result: inv_single_owner(result), "single owner")
@@ -236,7 +231,7 @@ def free(s: Ledger, owner: Owner, slots: Slots) -> Ledger:
 @icontract.require(
     lambda s, src, dst, slots: check_transfer(s, src, dst, slots) is None,
     "slots held by the named source",
-    error=lambda s, src, dst, slots: _must(check_transfer(s, src, dst, slots)),
+    error=lambda s, src, dst, slots: must(check_transfer(s, src, dst, slots)),
 )
 @icontract.ensure(lambda result: inv_slots_conserved(result), "slots conserved")
 @icontract.ensure(lambda result: inv_single_owner(result), "single owner")

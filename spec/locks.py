@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 import icontract
 
-from kvledger.spec.errors import BadCoverage, DoubleUnlock, HandleError, HandleReused, UnknownHandle
+from kvledger.spec.errors import BadCoverage, DoubleUnlock, HandleError, HandleReused, UnknownHandle, must
 from kvledger.spec.types import Component
 
 if TYPE_CHECKING:
@@ -182,12 +182,6 @@ def check_dec_lock_ref(s: LockState, handle: HandleId) -> HandleError | None:
 # ---------------------------------------------------------------- transitions
 
 
-def _must(err: HandleError | None) -> HandleError:
-    # NOTE: only called by icontract after the predicate said "illegal".
-    assert err is not None
-    return err
-
-
 def _moved_by(old: LockState, new: LockState, covered: Coverage, delta: int) -> bool:
     """Counts changed by ``delta`` exactly on ``covered`` and nowhere else."""
     sites = set(old.lock_ref) | set(new.lock_ref) | covered
@@ -206,7 +200,7 @@ def _bumped(lock_ref: Mapping[LockSite, int], covered: Coverage, delta: int) -> 
 @icontract.require(
     lambda s, handle, covered: check_inc_lock_ref(s, handle, covered) is None,
     "fresh handle, no root",
-    error=lambda s, handle, covered: _must(check_inc_lock_ref(s, handle, covered)),
+    error=lambda s, handle, covered: must(check_inc_lock_ref(s, handle, covered)),
 )
 @icontract.require(lambda s: inv_locks(s), "lock table well-formed")
 @icontract.ensure(lambda handle, covered, result: result.handles[handle] == covered, "handle records its coverage")
@@ -224,7 +218,7 @@ def inc_lock_ref(s: LockState, handle: HandleId, covered: Coverage) -> LockState
 @icontract.require(
     lambda s, handle: check_dec_lock_ref(s, handle) is None,
     "live handle",
-    error=lambda s, handle: _must(check_dec_lock_ref(s, handle)),
+    error=lambda s, handle: must(check_dec_lock_ref(s, handle)),
 )
 @icontract.require(lambda s: inv_locks(s), "lock table well-formed")
 @icontract.ensure(

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 import icontract
 
-from kvledger.spec.errors import AlreadyInList, LruError, NodeExists, NotInList, UnknownNode
+from kvledger.spec.errors import AlreadyInList, LruError, NodeExists, NotInList, UnknownNode, must
 from kvledger.spec.types import Component
 
 if TYPE_CHECKING:
@@ -179,12 +179,6 @@ def check_lru_touch(s: LruState, node: NodeId) -> LruError | None:
 # ---------------------------------------------------------------- transitions
 
 
-def _must(err: LruError | None) -> LruError:
-    # NOTE: only called by icontract after the predicate said "illegal".
-    assert err is not None
-    return err
-
-
 def _relinked(s: LruState, order: tuple[NodeId, ...], touched: frozenset[NodeId]) -> LruState:
     """``s`` with ``order`` and the pointers of ``touched`` recomputed from it (the rest are untouched)."""
     pos = {n: i for i, n in enumerate(order)}
@@ -202,7 +196,7 @@ def _neighbours(s: LruState, node: NodeId) -> frozenset[NodeId]:
 @icontract.require(
     lambda s, node: check_lru_add_node(s, node) is None,
     "node id is new",
-    error=lambda s, node: _must(check_lru_add_node(s, node)),
+    error=lambda s, node: must(check_lru_add_node(s, node)),
 )
 @icontract.require(lambda s: inv_lru(s), "list well-formed")
 @icontract.ensure(
@@ -217,7 +211,7 @@ def lru_add_node(s: LruState, node: NodeId) -> LruState:
 @icontract.require(
     lambda s, node: check_lru_delete_node(s, node) is None,
     "node is known and detached",
-    error=lambda s, node: _must(check_lru_delete_node(s, node)),
+    error=lambda s, node: must(check_lru_delete_node(s, node)),
 )
 @icontract.require(lambda s: inv_lru(s), "list well-formed")
 @icontract.ensure(lambda s, node, result: result.order == s.order and node not in result.links, "only the node goes")
@@ -229,7 +223,7 @@ def lru_delete_node(s: LruState, node: NodeId) -> LruState:
 @icontract.require(
     lambda s, node: check_lru_insert_mru(s, node) is None,
     "node known and not in the list",
-    error=lambda s, node: _must(check_lru_insert_mru(s, node)),
+    error=lambda s, node: must(check_lru_insert_mru(s, node)),
 )
 @icontract.require(lambda s: inv_lru(s), "list well-formed")
 @icontract.ensure(lambda s, node, result: result.order == (node, *s.order), "node becomes the head")
@@ -243,7 +237,7 @@ def lru_insert_mru(s: LruState, node: NodeId) -> LruState:
 @icontract.require(
     lambda s, node: check_lru_remove(s, node) is None,
     "node in the list",
-    error=lambda s, node: _must(check_lru_remove(s, node)),
+    error=lambda s, node: must(check_lru_remove(s, node)),
 )
 @icontract.require(lambda s: inv_lru(s), "list well-formed")
 @icontract.ensure(
@@ -263,7 +257,7 @@ def lru_remove(s: LruState, node: NodeId) -> LruState:
 @icontract.require(
     lambda s, node: check_lru_touch(s, node) is None,
     "node in the list",
-    error=lambda s, node: _must(check_lru_touch(s, node)),
+    error=lambda s, node: must(check_lru_touch(s, node)),
 )
 @icontract.require(lambda s: inv_lru(s), "list well-formed")
 @icontract.ensure(

@@ -286,12 +286,6 @@ def check_evict_mamba(s: PrefixCache, victims: frozenset[Key], locks: LockState)
 # ---------------------------------------------------------------- transitions
 
 
-def _must(err: e.PrefixError | None) -> e.PrefixError:
-    # NOTE: only called by icontract after the predicate said "illegal".
-    assert err is not None
-    return err
-
-
 def _without(m: Mapping[Key, _V], victims: frozenset[Key]) -> dict[Key, _V]:
     return {k: v for k, v in m.items() if k not in victims}
 
@@ -347,7 +341,7 @@ def _mamba_accounted(s: PrefixCache, key: Key, mamba_slot: MambaSlot | None, r: 
 @icontract.require(
     lambda s, key, slots, mamba_slot: check_insert(s, key, slots, mamba_slot) is None,
     "whole pages, one fresh slot per token",
-    error=lambda s, key, slots, mamba_slot: _must(check_insert(s, key, slots, mamba_slot)),
+    error=lambda s, key, slots, mamba_slot: e.must(check_insert(s, key, slots, mamba_slot)),
 )
 @icontract.require(lambda s: inv_prefix(s), "cache well-formed")
 @icontract.ensure(lambda result: inv_prefix(result.state), "cache stays well-formed")
@@ -380,7 +374,7 @@ def insert(s: PrefixCache, key: Key, slots: tuple[SlotId, ...], mamba_slot: Mamb
 @icontract.require(
     lambda s, victims, locks: check_evict_full(s, victims, locks) is None,
     "cached, unlocked, stateless leaves",
-    error=lambda s, victims, locks: _must(check_evict_full(s, victims, locks)),
+    error=lambda s, victims, locks: e.must(check_evict_full(s, victims, locks)),
 )
 @icontract.require(lambda s: inv_prefix(s), "cache well-formed")
 @icontract.ensure(lambda result: inv_prefix(result[0]), "cache stays well-formed")
@@ -402,7 +396,7 @@ def evict_full(s: PrefixCache, victims: frozenset[Key], locks: LockState) -> tup
 @icontract.require(
     lambda s, victims, locks: check_evict_swa(s, victims, locks) is None,
     "SWA-live and unlocked in SWA",
-    error=lambda s, victims, locks: _must(check_evict_swa(s, victims, locks)),
+    error=lambda s, victims, locks: e.must(check_evict_swa(s, victims, locks)),
 )
 @icontract.require(lambda s: inv_prefix(s), "cache well-formed")
 @icontract.ensure(
@@ -417,7 +411,7 @@ def evict_swa(s: PrefixCache, victims: frozenset[Key], locks: LockState) -> Pref
 @icontract.require(
     lambda s, victims, locks: check_evict_mamba(s, victims, locks) is None,
     "Mamba states present and unlocked",
-    error=lambda s, victims, locks: _must(check_evict_mamba(s, victims, locks)),
+    error=lambda s, victims, locks: e.must(check_evict_mamba(s, victims, locks)),
 )
 @icontract.require(lambda s: inv_prefix(s), "cache well-formed")
 @icontract.ensure(

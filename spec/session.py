@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import icontract
 
-from kvledger.spec.errors import InvalidArgument, LedgerError
+from kvledger.spec.errors import InvalidArgument, LedgerError, must
 from kvledger.spec.ledger import Ledger, held_by
 from kvledger.spec.types import Owner, session
 
@@ -119,15 +119,10 @@ def check_resume(s: SessionSlot, prefix_len: int, page_size: int) -> LedgerError
     return None
 
 
-def _must(err: LedgerError | None) -> LedgerError:
-    assert err is not None
-    return err
-
-
 @icontract.require(
     lambda s, row, kv, committed_len: check_save(s, row, kv, committed_len) is None,
     "session empty, KV with its row, lengths valid",
-    error=lambda s, row, kv, committed_len: _must(check_save(s, row, kv, committed_len)),
+    error=lambda s, row, kv, committed_len: must(check_save(s, row, kv, committed_len)),
 )
 @icontract.ensure(lambda result: inv_committed_within_allocated(result), "committed within allocated")
 @icontract.ensure(lambda result: inv_kv_needs_row(result), "kv held with its row")
@@ -142,7 +137,7 @@ def save(
 @icontract.require(
     lambda s, prefix_len, page_size: check_resume(s, prefix_len, page_size) is None,
     "append-only",
-    error=lambda s, prefix_len, page_size: _must(check_resume(s, prefix_len, page_size)),
+    error=lambda s, prefix_len, page_size: must(check_resume(s, prefix_len, page_size)),
 )
 @icontract.ensure(lambda s, result: result.kept + result.freed == s.kv, "kept and freed split the row")
 @icontract.ensure(lambda result: len(result.kept) >= result.prefix_len, "committed prefix kept")
