@@ -102,6 +102,15 @@ class MemoryManager:
             raise OverAllocation("alloc", "kv", (), f"injected allocation failure ({n} tokens for {owner})")
         short = n - self.kv.available_size()
         if short > 0:
+            # NOTE: all or nothing: evict only when that makes room (a failed call changes nothing).
+            if short > self.cache.evictable_size(Component.FULL):
+                raise OverAllocation(
+                    "alloc",
+                    "kv",
+                    (),
+                    f"{n} tokens for {owner}: {self.kv.available_size()} free, "
+                    f"{self.cache.evictable_size(Component.FULL)} evictable",
+                )
             self.cache.evict(Component.FULL, short)
         return self.kv.alloc(n, owner)
 
@@ -113,6 +122,14 @@ class MemoryManager:
             raise OverAllocation("alloc", "mamba", (), f"injected allocation failure (state for {owner})")
         short = 1 + self.mamba.ping_pong_size - self.mamba.available_size()
         if short > 0:
+            if short > self.cache.evictable_size(Component.MAMBA):
+                raise OverAllocation(
+                    "alloc",
+                    "mamba",
+                    (),
+                    f"state for {owner}: {self.mamba.available_size()} free, "
+                    f"{self.cache.evictable_size(Component.MAMBA)} evictable",
+                )
             self.cache.evict(Component.MAMBA, short)
         return self.mamba.alloc_request_state(owner)
 
