@@ -62,7 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from kvledger.contracts.trace import Event, Header, TraceFormatError, read_trace
+from kvledger.contracts.system_replay import SystemReplayer, Violated, system_unchecked
+from kvledger.contracts.trace import SYSTEM_OPS, Event, Header, TraceFormatError, read_trace
 from kvledger.spec import ledger as L
 from kvledger.spec import locks as K
 from kvledger.spec import lru as U
@@ -189,10 +190,7 @@ class ReplayResult:
         }
 
 
-class _Violated(Exception):
-    def __init__(self, rule: str, message: str, subjects: Iterable[str] = ()) -> None:
-        super().__init__(message)
-        self.rule, self.message, self.subjects = rule, message, list(subjects)
+_Violated = Violated
 
 
 def _key(x: list[int]) -> Key:
@@ -233,7 +231,7 @@ class Replayer:
         self.max_handle = -1
         self.max_req = -1
         self.lru: dict[Component, tuple[tuple[NodeId, ...], dict[NodeId, U.Links]]] = {}
-        self.history = history or History()
+        self.history = history if history is not None else History()
         self.step = 0
         self.line = 1
         self.op = ""
@@ -363,7 +361,12 @@ class Replayer:
     def apply(self, line: int, ev: Event) -> None:
         """Apply one event; raises ``_Violated`` (a spec rule) or :class:`TraceFormatError` (bad input)."""
         self.step, self.line, self.op = ev["step"], line, ev["op"]
+        if ev["op"] in SYSTEM_OPS:
+            raise TraceFormatError(line, "an event of a cache trace (the header has no 'pools')", repr(ev["op"]))
         getattr(self, "_on_" + ev["op"])(line, ev)
+
+    def finish(self) -> None:
+        """The trace ended (nothing is pending between events of a cache trace)."""
 
     def _on_alloc_kv(self, line: int, ev: Event) -> None:
         req, n, slots = ev["req"], ev["n"], ev["slots"]
@@ -585,6 +588,8 @@ class Replayer:
 
 def unchecked_rules(header: Header) -> tuple[str, ...]:
     """What a replay of this trace cannot check (no capability in the recording, or never in a trace)."""
+    if header.system:
+        return system_unchecked()
     out = ["inv_lru_members", "eviction order (LRU)", "inv_sizes", "SWA pool accounting"]
     caps = header.capabilities
     if caps is not None and "lru" not in caps:
@@ -606,24 +611,26 @@ def replay(
     """
     header: Header | None = None
     steps = 0
-    rep: Replayer | None = None
+    rep: Replayer | SystemReplayer | None = None
+    history = History()
     line = 1
     try:
         header, events = read_trace(stream)
-        rep = Replayer(header, contracts=contracts)
+        rep = SystemReplayer(header, history.note) if header.system else Replayer(header, history, contracts=contracts)
         for line, ev in events:
             rep.apply(line, ev)
             steps += 1
             if progress is not None and steps % every == 0:
                 progress(steps)
+        rep.finish()
     except TraceFormatError as err:
         return ReplayResult(header, steps, error=err, unchecked=unchecked_rules(header) if header else ())
     except UnicodeDecodeError as err:
         return ReplayResult(header, steps, error=TraceFormatError(line + 1, "UTF-8 text", str(err)[:60]))
     except _Violated as v:
         assert rep is not None
-        hist = {s: rep.history.of(s) for s in dict.fromkeys(v.subjects)}
-        viol = Violation(rep.step, line, rep.op, v.rule, v.message, hist)
+        hist = {s: history.of(s) for s in dict.fromkeys(v.subjects)}
+        viol = Violation(rep.step, rep.line, rep.op, v.rule, v.message, hist)
         return ReplayResult(header, steps, viol, unchecked=unchecked_rules(rep.header))
     if progress is not None:
         progress(steps)

@@ -27,6 +27,23 @@ events from 1 (line ``s + 1`` of the file). The events and their fields:
                  seen from outside the list, ``null`` for none)
 ==============  ==============================================================
 
+A *system* trace (the whole memory manager: requests, admission, sessions,
+the leak checker) has ``"pools": {name: [base, capacity], ...}`` in its header
+and three events instead of the table above:
+
+==============  ==============================================================
+``call``         ``name`` (one of :data:`CALLS`) and what the call was given and
+                 returned: optional ``req``, ``session``, ``tokens``, ``n``,
+                 ``component``, ``admitted``, ``prefix_len``, ``handles_before``,
+                 ``handles_after``, ``committed_len``, ``ok``, ``leaked``
+                 (``{pool: [slots]}``), ``error`` (the call raised: nothing may change)
+``own``          ``pool, slots, src, dst``: the slots changed owner during the last
+                 ``call`` (``src`` ``null``: allocated; ``dst`` ``null``: freed);
+                 owners are ``"req:3"``, ``"session:1"``, ``"node:5/full"``
+``row``          ``row, start, slots``: request-table row ``row`` holds ``slots``
+                 (token slot ids) at positions ``start..`` after the last ``call``
+==============  ==============================================================
+
 ``evicted`` is ``{"full": [keys], "swa": [keys], "mamba": [keys]}``: the pages
 that left the cache, became SWA tombstones, or lost their Mamba state, as
 observed (a recorder takes it from a diff of ``snapshot().prefix``).
@@ -44,6 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,13 +102,49 @@ _FIELDS: dict[str, dict[str, str]] = {
     "evict": {"component": "comp", "n": "int", "freed": "int", "evicted": "evicted"},
     "mamba_cow": {"handle": "int", "req": "int", "slot": "int?"},
     "lru": {"component": "comp", "order": "ints", "links": "links"},
+    "call": {"name": "call"},
+    "own": {"pool": "str", "slots": "ints", "src": "owner?", "dst": "owner?"},
+    "row": {"row": "int", "start": "int", "slots": "ints"},
 }
 _OPTIONAL: dict[str, dict[str, str]] = {
     "lock": {"coverage": "coverage", "lock_delta": "delta"},
     "unlock": {"lock_delta": "delta"},
     "mamba_cow": {"evicted": "evicted", "lock_delta": "delta"},
+    "call": {
+        "req": "int",
+        "session": "int",
+        "tokens": "ints",
+        "n": "int",
+        "component": "comp",
+        "admitted": "bool",
+        "prefix_len": "int",
+        "handles_before": "ints",
+        "handles_after": "ints",
+        "committed_len": "int",
+        "ok": "bool",
+        "leaked": "leaked",
+        "error": "str",
+    },
 }
 OPS = tuple(_FIELDS)
+SYSTEM_OPS = ("call", "own", "row")
+"""The events of a system trace (header with ``pools``); the others belong to cache traces."""
+CALLS = (
+    "add_request",
+    "open_session",
+    "admit",
+    "extend",
+    "finish",
+    "chunk",
+    "retract",
+    "abort",
+    "close_session",
+    "evict",
+    "inject_failure",
+    "leak_check",
+)
+"""The memory-manager calls a system trace names."""
+OWNER_RE = re.compile(r"(req|session):(\d+)|node:(\d+)/(full|swa|mamba)")
 COMPONENTS = ("full", "swa", "mamba")
 _KIND_TEXT = {
     "int": "an integer",
@@ -103,6 +157,10 @@ _KIND_TEXT = {
     "delta": "a list of [key, component, integer] triples",
     "evicted": "an object {full, swa, mamba} of key lists",
     "links": "a list of [node, prev, next] triples (integers or null)",
+    "bool": "true or false",
+    "call": "one of " + ", ".join(CALLS),
+    "owner?": "an owner ('req:3', 'session:1', 'node:5/full') or null",
+    "leaked": "an object {pool: [slots]}",
 }
 
 
@@ -154,6 +212,14 @@ def _valid(kind: str, x: object) -> bool:
             and set(x) <= set(COMPONENTS)
             and all(isinstance(v, list) and all(_is_ints(k) for k in v) for v in x.values())
         )
+    if kind == "bool":
+        return type(x) is bool
+    if kind == "call":
+        return isinstance(x, str) and x in CALLS
+    if kind == "owner?":
+        return x is None or (isinstance(x, str) and OWNER_RE.fullmatch(x) is not None)
+    if kind == "leaked":
+        return isinstance(x, dict) and all(isinstance(k, str) and _is_ints(v) for k, v in x.items())
     if kind == "links":
         return isinstance(x, list) and all(
             isinstance(v, list) and len(v) == 3 and _is_int(v[0]) and all(p is None or _is_int(p) for p in v[1:])
@@ -211,6 +277,12 @@ class Header:
     version: str
     capabilities: frozenset[str] | None = None
     faults: tuple[str, ...] = ()
+    pools: dict[str, tuple[int, int]] | None = None  # a system trace: pool name -> (base, capacity)
+
+    @property
+    def system(self) -> bool:
+        """A trace of the whole memory manager (``call``/``own``/``row`` events), not of a cache alone."""
+        return self.pools is not None
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -223,6 +295,8 @@ class Header:
             out["capabilities"] = sorted(self.capabilities)
         if self.faults:
             out["faults"] = list(self.faults)
+        if self.pools is not None:
+            out["pools"] = {k: list(v) for k, v in self.pools.items()}
         return out
 
 
@@ -243,12 +317,27 @@ def parse_header(obj: object) -> Header:
     faults = obj.get("faults", [])
     if not (isinstance(faults, list) and all(isinstance(c, str) for c in faults)):
         raise TraceFormatError(1, "header 'faults' a list of strings", _short(faults))
+    pools = obj.get("pools")
+    if pools is not None and not (
+        isinstance(pools, dict)
+        and all(
+            isinstance(v, list)
+            and len(v) == 2
+            and _is_int(v[0])
+            and _is_int(v[1])
+            and v[0] >= 0
+            and 0 < v[1] <= MAX_POOL
+            for v in pools.values()
+        )
+    ):
+        raise TraceFormatError(1, f"header 'pools' an object {{name: [base, capacity]}} (capacity <= {MAX_POOL})")
     return Header(
         config_from_json(obj["config"]),
         obj["adapter"],
         obj["version"],
         frozenset(caps) if caps is not None else None,
         tuple(faults),
+        None if pools is None else {k: (v[0], v[1]) for k, v in pools.items()},
     )
 
 

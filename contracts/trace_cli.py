@@ -1,7 +1,10 @@
 """``kvledger record`` and ``kvledger replay``: the trace commands (registered in :mod:`kvledger.contracts.cli`).
 
-``kvledger record --ops N --seed S -o trace.jsonl [--fault Bn] [--model hybrid] [--no-lru]``
-records a random workload of the reference implementation.
+``kvledger record --ops N --seed S -o trace.jsonl [--fault Bn] [--model hybrid] [--no-lru] [--system]``
+records a random workload of the reference implementation: of its radix cache
+(a cache trace), or with ``--system`` of the whole memory manager (requests,
+admission, sessions, leak checks: a system trace). Faults B2–B4 act on the
+memory manager and imply ``--system``.
 ``kvledger replay trace.jsonl [--json]`` checks a trace against the spec alone.
 Exit codes: 0 holds, 1 violation, 2 malformed input or bad arguments.
 """
@@ -18,11 +21,13 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvledger.contracts.recorder import record_workload
+from kvledger.contracts.recorder import WorkloadResult, record_workload
 from kvledger.contracts.reference_adapter import ReferenceAdapter
 from kvledger.contracts.replay import ReplayResult
 from kvledger.contracts.replay import replay as replay_trace
-from kvledger.contracts.suites import CACHE_MODELS
+from kvledger.contracts.suites import CACHE_MODELS, SYSTEM_MODELS
+from kvledger.contracts.system_machine import build_manager
+from kvledger.contracts.system_recorder import SystemWorkloadResult, record_system_workload
 from kvledger.contracts.trace import TraceFormatError
 from kvledger.impl import faults
 from kvledger.impl.faults import FAULTS
@@ -40,32 +45,58 @@ def record(
         "trace.jsonl"
     ),
     fault: Annotated[
-        list[str] | None, typer.Option("--fault", help="switch a named fault on (B1, B5 act on the radix cache)")
+        list[str] | None,
+        typer.Option("--fault", help="switch a named fault on (B1, B5: radix cache; B2-B4: memory manager)"),
     ] = None,
-    model: Annotated[str, typer.Option(help=f"cache model: {', '.join(CACHE_MODELS)}")] = "hybrid",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help=f"cache model ({', '.join(CACHE_MODELS)}; default hybrid) or, with --system, "
+            f"memory-manager model ({', '.join(SYSTEM_MODELS)}; default mamba)"
+        ),
+    ] = None,
     lru: Annotated[bool, typer.Option(help="record LRU links (needed to catch B1)")] = True,
+    system: Annotated[
+        bool, typer.Option("--system", help="record the whole memory manager (requests, admission, sessions)")
+    ] = False,
 ) -> None:
-    """Record a random workload of the reference radix cache as a trace."""
-    if model not in CACHE_MODELS:
-        _usage(f"unknown model {model!r}; expected one of {', '.join(CACHE_MODELS)}")
+    """Record a random workload of the reference implementation as a trace."""
     names = [f.upper() for f in fault or []]
     for f in names:
         if f not in FAULTS:
             _usage(f"unknown fault {f!r}; expected one of {', '.join(sorted(FAULTS))}")
-        if "cache" not in FAULTS[f].suites:
-            _usage(
-                f"fault {f} acts on the memory manager, which traces do not record yet; record takes "
-                + ", ".join(n for n, x in FAULTS.items() if "cache" in x.suites)
-            )
+    on_system = [f for f in names if "system" in FAULTS[f].suites]
+    on_cache = [f for f in names if "cache" in FAULTS[f].suites]
+    if on_system and on_cache:
+        _usage(
+            f"faults {', '.join(on_cache)} act on the radix cache and {', '.join(on_system)} on the memory manager: "
+            "record them in two traces"
+        )
+    system = system or bool(on_system)
+    if system and on_cache:
+        _usage(f"fault {on_cache[0]} acts on the radix cache: record it without --system")
+    models = SYSTEM_MODELS if system else CACHE_MODELS
+    model = model or ("mamba" if system else "hybrid")
+    if model not in models:
+        _usage(
+            f"unknown {'memory-manager' if system else 'cache'} model {model!r}; expected one of {', '.join(models)}"
+        )
+    result: WorkloadResult | SystemWorkloadResult
     try:
         with faults.injected(*names):
-            result = record_workload(
-                ReferenceAdapter(CACHE_MODELS[model]), ops, seed, output, lru=lru, faults=tuple(names)
-            )
+            if system:
+                result = record_system_workload(
+                    build_manager(*SYSTEM_MODELS[model]), ops, seed, output, faults=tuple(names)
+                )
+            else:
+                result = record_workload(
+                    ReferenceAdapter(CACHE_MODELS[model]), ops, seed, output, lru=lru, faults=tuple(names)
+                )
     except OSError as err:
         _usage(f"cannot write {output}: {err.strerror}")
         return
-    typer.echo(f"recorded {result.ops} operations ({result.events} events) of {model} to {output}")
+    what = "memory manager" if system else "cache"
+    typer.echo(f"recorded {result.ops} operations ({result.events} events) of the {model} {what} to {output}")
     if result.stopped_by:
         typer.echo(f"the implementation stopped the workload: {result.stopped_by}")
 
@@ -75,6 +106,8 @@ def _print(console: Console, path: Path, r: ReplayResult) -> None:
         console.print(f"[red]malformed trace[/red] {path}: {r.error}", markup=True, highlight=False)
         return
     model = r.header.config.kind if r.header else "?"
+    if r.header is not None and r.header.system:
+        model = f"memory manager ({model})"
     if r.violation is None:
         console.print(f"[green]holds[/green]: {r.steps} events of {model} replayed against the spec")
     else:

@@ -1,0 +1,355 @@
+"""Replay of a *system* trace: the whole memory manager checked against the spec alone.
+
+A system trace (:mod:`kvledger.contracts.trace`, header with ``pools``)
+records each memory-manager ``call`` (add a request, admit it, extend,
+finish, chunk, retract, abort, open or close a session, evict, run the leak
+checker) followed by what the call changed: ``own`` events (slots that changed
+owner, in every pool: KV, request-table rows, Mamba states) and ``row``
+events (what the request table's rows now reference). It names no tree nodes
+beyond their owner ids and no implementation detail: any engine that can log
+"these slots changed owner" and "this row now points at these slots" can
+write one.
+
+:class:`SystemReplayer` keeps one ``spec.ledger.Ledger`` per pool and the
+content of each row, applies every ``own`` event as the spec transition it
+observes (``allocate``, ``free``, ``transfer`` with their typed errors), and
+at the end of each call (the next ``call`` or the end of the trace) checks:
+
+* ``inv_owners_account`` — a request that finished, was retracted or aborted,
+  and a session that closed, hold nothing in any pool; and every KV page a
+  request or session holds is referenced by a row it holds (a page held but
+  referenced by nothing is leaked: its only reference was overwritten or
+  dropped);
+* ``admission rolls back`` / ``admission commits`` (``spec.admission``): a
+  rejected request holds exactly what it held before the attempt, locks
+  included; an admitted one lost nothing;
+* ``resume is append-only`` (``spec.session``): a session's next turn resumes
+  from no more than the previous turn committed;
+* ``rejected call leaves state unchanged``: a call that raised changed nothing;
+* ``leak checker agrees with the ledgers``: the implementation's leak checker
+  reports exactly what the ledgers say leaked (nothing, since every leak is
+  caught at the call that made it).
+
+Memory is bounded by the pools and the rows (plus the ids of ended owners).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from kvledger.contracts.trace import OWNER_RE, Event, Header, TraceFormatError
+from kvledger.spec import admission as A
+from kvledger.spec import ledger as L
+from kvledger.spec.ledger import Ledger
+from kvledger.spec.types import Component, HandleId, Owner, OwnerKind, node, request, session
+
+ACCOUNT = "inv_owners_account"
+UNCHANGED = "rejected call leaves state unchanged"
+_ENDS = {"finish", "retract", "abort"}
+
+_ALLOCATE: Callable[..., Ledger] = inspect.unwrap(L.allocate)
+_FREE: Callable[..., Ledger] = inspect.unwrap(L.free)
+_TRANSFER: Callable[..., Ledger] = inspect.unwrap(L.transfer)
+_RULE_OF_ERROR = {
+    "DoubleFree": "inv_single_owner",
+    "OverAllocation": "inv_single_owner",
+    "NotOwner": ACCOUNT,
+    "OutOfRange": "inv_slots_conserved",
+    "InvalidArgument": "inv_single_owner",
+}
+
+
+def parse_owner(text: str, line: int) -> Owner:
+    """The owner a trace string names (``req:3``, ``session:1``, ``node:5/full``)."""
+    m = OWNER_RE.fullmatch(text)
+    if m is None:
+        raise TraceFormatError(line, "an owner 'req:N', 'session:N' or 'node:N/component'", repr(text))
+    if m.group(1) == "req":
+        return request(int(m.group(2)))
+    if m.group(1) == "session":
+        return session(int(m.group(2)))
+    return node(int(m.group(3)), Component(m.group(4)))
+
+
+class Violated(Exception):
+    """A spec rule the trace breaks: the rule's name, what happened, and the subjects whose history explains it."""
+
+    def __init__(self, rule: str, message: str, subjects: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.rule, self.message, self.subjects = rule, message, list(subjects)
+
+
+@dataclass
+class _Call:
+    ev: Event
+    line: int
+    before: dict[str, Ledger]
+    owners: set[Owner] = field(default_factory=set)
+    changed: bool = False
+
+
+class SystemReplayer:
+    """The spec state of a system trace, advanced one event at a time by :meth:`apply`."""
+
+    def __init__(self, header: Header, note: Callable[[str, int, str], None] | None = None) -> None:
+        if header.pools is None:
+            raise TraceFormatError(1, "a system trace header (with 'pools')")
+        self._notes = note
+        self.header = header
+        self.page = header.config.page_size
+        self.ledgers: dict[str, Ledger] = {
+            name: L.new_ledger(name, cap, base=base) for name, (base, cap) in header.pools.items()
+        }
+        self.rows: dict[int, list[int]] = {}  # row -> token slot per position, as the trace reported
+        self.ended: set[Owner] = set()
+        self.requests: set[int] = set()
+        self.sessions: dict[int, int] = {}  # open session -> committed length of its last saved turn
+        self.call: _Call | None = None
+        self.step = 0
+        self.line = 1
+        self.op = ""
+
+    # ------------------------------------------------------------ helpers
+
+    def _note(self, subject: str, text: str) -> None:
+        if self._notes is not None:
+            self._notes(subject, self.step, text)
+
+    def _pool(self, name: str, line: int) -> Ledger:
+        if name not in self.ledgers:
+            raise TraceFormatError(line, f"a pool of the header ({', '.join(self.ledgers)})", repr(name))
+        return self.ledgers[name]
+
+    def _slots(self, led: Ledger, slots: list[int], line: int) -> frozenset[int]:
+        out = frozenset(slots)
+        if len(out) != len(slots):
+            raise TraceFormatError(line, "distinct slots", str(slots[:8]))
+        bad = [x for x in out if not led.base <= x < led.base + led.capacity]
+        if bad:
+            raise TraceFormatError(
+                line, f"slots of pool {led.name!r} in [{led.base}, {led.base + led.capacity})", f"slot {min(bad)}"
+            )
+        return out
+
+    def _held(self, owner: Owner) -> dict[str, frozenset[int]]:
+        out = {}
+        for name, led in self.ledgers.items():
+            got = L.held_by(led, owner)
+            if got:
+                out[name] = got
+        return out
+
+    def referenced(self, owner: Owner) -> frozenset[int]:
+        """KV units (pages when ``page_size > 1``) the rows ``owner`` holds point at."""
+        rows = self.ledgers.get("req_to_token")
+        if rows is None:
+            return frozenset()
+        out: set[int] = set()
+        for r in L.held_by(rows, owner):
+            out.update(x // self.page for x in self.rows.get(r, ()) if x >= 0)
+        return frozenset(out)
+
+    def _unreferenced(self, owner: Owner) -> frozenset[int]:
+        kv = self.ledgers.get("kv")
+        if kv is None or owner.kind is OwnerKind.NODE:
+            return frozenset()
+        return L.held_by(kv, owner) - self.referenced(owner)
+
+    def _handles(self, ev: Event, name: str) -> frozenset[HandleId]:
+        return frozenset(HandleId(h) for h in ev.get(name, ()))
+
+    # ------------------------------------------------------------ events
+
+    def apply(self, line: int, ev: Event) -> None:
+        """Apply one event; raises :class:`Violated` or :class:`TraceFormatError`."""
+        self.step, self.line, self.op = ev["step"], line, ev["op"]
+        handler = getattr(self, "_on_" + ev["op"], None)
+        if handler is None:
+            raise TraceFormatError(line, "an event of a system trace (call, own, row)", repr(ev["op"]))
+        handler(line, ev)
+
+    def finish(self) -> None:
+        """The trace ended: check the last call."""
+        self._end_call()
+
+    def _on_call(self, line: int, ev: Event) -> None:
+        self._end_call()
+        name = ev["name"]
+        req, sid = ev.get("req"), ev.get("session")
+        if req is not None:
+            if name == "add_request":
+                if req in self.requests:
+                    raise TraceFormatError(line, "a new request id in add_request", f"request {req}")
+                self.requests.add(req)
+            elif req not in self.requests:
+                raise TraceFormatError(line, "a request added earlier in the trace", f"request {req}")
+        if sid is not None and name == "open_session":
+            if sid in self.sessions:
+                raise TraceFormatError(line, "open_session of a session not open", f"session {sid}")
+            self.sessions[sid] = 0
+            self.ended.discard(session(sid))  # a session id may be used again after close
+        elif sid is not None and sid not in self.sessions:
+            raise TraceFormatError(line, "a session opened earlier in the trace", f"session {sid}")
+        self.call = _Call(ev, line, dict(self.ledgers))
+        if req is not None:
+            self.call.owners.add(request(req))
+        if sid is not None:
+            self.call.owners.add(session(sid))
+        what = " ".join(f"{k}={ev[k]}" for k in ("req", "session", "admitted", "prefix_len", "error") if k in ev)
+        for o in self.call.owners:
+            self._note(str(o), f"{name} {what}".strip())
+
+    def _current(self, line: int, op: str) -> _Call:
+        if self.call is None:
+            raise TraceFormatError(line, f"a call before the first {op} event")
+        if "error" in self.call.ev:
+            raise Violated(
+                UNCHANGED,
+                f"{self.call.ev['name']} raised {self.call.ev['error']!r} but changed state ({op} event)",
+                [str(o) for o in self.call.owners],
+            )
+        self.call.changed = True
+        return self.call
+
+    def _on_own(self, line: int, ev: Event) -> None:
+        call = self._current(line, "own")
+        name = ev["pool"]
+        led = self._pool(name, line)
+        slots = self._slots(led, ev["slots"], line)
+        src = None if ev["src"] is None else parse_owner(ev["src"], line)
+        dst = None if ev["dst"] is None else parse_owner(ev["dst"], line)
+        subjects = [*(str(o) for o in (src, dst) if o is not None), *(f"{name} slot {x}" for x in sorted(slots)[:4])]
+        for o in (src, dst):
+            if o is not None:
+                call.owners.add(o)
+        if dst is not None and dst in self.ended:
+            raise Violated(
+                ACCOUNT, f"{call.ev['name']} gave {name} slots {sorted(slots)} to {dst}, which ended", subjects
+            )
+        new: Callable[[], Ledger]
+        if src is None and dst is not None:
+            err, new = L.check_allocate(led, dst, slots), lambda: _ALLOCATE(led, dst, slots)
+        elif dst is None and src is not None:
+            err, new = L.check_free(led, src, slots), lambda: _FREE(led, src, slots)
+        elif src is not None and dst is not None:
+            err, new = L.check_transfer(led, src, dst, slots), lambda: _TRANSFER(led, src, dst, slots)
+        else:
+            raise TraceFormatError(line, "an own event with a source or a destination owner", "both null")
+        if err is not None:
+            rule = _RULE_OF_ERROR.get(type(err).__name__, ACCOUNT)
+            raise Violated(rule, f"{call.ev['name']}: the spec forbids it: {type(err).__name__}: {err}", subjects)
+        self.ledgers[name] = new()
+        for x in sorted(slots):
+            self._note(f"{name} slot {x}", f"{call.ev['name']}: {src or 'free'} -> {dst or 'free'}")
+
+    def _on_row(self, line: int, ev: Event) -> None:
+        call = self._current(line, "row")
+        rows = self._pool("req_to_token", line)
+        row, start, slots = ev["row"], ev["start"], ev["slots"]
+        self._slots(rows, [row], line)
+        if start < 0:
+            raise TraceFormatError(line, "a row start >= 0", str(start))
+        content = self.rows.setdefault(row, [])
+        if len(content) < start:
+            content.extend([-1] * (start - len(content)))
+        content[start : start + len(slots)] = slots
+        holder = L.owner_of(rows, row)
+        if holder is not None:
+            call.owners.add(holder)
+        self._note(f"row {row}", f"{call.ev['name']}: positions {start}..{start + len(slots)} = {slots[:8]}")
+
+    # ------------------------------------------------------------ laws at the end of a call
+
+    def _end_call(self) -> None:
+        call, self.call = self.call, None
+        if call is None:
+            return
+        ev = call.ev
+        name = ev["name"]
+        self.step, self.line, self.op = ev["step"], call.line, "call " + name
+        req = request(ev["req"]) if "req" in ev else None
+        sid = ev.get("session")
+        if name in _ENDS and req is not None and "error" not in ev:
+            self._must_hold_nothing(req, f"request {ev['req']} after {name}")
+            if name != "retract":
+                self.ended.add(req)
+        if name == "close_session" and sid is not None and "error" not in ev:
+            self._must_hold_nothing(session(sid), f"session {sid} after close_session")
+            self.ended.add(session(sid))
+            del self.sessions[sid]
+        if name == "finish" and sid is not None and "committed_len" in ev:
+            self.sessions[sid] = ev["committed_len"]
+        if name == "admit" and req is not None and "admitted" in ev:
+            self._admission(call, req, sid)
+        for o in sorted(call.owners, key=str):
+            lost = self._unreferenced(o)
+            if lost:
+                raise Violated(
+                    ACCOUNT,
+                    f"after {name}: {o} holds KV {'pages' if self.page > 1 else 'slots'} {sorted(lost)[:8]} "
+                    "that no row it holds references (the only reference was overwritten or dropped: leaked)",
+                    [str(o), *(f"kv slot {x}" for x in sorted(lost)[:4])],
+                )
+        if name == "leak_check" and "ok" in ev:
+            self._leak_check(ev)
+
+    def _must_hold_nothing(self, owner: Owner, what: str) -> None:
+        held = self._held(owner)
+        if held:
+            pools = ", ".join(f"{p} {sorted(s)[:8]}" for p, s in held.items())
+            subjects = [str(owner), *(f"{p} slot {x}" for p, s in held.items() for x in sorted(s)[:3])]
+            raise Violated(ACCOUNT, f"{what} still holds {pools} (nobody will return them: leaked)", subjects)
+
+    def _admission(self, call: _Call, req: Owner, sid: int | None) -> None:
+        ev = call.ev
+        attempt = A.begin(req, call.before, self._handles(ev, "handles_before"))
+        after, handles = self.ledgers, self._handles(ev, "handles_after")
+        if not ev["admitted"] and not A.inv_rollback_restores(attempt, after, handles):
+            leaked = {p: sorted(s) for p, s in A.leaked_by_rollback(attempt, after).items()}
+            lost = {p: sorted(attempt.before.get(p, frozenset()) - L.held_by(led, req)) for p, led in after.items()}
+            lost = {p: s for p, s in lost.items() if s}
+            raise Violated(
+                "admission rolls back",
+                f"request {req.ident} was rejected but keeps {leaked or 'no slot'}"
+                + (f", lost {lost}" if lost else "")
+                + f"; handles before {sorted(attempt.handles_before)}, after {sorted(handles)}",
+                [str(req), *(f"{p} slot {x}" for p, s in leaked.items() for x in s[:3])],
+            )
+        if ev["admitted"] and not A.inv_commit_keeps(attempt, after):
+            raise Violated("admission commits", f"admitted request {req.ident} lost slots it held", [str(req)])
+        if ev["admitted"] and sid is not None and "prefix_len" in ev and ev["prefix_len"] > self.sessions.get(sid, 0):
+            raise Violated(
+                "resume is append-only",
+                f"request {req.ident} resumed session {sid} at {ev['prefix_len']} tokens, "
+                f"beyond the {self.sessions.get(sid, 0)} its last turn committed",
+                [str(req), f"session:{sid}"],
+            )
+
+    def _leak_check(self, ev: Event) -> None:
+        want: dict[str, list[int]] = {}
+        for name, led in self.ledgers.items():
+            bad: set[int] = set()
+            for o, slots in led.held.items():
+                if o in self.ended:
+                    bad |= slots
+                elif name == "kv":
+                    bad |= self._unreferenced(o)
+            if bad:
+                want[name] = sorted(bad)
+        got = {p: sorted(s) for p, s in ev.get("leaked", {}).items() if s}
+        if ev["ok"] != (not want) or got != want:
+            raise Violated(
+                "leak checker agrees with the ledgers",
+                f"the leak checker says ok={ev['ok']} leaked={got}; the ledgers say leaked={want}",
+                [f"{p} slot {x}" for p, s in (got or want).items() for x in s[:3]],
+            )
+
+
+def system_unchecked() -> tuple[str, ...]:
+    """What a system trace cannot show: the cache's internal results (match, insert, eviction order)."""
+    return ("cache results (match/insert/evict: record a cache trace)", "Mamba state references")
+
+
+__all__ = ["SystemReplayer", "Violated", "parse_owner", "system_unchecked"]

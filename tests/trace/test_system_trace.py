@@ -1,0 +1,265 @@
+"""System traces: the whole memory manager recorded and replayed; B2-B4 caught by the general rules."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvledger.contracts.cli import app
+from kvledger.contracts.replay import replay, replay_path
+from kvledger.contracts.suites import SYSTEM_MODELS
+from kvledger.contracts.system_machine import build_manager
+from kvledger.contracts.system_recorder import SystemRecorder, record_system_workload
+from kvledger.impl import faults
+from kvledger.impl.faults import FAULTS
+from kvledger.spec.errors import KVLedgerError
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("model", list(SYSTEM_MODELS))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_round_trip_holds(model: str, seed: int, tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    rec = record_system_workload(build_manager(*SYSTEM_MODELS[model]), 300, seed, path)
+    assert rec.stopped_by is None
+    assert {"admit", "finish", "close_session", "leak_check"} <= set(rec.counts)
+    r = replay_path(path)
+    assert r.ok, (r.violation, r.error)
+    assert r.steps == rec.events
+
+
+@pytest.mark.parametrize(("fault", "model"), [("B2", "mamba"), ("B3", "mamba"), ("B4", "full"), ("B4", "paged")])
+@pytest.mark.parametrize("seed", [0, 3])
+def test_fault_fails_replay_with_its_rule(fault: str, model: str, seed: int, tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    with faults.injected(fault):
+        record_system_workload(build_manager(*SYSTEM_MODELS[model]), 300, seed, path, faults=(fault,))
+    r = replay_path(path)
+    assert r.error is None and r.violation is not None
+    assert r.violation.rule in FAULTS[fault].laws
+    assert r.violation.history
+    assert r.header is not None and r.header.faults == (fault,)
+
+
+def test_cli_records_memory_manager_faults(tmp_path: Path) -> None:
+    bad = tmp_path / "b2.jsonl"
+    res = runner.invoke(app, ["record", "--ops", "200", "-o", str(bad), "--fault", "B2"])
+    assert res.exit_code == 0, res.output
+    assert "memory manager" in res.output
+    res = runner.invoke(app, ["replay", str(bad), "--json"])
+    assert res.exit_code == 1, res.output
+    out = json.loads(res.stdout)
+    assert out["violation"]["rule"] == "admission rolls back" and out["violation"]["op"] == "call admit"
+    good = tmp_path / "ok.jsonl"
+    assert (
+        runner.invoke(app, ["record", "--system", "--model", "paged", "--ops", "150", "-o", str(good)]).exit_code == 0
+    )
+    assert runner.invoke(app, ["replay", str(good)]).exit_code == 0
+    assert runner.invoke(app, ["record", "--fault", "B1", "--fault", "B3", "-o", str(bad)]).exit_code == 2
+    assert runner.invoke(app, ["record", "--system", "--model", "hybrid", "-o", str(bad)]).exit_code == 2
+
+
+# ---------------------------------------------------------------- hand-written traces: each rule has teeth
+
+HEADER = json.dumps(
+    {
+        "kvledger_trace": 1,
+        "config": {"page_size": 1},
+        "adapter": "hand",
+        "version": "1",
+        "pools": {"kv": [1, 16], "req_to_token": [0, 2], "mamba": [0, 4]},
+    }
+)
+ADD = '{"op":"call","name":"add_request","req":1,"tokens":[1,2,3]}'
+ADMIT_OK = '{"op":"call","name":"admit","req":1,"admitted":true,"prefix_len":0}'
+GRANT = [
+    '{"op":"own","pool":"kv","slots":[1,2,3],"src":null,"dst":"req:1"}',
+    '{"op":"own","pool":"req_to_token","slots":[0],"src":null,"dst":"req:1"}',
+    '{"op":"row","row":0,"start":0,"slots":[1,2,3]}',
+]
+RETURN = [
+    '{"op":"own","pool":"kv","slots":[1,2,3],"src":"req:1","dst":null}',
+    '{"op":"own","pool":"req_to_token","slots":[0],"src":"req:1","dst":null}',
+]
+
+
+def _run(*events: str) -> tuple[int, str, str]:
+    lines = [HEADER]
+    for i, e in enumerate(events, 1):
+        lines.append(json.dumps({"step": i, **json.loads(e)}))
+    r = replay(io.StringIO("\n".join(lines) + "\n"))
+    if r.error is not None:
+        return 2, "format", str(r.error)
+    if r.violation is not None:
+        return 1, r.violation.rule, r.violation.message
+    return 0, "", ""
+
+
+def test_a_well_formed_turn_holds() -> None:
+    assert _run(ADD, ADMIT_OK, *GRANT, '{"op":"call","name":"finish","req":1}', *RETURN)[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("events", "rule", "says"),
+    [
+        # a finished request that still holds its row
+        ([ADD, ADMIT_OK, *GRANT, '{"op":"call","name":"finish","req":1}', RETURN[0]], "inv_owners_account", "still"),
+        # the row is overwritten while the request still holds the slots it pointed at
+        (
+            [
+                ADD,
+                ADMIT_OK,
+                *GRANT,
+                '{"op":"call","name":"extend","req":1,"n":1}',
+                '{"op":"row","row":0,"start":1,"slots":[9,9]}',
+            ],
+            "inv_owners_account",
+            "no row it holds references",
+        ),
+        # a rejected admission keeps a Mamba slot (B2's shape, with no implementation at all)
+        (
+            [
+                ADD,
+                '{"op":"call","name":"admit","req":1,"admitted":false}',
+                '{"op":"own","pool":"mamba","slots":[2],"src":null,"dst":"req:1"}',
+            ],
+            "admission rolls back",
+            "keeps",
+        ),
+        # a rejected admission that keeps a lock handle
+        (
+            [ADD, '{"op":"call","name":"admit","req":1,"admitted":false,"handles_after":[4]}'],
+            "admission rolls back",
+            "handles",
+        ),
+        # a call that raised but changed state
+        (
+            [
+                ADD,
+                ADMIT_OK,
+                *GRANT,
+                '{"op":"call","name":"extend","req":1,"n":1,"error":"OverAllocation"}',
+                '{"op":"own","pool":"kv","slots":[4],"src":null,"dst":"req:1"}',
+            ],
+            "rejected call leaves state unchanged",
+            "raised",
+        ),
+        # a double free
+        (
+            [ADD, ADMIT_OK, *GRANT, '{"op":"call","name":"abort","req":1}', *RETURN, RETURN[0]],
+            "inv_single_owner",
+            "DoubleFree",
+        ),
+        # a slot handed to a request that ended
+        (
+            [
+                ADD,
+                ADMIT_OK,
+                *GRANT,
+                '{"op":"call","name":"abort","req":1}',
+                *RETURN,
+                '{"op":"call","name":"evict","component":"full","n":1}',
+                '{"op":"own","pool":"kv","slots":[5],"src":null,"dst":"req:1"}',
+            ],
+            "inv_owners_account",
+            "ended",
+        ),
+        # resuming a session beyond what its last turn committed
+        (
+            [
+                '{"op":"call","name":"open_session","session":1}',
+                '{"op":"call","name":"add_request","req":1,"tokens":[1,2],"session":1}',
+                '{"op":"call","name":"admit","req":1,"session":1,"admitted":true,"prefix_len":3}',
+            ],
+            "resume is append-only",
+            "beyond",
+        ),
+        # a session closed while it still holds a Mamba state (B3's shape)
+        (
+            [
+                '{"op":"call","name":"open_session","session":1}',
+                '{"op":"call","name":"add_request","req":1,"tokens":[1,2],"session":1}',
+                '{"op":"call","name":"admit","req":1,"session":1,"admitted":true,"prefix_len":0}',
+                '{"op":"own","pool":"mamba","slots":[0],"src":null,"dst":"req:1"}',
+                '{"op":"call","name":"finish","req":1,"session":1,"committed_len":2}',
+                '{"op":"own","pool":"mamba","slots":[0],"src":"req:1","dst":"session:1"}',
+                '{"op":"call","name":"close_session","session":1}',
+            ],
+            "inv_owners_account",
+            "session 1",
+        ),
+        # a leak checker that reports a leak the ledgers do not show (a false positive)
+        (
+            [ADD, ADMIT_OK, *GRANT, '{"op":"call","name":"leak_check","ok":false,"leaked":{"kv":[1]}}'],
+            "leak checker agrees with the ledgers",
+            "ok=False",
+        ),
+        # ... and one that misses a real leak (a false negative): req 1 finished but its slot went unreported
+        (
+            [
+                ADD,
+                ADMIT_OK,
+                *GRANT,
+                '{"op":"call","name":"leak_check","ok":true,"leaked":{}}',
+                '{"op":"call","name":"finish","req":1}',
+                *RETURN[:1],
+            ],
+            "inv_owners_account",
+            "still",
+        ),
+    ],
+)
+def test_each_rule_fails_on_a_broken_trace(events: list[str], rule: str, says: str) -> None:
+    code, got_rule, message = _run(*events)
+    assert (code, got_rule) == (1, rule), message
+    assert says in message
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        (['{"op":"own","pool":"kv","slots":[1],"src":null,"dst":"req:1"}'], "a call before"),
+        ([ADD, '{"op":"call","name":"admit","req":2,"admitted":true}'], "a request added earlier"),
+        ([ADD, ADMIT_OK, '{"op":"own","pool":"gpu","slots":[1],"src":null,"dst":"req:1"}'], "a pool of the header"),
+        ([ADD, ADMIT_OK, '{"op":"own","pool":"kv","slots":[99],"src":null,"dst":"req:1"}'], "slots of pool 'kv'"),
+        ([ADD, ADMIT_OK, '{"op":"own","pool":"kv","slots":[1],"src":null,"dst":"someone"}'], "an owner"),
+        ([ADD, '{"op":"call","name":"teleport","req":1}'], "one of add_request"),
+        ([ADD, '{"op":"alloc_kv","req":1,"n":1,"slots":[1]}'], "an event of a system trace"),
+        (['{"op":"call","name":"admit","req":1,"session":3,"admitted":true}'], "a request added earlier"),
+    ],
+)
+def test_malformed_system_trace_exits_2(events: list[str], expected: str) -> None:
+    code, _, message = _run(*events)
+    assert code == 2 and expected in message, message
+
+
+def test_system_op_in_a_cache_trace_is_a_format_error() -> None:
+    header = json.dumps({"kvledger_trace": 1, "config": {}, "adapter": "x", "version": "1"})
+    r = replay(io.StringIO(header + "\n" + json.dumps({"step": 1, **json.loads(ADD)}) + "\n"))
+    assert r.error is not None and "cache trace" in str(r.error)
+
+
+def test_failed_call_records_no_change(tmp_path: Path) -> None:
+    """An allocation that cannot be met fails before evicting anything (all or nothing), and the trace shows it."""
+    mm = build_manager(1, False)
+    path = tmp_path / "t.jsonl"
+    rec = SystemRecorder(mm, path)
+    first = rec.add_request(tuple(range(1, 20)))
+    assert rec.admit(first, 64)
+    rec.end("chunk", first)  # its prefix goes to the tree, locked by the request
+    assert rec.admit(rec.add_request(tuple(range(30, 49))), 64)
+    last = rec.add_request(tuple(range(60, 68)))
+    assert rec.admit(last, 64)
+    assert mm.kv.available_size() == 2 and mm.cache.evictable_size() == 0
+    with pytest.raises(KVLedgerError, match="evictable"):
+        rec.extend(last, 3, 0)  # more than free + evictable: refused before evicting anything
+    rec.close()
+    assert replay_path(path).ok
+    events = [json.loads(x) for x in path.read_text().splitlines()[1:]]
+    failed = next(i for i, e in enumerate(events) if "error" in e)
+    assert events[failed + 1 :] == [] or events[failed + 1]["op"] == "call"
