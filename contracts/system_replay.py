@@ -30,7 +30,9 @@ at the end of each call (the next ``call`` or the end of the trace) checks:
   reports exactly what the ledgers say leaked (nothing, since every leak is
   caught at the call that made it).
 
-Memory is bounded by the pools and the rows (plus the ids of ended owners).
+Memory is bounded by the pools, the rows and the live requests: request ids
+are assumed increasing (as handle ids in a cache trace), so an id at or below
+the highest added that is no longer live has ended.
 """
 
 from __future__ import annotations
@@ -103,8 +105,8 @@ class SystemReplayer:
             name: L.new_ledger(name, cap, base=base) for name, (base, cap) in header.pools.items()
         }
         self.rows: dict[int, list[int]] = {}  # row -> token slot per position, as the trace reported
-        self.ended: set[Owner] = set()
-        self.requests: set[int] = set()
+        self.live: set[int] = set()  # requests added and not finished or aborted
+        self.max_req = -1
         self.sessions: dict[int, int] = {}  # open session -> committed length of its last saved turn
         self.call: _Call | None = None
         self.step = 0
@@ -157,6 +159,12 @@ class SystemReplayer:
             return frozenset()
         return L.held_by(kv, owner) - self.referenced(owner)
 
+    def ended(self, owner: Owner) -> bool:
+        """A request that finished or aborted, or a session that is not open (closed)."""
+        if owner.kind is OwnerKind.REQUEST:
+            return owner.ident <= self.max_req and owner.ident not in self.live
+        return owner.kind is OwnerKind.SESSION and owner.ident not in self.sessions
+
     def _handles(self, ev: Event, name: str) -> frozenset[HandleId]:
         return frozenset(HandleId(h) for h in ev.get(name, ()))
 
@@ -180,16 +188,16 @@ class SystemReplayer:
         req, sid = ev.get("req"), ev.get("session")
         if req is not None:
             if name == "add_request":
-                if req in self.requests:
-                    raise TraceFormatError(line, "a new request id in add_request", f"request {req}")
-                self.requests.add(req)
-            elif req not in self.requests:
+                if req <= self.max_req:
+                    raise TraceFormatError(line, "a new request id (increasing) in add_request", f"request {req}")
+                self.live.add(req)
+                self.max_req = req
+            elif req > self.max_req:
                 raise TraceFormatError(line, "a request added earlier in the trace", f"request {req}")
         if sid is not None and name == "open_session":
             if sid in self.sessions:
                 raise TraceFormatError(line, "open_session of a session not open", f"session {sid}")
-            self.sessions[sid] = 0
-            self.ended.discard(session(sid))  # a session id may be used again after close
+            self.sessions[sid] = 0  # a session id may be used again after close
         elif sid is not None and sid not in self.sessions:
             raise TraceFormatError(line, "a session opened earlier in the trace", f"session {sid}")
         self.call = _Call(ev, line, dict(self.ledgers))
@@ -224,7 +232,7 @@ class SystemReplayer:
         for o in (src, dst):
             if o is not None:
                 call.owners.add(o)
-        if dst is not None and dst in self.ended:
+        if dst is not None and self.ended(dst):
             raise Violated(
                 ACCOUNT, f"{call.ev['name']} gave {name} slots {sorted(slots)} to {dst}, which ended", subjects
             )
@@ -274,10 +282,9 @@ class SystemReplayer:
         if name in _ENDS and req is not None and "error" not in ev:
             self._must_hold_nothing(req, f"request {ev['req']} after {name}")
             if name != "retract":
-                self.ended.add(req)
+                self.live.discard(req.ident)
         if name == "close_session" and sid is not None and "error" not in ev:
             self._must_hold_nothing(session(sid), f"session {sid} after close_session")
-            self.ended.add(session(sid))
             del self.sessions[sid]
         if name == "finish" and sid is not None and "committed_len" in ev:
             self.sessions[sid] = ev["committed_len"]
@@ -332,7 +339,7 @@ class SystemReplayer:
         for name, led in self.ledgers.items():
             bad: set[int] = set()
             for o, slots in led.held.items():
-                if o in self.ended:
+                if self.ended(o):
                     bad |= slots
                 elif name == "kv":
                     bad |= self._unreferenced(o)

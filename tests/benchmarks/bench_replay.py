@@ -10,7 +10,9 @@ file size, replay time, events/s, and peak RSS (``VmHWM`` of the child)
 with the RSS at the first progress sample, so growth is visible. With
 ``--recorded N``, a trace of N random operations of the reference hybrid
 cache (``record_workload``, richer events: evictions, copy-on-write, LRU
-links) is recorded and replayed too. ``--contracts`` replays with the spec's
+links) is recorded and replayed too; with ``--system N``, a system trace of N
+random scheduler steps of the reference memory manager (Mamba model:
+``record_system_workload``), with its recording speed. ``--contracts`` replays with the spec's
 full contracts (postconditions re-checked each step).
 """
 
@@ -55,6 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000])
     ap.add_argument("--recorded", type=int, default=0, help="also record and replay N random reference operations")
+    ap.add_argument("--system", type=int, default=0, help="also record and replay N memory-manager steps")
     ap.add_argument("--contracts", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -75,6 +78,20 @@ def main() -> None:
             rec = record_workload(ReferenceAdapter(CACHE_MODELS["hybrid"]), args.recorded, 0, path)
             print(f"recorded {rec.ops} ops ({rec.events} events) in {time.perf_counter() - t:.1f}s", flush=True)
             jobs.append((f"recorded hybrid {args.recorded} ops", path))
+        if args.system:
+            from kvledger.contracts.system_machine import build_manager
+            from kvledger.contracts.system_recorder import record_system_workload
+
+            path = Path(tmp) / "system.jsonl"
+            t = time.perf_counter()
+            srec = record_system_workload(build_manager(1, True), args.system, 0, path)
+            dt = time.perf_counter() - t
+            print(
+                f"recorded {srec.ops} memory-manager steps ({srec.events} events) in {dt:.1f}s: "
+                f"{srec.ops / dt:.0f} steps/s, {srec.events / dt:.0f} events/s",
+                flush=True,
+            )
+            jobs.append((f"system mamba {args.system} steps", path))
         for name, path in jobs:
             got = run_child(path, args.contracts)
             row = {
