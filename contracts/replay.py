@@ -28,7 +28,9 @@ implementation returned must be what the spec allows:
 * ``evict`` (and evictions inside ``mamba_cow``): ``evict_mamba``,
   ``evict_full``, ``evict_swa`` with the live locks (nothing locked, only
   leaves, states first), each in its own component; freed slots go from the
-  tree back to the free list;
+  tree back to the free list; an ``evict`` of ``n`` removes at least ``n``
+  or everything evictable (``spec.prefix.evictable_size``) and returns what
+  it removed;
 * ``mamba_cow``: on a live handle whose match had a state; the new slot is
   allocated to the request; lock counters end where they began;
 * ``lru``: the links after applying the delta obey ``inv_lru_detached`` and
@@ -42,7 +44,7 @@ after each step.
 
 Not checkable from a trace: LRU membership against the nodes each component
 holds (a trace names pages, not nodes), eviction *order* (least recently
-used first) and whether an eviction freed as much as it could, SWA pool
+used first), SWA pool
 accounting, a refused allocation in a model with SWA, and data integrity of
 slots written outside ``write_kv``.
 
@@ -76,6 +78,7 @@ FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
 TREE_KV: Owner = node(0, FULL)
 TREE_MAMBA: Owner = node(0, MAMBA)
 RESULTS = "results equal the spec's"
+EVICT_ENOUGH = "eviction frees what was asked (or all it can)"
 LOCKS = "inv_lock_ref_counts_handles"
 
 _RULE_OF_ERROR = {
@@ -534,7 +537,24 @@ class Replayer:
         on = {FULL, *([SWA] if self.cfg.window is not None else []), *([MAMBA] if self.cfg.mamba else [])}
         if comp not in on:
             raise TraceFormatError(line, f"evict of a component of this model ({', '.join(c.value for c in on)})")
+        n, freed = ev["n"], ev["freed"]
+        could = P.evictable_size(self.prefix, self.locks, comp)
+        before = self._amount(comp)
         self._evicted(ev["evicted"], f"evict {comp.value}", comp)
+        removed = before - self._amount(comp)
+        if removed < min(n, could) or freed != removed:
+            raise _Violated(
+                EVICT_ENOUGH,
+                f"evict {comp.value} of {n} with {could} evictable removed {removed} and returned {freed} "
+                "(it must remove what was asked, or all that can go, and return what it removed)",
+                [_ks(_key(k)) for k in ev["evicted"].get(comp.value, [])][:4],
+            )
+
+    def _amount(self, comp: Component) -> int:
+        """Tokens (FULL, SWA-live) or states (MAMBA) the spec cache holds in ``comp``."""
+        if comp is MAMBA:
+            return len(self.prefix.mamba_state)
+        return self.cfg.page_size * len(self.prefix.full if comp is FULL else self.prefix.swa_live)
 
     def _on_mamba_cow(self, line: int, ev: Event) -> None:
         hid, req, slot = ev["handle"], ev["req"], ev["slot"]

@@ -146,3 +146,28 @@ def test_streaming_memory_flat(tmp_path: Path) -> None:
     early = max(b for n, b in got["samples"] if n <= 20_000)
     late = max(b for n, b in got["samples"])
     assert late - early < 4 * 2**20, (early, late)
+
+
+@pytest.mark.parametrize(
+    ("evict", "ok"),
+    [
+        ('{"step":4,"op":"evict","component":"full","n":2,"freed":2,"evicted":{"full":[[1],[1,2]]}}', True),
+        ('{"step":4,"op":"evict","component":"full","n":1,"freed":1,"evicted":{"full":[[1,2]]}}', True),
+        ('{"step":4,"op":"evict","component":"full","n":2,"freed":0,"evicted":{}}', False),  # nothing went
+        ('{"step":4,"op":"evict","component":"full","n":2,"freed":1,"evicted":{"full":[[1,2]]}}', False),  # too little
+        ('{"step":4,"op":"evict","component":"full","n":1,"freed":2,"evicted":{"full":[[1,2]]}}', False),  # misreports
+    ],
+)
+def test_eviction_frees_what_was_asked(evict: str, ok: bool, tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    write = '{"step":2,"op":"write_kv","slots":[1,2],"tokens":[1,2],"start":0}'
+    insert = (
+        '{"step":3,"op":"insert","req":1,"key":[1,2],"slots":[1,2],"mamba":null,'
+        '"prefix_len":0,"dup_slots":[],"dup_mamba":null}'
+    )
+    path.write_text("\n".join([HEADER, ALLOC, write, insert, evict]) + "\n")
+    r = replay_path(path)
+    assert r.error is None
+    assert r.ok is ok, r.violation
+    if not ok:
+        assert r.violation is not None and r.violation.rule == "eviction frees what was asked (or all it can)"
