@@ -13,7 +13,15 @@ adapter has the capability:
   ``locks``);
 * LRU links (capability ``lru``, ``lru=True``): an ``lru`` event after each
   operation that changed a list, carrying the order and the links that
-  changed (delta-encoded, so a node's dangling links after removal show).
+  changed (delta-encoded, so a node's dangling links after removal show),
+  and the nodes holding that component's content (``cached``, from
+  ``snapshot().cached_nodes``: what the list must contain);
+* size counters (capability ``sizes``): ``sizes`` on each tree operation, the
+  implementation's ``(evictable, protected)`` per component after it.
+
+Pool operations (``alloc_*``, ``free_*``, ``write_kv``) leave the tree as it
+was, so they take no snapshot; every tree operation takes one after the call
+when LRU links, sizes or lock counters are recorded.
 
 :func:`record_workload` drives a random workload in the cache conformance
 machine's flavour (shared prompts, borrow-or-not inserts, lock/unlock, evict,
@@ -35,7 +43,7 @@ from kvledger.spec import prefix as P
 from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.locks import LockSite
 from kvledger.spec.lru import LruState
-from kvledger.spec.types import Component
+from kvledger.spec.types import Component, NodeId
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8, 7, 8))
@@ -82,6 +90,8 @@ class Recorder:
         self._snap: Snapshot | None = None  # the adapter's state after the last call, when taken
         self._lru_order: dict[Component, tuple[int, ...]] = {}
         self._lru_links: dict[Component, dict[int, tuple[int | None, int | None]]] = {}
+        self._lru_cached: dict[Component, list[int] | None] = {}
+        self._sizes = "sizes" in adapter.capabilities
 
     # ------------------------------------------------------------ helpers
 
@@ -90,16 +100,26 @@ class Recorder:
             self._snap = self.a.snapshot()
         return self._snap
 
-    def _after(self) -> Snapshot | None:
-        """Snapshot after a mutating call when the trace needs one (LRU recording); else forget the old one."""
-        self._snap = None
-        if self._lru:
-            snap = self._state()
-            self._emit_lru(snap.lru)
-            return snap
-        return None
+    def _done(self, op: str, fields: dict[str, object], snap: Snapshot | None = None, fresh: bool = False) -> None:
+        """Write the event of a finished call, with the sizes and LRU lists after it when the trace records them.
 
-    def _emit_lru(self, lists: Mapping[Component, LruState]) -> None:
+        ``snap``: a snapshot already taken after the call; ``fresh``: the call left the tree as it
+        was (pool operations: the last snapshot's prefix, locks and lists still hold). Otherwise a
+        snapshot is taken when LRU recording needs one.
+        """
+        if not fresh and snap is None:
+            self._snap = None
+            if self._lru:
+                snap = self._state()
+        if snap is not None and self._sizes and snap.sizes:
+            fields["sizes"] = {c.value: list(v) for c, v in snap.sizes.items()}
+        self.writer.event(op, **fields)
+        if snap is not None and self._lru:
+            self._emit_lru(snap.lru, snap.cached_nodes)
+
+    def _emit_lru(
+        self, lists: Mapping[Component, LruState], cached: Mapping[Component, frozenset[NodeId]] | None = None
+    ) -> None:
         for comp, lst in lists.items():
             order = tuple(int(n) for n in lst.order)
             last = self._lru_links.setdefault(comp, {})
@@ -108,11 +128,16 @@ class Recorder:
                 for n, (p, q) in lst.links.items()
                 if last.get(int(n), (None, None)) != (p, q)
             ]
-            if changed or order != self._lru_order.get(comp, ()):
+            members = sorted(int(n) for n in cached[comp]) if cached and comp in cached else None
+            if changed or order != self._lru_order.get(comp, ()) or members != self._lru_cached.get(comp):
                 for n, p, q in changed:
                     last[n] = (p, q)
                 self._lru_order[comp] = order
-                self.writer.event("lru", component=comp.value, order=list(order), links=[list(c) for c in changed])
+                extra: dict[str, object] = {} if members is None else {"cached": members}
+                self._lru_cached[comp] = members
+                self.writer.event(
+                    "lru", component=comp.value, order=list(order), links=[list(c) for c in changed], **extra
+                )
 
     def close(self) -> None:
         self.writer.close()
@@ -121,35 +146,29 @@ class Recorder:
 
     def alloc_kv(self, req: int, n: int) -> tuple[int, ...] | None:
         got = self.a.alloc_kv(req, n)
-        self.writer.event("alloc_kv", req=req, n=n, slots=None if got is None else list(got))
-        self._after()
+        self._done("alloc_kv", {"req": req, "n": n, "slots": None if got is None else list(got)}, fresh=True)
         return got
 
     def free_kv(self, req: int, slots: tuple[int, ...]) -> None:
         self.a.free_kv(req, slots)
-        self.writer.event("free_kv", req=req, slots=list(slots))
-        self._after()
+        self._done("free_kv", {"req": req, "slots": list(slots)}, fresh=True)
 
     def alloc_mamba(self, req: int) -> int | None:
         got = self.a.alloc_mamba(req)
-        self.writer.event("alloc_mamba", req=req, slot=got)
-        self._after()
+        self._done("alloc_mamba", {"req": req, "slot": got}, fresh=True)
         return got
 
     def free_mamba(self, req: int, slot: int) -> None:
         self.a.free_mamba(req, slot)
-        self.writer.event("free_mamba", req=req, slot=slot)
-        self._after()
+        self._done("free_mamba", {"req": req, "slot": slot}, fresh=True)
 
     def write_kv(self, slots: tuple[int, ...], tokens: tuple[int, ...], start: int) -> None:
         self.a.write_kv(slots, tokens, start)
-        self.writer.event("write_kv", slots=list(slots), tokens=list(tokens), start=start)
-        self._after()
+        self._done("write_kv", {"slots": list(slots), "tokens": list(tokens), "start": start}, fresh=True)
 
     def match_prefix(self, key: tuple[int, ...]) -> Match:
         m = self.a.match_prefix(key)
-        self.writer.event("match_prefix", key=list(key), length=m.length, slots=list(m.slots), mamba=m.mamba)
-        self._after()
+        self._done("match_prefix", {"key": list(key), "length": m.length, "slots": list(m.slots), "mamba": m.mamba})
         return m
 
     def lock(self, key: tuple[int, ...]) -> tuple[Match, Hashable]:
@@ -157,16 +176,19 @@ class Recorder:
         self._snap = None
         m, h = self.a.lock(key)
         hid = self.a.handle_id(h)
-        extra: dict[str, object] = {}
-        if self._locks:
-            snap = self._state()
+        fields: dict[str, object] = {
+            "key": list(key),
+            "handle": hid,
+            "length": m.length,
+            "slots": list(m.slots),
+            "mamba": m.mamba,
+        }
+        snap = self._state() if self._locks or self._lru else None
+        if snap is not None and self._locks:
             cov = snap.locks.handles.get(hid, frozenset())  # type: ignore[call-overload]
-            extra["coverage"] = [[list(k), c.value] for k, c in sorted(cov, key=_site_order)]
-            extra["lock_delta"] = lock_delta(before, snap.locks.lock_ref)
-        fields = {"key": list(key), "handle": hid, "length": m.length, "slots": list(m.slots), "mamba": m.mamba}
-        self.writer.event("lock", **fields, **extra)
-        if self._lru:
-            self._emit_lru(self._state().lru)
+            fields["coverage"] = [[list(k), c.value] for k, c in sorted(cov, key=_site_order)]
+            fields["lock_delta"] = lock_delta(before, snap.locks.lock_ref)
+        self._done("lock", fields, snap)
         return m, h
 
     def unlock(self, handle: Hashable) -> None:
@@ -174,29 +196,27 @@ class Recorder:
         self._snap = None
         hid = self.a.handle_id(handle)
         self.a.unlock(handle)
-        extra: dict[str, object] = {}
-        if self._locks:
-            extra["lock_delta"] = lock_delta(before, self._state().locks.lock_ref)
-        self.writer.event("unlock", handle=hid, **extra)
-        if self._lru:
-            self._emit_lru(self._state().lru)
+        fields: dict[str, object] = {"handle": hid}
+        snap = self._state() if self._locks or self._lru else None
+        if snap is not None and self._locks:
+            fields["lock_delta"] = lock_delta(before, snap.locks.lock_ref)
+        self._done("unlock", fields, snap)
 
     def handle_id(self, handle: Hashable) -> int:
         return self.a.handle_id(handle)
 
     def insert(self, req: int, key: tuple[int, ...], slots: tuple[int, ...], mamba: int | None) -> Inserted:
         r = self.a.insert(req, key, slots, mamba)
-        self.writer.event(
-            "insert",
-            req=req,
-            key=list(key),
-            slots=list(slots),
-            mamba=mamba,
-            prefix_len=r.prefix_len,
-            dup_slots=list(r.dup_slots),
-            dup_mamba=r.dup_mamba,
-        )
-        self._after()
+        fields: dict[str, object] = {
+            "req": req,
+            "key": list(key),
+            "slots": list(slots),
+            "mamba": mamba,
+            "prefix_len": r.prefix_len,
+            "dup_slots": list(r.dup_slots),
+            "dup_mamba": r.dup_mamba,
+        }
+        self._done("insert", fields)
         return r
 
     def evict(self, component: Component, n: int) -> int:
@@ -205,9 +225,7 @@ class Recorder:
         freed = self.a.evict(component, n)
         after = self._state()
         ev = evicted_between(before, after.prefix)
-        self.writer.event("evict", component=component.value, n=n, freed=freed, evicted=ev)
-        if self._lru:
-            self._emit_lru(after.lru)
+        self._done("evict", {"component": component.value, "n": n, "freed": freed, "evicted": ev}, after)
         return freed
 
     def mamba_cow(self, handle: Hashable, req: int) -> int | None:
@@ -216,15 +234,19 @@ class Recorder:
         hid = self.a.handle_id(handle)
         slot = self.a.mamba_cow(handle, req)
         after = self._state()
-        extra: dict[str, object] = {"evicted": evicted_between(before.prefix, after.prefix)}
+        fields: dict[str, object] = {
+            "handle": hid,
+            "req": req,
+            "slot": slot,
+            "evicted": evicted_between(before.prefix, after.prefix),
+        }
         if self._locks:
-            extra["lock_delta"] = lock_delta(before.locks.lock_ref, after.locks.lock_ref)
-        self.writer.event("mamba_cow", handle=hid, req=req, slot=slot, **extra)
-        if self._lru:
-            self._emit_lru(after.lru)
+            fields["lock_delta"] = lock_delta(before.locks.lock_ref, after.locks.lock_ref)
+        self._done("mamba_cow", fields, after)
         return slot
 
     def snapshot(self) -> Snapshot:
+        self._snap = None  # pool operations keep the last one for the trace; a caller gets a fresh one
         return self._state()
 
 

@@ -34,7 +34,11 @@ implementation returned must be what the spec allows:
 * ``mamba_cow``: on a live handle whose match had a state; the new slot is
   allocated to the request; lock counters end where they began;
 * ``lru``: the links after applying the delta obey ``inv_lru_detached`` and
-  ``inv_lru_links_symmetric``.
+  ``inv_lru_links_symmetric``; with ``cached``, the list holds exactly the
+  nodes holding that component's content (``inv_lru_members``);
+* ``sizes`` (on any tree operation): the implementation's ``(evictable,
+  protected)`` counters equal ``spec.prefix.evictable_size`` /
+  ``protected_size`` under the live locks (``inv_sizes``).
 
 Each transition runs its spec precondition (``check_*``: the typed error it
 raises names the rule); the spec's postconditions guarantee (and, with
@@ -42,11 +46,11 @@ raises names the rule); the spec's postconditions guarantee (and, with
 that every law of ``spec.prefix``, ``spec.locks`` and ``spec.ledger`` holds
 after each step.
 
-Not checkable from a trace: LRU membership against the nodes each component
-holds (a trace names pages, not nodes), eviction *order* (least recently
-used first), SWA pool
-accounting, a refused allocation in a model with SWA, and data integrity of
-slots written outside ``write_kv``.
+Not checkable from a trace: which pages each LRU node holds (a trace names
+nodes only by id; ``cached`` is the implementation's own account), eviction
+*order* (least recently used first), SWA pool accounting, a refused
+allocation in a model with SWA, and data integrity of slots written outside
+``write_kv``.
 
 Memory stays flat in the trace's length: besides the spec state (bounded by
 the pools), the replay keeps the last few events of each slot, key, handle
@@ -367,6 +371,18 @@ class Replayer:
         if ev["op"] in SYSTEM_OPS:
             raise TraceFormatError(line, "an event of a cache trace (the header has no 'pools')", repr(ev["op"]))
         getattr(self, "_on_" + ev["op"])(line, ev)
+        if "sizes" in ev:
+            self._check_sizes(ev["sizes"])
+
+    def _check_sizes(self, sizes: dict[str, list[int]]) -> None:
+        for name, got in sizes.items():
+            comp = Component(name)
+            want = [P.evictable_size(self.prefix, self.locks, comp), P.protected_size(self.prefix, self.locks, comp)]
+            if got != want:
+                raise _Violated(
+                    "inv_sizes",
+                    f"after {self.op}: {name} (evictable, protected) = {tuple(got)}, spec {tuple(want)}",
+                )
 
     def finish(self) -> None:
         """The trace ended (nothing is pending between events of a cache trace)."""
@@ -600,6 +616,14 @@ class Replayer:
             )
         if not U.inv_lru_links_symmetric(lst):
             raise _Violated("inv_lru_links_symmetric", f"{comp.value} list {[int(n) for n in order]}")
+        if "cached" in ev and set(ev["cached"]) != members:
+            extra, missing = sorted(members - set(ev["cached"])), sorted(set(ev["cached"]) - members)
+            raise _Violated(
+                "inv_lru_members",
+                f"{comp.value} list {[int(n) for n in order]}: holds nodes without {comp.value} content {extra}, "
+                f"misses nodes holding it {missing}",
+                [f"lru node {n}" for n in (extra + missing)[:4]],
+            )
         for n, p, q in ev["links"]:
             self._note(
                 f"lru node {n}", f"{comp.value} links ({p}, {q})" + ("" if NodeId(n) in members else ", outside")
@@ -610,10 +634,12 @@ def unchecked_rules(header: Header) -> tuple[str, ...]:
     """What a replay of this trace cannot check (no capability in the recording, or never in a trace)."""
     if header.system:
         return system_unchecked()
-    out = ["inv_lru_members", "eviction order (LRU)", "inv_sizes", "SWA pool accounting"]
+    out = ["eviction order (LRU)", "SWA pool accounting"]
     caps = header.capabilities
     if caps is not None and "lru" not in caps:
-        out += ["inv_lru_detached", "inv_lru_links_symmetric"]
+        out += ["inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members"]
+    if caps is not None and "sizes" not in caps:
+        out += ["inv_sizes"]
     if caps is not None and "locks" not in caps:
         out += ["lock coverage beyond required_coverage", "lock_delta (counters moved by each operation)"]
     return tuple(out)

@@ -49,6 +49,10 @@ that left the cache, became SWA tombstones, or lost their Mamba state, as
 observed (a recorder takes it from a diff of ``snapshot().prefix``).
 ``lock_delta`` is ``[[key, component, delta], ...]``: how the implementation's
 lock counters moved during the operation (from ``snapshot().locks.lock_ref``).
+Optional everywhere a tree operation is recorded: ``sizes``
+(``{component: [evictable, protected]}``, the implementation's own counters
+after the call); on ``lru``: ``cached`` (the nodes holding that component's
+content, which the list must hold).
 Keys are token lists; components are ``"full"``, ``"swa"``, ``"mamba"``.
 
 :class:`TraceWriter` writes a trace line by line; :func:`read_trace` reads one
@@ -107,9 +111,13 @@ _FIELDS: dict[str, dict[str, str]] = {
     "row": {"row": "int", "start": "int", "slots": "ints"},
 }
 _OPTIONAL: dict[str, dict[str, str]] = {
-    "lock": {"coverage": "coverage", "lock_delta": "delta"},
-    "unlock": {"lock_delta": "delta"},
-    "mamba_cow": {"evicted": "evicted", "lock_delta": "delta"},
+    "lock": {"coverage": "coverage", "lock_delta": "delta", "sizes": "sizes"},
+    "unlock": {"lock_delta": "delta", "sizes": "sizes"},
+    "mamba_cow": {"evicted": "evicted", "lock_delta": "delta", "sizes": "sizes"},
+    "match_prefix": {"sizes": "sizes"},
+    "insert": {"sizes": "sizes"},
+    "evict": {"sizes": "sizes"},
+    "lru": {"cached": "ints"},
     "call": {
         "req": "int",
         "session": "int",
@@ -161,6 +169,7 @@ _KIND_TEXT = {
     "call": "one of " + ", ".join(CALLS),
     "owner?": "an owner ('req:3', 'session:1', 'node:5/full') or null",
     "leaked": "an object {pool: [slots]}",
+    "sizes": "an object {component: [evictable, protected]}",
 }
 
 
@@ -220,6 +229,10 @@ def _valid(kind: str, x: object) -> bool:
         return x is None or (isinstance(x, str) and OWNER_RE.fullmatch(x) is not None)
     if kind == "leaked":
         return isinstance(x, dict) and all(isinstance(k, str) and _is_ints(v) for k, v in x.items())
+    if kind == "sizes":
+        return (
+            isinstance(x, dict) and set(x) <= set(COMPONENTS) and all(_is_ints(v) and len(v) == 2 for v in x.values())
+        )
     if kind == "links":
         return isinstance(x, list) and all(
             isinstance(v, list) and len(v) == 3 and _is_int(v[0]) and all(p is None or _is_int(p) for p in v[1:])

@@ -171,3 +171,25 @@ def test_eviction_frees_what_was_asked(evict: str, ok: bool, tmp_path: Path) -> 
     assert r.ok is ok, r.violation
     if not ok:
         assert r.violation is not None and r.violation.rule == "eviction frees what was asked (or all it can)"
+
+
+def test_sizes_and_lru_members_checked(tmp_path: Path) -> None:
+    """``sizes`` must equal the spec's counters; an ``lru`` event's list must hold exactly the ``cached`` nodes."""
+    write = '{"step":2,"op":"write_kv","slots":[1,2],"tokens":[1,2],"start":0}'
+
+    def run(insert_sizes: str, lru: str) -> str | None:
+        insert = (
+            '{"step":3,"op":"insert","req":1,"key":[1,2],"slots":[1,2],"mamba":null,'
+            f'"prefix_len":0,"dup_slots":[],"dup_mamba":null,"sizes":{insert_sizes}}}'
+        )
+        path = tmp_path / "t.jsonl"
+        path.write_text("\n".join([HEADER, ALLOC, write, insert, lru]) + "\n")
+        r = replay_path(path)
+        assert r.error is None, r.error
+        return None if r.violation is None else r.violation.rule
+
+    good_lru = '{"step":4,"op":"lru","component":"full","order":[1],"links":[],"cached":[1]}'
+    assert run('{"full":[2,0]}', good_lru) is None
+    assert run('{"full":[1,1]}', good_lru) == "inv_sizes"
+    stale = '{"step":4,"op":"lru","component":"full","order":[1,2],"links":[[1,null,2],[2,1,null]],"cached":[1]}'
+    assert run('{"full":[2,0]}', stale) == "inv_lru_members"
