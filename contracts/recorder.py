@@ -32,7 +32,7 @@ valid trace without any implementation (for streaming tests and benchmarks).
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -382,18 +382,30 @@ def record_workload(
     everything up to that call, and ``stopped_by`` says what happened.
     """
     rec = Recorder(adapter, path, lru=lru, faults=faults)
-    drv = _Driver(rec, random.Random(seed))
+    return drive(_Driver(rec, random.Random(seed)).step, ops, rec.writer)
+
+
+def drive(
+    step: Callable[[], str], ops: int, writer: TraceWriter, last: Callable[[], object] | None = None
+) -> WorkloadResult:
+    """Run ``step`` ``ops`` times (then ``last``), counting what each did, and close ``writer``.
+
+    A kvledger error raised by the implementation stops the run there; the
+    trace keeps everything written up to it and ``stopped_by`` says what happened.
+    """
     counts: dict[str, int] = {}
     done, stopped = 0, None
     try:
         for done in range(1, ops + 1):  # noqa: B007
-            what = drv.step()
+            what = step()
             counts[what] = counts.get(what, 0) + 1
+        if last is not None:
+            last()
     except KVLedgerError as err:
         stopped = f"{type(err).__name__}: {err}"
     finally:
-        rec.close()
-    return WorkloadResult(done, rec.writer.step, stopped, counts)
+        writer.close()
+    return WorkloadResult(done, writer.step, stopped, counts)
 
 
 def write_synthetic(path: Path | str | IO[str], events: int, config: CacheConfig | None = None) -> int:
@@ -424,4 +436,4 @@ def write_synthetic(path: Path | str | IO[str], events: int, config: CacheConfig
         return w.step
 
 
-__all__ = ["Recorder", "WorkloadResult", "evicted_between", "lock_delta", "record_workload", "write_synthetic"]
+__all__ = ["Recorder", "WorkloadResult", "drive", "evicted_between", "lock_delta", "record_workload", "write_synthetic"]

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
 from kvledger.contracts.adapter import CacheConfig
+from kvledger.contracts.recorder import WorkloadResult, drive
 from kvledger.contracts.reference_adapter import ReferenceAdapter
 from kvledger.contracts.trace import Header, TraceWriter
 from kvledger.impl.admission import Budget, admit
@@ -198,16 +198,6 @@ class SystemRecorder:
 # ---------------------------------------------------------------- a random scheduler workload
 
 
-@dataclass
-class SystemWorkloadResult:
-    """How a recorded workload went: calls driven, events written, and the error that stopped it (if any)."""
-
-    ops: int
-    events: int
-    stopped_by: str | None = None
-    counts: dict[str, int] = field(default_factory=dict)
-
-
 class _Driver:
     def __init__(self, rec: SystemRecorder, rng: random.Random) -> None:
         self.rec, self.mm, self.rng = rec, rec.mm, rng
@@ -269,7 +259,7 @@ class _Driver:
 
 def record_system_workload(
     mm: MemoryManager, ops: int, seed: int, path: Path | str | IO[str], *, faults: tuple[str, ...] = ()
-) -> SystemWorkloadResult:
+) -> WorkloadResult:
     """Drive ``ops`` random scheduler steps (seeded) on ``mm`` and record them to ``path``.
 
     A leak check closes the trace. If the implementation raises a kvledger error
@@ -277,19 +267,7 @@ def record_system_workload(
     says what happened.
     """
     rec = SystemRecorder(mm, path, faults=faults)
-    drv = _Driver(rec, random.Random(seed))
-    counts: dict[str, int] = {}
-    done, stopped = 0, None
-    try:
-        for done in range(1, ops + 1):  # noqa: B007
-            what = drv.step()
-            counts[what] = counts.get(what, 0) + 1
-        rec.leak_check()
-    except KVLedgerError as err:
-        stopped = f"{type(err).__name__}: {err}"
-    finally:
-        rec.close()
-    return SystemWorkloadResult(done, rec.writer.step, stopped, counts)
+    return drive(_Driver(rec, random.Random(seed)).step, ops, rec.writer, rec.leak_check)
 
 
-__all__ = ["SystemRecorder", "SystemWorkloadResult", "record_system_workload"]
+__all__ = ["SystemRecorder", "record_system_workload"]

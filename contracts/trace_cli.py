@@ -27,7 +27,7 @@ from kvledger.contracts.replay import ReplayResult
 from kvledger.contracts.replay import replay as replay_trace
 from kvledger.contracts.suites import CACHE_MODELS, SYSTEM_MODELS
 from kvledger.contracts.system_machine import build_manager
-from kvledger.contracts.system_recorder import SystemWorkloadResult, record_system_workload
+from kvledger.contracts.system_recorder import record_system_workload
 from kvledger.contracts.trace import TraceFormatError
 from kvledger.impl import faults
 from kvledger.impl.faults import FAULTS
@@ -81,7 +81,7 @@ def record(
         _usage(
             f"unknown {'memory-manager' if system else 'cache'} model {model!r}; expected one of {', '.join(models)}"
         )
-    result: WorkloadResult | SystemWorkloadResult
+    result: WorkloadResult
     try:
         with faults.injected(*names):
             if system:

@@ -95,23 +95,22 @@ class MemoryManager:
     def round_up(self, n: int) -> int:
         return -(-n // self.page) * self.page
 
+    def _make_room(self, comp: Component, short: int, what: str) -> None:
+        """Evict ``short`` of ``comp`` from the cache; all or nothing: fail before evicting if it cannot."""
+        if short <= 0:
+            return
+        room = self.cache.evictable_size(comp)
+        if short > room:
+            pool = "kv" if comp is Component.FULL else comp.value
+            raise OverAllocation("alloc", pool, (), f"{what}: {short} short, {room} evictable")
+        self.cache.evict(comp, short)
+
     def alloc_kv(self, owner: Owner, n: int) -> torch.Tensor:
         """``n`` token slots (whole pages) for ``owner``, evicting from the cache if short; all or nothing."""
         if self.fail_next > 0:
             self.fail_next -= 1
             raise OverAllocation("alloc", "kv", (), f"injected allocation failure ({n} tokens for {owner})")
-        short = n - self.kv.available_size()
-        if short > 0:
-            # NOTE: all or nothing: evict only when that makes room (a failed call changes nothing).
-            if short > self.cache.evictable_size(Component.FULL):
-                raise OverAllocation(
-                    "alloc",
-                    "kv",
-                    (),
-                    f"{n} tokens for {owner}: {self.kv.available_size()} free, "
-                    f"{self.cache.evictable_size(Component.FULL)} evictable",
-                )
-            self.cache.evict(Component.FULL, short)
+        self._make_room(Component.FULL, n - self.kv.available_size(), f"{n} tokens for {owner}")
         return self.kv.alloc(n, owner)
 
     def alloc_mamba(self, owner: Owner) -> MambaAlloc:
@@ -120,17 +119,9 @@ class MemoryManager:
         if self.fail_next > 0:
             self.fail_next -= 1
             raise OverAllocation("alloc", "mamba", (), f"injected allocation failure (state for {owner})")
-        short = 1 + self.mamba.ping_pong_size - self.mamba.available_size()
-        if short > 0:
-            if short > self.cache.evictable_size(Component.MAMBA):
-                raise OverAllocation(
-                    "alloc",
-                    "mamba",
-                    (),
-                    f"state for {owner}: {self.mamba.available_size()} free, "
-                    f"{self.cache.evictable_size(Component.MAMBA)} evictable",
-                )
-            self.cache.evict(Component.MAMBA, short)
+        self._make_room(
+            Component.MAMBA, 1 + self.mamba.ping_pong_size - self.mamba.available_size(), f"state for {owner}"
+        )
         return self.mamba.alloc_request_state(owner)
 
     def free_mamba(self, owner: Owner, m: MambaAlloc) -> None:
