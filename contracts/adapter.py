@@ -27,8 +27,18 @@ from kvledger.spec.lru import LruState
 from kvledger.spec.prefix import PrefixCache
 from kvledger.spec.types import Component, NodeId
 
-CAPABILITIES = frozenset({"lru", "locks", "ledgers", "content", "sizes", "mamba_cow", "rejects_double_unlock"})
-"""Everything a snapshot or an adapter may provide; an adapter lists what it has."""
+CAPABILITIES = frozenset(
+    {"lru", "locks", "ledgers", "content", "sizes", "mamba_cow", "rejects_double_unlock", "stateless_insert"}
+)
+"""Everything a snapshot or an adapter may provide; an adapter lists what it has.
+
+``lru``: the snapshot reports the implementation's LRU lists (those it has:
+SGLang 0.5.23 keeps them for SWA and Mamba only). ``rejects_double_unlock``:
+a second ``unlock`` of one handle is refused and changes nothing.
+``stateless_insert``: ``insert`` accepts ``mamba=None`` (a cache without a
+Mamba component has it trivially; SGLang's Mamba caches require a state, so a
+request that cannot get one gives up before inserting).
+"""
 
 
 @dataclass(frozen=True)
@@ -59,11 +69,19 @@ class Match:
 
 @dataclass(frozen=True)
 class Inserted:
-    """What ``insert`` returned: tokens already cached, and the caller's slots the cache did not take."""
+    """What ``insert`` returned: tokens already cached, and the caller's slots the cache did not take.
+
+    ``dup_slots`` are all of them (token order, whole pages), the spec's
+    ``dup_slots``. ``dups_freed`` are those among them the cache already gave
+    back to the free list itself (SGLang 0.5.23 frees duplicates inside
+    ``insert``; 0.5.9 and the reference leave that to the caller): the
+    caller frees only the rest, and must not free these again.
+    """
 
     prefix_len: int
     dup_slots: tuple[int, ...]
     dup_mamba: int | None
+    dups_freed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,7 +159,11 @@ class CacheAdapter(Protocol):
         ...
 
     def insert(self, req: int, key: tuple[int, ...], slots: tuple[int, ...], mamba: int | None) -> Inserted:
-        """The engine's ``insert`` of ``req``'s sequence; new pages' slots pass from ``req`` to the cache."""
+        """The engine's ``insert`` of ``req``'s sequence; new pages' slots pass from ``req`` to the cache.
+
+        ``mamba`` is ``None`` for a model without Mamba, or (only with
+        ``stateless_insert``) a Mamba model's sequence cached without its state.
+        """
         ...
 
     def evict(self, component: Component, n: int) -> int:
@@ -175,6 +197,7 @@ RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "rejects_double_unlock": ("double_dec_lock_ref (rule)",),
     "content": ("inv_content",),
     "mamba_cow": ("mamba_copy_on_write (rule)",),
+    "stateless_insert": ("insert without a Mamba state (rule)",),
 }
 """The rules that are skipped (and reported as skipped) when an adapter lacks a capability."""
 
@@ -182,10 +205,20 @@ ALIASES: dict[str, str] = {
     "reference": "kvledger.contracts.reference_adapter:ReferenceAdapter",
     "sglang": "kvledger.contracts.sglang.unified:unified_python_factory",
     "sglang-rust": "kvledger.contracts.sglang.unified:unified_rust_factory",
+    "sglang-0.5.23": "kvledger.contracts.sglang.unified:unified_python_factory",
+    "sglang-0.5.23-rust": "kvledger.contracts.sglang.unified:unified_rust_factory",
     "sglang-0.5.9": "kvledger.contracts.sglang.legacy:radix_cache_factory",
     "sglang-0.5.9-mamba": "kvledger.contracts.sglang.legacy:mamba_radix_cache_factory",
 }
-"""Short names for ``kvledger check --adapter``."""
+"""Short names for ``kvledger check --adapter``.
+
+``sglang`` (= ``sglang-0.5.23``) and ``sglang-rust`` (= ``sglang-0.5.23-rust``):
+0.5.23's ``UnifiedRadixCache`` on its Python or Rust tree core, built with
+the tree components each model kind names (``full``/``full-paged``: FULL;
+``swa``: FULL+SWA; ``mamba``: FULL+MAMBA; ``hybrid``: all three), so one run
+checks every kind; ``--model swa`` checks one. ``sglang-0.5.9``: 0.5.9's
+``RadixCache`` (full attention); ``sglang-0.5.9-mamba``: its ``MambaRadixCache``.
+"""
 
 AdapterFactory = Callable[[CacheConfig], CacheAdapter]
 

@@ -3,7 +3,12 @@
 One rule per spec transition, same names: ``match_prefix``, ``inc_lock_ref``,
 ``dec_lock_ref``, ``insert`` (a request caches its sequence, borrowing a
 locked match or not), ``evict`` (per component), ``mamba_copy_on_write``;
-plus the misuse ``double_dec_lock_ref``. Each rule drives the adapter and the
+plus the misuse ``double_dec_lock_ref`` (only where the adapter has
+``rejects_double_unlock``). In a Mamba model, an insert whose request cannot
+get a Mamba state inserts without one where the adapter has
+``stateless_insert``, and gives up (slots and lock handed back) where not.
+Duplicates the cache freed inside ``insert`` (``Inserted.dups_freed``) are
+not freed again. Each rule drives the adapter and the
 spec model (:mod:`kvledger.spec.prefix`, :mod:`kvledger.spec.locks`)
 together and compares what they return. After every step one snapshot of the
 implementation (the abstraction function) is checked against every law:
@@ -232,6 +237,15 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                 slots = got
                 self.a.write_kv(slots, key[have:], have)
             state = self._alloc_state(req) if self.cfg.mamba else None
+            if state is None and self.cfg.mamba and "stateless_insert" not in self.caps:
+                # NOTE: the cache takes no sequence without its Mamba state: the request gives up (as SGLang's
+                # admission would), handing back its new slots and its lock.
+                if slots:
+                    self.a.free_kv(req, slots)
+                    self.req_kv[req] -= set(slots)
+                if held:
+                    self._unlock(held)
+                return
             offered = (held.match.slots if held else ()) + slots
             got_ins = self.a.insert(req, key, offered, state)
             self._snap = None
@@ -247,11 +261,18 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                     f"insert({key}) returned prefix_len {got_ins.prefix_len} dups {got_ins.dup_slots} "
                     f"dup_mamba {got_ins.dup_mamba}; spec: {want.prefix_len} {want.dup_slots} {want.dup_mamba}",
                 )
+            if not set(got_ins.dups_freed) <= set(got_ins.dup_slots):
+                raise _fail(
+                    "results equal the spec's",
+                    f"insert({key}) freed {sorted(set(got_ins.dups_freed) - set(got_ins.dup_slots))} itself, "
+                    f"which are not duplicates (dups {got_ins.dup_slots})",
+                )
             self.prefix = want.state
             self.req_kv[req] -= set(slots) - set(got_ins.dup_slots)
-            if got_ins.dup_slots:
-                self.a.free_kv(req, got_ins.dup_slots)
-                self.req_kv[req] -= set(got_ins.dup_slots)
+            rest = tuple(x for x in got_ins.dup_slots if x not in set(got_ins.dups_freed))
+            if rest:
+                self.a.free_kv(req, rest)
+            self.req_kv[req] -= set(got_ins.dup_slots)
             if state is not None:
                 self.req_mamba[req].discard(state)
                 if got_ins.dup_mamba is not None:

@@ -140,7 +140,9 @@ class ReferenceAdapter:
 
     name = "kvledger-reference"
     version = "0.1.0"
-    capabilities = frozenset({"lru", "locks", "ledgers", "content", "sizes", "mamba_cow", "rejects_double_unlock"})
+    capabilities = frozenset(
+        {"lru", "locks", "ledgers", "content", "sizes", "mamba_cow", "rejects_double_unlock", "stateless_insert"}
+    )
 
     def __init__(self, config: CacheConfig, device: str = "cpu") -> None:
         self.config = config

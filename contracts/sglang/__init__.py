@@ -7,6 +7,10 @@ Factories (``config -> CacheAdapter``, for ``kvledger check --adapter package.mo
 * ``kvledger.contracts.sglang.unified:unified_python_factory`` — SGLang 0.5.23 ``UnifiedRadixCache``, Python core;
 * ``kvledger.contracts.sglang.unified:unified_rust_factory`` — SGLang 0.5.23 ``UnifiedRadixCache``, Rust core.
 
+The 0.5.23 factories build the tree components the config names: FULL, plus
+SWA with a window, plus MAMBA with Mamba (pools in
+:mod:`~kvledger.contracts.sglang.unified_pools`).
+
 :mod:`~kvledger.contracts.sglang.cpu_import` imports SGLang on CPU;
 :mod:`~kvledger.contracts.sglang.common` holds what the adapters share and
 :func:`~kvledger.contracts.sglang.common.check`, which runs the conformance

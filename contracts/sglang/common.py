@@ -21,8 +21,8 @@ with the helpers here:
   two nodes) gets two holders, which ``inv_single_owner`` rejects.
 * :func:`lru_state` walks an intrusive doubly linked list from its head
   sentinel and reads the pointers of every node seen.
-* :func:`sglang_machine` / :func:`check` run the conformance machine with the
-  rules an adapter cannot express removed, and report them as skipped.
+* :func:`check` runs the conformance machine and reports the rules an
+  adapter cannot express (its missing capabilities) as skipped.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import settings as Settings
-from hypothesis.stateful import RuleBasedStateMachine
 
 from kvledger.contracts.adapter import CacheAdapter, Unsupported, skipped_rules
 from kvledger.contracts.cache_machine import RULES, machine_for_cache
@@ -43,14 +42,6 @@ from kvledger.spec.prefix import fingerprint
 from kvledger.spec.types import Component, NodeId, Owner, node, request
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
-
-REJECTS_DOUBLE_UNLOCK = "rejects_double_unlock"
-"""Capability (proposed for :data:`kvledger.contracts.adapter.CAPABILITIES`): a second release of the same
-lock result is rejected, leaving the cache unchanged. SGLang's locks carry no identity, so none has it."""
-
-STATELESS_INSERT = "stateless_insert"
-"""Capability (proposed): a Mamba cache accepts ``insert`` without a Mamba state. SGLang's Mamba caches
-require one (every request owns a state slot from admission on), so a Mamba adapter leaves it out."""
 
 DOUBLE_FREE_OWNER = request(-1)
 """The second holder a ledger gives a slot that sits on SGLang's free list twice (a double free)."""
@@ -161,80 +152,6 @@ def lru_state(
     return LruState(tuple(order), links, comp)
 
 
-def sglang_machine(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMachine]:
-    """:func:`~kvledger.contracts.cache_machine.machine_for_cache` without the rules the adapter cannot express.
-
-    NOTE: a stop-gap until the protocol grows :data:`REJECTS_DOUBLE_UNLOCK` and
-    :data:`STATELESS_INSERT` (see the report): ``double_dec_lock_ref`` is
-    removed when a second release cannot be rejected, and an insert for which
-    no Mamba state could be had is given up (its slots freed, its lock
-    released) when the cache cannot take a sequence without a state.
-    """
-    base = machine_for_cache(make)
-    probe = make()
-    caps = probe.capabilities
-    attrs: dict[str, Any] = {}
-    if REJECTS_DOUBLE_UNLOCK not in caps:
-        attrs["double_dec_lock_ref"] = None  # NOTE: a non-rule attribute hides the inherited rule
-    if STATELESS_INSERT not in caps and probe.config.mamba:
-        attrs["_alloc_state"] = _alloc_state_or_give_up(base)
-        attrs["_lock"] = _lock_remembered(base)
-        attrs["_insert"] = _insert_or_give_up(base)
-    if not attrs:
-        return base
-    machine = type("CacheConformance", (base,), attrs)
-    return machine
-
-
-class _NoState(Exception):
-    pass
-
-
-def _alloc_state_or_give_up(base: type[RuleBasedStateMachine]) -> Callable[..., int]:
-    inner = base._alloc_state  # type: ignore[attr-defined]
-
-    def alloc_state(self: Any, req: int) -> int:
-        got: int | None = inner(self, req)
-        if got is None:
-            raise _NoState
-        return got
-
-    return alloc_state
-
-
-def _lock_remembered(base: type[RuleBasedStateMachine]) -> Callable[..., Any]:
-    inner = base._lock  # type: ignore[attr-defined]
-
-    def lock(self: Any, key: tuple[int, ...]) -> Any:
-        held = inner(self, key)
-        self._last_held = held
-        return held
-
-    return lock
-
-
-def _insert_or_give_up(base: type[RuleBasedStateMachine]) -> Callable[..., None]:
-    inner = base._insert  # type: ignore[attr-defined]
-
-    def insert(self: Any, key: tuple[int, ...], borrow: bool) -> None:
-        self._last_held = None
-        before = {r: set(xs) for r, xs in self.req_kv.items()}
-        try:
-            inner(self, key, borrow)
-        except _NoState:
-            # NOTE: the request could not get a Mamba state: it gives back its new slots and its lock.
-            req = self.next_req - 1
-            mine = tuple(sorted(self.req_kv[req] - before.get(req, set())))
-            if mine:
-                self.a.free_kv(req, mine)
-                self.req_kv[req] -= set(mine)
-            held = self._last_held
-            if borrow and held is not None and held.hid in self.locks.handles:
-                self._unlock(held)
-
-    return insert
-
-
 @dataclass
 class Run:
     """One conformance run of an SGLang cache: the result, with what was skipped and why."""
@@ -249,6 +166,6 @@ def check(make: Callable[[], CacheAdapter], settings: Settings, model: str = "",
     """Run the cache conformance machine on the caches ``make`` builds; skipped laws are listed, not passed."""
     probe = make()
     skipped = skipped_rules(probe.capabilities)
-    result = run_machine("cache", model or probe.config.kind, sglang_machine(make), list(RULES), settings, seed)
+    result = run_machine("cache", model or probe.config.kind, machine_for_cache(make), list(RULES), settings, seed)
     result.skipped = list(skipped)
     return Run(result, probe.name, probe.version, skipped)

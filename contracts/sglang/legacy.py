@@ -322,7 +322,7 @@ class LegacyRadixAdapter(_LegacyAdapter):
     """SGLang 0.5.9 ``RadixCache`` (full attention, token or paged) behind the adapter protocol."""
 
     cache_class = "RadixCache"
-    capabilities = frozenset({"locks", "ledgers", "content", "sizes"})
+    capabilities = frozenset({"locks", "ledgers", "content", "sizes", "stateless_insert"})
 
     def __init__(self, config: CacheConfig) -> None:
         if config.mamba:

@@ -1,51 +1,84 @@
-"""SGLang 0.5.23's ``UnifiedRadixCache`` behind the adapter protocol, on its Python or its Rust tree core.
+"""SGLang 0.5.23's ``UnifiedRadixCache`` behind the adapter protocol: full, +SWA, +Mamba; Python or Rust tree core.
 
 Factories (for ``kvledger check --adapter``): :func:`unified_python_factory`
 and :func:`unified_rust_factory`; both take a
-:class:`~kvledger.contracts.adapter.CacheConfig` and return a fresh adapter.
-The tree core is chosen per cache (``CacheInitParams.tree_core_backend``);
-the adapter refuses to run when SGLang silently fell back to another core.
+:class:`~kvledger.contracts.adapter.CacheConfig` and return a fresh adapter
+whose tree has the components the config names (``tree_components``: FULL,
+plus SWA with a ``window``, plus MAMBA with ``mamba``) over the pools of
+:mod:`~kvledger.contracts.sglang.unified_pools`. The tree core is chosen per
+cache (``CacheInitParams.tree_core_backend``); the adapter refuses to run
+when SGLang silently fell back to another core.
 
 How the protocol maps onto 0.5.23 (SGLang's own names):
 
-* ``alloc_kv`` / ``free_kv``: ``TokenToKVPoolAllocator`` (or
-  ``PagedTokenToKVPoolAllocator``) ``alloc`` / ``free``, ``device="cpu"``,
-  ``kvcache=None``.
+* ``alloc_kv`` / ``free_kv``: the allocator's ``alloc`` / ``free`` (with SWA,
+  ``free`` returns both the full and the paired SWA slot).
+  ``alloc_mamba`` / ``free_mamba``: ``HybridReqToTokenPool.mamba_allocator``.
 * ``match_prefix``: ``match_prefix(MatchPrefixParams(key=RadixKey(...)))``
   returns ``device_prefix_len`` and a ``NodeId``; the slots are
-  ``path_device_indices(last_device_node)``.
+  ``path_device_indices(last_device_node)``, the state
+  ``tree_core.get_component_device_value(node, MAMBA)``.
 * ``lock`` / ``unlock``: ``lock(node_id)`` returns a ``TreeLock`` carrying
-  the acquire's receipt (``DecLockRefParams``); ``unlock`` gives exactly that
-  object back, as the scheduler does.
-* ``insert``: ``insert(InsertParams(key, value, prev_prefix_len=...))``.
-  0.5.23 **frees the duplicate slots inside insert** (``value[prev_prefix_len
-  :prefix_len]``, ``prev_prefix_len`` being the caller's
-  ``cache_protected_len``). The adapter passes the protected length (how many
-  leading offered slots are already the tree's own, read before the insert)
-  and reports ``value[protected:prefix_len]`` as ``dup_slots``; since SGLang
-  already returned them to the allocator, the adapter's ``free_kv`` of those
-  slots acknowledges them instead of freeing twice (a protocol flag for this
-  is proposed in the report).
-* ``evict``: ``evict(EvictParams(num_tokens=n))``.
+  the acquire's receipt (``DecLockRefParams``: the SWA boundary uuid);
+  ``unlock`` gives exactly that object back, as the scheduler does.
+* ``insert``: ``insert(InsertParams(key, value, mamba_value,
+  prev_prefix_len=...))``. 0.5.23 **frees the duplicate slots inside
+  insert** (``value[prev_prefix_len:prefix_len]``, ``prev_prefix_len`` being
+  the caller's ``cache_protected_len``): the adapter passes the protected
+  length (how many leading offered slots are already the tree's own, read
+  before the insert) and reports ``value[protected:prefix_len]`` as both
+  ``dup_slots`` and ``dups_freed``. A Mamba state is a duplicate when
+  ``mamba_exist`` (the caller frees it, as ``cleanup_after_caching_req``
+  does). With SWA, the offered slots of pages the tree already caches first
+  release their window KV (``free_swa``) and the adapter passes
+  ``component_evicted_seqlens[SWA]`` = that cached length: see "not checked"
+  below.
+* ``evict``: ``evict(EvictParams(num_tokens= / swa_num_tokens= / mamba_num=n))``.
+* ``mamba_cow``: ``match_prefix(..., cow_mamba=True, req=...)`` with a
+  request that holds no Mamba slot yet, as admission does (SGLang
+  allocates the slot, evicting a state if it must); ``None`` when SGLang
+  asserts "Can not alloc mamba cache".
 * ``snapshot``, Python core: a read-only walk of ``tree_core.root_node``
-  (keys, ``component_data[FULL].value`` and ``.lock_ref``), the allocator's
-  free pages, the size counters. Rust core: the tree is opaque; the cached
-  slots come from SGLang's own KV-canary walk (``walk_for_kv_canary``: each
-  cached slot with its position and the slot before it), the tokens of each
-  chain from the stand-in KV buffer, and the size counters.
+  (keys; per component ``value`` and ``lock_ref``), the SWA and Mamba
+  ``UnifiedLRUList`` walked from ``head`` through ``lru_next[component]``
+  with the ``lru_prev`` / ``lru_next`` of every node ever seen, each lock's
+  coverage replayed from its receipt (FULL: the path to the root; SWA: up to
+  the node stamped with the receipt's uuid; MAMBA: the anchor node), the
+  allocators' free lists, the size counters. Rust core: the tree is opaque;
+  the cached slots come from SGLang's own KV-canary walk
+  (``walk_for_kv_canary``: each cached slot with its position and the slot
+  before it; ``swa_resident_only`` for the SWA-live ones), the tokens of each
+  chain from the stand-in KV buffer, a Mamba state per cached prefix from
+  the read-only ``match_full_device_prefix`` and
+  ``get_component_device_value``, and the size counters.
 
 What 0.5.23 cannot express here (skipped and reported):
 
-* Full attention keeps no LRU list in 0.5.23 (eviction goes through
-  ``evictable_device_leaves``): no ``lru`` for a full-attention cache.
+* Full attention keeps no LRU list (eviction goes through
+  ``evictable_device_leaves``): a full-attention cache has no ``lru``; with
+  SWA or Mamba, ``lru`` checks their lists.
 * Locks carry a receipt but no identity of their own: a second ``unlock`` of
   the same ``TreeLock`` is refused only when it drives a ``lock_ref`` below
   zero (an ``AssertionError``, a Rust panic), not when another lock holds
   the node: no ``rejects_double_unlock``.
+* ``MambaComponent.commit_insert_component_data`` asserts a ``mamba_value``:
+  a Mamba cache has no ``stateless_insert``.
 * Rust core: no node, ``lock_ref`` or list is readable from Python, so no
   ``locks`` and no ``lru``; and since its cached keys are read back through
   the KV buffer, ``content`` would check itself: no ``content``.
-* SWA and Mamba configurations are not wired yet (see the report).
+* SWA and Mamba at page size 1 only (the static SWA allocator's ``alloc``
+  and ``MambaComponent`` without the extra buffer require it).
+
+Not checked (a transition the spec does not have): SGLang's insert revives
+an SWA tombstone the caller still holds window KV for
+(``SWAComponent.update_component_on_insert_overlap``: the node takes the
+caller's fresh slots and its old full slots are freed), while the spec's
+insert never revives one. So the adapter inserts as a request whose window
+moved past the already-cached prefix: it releases those slots' window KV
+(``SWATokenToKVPoolAllocator.free_swa``) and reports the position
+(``component_evicted_seqlens[SWA]``, which tells insert "below this, only
+FULL is still ours", so it frees their full side only). Every new page stays
+SWA-live; only the revival path goes unchecked.
 """
 
 from __future__ import annotations
@@ -59,15 +92,19 @@ from typing import Any
 import torch
 
 from kvledger.contracts.adapter import CacheConfig, Inserted, Match, Snapshot
-from kvledger.contracts.sglang.common import FULL, KVBuffer, NodeIds, NotExpressible, ledger, node_owner
+from kvledger.contracts.sglang.common import FULL, MAMBA, SWA, KVBuffer, NodeIds, NotExpressible, lru_state, node_owner
 from kvledger.contracts.sglang.cpu_import import UNIFIED, import_sglang
+from kvledger.contracts.sglang.unified_pools import UnifiedPools
 from kvledger.spec.locks import Key, LockSite, LockState
+from kvledger.spec.lru import LruState
 from kvledger.spec.prefix import PrefixCache
 from kvledger.spec.types import Component, HandleId, NodeId, Owner
 
 MODULES = (
     "sglang.srt.mem_cache.unified_radix_cache",
     "sglang.srt.mem_cache.allocator",
+    "sglang.srt.mem_cache.allocator.swa",
+    "sglang.srt.mem_cache.swa_memory_pool",
     "sglang.srt.mem_cache.memory_pool",
     "sglang.srt.mem_cache.cache_init_params",
     "sglang.test.unified_allocator_fixtures",
@@ -81,25 +118,29 @@ def _sglang() -> tuple[str, SimpleNamespace]:
     global _context_ready
     version = import_sglang(UNIFIED, MODULES)
     import sglang.srt.mem_cache.allocator as allocator  # type: ignore[import-not-found]
+    import sglang.srt.mem_cache.allocator.swa as swa_allocator  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.base_prefix_cache as base  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.cache_init_params as params  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.memory_pool as pool  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.radix_cache as radix  # type: ignore[import-not-found]
+    import sglang.srt.mem_cache.swa_memory_pool as swa_pool  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.unified_radix_cache as unified  # type: ignore[import-not-found]
     import sglang.test.unified_allocator_fixtures as fixtures  # type: ignore[import-not-found]
     from sglang.srt.mem_cache.unified_cache.components import ComponentType  # type: ignore[import-not-found]
 
     if not _context_ready:
+        # NOTE: publishes CPU server args (Mamba's chunk size among them) as SGLang's own tests do.
         fixtures.setup_allocator_context()
         _context_ready = True
     return version, SimpleNamespace(
         allocator=allocator,
+        swa_allocator=swa_allocator,
         base=base,
         params=params,
         pool=pool,
         radix=radix,
+        swa_pool=swa_pool,
         unified=unified,
-        fixtures=fixtures,
         ComponentType=ComponentType,
     )
 
@@ -112,6 +153,7 @@ class UnifiedLock:
     tree_lock: Any
     node: Any
     match: Match
+    key: tuple[int, ...]
 
 
 def _handle(h: Hashable) -> UnifiedLock:
@@ -121,41 +163,48 @@ def _handle(h: Hashable) -> UnifiedLock:
 
 
 class UnifiedAdapter:
-    """SGLang 0.5.23 ``UnifiedRadixCache`` (full attention, token or paged) on one tree core."""
+    """SGLang 0.5.23 ``UnifiedRadixCache`` (FULL, +SWA, +MAMBA as the config says) on one tree core."""
 
     name = "sglang-0.5.23"
     version = "0.5.23"
 
     def __init__(self, config: CacheConfig, core: str) -> None:
-        if config.window is not None or config.mamba:
-            raise NotExpressible(f"the SGLang 0.5.23 adapter wires full attention only (config {config.kind})")
         if core not in CORES:
             raise ValueError(f"unknown tree core {core!r}; expected one of {', '.join(CORES)}")
+        if (config.window is not None or config.mamba) and config.page_size != 1:
+            raise NotExpressible(
+                f"the SGLang 0.5.23 adapter wires SWA and Mamba at page size 1 only (config {config.kind}): "
+                "SWATokenToKVPoolAllocator.alloc and MambaComponent without the extra buffer require it"
+            )
         self.version, self.sg = _sglang()
         self.core = core
-        self.name = f"sglang-{self.version}/UnifiedRadixCache[{core}]"
         self.config = config
         self.ps = config.page_size
-        caps = {"ledgers", "sizes"} | ({"locks", "content"} if core == "python" else set())
+        ct = self.sg.ComponentType
+        self.ct = {FULL: ct.FULL, SWA: ct.SWA, MAMBA: ct.MAMBA}
+        self.comps = (FULL, *([SWA] if config.window is not None else []), *([MAMBA] if config.mamba else []))
+        self.name = f"sglang-{self.version}/UnifiedRadixCache[{core}]"
+        caps = {"ledgers", "sizes"}
+        if not config.mamba:
+            caps.add("stateless_insert")
+        else:
+            caps.add("mamba_cow")
+        if core == "python":
+            caps |= {"locks", "content"} | ({"lru"} if len(self.comps) > 1 else set())
         self.capabilities = frozenset(caps)
         self.ids = NodeIds()
         self.kv = KVBuffer()
-        self.req_kv: dict[int, set[int]] = {}
-        self.freed_by_insert: dict[int, set[int]] = {}
+        self.pools = UnifiedPools(config, self.sg)
+        self.allocator = self.pools.allocator
         self.locks: dict[HandleId, UnifiedLock] = {}
         self.next_hid = 1
-        a = self.sg.allocator
-        if self.ps > 1:
-            self.allocator = a.PagedTokenToKVPoolAllocator(config.kv_tokens, self.ps, torch.int64, "cpu", None, False)
-        else:
-            self.allocator = a.TokenToKVPoolAllocator(config.kv_tokens, torch.int64, "cpu", None, False)
-        req_pool = self.sg.pool.ReqToTokenPool(size=4, max_context_len=64, device="cpu", enable_memory_saver=False)
         params = self.sg.params.CacheInitParams(
             disable=False,
-            req_to_token_pool=req_pool,
+            req_to_token_pool=self.pools.req_pool,
             token_to_kv_pool_allocator=self.allocator,
             page_size=self.ps,
-            tree_components=(self.sg.ComponentType.FULL,),
+            sliding_window_size=config.window,
+            tree_components=tuple(self.ct[c] for c in self.comps),
             tree_core_backend=core,
         )
         self.cache = self.sg.unified.UnifiedRadixCache(params)
@@ -166,29 +215,26 @@ class UnifiedAdapter:
     # ------------------------------------------------------------ pools
 
     def alloc_kv(self, req: int, n: int) -> tuple[int, ...] | None:
-        got = self.allocator.alloc(n)
-        if got is None:
-            return None
-        slots = tuple(int(x) for x in got.tolist())
-        self.req_kv.setdefault(req, set()).update(slots)
-        return slots
+        return self.pools.alloc_kv(req, n)
 
     def free_kv(self, req: int, slots: tuple[int, ...]) -> None:
-        done = self.freed_by_insert.get(req, set())
-        rest = [x for x in slots if x not in done]
-        done.difference_update(slots)  # NOTE: insert already freed these: acknowledged, not freed twice
-        if rest:
-            self.allocator.free(torch.tensor(rest, dtype=torch.int64))
-        self.req_kv.setdefault(req, set()).difference_update(slots)
+        self.pools.free_kv(req, slots)
+
+    def _need_mamba(self) -> None:
+        if not self.config.mamba:
+            raise NotExpressible("no Mamba component in this configuration")
 
     def alloc_mamba(self, req: int) -> int | None:
-        raise NotExpressible("no Mamba component in this configuration")
+        self._need_mamba()
+        return self.pools.alloc_mamba(req)
 
     def free_mamba(self, req: int, slot: int) -> None:
-        raise NotExpressible("no Mamba component in this configuration")
+        self._need_mamba()
+        self.pools.free_mamba(req, slot)
 
     def write_mamba(self, slot: int, value: int) -> None:
-        raise NotExpressible("no Mamba component in this configuration")
+        self._need_mamba()
+        self.pools.mamba_data[slot] = value  # NOTE: no law reads Mamba content; kept for a trace's sake
 
     def write_kv(self, slots: tuple[int, ...], tokens: tuple[int, ...], start: int) -> None:
         self.kv.write(slots, tokens, start)
@@ -198,11 +244,17 @@ class UnifiedAdapter:
     def _key(self, key: tuple[int, ...]) -> Any:
         return self.sg.radix.RadixKey(array("q", key))
 
-    def _raw_match(self, key: tuple[int, ...]) -> tuple[Match, Any]:
-        m = self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=self._key(key)))
+    def _state_at(self, node_id: Any) -> int | None:
+        if not self.config.mamba:
+            return None
+        v = self.cache.tree_core.get_component_device_value(node_id, self.ct[MAMBA])
+        return None if v is None else int(v.reshape(-1)[0])
+
+    def _raw_match(self, key: tuple[int, ...], **extra: Any) -> tuple[Match, Any]:
+        m = self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=self._key(key), **extra))
         n = int(m.device_prefix_len)
         slots = tuple(int(x) for x in self.cache.path_device_indices(m.last_device_node)[:n].tolist()) if n else ()
-        return Match(n, slots, None), m.last_device_node
+        return Match(n, slots, self._state_at(m.last_device_node) if n else None), m.last_device_node
 
     def match_prefix(self, key: tuple[int, ...]) -> Match:
         return self._raw_match(key)[0]
@@ -211,7 +263,7 @@ class UnifiedAdapter:
         m, node_id = self._raw_match(key)
         tree_lock = self.cache.lock(node_id)
         node = self.cache.tree_core.node_by_id(node_id) if self.core == "python" else node_id
-        h = UnifiedLock(HandleId(self.next_hid), tree_lock, node, m)
+        h = UnifiedLock(HandleId(self.next_hid), tree_lock, node, m, key)
         self.next_hid += 1
         self.locks[h.hid] = h
         return m, h
@@ -225,13 +277,13 @@ class UnifiedAdapter:
         return int(_handle(handle).hid)
 
     def _tree_prefix_slots(self, key: tuple[int, ...]) -> list[int]:
-        """The tree's slots for the leading pages of ``key`` it holds (read-only on the Python core)."""
+        """The tree's slots for the leading pages of ``key`` it holds (read-only on both cores)."""
         if self.core == "python":
             out: list[int] = []
             node, rest = self.cache.tree_core.root_node, list(key)
             while rest:
                 child = next((c for c in node.children.values() if _tokens(c)[: self.ps] == rest[: self.ps]), None)
-                value = None if child is None else child.component_data[self.sg.ComponentType.FULL].value
+                value = None if child is None else child.component_data[self.ct[FULL]].value
                 if child is None or value is None:
                     break
                 ck = _tokens(child)
@@ -248,32 +300,65 @@ class UnifiedAdapter:
         return [x for k, xs in sorted(chains.items(), key=lambda kv: len(kv[0])) if key[: len(k)] == k for x in xs]
 
     def insert(self, req: int, key: tuple[int, ...], slots: tuple[int, ...], mamba: int | None) -> Inserted:
+        if mamba is None and self.config.mamba:
+            raise NotExpressible(
+                "SGLang 0.5.23's MambaComponent requires a Mamba state on insert (no stateless_insert)"
+            )
         if mamba is not None:
-            raise NotExpressible("no Mamba component in this configuration")
+            self._need_mamba()
+        tree = self._tree_prefix_slots(key)
         protected = 0
-        for mine, theirs in zip(slots, self._tree_prefix_slots(key), strict=False):
+        for mine, theirs in zip(slots, tree, strict=False):
             if mine != theirs:
                 break
             protected += 1
         protected -= protected % self.ps
-        r = self.cache.insert(
-            self.sg.base.InsertParams(
-                key=self._key(key), value=torch.tensor(slots, dtype=torch.int64), prev_prefix_len=protected
-            )
+        params = self.sg.base.InsertParams(
+            key=self._key(key),
+            value=torch.tensor(slots, dtype=torch.int64),
+            mamba_value=None if mamba is None else torch.tensor([mamba], dtype=torch.int64),
+            prev_prefix_len=protected,
         )
+        if self.config.window is not None and len(tree) > protected:
+            # NOTE: no tombstone revival inside insert (see the module docstring): the request first releases
+            # the window KV of its slots the tree already caches (SGLang's free_swa, as a request whose window
+            # moved on does) and says so; insert then frees only their full side.
+            self.allocator.free_swa(torch.tensor(slots[protected : len(tree)], dtype=torch.int64))
+            params.set_evicted_seqlen(self.ct[SWA], len(tree))
+        r = self.cache.insert(params)
         prefix_len = int(r.prefix_len)
         dups = slots[protected:prefix_len]
-        self.freed_by_insert.setdefault(req, set()).update(dups)
-        self.req_kv.setdefault(req, set()).difference_update(slots)
-        return Inserted(prefix_len, dups, None)
+        self.pools.inserted(req, slots, dups)
+        dup_mamba = mamba if mamba is not None and r.mamba_exist else None
+        if mamba is not None and dup_mamba is None:
+            self.pools.req_mamba.setdefault(req, set()).discard(mamba)
+        return Inserted(prefix_len, dups, dup_mamba, dups_freed=dups)
 
     def evict(self, component: Component, n: int) -> int:
-        if component is not FULL:
+        if component not in self.comps:
             raise NotExpressible(f"no {component.value} component in this configuration")
-        return int(self.cache.evict(self.sg.base.EvictParams(num_tokens=n)).num_tokens_evicted)
+        field = {FULL: "num_tokens", SWA: "swa_num_tokens", MAMBA: "mamba_num"}[component]
+        args = {"num_tokens": 0, field: n}
+        r = self.cache.evict(self.sg.base.EvictParams(**args))
+        done = {FULL: r.num_tokens_evicted, SWA: r.swa_num_tokens_evicted, MAMBA: r.mamba_num_evicted}[component]
+        return int(done)
 
     def mamba_cow(self, handle: Hashable, req: int) -> int | None:
-        raise NotExpressible("no Mamba component in this configuration")
+        self._need_mamba()
+        h = _handle(handle)
+        kv = SimpleNamespace(holds_mamba=False, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True)
+        fake_req = SimpleNamespace(session=None, kv=kv)
+        try:
+            self._raw_match(h.key[: h.match.length], cow_mamba=True, req=fake_req)
+        except AssertionError as err:
+            if "Can not alloc mamba cache" in str(err):
+                return None
+            raise
+        if kv.mamba_pool_idx is None:
+            return None
+        slot = int(kv.mamba_pool_idx)
+        self.pools.req_mamba.setdefault(req, set()).add(slot)
+        return slot
 
     # ------------------------------------------------------------ abstraction
 
@@ -309,55 +394,120 @@ class UnifiedAdapter:
         return full
 
     def snapshot(self) -> Snapshot:
+        return self._python_snapshot() if self.core == "python" else self._rust_snapshot()
+
+    def _python_snapshot(self) -> Snapshot:
         grain = self.ps if self.ps > 1 else 1
-        owners: dict[Owner, set[int]] = {}
+        owners: dict[Component, dict[Owner, set[int]]] = {c: {} for c in (FULL, SWA, MAMBA)}
         full: dict[Key, tuple[int, ...]] = {}
-        locks = LockState()
-        if self.core == "python":
-            end: dict[int, tuple[int, ...]] = {}
-            lock_ref: dict[LockSite, int] = {}
-            for n, toks in self._nodes():
-                nid: NodeId = self.ids(n)
-                end[id(n)] = toks
-                data = n.component_data[self.sg.ComponentType.FULL]
-                if data.value is None:
-                    continue
-                vals = [int(x) for x in data.value.tolist()]
-                for i, k in enumerate(self._pages(toks, len(vals))):
-                    full[k] = tuple(vals[i * self.ps : (i + 1) * self.ps])
-                    if data.lock_ref:
-                        lock_ref[(k, FULL)] = int(data.lock_ref)
-                owners.setdefault(node_owner(nid, FULL), set()).update(x // grain for x in vals)
-            handles = {hid: frozenset(self._path_sites(h.node, end)) for hid, h in self.locks.items()}
-            locks = LockState(handles, lock_ref, frozenset())
-        else:
-            full = self._canary_chains()
-            # NOTE: the Rust core exposes no node; the cached slots are held by "the tree" as one owner
-            owners[node_owner(NodeId(0), FULL)] = {x // grain for xs in full.values() for x in xs}
-        a = self.allocator
-        free_pages = self.allocator.get_all_free_pages() if self.ps > 1 else torch.cat((a.free_pages, a.release_pages))
-        free = [int(x) for x in free_pages.tolist()]
-        if self.ps > 1:
-            reqs = {r: {x // self.ps for x in xs} for r, xs in self.req_kv.items()}
-            kv = ledger("kv", a.num_pages, 1, free, owners, reqs)
-        else:
-            kv = ledger("kv", a.size, 1, free, owners, self.req_kv)
-        prefix = PrefixCache(self.ps, None, False, full, frozenset(), {})  # type: ignore[arg-type]
+        live: set[Key] = set()
+        states: dict[Key, int] = {}
+        cached: dict[Component, set[NodeId]] = {c: set() for c in self.comps}
+        end: dict[int, tuple[int, ...]] = {}
+        lock_ref: dict[LockSite, int] = {}
+        for n, toks in self._nodes():
+            nid: NodeId = self.ids(n)
+            end[id(n)] = toks
+            data = {c: n.component_data[self.ct[c]] for c in self.comps}
+            if data[FULL].value is None:
+                continue
+            vals = [int(x) for x in data[FULL].value.tolist()]
+            pages = self._pages(toks, len(vals))
+            for i, k in enumerate(pages):
+                full[k] = tuple(vals[i * self.ps : (i + 1) * self.ps])
+            owners[FULL][node_owner(nid, FULL)] = {x // grain for x in vals}
+            cached[FULL].add(nid)
+            for c in self.comps:
+                if data[c].lock_ref:
+                    for k in [toks] if c is MAMBA else pages:
+                        lock_ref[(k, c)] = int(data[c].lock_ref)
+            if SWA in data and data[SWA].value is not None:
+                swa = [int(x) for x in data[SWA].value.tolist()]
+                live.update(pages[len(pages) - len(swa) :])
+                owners[SWA][node_owner(nid, SWA)] = set(swa)
+                cached[SWA].add(nid)
+            if MAMBA in data and data[MAMBA].value is not None:
+                slot = int(data[MAMBA].value.reshape(-1)[0])
+                states[toks] = slot
+                owners[MAMBA][node_owner(nid, MAMBA)] = {slot}
+                cached[MAMBA].add(nid)
+        handles = {hid: frozenset(self._coverage(h, end)) for hid, h in self.locks.items()}
+        locks = LockState(handles, lock_ref, frozenset())
+        lru = {c: self._lru(c) for c in self.comps if c is not FULL}
+        return self._finish(full, live, states, owners, locks, lru, {c: frozenset(ns) for c, ns in cached.items()})
+
+    def _rust_snapshot(self) -> Snapshot:
+        grain = self.ps if self.ps > 1 else 1
+        owners: dict[Component, dict[Owner, set[int]]] = {c: {} for c in (FULL, SWA, MAMBA)}
+        tree = node_owner(NodeId(0), FULL)  # NOTE: the Rust core exposes no node; "the tree" is one owner
+        full = self._canary_chains()
+        owners[FULL][tree] = {x // grain for xs in full.values() for x in xs}
+        live: set[Key] = set()
+        if self.config.window is not None:
+            walk = self.cache.tree_core.walk_for_kv_canary(False, True)  # swa_resident_only
+            resident = {int(x) for x in walk.slot_indices.tolist()}
+            live = {k for k, xs in full.items() if set(xs) <= resident}
+            owners[SWA][node_owner(NodeId(0), SWA)] = self.pools.swa_of(x for k in live for x in full[k])
+        states: dict[Key, int] = {}
+        if self.config.mamba:
+            for k in full:
+                matched, node_id, pinned = self.cache.tree_core.match_full_device_prefix(self._key(k))
+                slot = self._state_at(node_id) if matched == pinned == len(k) else None
+                if slot is not None:
+                    states[k] = slot
+            held = {int(x) for x in self.cache.tree_core.all_mamba_values_flatten().reshape(-1).tolist()}
+            owners[MAMBA][node_owner(NodeId(0), MAMBA)] = held
+        return self._finish(full, live, states, owners, LockState(), {}, {})
+
+    def _finish(
+        self,
+        full: dict[Key, tuple[int, ...]],
+        live: set[Key],
+        states: dict[Key, int],
+        owners: dict[Component, dict[Owner, set[int]]],
+        locks: LockState,
+        lru: dict[Component, LruState],
+        cached: dict[Component, frozenset[NodeId]],
+    ) -> Snapshot:
+        prefix = PrefixCache(self.ps, self.config.window, self.config.mamba, full, frozenset(live), states)  # type: ignore[arg-type]
+        ledgers = self.pools.ledgers(owners[FULL], owners[SWA], owners[MAMBA])
         sizes = {FULL: (int(self.cache.full_evictable_size()), int(self.cache.full_protected_size()))}
+        if SWA in self.comps:
+            sizes[SWA] = (int(self.cache.swa_evictable_size()), int(self.cache.swa_protected_size()))
+        if MAMBA in self.comps:
+            sizes[MAMBA] = (int(self.cache.mamba_evictable_size()), int(self.cache.mamba_protected_size()))
         slots = [x for xs in full.values() for x in xs]
         content = self.kv.content(slots) if "content" in self.capabilities else {}
-        return Snapshot(prefix, locks, {}, {"kv": kv}, content, sizes, {})
+        return Snapshot(prefix, locks, lru, ledgers, content, sizes, cached)
 
-    def _path_sites(self, node: Any, end: dict[int, tuple[int, ...]]) -> list[LockSite]:
+    def _coverage(self, h: UnifiedLock, end: dict[int, tuple[int, ...]]) -> list[LockSite]:
+        """What releasing ``h`` will lower: SGLang's release walk, replayed from the receipt without running it."""
         sites: list[LockSite] = []
         root = self.cache.tree_core.root_node
+        receipt = h.tree_lock.receipt
+        skipped = set(receipt.skipped_lock_components)
+        uuid = receipt.component_lock_uuids.get(self.ct[SWA]) if SWA in self.comps else None
+        swa_on = SWA in self.comps and self.ct[SWA] not in skipped
+        node = h.node
+        if MAMBA in self.comps and self.ct[MAMBA] not in skipped and node is not root and id(node) in end:
+            sites.append((end[id(node)], MAMBA))
         while node is not None and node is not root:
             toks = end.get(id(node))
             if toks is None:
                 break
-            sites.extend((k, FULL) for k in self._pages(toks, len(node.key)))
+            pages = self._pages(toks, len(node.key))
+            sites.extend((k, FULL) for k in pages)
+            if swa_on:
+                sites.extend((k, SWA) for k in pages)
+                if uuid is not None and node.component_data[self.ct[SWA]].metadata.get("uuid") == uuid:
+                    swa_on = False
             node = node.parent
         return sites
+
+    def _lru(self, comp: Component) -> LruState:
+        lst = self.cache.tree_core.lru_lists[self.ct[comp]]
+        pt = int(self.ct[comp])  # NOTE: device lists thread lru_prev/lru_next[component] (SGLang's README)
+        return lru_state(comp, lst.head, lst.tail, lambda n: n.lru_prev[pt], lambda n: n.lru_next[pt], self.ids)
 
 
 def _tokens(node: Any) -> list[int]:
@@ -365,10 +515,10 @@ def _tokens(node: Any) -> list[int]:
 
 
 def unified_python_factory(config: CacheConfig) -> UnifiedAdapter:
-    """SGLang 0.5.23 ``UnifiedRadixCache`` on its Python tree core (full attention; page size 1 or more)."""
+    """SGLang 0.5.23 ``UnifiedRadixCache`` on its Python tree core (FULL, +SWA, +MAMBA as ``config`` names)."""
     return UnifiedAdapter(config, "python")
 
 
 def unified_rust_factory(config: CacheConfig) -> UnifiedAdapter:
-    """SGLang 0.5.23 ``UnifiedRadixCache`` on its Rust tree core (full attention; page size 1 or more)."""
+    """SGLang 0.5.23 ``UnifiedRadixCache`` on its Rust tree core (FULL, +SWA, +MAMBA as ``config`` names)."""
     return UnifiedAdapter(config, "rust")

@@ -24,6 +24,7 @@ def test_radix_cache_conforms(page_size: int) -> None:
     assert run.result.examples >= 50 and run.result.steps > 500
     assert "inv_lru_detached" in run.skipped and "double_dec_lock_ref (rule)" in run.skipped
     assert "inv_lock_ref_counts_handles" not in run.skipped
+    assert "insert without a Mamba state (rule)" not in run.skipped
 
 
 def test_mamba_lru_list_is_caught_by_lru_detachment() -> None:
@@ -35,16 +36,17 @@ def test_mamba_lru_list_is_caught_by_lru_detachment() -> None:
     v = run.result.violation
     assert v is not None and v.rule == "inv_lru_detached", v
     assert "nodes outside it keep links" in v.message
+    assert "insert without a Mamba state (rule)" in run.skipped
     assert v.steps[-2:] == ["insert(borrow=False, prompt=0, suffix=())", "evict(comp=Component.FULL, n=1)"], v.steps
 
 
 def test_b1_program_replays_on_sglang() -> None:
     """The shrunk program, pasted: insert one sequence, evict it; the evicted node still points into the list."""
-    from kvledger.contracts.sglang.common import sglang_machine
+    from kvledger.contracts.cache_machine import machine_for_cache
     from kvledger.contracts.sglang.legacy import mamba_radix_cache_factory
     from kvledger.spec.types import Component
 
-    state = sglang_machine(lambda: mamba_radix_cache_factory(CacheConfig(mamba=True)))()
+    state = machine_for_cache(lambda: mamba_radix_cache_factory(CacheConfig(mamba=True)))()
     state.inv_all_laws()
     state.insert(borrow=False, prompt=0, suffix=())
     state.inv_all_laws()

@@ -1,4 +1,4 @@
-"""SGLang 0.5.23: ``UnifiedRadixCache`` conforms on both tree cores (full attention, token and paged)."""
+"""SGLang 0.5.23: ``UnifiedRadixCache`` conforms on both tree cores: full attention (token and paged), +SWA, +Mamba."""
 
 from __future__ import annotations
 
@@ -14,6 +14,15 @@ from kvledger.contracts.sglang.cpu_import import unavailable_reason
 pytestmark = pytest.mark.skipif(unavailable_reason("0.5.23") is not None, reason=str(unavailable_reason("0.5.23")))
 register_profiles()
 CI = settings.get_profile("ci")
+MODELS = {
+    "full": CacheConfig(),
+    "full-paged": CacheConfig(page_size=2),
+    "swa": CacheConfig(window=2),
+    "mamba": CacheConfig(mamba=True),
+    "hybrid": CacheConfig(window=2, mamba=True),
+}
+NEVER = {"double_dec_lock_ref (rule)"}  # a TreeLock has no identity: a second release is not refused
+RUST_BLIND = {"inv_lock_ref_counts_handles", "inv_handles_match", "inv_sizes", "inv_content", "inv_lru_detached"}
 
 
 def _factory(core: str) -> Callable[[CacheConfig], CacheAdapter]:
@@ -22,20 +31,31 @@ def _factory(core: str) -> Callable[[CacheConfig], CacheAdapter]:
     return unified.unified_python_factory if core == "python" else unified.unified_rust_factory
 
 
-@pytest.mark.parametrize("page_size", [1, 2])
+def _expected_skips(core: str, cfg: CacheConfig) -> set[str]:
+    want = set(NEVER)
+    want.add("insert without a Mamba state (rule)" if cfg.mamba else "mamba_copy_on_write (rule)")
+    if core == "rust":
+        want |= RUST_BLIND
+    elif cfg.window is None and not cfg.mamba:
+        want.add("inv_lru_detached")  # full attention keeps no LRU list in 0.5.23
+    return want
+
+
+@pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("core", ["python", "rust"])
-def test_unified_cache_conforms(core: str, page_size: int) -> None:
+def test_unified_cache_conforms(core: str, model: str) -> None:
     from kvledger.contracts.sglang.common import check
 
-    make = _factory(core)
-    run = check(lambda: make(CacheConfig(page_size=page_size)), CI)
+    make, cfg = _factory(core), MODELS[model]
+    run = check(lambda: make(cfg), CI)
     assert run.result.ok, run.result.violation and run.result.violation.message
     assert run.result.examples >= 50 and run.result.steps > 500
-    assert core in run.adapter
-    if core == "rust":
-        assert "inv_lock_ref_counts_handles" in run.skipped and "inv_content" in run.skipped
-    else:
+    assert core in run.adapter and run.version == "0.5.23"
+    want = _expected_skips(core, cfg)
+    assert want <= set(run.skipped), sorted(want - set(run.skipped))
+    if core == "python":
         assert "inv_lock_ref_counts_handles" not in run.skipped and "inv_content" not in run.skipped
+        assert ("inv_lru_detached" in run.skipped) == (cfg.window is None and not cfg.mamba)
 
 
 def test_insert_frees_duplicates_itself() -> None:
@@ -49,7 +69,47 @@ def test_insert_frees_duplicates_itself() -> None:
     a.insert(1, (1, 2, 3, 4), first, None)
     before = a.allocator.available_size()  # type: ignore[attr-defined]
     got = a.insert(2, (1, 2, 5, 6), second, None)
-    assert got.prefix_len == 2 and got.dup_slots == second[:2]
+    assert got.prefix_len == 2 and got.dup_slots == second[:2] and got.dups_freed == got.dup_slots
     assert a.allocator.available_size() == before + 2  # type: ignore[attr-defined]
-    a.free_kv(2, got.dup_slots)  # acknowledged, not freed twice
+    a.free_kv(2, got.dup_slots)  # a driver that frees them again: acknowledged, not freed twice
     assert a.allocator.available_size() == before + 2  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_swa_duplicates_give_back_both_slots(core: str) -> None:
+    """An insert of a cached sequence frees the caller's full slots and their SWA peers (none leaks)."""
+    a = _factory(core)(CacheConfig(window=2))
+    swa = a.allocator.swa_attn_allocator  # type: ignore[attr-defined]
+    first = a.alloc_kv(1, 4)
+    assert first is not None
+    a.write_kv(first, (1, 2, 3, 4), 0)
+    a.insert(1, (1, 2, 3, 4), first, None)
+    free_swa = swa.available_size()
+    second = a.alloc_kv(2, 4)
+    assert second is not None
+    a.write_kv(second, (1, 2, 3, 4), 0)
+    got = a.insert(2, (1, 2, 3, 4), second, None)
+    assert got.dups_freed == second and swa.available_size() == free_swa
+    snap = a.snapshot()
+    assert len(snap.prefix.swa_live) == 4 and all(
+        len(led.free) + sum(map(len, led.held.values())) == led.capacity for led in snap.ledgers.values()
+    )
+
+
+def test_what_sglang_cannot_express_is_refused() -> None:
+    from kvledger.contracts.sglang.common import NotExpressible
+
+    make = _factory("python")
+    mamba = make(CacheConfig(mamba=True))
+    assert isinstance(mamba, CacheAdapter) and "stateless_insert" not in mamba.capabilities
+    assert "mamba_cow" in mamba.capabilities and "lru" in mamba.capabilities
+    slots = mamba.alloc_kv(1, 2)
+    assert slots is not None
+    with pytest.raises(NotExpressible, match="requires a Mamba state"):
+        mamba.insert(1, (1, 2), slots, None)
+    with pytest.raises(NotExpressible, match="page size 1 only"):
+        make(CacheConfig(window=2, page_size=2))
+    with pytest.raises(NotExpressible, match="page size 1 only"):
+        make(CacheConfig(mamba=True, page_size=2))
+    full = make(CacheConfig())
+    assert "stateless_insert" in full.capabilities and "lru" not in full.capabilities
