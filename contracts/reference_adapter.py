@@ -26,7 +26,7 @@ from kvledger.impl.radix import RadixCache
 from kvledger.impl.tree import MatchResult, TreeNode
 from kvledger.spec.errors import OverAllocation
 from kvledger.spec.locks import Coverage, Key, LockSite, LockState
-from kvledger.spec.lru import SENTINEL, LruState
+from kvledger.spec.lru import DETACHED, SENTINEL, LruState
 from kvledger.spec.prefix import PrefixCache
 from kvledger.spec.types import Component, HandleId, NodeId, request
 
@@ -213,5 +213,11 @@ class ReferenceAdapter:
 
     def snapshot(self) -> Snapshot:
         snap = snapshot_of(self.cache, self._seen)
-        self._seen.update((n.id, n) for n in self.cache.nodes() if n is not self.cache.root)
+        alive = {n.id: n for n in self.cache.nodes() if n is not self.cache.root}
+        # NOTE: an evicted node seen detached in every list has shown all it can (it is never
+        # relinked), so it is forgotten; one that keeps a link stays, so each snapshot shows it.
+        for i in [i for i in self._seen if i not in alive]:
+            if all(lst.links.get(NodeId(i), DETACHED) == DETACHED for lst in snap.lru.values()):
+                del self._seen[i]
+        self._seen.update(alive)
         return snap
