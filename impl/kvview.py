@@ -14,7 +14,7 @@ from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAll
 from kvledger.impl.owners import encode
 from kvledger.impl.slots import SlotPool
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError, SlotConflict
-from kvledger.spec.types import Owner, node
+from kvledger.spec.types import Owner, OwnerKind, node
 
 KVAllocator = TokenAllocator | PagedAllocator | SWATokenAllocator
 _NODE_KIND = encode(node(0)) >> 60
@@ -40,13 +40,56 @@ class KVView:
             return self.kv.pages_of(op, idx)
         return self.pool.as_index(op, idx)
 
+    def fresh_and_held(self, new: torch.Tensor, owner: Owner) -> bool:
+        """The insert checks in one pass, for the common case: the caller's slots are the cached ones, then ``new``.
+
+        True when the slots of ``new`` are in range and distinct and
+        ``owner`` holds them (whole pages in order, when paged): then
+        ``check_fresh`` and ``check_held`` would pass. False means "ask them":
+        they raise the precise error, or accept what this conservative pass
+        does not (an SWA allocator, a node as the owner).
+        """
+        if self.swa is not None or owner.kind is OwnerKind.NODE:
+            return False
+        if self.grain == 1:
+            units = new
+        else:
+            v = new.view(-1, self.grain)
+            if not torch.equal(v - v[:, :1], self._offsets.expand_as(v)) or bool((v[:, 0] % self.grain).any()):
+                return False
+            units = v[:, 0] // self.grain
+        if units.device.type != "cpu" and units.numel():
+            lo, hi = torch.aminmax(units)
+            if int(lo) < 0 or int(hi) >= self.pool.size:
+                return False
+        try:
+            tags = self.pool.owner_tag.index_select(0, units)
+        except IndexError:  # NOTE: a slot out of range (on the CPU, where this is how we learn it)
+            return False
+        # NOTE: a slot ``owner`` holds is no node's, so the new part repeats no cached slot;
+        # slots below the pool's base carry the reserved tag, so they fail here too.
+        if not torch.equal(tags, torch.full_like(tags, encode(owner))):
+            return False
+        return not self.pool.has_duplicates(units)
+
+    def move(self, value: torch.Tensor, src: Owner, dst: Owner) -> None:
+        """Hand ``value``'s slots (checked: ``src`` holds them) from ``src`` to ``dst`` without checking again."""
+        if self.swa is not None:
+            self.swa.transfer(value, src, dst)
+        else:
+            self.pool.retag(self.units_unchecked(value), dst)
+
+    def units_unchecked(self, value: torch.Tensor) -> torch.Tensor:
+        """The pool slots of ``value``, known to be whole pages in order: every ``grain``-th slot, as a page."""
+        return value if self.grain == 1 else value[:: self.grain] // self.grain
+
     def check_fresh(self, key: tuple[int, ...], value: torch.Tensor, offered: torch.Tensor) -> None:
         """Raise ``SlotConflict`` if ``value`` repeats a slot or offers one a node holds (``spec.prefix.check_insert``).
 
         ``offered`` marks the positions whose slot differs from the cached one
         (new positions, and duplicates the caller will get back).
         """
-        if torch.unique(value).numel() != value.numel():
+        if _repeats(self.pool, self.grain, value):
             s, _ = torch.sort(value)
             x = int(s[1:][s[1:] == s[:-1]][0])
             raise SlotConflict("insert", key, f"slot {x} offered for two positions (double allocation?)")
@@ -91,3 +134,14 @@ class KVView:
             dead = self.swa.translate(idx) == 0
             if bool(dead.any()):
                 raise InvalidArgument(op, "swa", idx[dead].tolist(), "slot's SWA slot was freed: cannot cache SWA-live")
+
+
+def _repeats(pool: SlotPool, grain: int, value: torch.Tensor) -> bool:
+    """Whether ``value`` names a token slot twice (O(n) when every slot is in the pool's range, else a sort)."""
+    if value.numel() < 2:
+        return False
+    if grain == 1:
+        lo, hi = torch.aminmax(value)
+        if pool.base <= int(lo) and int(hi) < pool.size:
+            return pool.has_duplicates(value)
+    return bool(torch.unique(value).numel() != value.numel())

@@ -47,13 +47,17 @@ class LockHandle:
 
 
 class LockTable:
-    """The live handles of one cache and the counters each covers (SGLang keeps no such table)."""
+    """The live handles of one cache and the counters each covers (SGLang keeps no such table).
+
+    NOTE: only the handles are kept on the hot path; the reverse index (which
+    handles cover a counter) is rebuilt on demand, for the checks that ask.
+    """
 
     def __init__(self) -> None:
         self.ident = next(_TABLE_IDS)
         self._next = 1
         self._live: dict[HandleId, list[Counter]] = {}
-        self._covering: dict[Counter, set[HandleId]] = {}
+        self._index: dict[Counter, int] | None = None  # counter -> live handles covering it; None: stale
 
     def __len__(self) -> int:
         return len(self._live)
@@ -64,12 +68,14 @@ class LockTable:
         self._next += 1
         cov = list(counters)
         self._live[h] = cov
-        for site in cov:
-            self._covering.setdefault(site, set()).add(h)
+        self._index = None
         return LockHandle(h, self.ident, node_id, tuple(cov))
 
     def coverage(self, op: str, handle: LockHandle) -> tuple[Counter, ...]:
         """The counters live ``handle`` covers now; raise ``DoubleUnlock`` / ``UnknownHandle`` otherwise."""
+        return tuple(self._covered(op, handle))
+
+    def _covered(self, op: str, handle: LockHandle) -> list[Counter]:
         if handle.table != self.ident:
             raise UnknownHandle(op, handle.id, f"issued by another cache (table {handle.table}, this is {self.ident})")
         cov = self._live.get(handle.id)
@@ -77,27 +83,24 @@ class LockTable:
             if 0 < handle.id < self._next:
                 raise DoubleUnlock(op, handle.id, f"on node {handle.node_id}: handle already released (double unlock)")
             raise UnknownHandle(op, handle.id, "was never issued by this cache")
-        return tuple(cov)
+        return cov
 
     def release(self, handle: LockHandle) -> tuple[Counter, ...]:
         """Forget live ``handle`` (validated by ``coverage``) and return what it covered."""
         cov = self._live.pop(handle.id)
-        for site in cov:
-            holders = self._covering[site]
-            holders.discard(handle.id)
-            if not holders:
-                del self._covering[site]
+        self._index = None
         return tuple(cov)
 
     def extend_on_split(self, old: NodeId, new: NodeId, components: Iterable[Component]) -> None:
         """``new`` took the upper part of split node ``old``: handles covering ``(old, c)`` now cover ``(new, c)``."""
+        if not self._live:
+            return
         for c in components:
-            holders = self._covering.get((old, c))
-            if not holders:
-                continue
-            self._covering[(new, c)] = set(holders)
-            for h in holders:
-                self._live[h].append((new, c))
+            site = (old, c)
+            for cov in self._live.values():
+                if site in cov:
+                    cov.append((new, c))
+        self._index = None
 
     def is_live(self, handle: LockHandle) -> bool:
         """``handle`` was issued by this table and not yet released."""
@@ -105,7 +108,13 @@ class LockTable:
 
     def covering(self, node_id: NodeId, component: Component) -> int:
         """How many live handles cover ``(node_id, component)`` (``inv_lock_ref_counts_handles``)."""
-        return len(self._covering.get((node_id, component), ()))
+        if self._index is None:
+            index: dict[Counter, int] = {}
+            for cov in self._live.values():
+                for site in set(cov):
+                    index[site] = index.get(site, 0) + 1
+            self._index = index
+        return self._index.get((node_id, component), 0)
 
     def live(self) -> Mapping[HandleId, tuple[Counter, ...]]:
         """Every live handle and the counters it covers now (for the abstraction function)."""

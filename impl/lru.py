@@ -24,7 +24,7 @@ pointer of it, bug B1) and ``inv_lru_links_symmetric``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from typing import Generic, TypeVar, cast
 
 from kvledger.spec.errors import AlreadyInList, IntegrityError, NotInList
@@ -33,19 +33,64 @@ from kvledger.spec.types import Component
 SENTINEL_ID = -1
 """The id both sentinels carry (``kvledger.spec.lru.SENTINEL``)."""
 
+SLOT: dict[Component, int] = {c: i for i, c in enumerate(Component)}
+"""Where component ``c`` keeps its entry in a node's per-component lists (``Linked.prev``, ``Linked.next``)."""
+
+
+T = TypeVar("T")
+
+
+class ByComponent(MutableMapping[Component, T]):
+    """A node's per-component list read and written by component (``list[SLOT[c]]``): a live view, not a copy."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: list[T]) -> None:
+        self._items = items
+
+    def __getitem__(self, c: Component) -> T:
+        return self._items[SLOT[c]]
+
+    def __setitem__(self, c: Component, x: T) -> None:
+        self._items[SLOT[c]] = x
+
+    def __delitem__(self, c: Component) -> None:
+        raise TypeError(f"{c.value}: every component keeps an entry (assign instead)")
+
+    def __iter__(self) -> Iterator[Component]:
+        return iter(SLOT)
+
+    def __len__(self) -> int:
+        return len(SLOT)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
 
 class Linked:
     """Something that can sit in one LRU list per component: an id and a pointer pair per component.
 
-    A node outside a component's list has ``lru_prev[c] is lru_next[c] is None``.
+    ``prev[i]`` / ``next[i]``: the pointers of the list of component ``i``
+    (``SLOT``); ``lru_prev[c]`` / ``lru_next[c]`` read and write them by
+    component. A node outside a component's list has both ``None``.
     """
 
-    __slots__ = ("id", "lru_next", "lru_prev")
+    __slots__ = ("id", "next", "prev")
 
     def __init__(self, ident: int) -> None:
         self.id = ident
-        self.lru_prev: dict[Component, Linked | None] = dict.fromkeys(Component)
-        self.lru_next: dict[Component, Linked | None] = dict.fromkeys(Component)
+        self.prev: list[Linked | None] = [None] * len(SLOT)
+        self.next: list[Linked | None] = [None] * len(SLOT)
+
+    @property
+    def lru_prev(self) -> ByComponent[Linked | None]:
+        """The pointer towards the head (more recently used), per component."""
+        return ByComponent(self.prev)
+
+    @property
+    def lru_next(self) -> ByComponent[Linked | None]:
+        """The pointer towards the tail (less recently used), per component."""
+        return ByComponent(self.next)
 
 
 N = TypeVar("N", bound=Linked)
@@ -61,10 +106,11 @@ class LRUList(Generic[N]):
 
     def __init__(self, component: Component) -> None:
         self.component = component
+        self.slot = SLOT[component]
         self.head = Linked(SENTINEL_ID)
         self.tail = Linked(SENTINEL_ID)
-        self.head.lru_next[component] = self.tail
-        self.tail.lru_prev[component] = self.head
+        self.head.next[self.slot] = self.tail
+        self.tail.prev[self.slot] = self.head
         self._members: set[int] = set()
 
     # ------------------------------------------------------------ queries
@@ -77,12 +123,12 @@ class LRUList(Generic[N]):
 
     def lru_first(self) -> N | None:
         """The least recently used member (where eviction starts), or ``None`` when empty."""
-        x = self.tail.lru_prev[self.component]
+        x = self.tail.prev[self.slot]
         return None if x is self.head or x is None else cast(N, x)
 
     def more_recent(self, node: N) -> N | None:
         """The member just more recently used than ``node`` (towards the head), or ``None``."""
-        x = node.lru_prev[self.component]
+        x = node.prev[self.slot]
         return None if x is self.head or x is None else cast(N, x)
 
     def iter_lru(self) -> Iterator[N]:
@@ -90,35 +136,39 @@ class LRUList(Generic[N]):
 
         The yielded node may be removed before the next step; nothing else may change.
         """
-        x = self.lru_first()
-        while x is not None:
-            nxt = self.more_recent(x)
-            yield x
+        i, head = self.slot, self.head
+        x = self.tail.prev[i]
+        while x is not None and x is not head:
+            nxt = x.prev[i]
+            yield cast(N, x)
             x = nxt
 
     def order(self) -> list[int]:
         """Member ids from head (MRU) to tail (LRU), walked through the pointers (``LruState.order``)."""
         out: list[int] = []
-        x = self.head.lru_next[self.component]
+        i = self.slot
+        x = self.head.next[i]
         while x is not None and x is not self.tail and len(out) <= len(self._members):
             out.append(x.id)
-            x = x.lru_next[self.component]
+            x = x.next[i]
         return out
 
     def check(self) -> None:
         """Raise ``IntegrityError`` unless the pointers form one symmetric chain of exactly the members."""
-        c, seen = self.component, list[int]()
+        i, seen = self.slot, list[int]()
         x: Linked | None = self.head
         while x is not self.tail:
             assert x is not None
-            nxt = x.lru_next[c]
-            if nxt is None or nxt.lru_prev[c] is not x or len(seen) > len(self._members):
-                raise IntegrityError(f"{c.value} LRU list: broken or asymmetric link after node {x.id}")
+            nxt = x.next[i]
+            if nxt is None or nxt.prev[i] is not x or len(seen) > len(self._members):
+                raise IntegrityError(f"{self.component.value} LRU list: broken or asymmetric link after node {x.id}")
             if nxt is not self.tail:
                 seen.append(nxt.id)
             x = nxt
         if sorted(seen) != sorted(self._members):
-            raise IntegrityError(f"{c.value} LRU list: walk {seen} differs from members {sorted(self._members)}")
+            raise IntegrityError(
+                f"{self.component.value} LRU list: walk {seen} differs from members {sorted(self._members)}"
+            )
 
     # ------------------------------------------------------------ transitions
 
@@ -138,7 +188,7 @@ class LRUList(Generic[N]):
             raise AlreadyInList("lru_insert", self.component.value, node.id, "already in the list")
         if anchor.id not in self._members:
             raise NotInList("lru_insert", self.component.value, anchor.id, "anchor is not in the list")
-        prev = anchor.lru_prev[self.component]
+        prev = anchor.prev[self.slot]
         assert prev is not None
         self._link_after(prev, node)
 
@@ -149,33 +199,45 @@ class LRUList(Generic[N]):
         self._unlink(node)
         # NOTE: B1 (SGLang PR #25770): the removed node's own pointers must be cleared too,
         # else evicted neighbours point at each other and only the cycle collector frees them.
-        node.lru_prev[self.component] = None
-        node.lru_next[self.component] = None
+        node.prev[self.slot] = None
+        node.next[self.slot] = None
 
     def touch(self, node: N) -> None:
         """Move member ``node`` to the head (SGLang's ``reset_node_mru``). Refines ``spec.lru.lru_touch``."""
-        if node.id not in self._members:
-            raise NotInList("lru_touch", self.component.value, node.id, "not in the list (evicted node touched?)")
-        if self.head.lru_next[self.component] is node:
-            return
-        self._unlink(node)
-        self._link_after(self.head, node)
+        self.touch_all([node])
+
+    def touch_all(self, nodes: list[N]) -> None:
+        """``touch`` each of ``nodes`` in turn (the last ends at the head): one call for a whole radix path."""
+        i, head, members = self.slot, self.head, self._members
+        for node in nodes:
+            if node.id not in members:
+                raise NotInList("lru_touch", self.component.value, node.id, "not in the list (evicted node touched?)")
+            first = head.next[i]
+            if first is node:
+                continue
+            prev, nxt = node.prev[i], node.next[i]
+            assert prev is not None and nxt is not None and first is not None
+            prev.next[i] = nxt
+            nxt.prev[i] = prev
+            node.prev[i], node.next[i] = head, first
+            head.next[i] = node
+            first.prev[i] = node
 
     # ------------------------------------------------------------ pointer surgery
 
     def _link_after(self, prev: Linked, node: Linked) -> None:
-        c = self.component
-        nxt = prev.lru_next[c]
+        i = self.slot
+        nxt = prev.next[i]
         assert nxt is not None
-        node.lru_prev[c], node.lru_next[c] = prev, nxt
-        prev.lru_next[c] = node
-        nxt.lru_prev[c] = node
+        node.prev[i], node.next[i] = prev, nxt
+        prev.next[i] = node
+        nxt.prev[i] = node
         self._members.add(node.id)
 
     def _unlink(self, node: Linked) -> None:
-        c = self.component
-        prev, nxt = node.lru_prev[c], node.lru_next[c]
+        i = self.slot
+        prev, nxt = node.prev[i], node.next[i]
         assert prev is not None and nxt is not None
-        prev.lru_next[c] = nxt
-        nxt.lru_prev[c] = prev
+        prev.next[i] = nxt
+        nxt.prev[i] = prev
         self._members.discard(node.id)

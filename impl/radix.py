@@ -44,8 +44,23 @@ import torch
 from kvledger.impl.allocators import SWATokenAllocator
 from kvledger.impl.kvview import KVAllocator
 from kvledger.impl.locks import Counter, LockHandle
+from kvledger.impl.lru import SLOT
 from kvledger.impl.mamba import MambaPool
-from kvledger.impl.tree import FULL, MAMBA, SWA, InsertResult, MatchResult, RadixTree, TreeNode, longest_match
+from kvledger.impl.tree import (
+    FULL,
+    I_FULL,
+    I_MAMBA,
+    I_SWA,
+    MAMBA,
+    SWA,
+    InsertResult,
+    MatchResult,
+    RadixTree,
+    Tokens,
+    TreeNode,
+    as_key,
+    longest_match,
+)
 from kvledger.spec.errors import (
     CacheError,
     ComponentDisabled,
@@ -97,24 +112,29 @@ class RadixCache(RadixTree):
         Mamba, length 0 or a state at the prefix end. Effects:
         if the prefix ends inside a node, that node is split so ``last_node``
         ends exactly there (the tree's shape changes, the cached content does
-        not); matched nodes move to the MRU end of each list holding them. The
-        result is borrowed: lock ``last_node`` before using it.
+        not); matched nodes move to the MRU end of each list holding them, and
+        so does the remainder of a node split here (as SGLang refreshes the node
+        it splits). The result is borrowed: lock ``last_node`` before using it.
         """
-        key = self._as_tokens("match_prefix", key)
-        path, counts = self._descend(key, key.tolist())
-        tombs, ends, pos = [], [], 0
-        for n, k in zip(path, counts, strict=True):
-            if n.swa_tombstone:
-                tombs.append((pos, pos + k))
-            if k == len(n) and n.mamba_slot is not None:
-                ends.append(n.end)
-            pos += k
-        length = longest_match(pos, self.page_size, self.swa_window, tombs, None if self.mamba is None else ends)
-        indices = self._slots_along(path, counts)[:length]
-        last = self._cut(path, length)
-        if length:
-            self._touch_path(last)
-        return MatchResult(length, indices, last, last.mamba_slot if length and self.mamba is not None else None)
+        q = as_key("match_prefix", key)
+        path, pos = self._descend(q)
+        if self.swa_window is None and self.mamba is None:
+            length = pos
+        else:
+            tombs, ends = [], []
+            for n in path:
+                if n.swa_tombstone:
+                    tombs.append((n.start, min(n.end, pos)))
+                if n.end <= pos and n.mamba_slot is not None:
+                    ends.append(n.end)
+            length = longest_match(pos, self.page_size, self.swa_window, tombs, None if self.mamba is None else ends)
+        if not length:
+            return MatchResult(0, self._empty, self.root, None)
+        last, rest = self._cut(path, length)
+        up = self._touch_path(last, rest)
+        up.reverse()
+        indices = torch.cat([x.value for x in up])
+        return MatchResult(length, indices, last, last.mamba_slot if self.mamba is not None else None)
 
     def insert(
         self, key: torch.Tensor, value: torch.Tensor, owner: Owner, *, mamba_slot: int | None = None
@@ -128,50 +148,64 @@ class RadixCache(RadixTree):
         still the caller's. ``mamba_slot`` becomes the state at the key's end
         unless one is there, else it comes back as ``dup_mamba``. SWA
         tombstones are never revived. Splits so ``last_node`` ends at
-        ``len(key)``; touches the path.
+        ``len(key)``; touches the path (and the remainder of a split node).
         """
         op = "insert"
-        key, value = self._as_tokens(op, key), self._as_tokens(op, value)
-        n, toks = key.numel(), key.tolist()
+        q, value = as_key(op, key), self._as_tokens(op, value)
+        n = len(q)
         if value.numel() != n:
-            raise LengthMismatch(op, tuple(toks), f"{value.numel()} slots for {n} tokens")
+            raise LengthMismatch(op, tuple(q), f"{value.numel()} slots for {n} tokens")
         if n % self.page_size:
-            raise UnalignedKey(op, tuple(toks), f"length {n} is not a multiple of page size {self.page_size}")
+            raise UnalignedKey(op, tuple(q), f"length {n} is not a multiple of page size {self.page_size}")
         if mamba_slot is not None and (self.mamba is None or n == 0):
             why = "the cache has no Mamba component" if self.mamba is None else "a Mamba state cannot sit at the root"
-            raise ComponentDisabled(op, tuple(toks), f"Mamba slot {mamba_slot} offered but {why}")
+            raise ComponentDisabled(op, tuple(q), f"Mamba slot {mamba_slot} offered but {why}")
         if n == 0:
             return InsertResult(value, None, self.root, 0)
-        path, counts = self._descend(key, toks)
-        hit = sum(counts)
-        same_slot = value[:hit] == self._slots_along(path, counts)
+        path, hit = self._descend(q)
+        cached = self._slots_along(path, hit)
+        # NOTE: fast path: the caller hands back the cached slots for the cached positions (a scheduler's
+        # matched prefix); one pass checks the rest. Otherwise, or if that pass fails, the checks one by one.
+        new = value[hit:]
+        if (not hit or torch.equal(value[:hit], cached)) and self._kv.fresh_and_held(new, owner):
+            dups = self._empty
+        else:
+            dups = self._check_insert(q, value, hit, cached, owner)
+        if self.swa_window is not None:
+            self._kv.check_swa_live(op, new)
+        at_end = path[-1].mamba_slot if hit == n and path[-1].end == n else None
+        if mamba_slot is not None and mamba_slot != at_end:
+            self._check_state(tuple(q), mamba_slot, owner)
+        # NOTE: all checks are done; nothing below can fail on the caller's input.
+        last, rest = self._cut(path, hit)
+        if hit < n:
+            last = self._new_leaf(last, q[hit:], new, owner)
+        dup_mamba = None
+        if mamba_slot is not None and last.mamba_slot is None:
+            self._adopt_state(last, mamba_slot, owner)
+        elif mamba_slot is not None and mamba_slot != last.mamba_slot:
+            dup_mamba = mamba_slot
+        self._touch_path(last, rest)
+        return InsertResult(dups, dup_mamba, last, hit)
+
+    def _check_insert(
+        self, q: Tokens, value: torch.Tensor, hit: int, cached: torch.Tensor, owner: Owner
+    ) -> torch.Tensor:
+        """Every check of ``insert`` on the slots, one at a time; returns the caller's duplicates."""
+        op, n, key = "insert", len(q), tuple(q)
+        same_slot = value[:hit] == cached
         differs = torch.ones(n, dtype=torch.bool, device=self.device)
         differs[:hit] = ~same_slot
-        self._kv.check_fresh(tuple(toks), value, differs)
+        self._kv.check_fresh(key, value, differs)
         same = same_slot.view(-1, self.page_size)
         offered = torch.ones(n, dtype=torch.bool, device=self.device)
         offered[:hit] = ~same.all(dim=1).repeat_interleave(self.page_size)
         mixed = same.any(dim=1) & ~same.all(dim=1)
         if bool(mixed.any()):
             end = (int(torch.nonzero(mixed)[0]) + 1) * self.page_size
-            raise SlotConflict(op, tuple(toks), f"page ending at {end} is only partly the cache's slots")
+            raise SlotConflict(op, key, f"page ending at {end} is only partly the cache's slots")
         self._kv.check_held(value, offered, owner)
-        if self.swa_window is not None:
-            self._kv.check_swa_live(op, value[hit:])
-        at_end = path[-1].mamba_slot if hit == n and path[-1].end == n else None
-        if mamba_slot is not None and mamba_slot != at_end:
-            self._check_state(tuple(toks), mamba_slot, owner)
-        # NOTE: all checks are done; nothing below can fail on the caller's input.
-        last = self._cut(path, hit)
-        if hit < n:
-            last = self._new_leaf(last, key[hit:], value[hit:], owner)
-        dup_mamba = None
-        if mamba_slot is not None and last.mamba_slot is None:
-            self._adopt_state(last, mamba_slot, owner)
-        elif mamba_slot is not None and mamba_slot != last.mamba_slot:
-            dup_mamba = mamba_slot
-        self._touch_path(last)
-        return InsertResult(value[:hit][offered[:hit]], dup_mamba, last, hit)
+        return value[:hit][offered[:hit]]
 
     def _check_state(self, key: tuple[int, ...], slot: int, owner: Owner) -> None:
         pool = self._pool("insert")
@@ -195,20 +229,22 @@ class RadixCache(RadixTree):
         """
         self._check_live("inc_lock_ref", n)
         counters: list[Counter] = []
+        raise_lock = self._raise_lock
         x = n
         while x.parent is not None:
-            counters.append((NodeId(x.id), FULL))
+            counters.append(x.full_site)
+            raise_lock(x, FULL)
             x = x.parent
         if self.swa_window is not None:
             x, lo = n, n.end - self.swa_window
             while x.parent is not None and x.end > lo:
                 if not x.swa_tombstone:
                     counters.append((NodeId(x.id), SWA))
+                    self._raise_lock(x, SWA)
                 x = x.parent
         if self.mamba is not None and n.mamba_slot is not None:
             counters.append((NodeId(n.id), MAMBA))
-        for nid, c in counters:
-            self._raise_lock(self._nodes[nid], c)
+            self._raise_lock(n, MAMBA)
         return self._locks.issue(NodeId(n.id), counters)
 
     def dec_lock_ref(self, handle: LockHandle) -> None:
@@ -219,13 +255,17 @@ class RadixCache(RadixTree):
         raises ``DoubleUnlock`` / ``UnknownHandle`` and changes nothing.
         """
         cov = self._locks.coverage("dec_lock_ref", handle)
+        nodes = self._nodes
+        got: list[TreeNode] = []
         for nid, c in cov:
-            got = self._nodes.get(nid)
-            if got is None or got.lock_ref[c] <= 0:
+            x = nodes.get(nid)
+            if x is None or x.refs[I_FULL if c is FULL else SLOT[c]] <= 0:
                 raise IntegrityError(f"dec_lock_ref of handle {handle.id}: node {nid} {c.value} lock_ref is not held")
+            got.append(x)
         self._locks.release(handle)
-        for nid, c in cov:
-            self._lower_lock(self._nodes[nid], c)
+        lower_lock = self._lower_lock
+        for x, (_, c) in zip(got, cov, strict=True):
+            lower_lock(x, c)
 
     def is_live(self, handle: LockHandle) -> bool:
         """``handle`` came from this cache and is not released yet."""
@@ -241,11 +281,11 @@ class RadixCache(RadixTree):
 
     def evictable_size(self, comp: Component = FULL) -> int:
         """Cached ``comp`` (tokens; MAMBA: states) no live handle covers. Refines ``spec.prefix.evictable_size``."""
-        return self._evictable[self._require(comp, "evictable_size")]
+        return self._evictable[SLOT[self._require(comp, "evictable_size")]]
 
     def protected_size(self, comp: Component = FULL) -> int:
         """Cached ``comp`` (tokens; MAMBA: states) a live handle covers. Refines ``spec.prefix.protected_size``."""
-        return self._protected[self._require(comp, "protected_size")]
+        return self._protected[SLOT[self._require(comp, "protected_size")]]
 
     # ------------------------------------------------------------ eviction
 
@@ -270,10 +310,10 @@ class RadixCache(RadixTree):
         # NOTE: no ancestor is less recent than its descendants (``_touch_path``, ``_split``), so a
         # parent that becomes a leaf lies ahead of the cursor: one pass from the LRU end suffices.
         freed = 0
-        for cur in self._lru[FULL].iter_lru():
+        for cur in self._full.iter_lru():
             if freed >= n:
                 break
-            if not cur.children and cur.lock_ref[FULL] == 0:
+            if not cur.children and not cur.refs[I_FULL]:
                 freed += self._delete_leaf(cur)
         return freed
 
@@ -282,14 +322,14 @@ class RadixCache(RadixTree):
         for cur in lru.iter_lru():
             if freed >= n:
                 break
-            if cur.lock_ref[comp]:
+            if cur.refs[SLOT[comp]]:
                 continue
             if comp is SWA:
                 assert self._kv.swa is not None
                 self._kv.swa.free_swa(cur.value, node(cur.id, FULL))
                 cur.swa_tombstone = True
                 lru.remove(cur)
-                self._evictable[SWA] -= len(cur)
+                self._evictable[I_SWA] -= len(cur)
                 freed += len(cur)
             else:
                 self._drop_state(cur)
@@ -315,7 +355,7 @@ class RadixCache(RadixTree):
             slot = int(pool.alloc(1, owner)[0])
             pool.copy_state(src.mamba_slot, slot, owner)
             return slot
-        if self._evictable[MAMBA] - (src.lock_ref[MAMBA] == 0) < 1:
+        if self._evictable[I_MAMBA] - (src.refs[I_MAMBA] == 0) < 1:
             raise OverAllocation("mamba_copy_on_write", "mamba", (), f"pool full, no unlocked state to evict ({owner})")
         h = self.inc_lock_ref(src)
         try:

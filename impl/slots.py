@@ -43,6 +43,7 @@ class SlotPool:
         self.capacity = capacity
         self.base = base
         self.device = torch.device(device)
+        self._cpu = self.device.type == "cpu"
         self.size = base + capacity
         # owner_tag[s]: FREE_TAG, RESERVED_TAG (s < base) or the encoded owner of slot s.
         self.owner_tag = torch.zeros(self.size, dtype=torch.int64, device=self.device)
@@ -54,7 +55,19 @@ class SlotPool:
         # Provenance: origin[s] is the ``stamp`` in force when slot s last got its owner (alloc or
         # transfer). Whoever drives the pool (the memory manager) sets ``stamp`` to an event id it logs.
         self.origin = torch.zeros(self.size, dtype=torch.int64, device=self.device)
-        self.stamp = 0
+        self._stamp = 0
+        self._stamped = False  # NOTE: until a stamp other than 0 is set, origin is all 0 and needs no writes
+        self._mark: torch.Tensor | None = None  # scratch for the O(n) duplicate check, allocated on first use
+
+    @property
+    def stamp(self) -> int:
+        """The provenance stamp written into ``origin`` for every slot that gets an owner from now on."""
+        return self._stamp
+
+    @stamp.setter
+    def stamp(self, value: int) -> None:
+        self._stamp = value
+        self._stamped = self._stamped or value != 0
 
     # ------------------------------------------------------------ queries
 
@@ -86,23 +99,69 @@ class SlotPool:
             raise InvalidArgument(
                 op, self.name, (), f"indices must be 1-D and non-empty, got shape {tuple(indices.shape)}"
             )
-        idx = indices.to(torch.int64)
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < self.base or hi >= self.size:
+        idx = indices if indices.dtype == torch.int64 else indices.to(torch.int64)
+        lo, hi = torch.aminmax(idx)
+        if int(lo) < self.base or int(hi) >= self.size:
             bad = idx[(idx < self.base) | (idx >= self.size)].tolist()
             raise OutOfRange(op, self.name, bad, f"outside [{self.base}, {self.size})")
-        if torch.unique(idx).numel() != idx.numel():
+        if self.has_duplicates(idx):
             s, _ = torch.sort(idx)
             dup = s[1:][s[1:] == s[:-1]].tolist()
             raise InvalidArgument(op, self.name, dup, "duplicate slot ids in one call")
         return idx
 
+    def has_duplicates(self, idx: torch.Tensor) -> bool:
+        """Whether in-range slots ``idx`` name a slot twice: O(n), no sort.
+
+        Each position writes its own number into a scratch cell of its slot; a
+        slot named twice keeps only one of the numbers, so some position reads back another.
+        """
+        k = idx.numel()
+        if k < 2:
+            return False
+        if self._mark is None:
+            self._mark = torch.empty(self.size, dtype=torch.int64, device=self.device)
+        pos = torch.arange(k, dtype=torch.int64, device=self.device)
+        self._mark.index_copy_(0, idx, pos)
+        return not torch.equal(self._mark.index_select(0, idx), pos)
+
+    def _held_index(self, op: str, indices: torch.Tensor, owner: Owner) -> torch.Tensor:
+        """``as_index`` then ``check_held``: the validated slots, or the first of their errors.
+
+        NOTE: on the CPU the common case takes one gather: ``index_select``
+        rejects an index outside the tensor, and slots below ``base`` carry
+        the reserved tag, so "all tagged ``owner``" implies "all in range".
+        Any failure re-runs the checks one by one for the precise error.
+        """
+        if (
+            self._cpu
+            and isinstance(indices, torch.Tensor)
+            and indices.dtype == torch.int64
+            and indices.device == self.device
+            and indices.dim() == 1
+            and indices.numel()
+        ):
+            try:
+                tags = self.owner_tag.index_select(0, indices)
+            except IndexError:
+                tags = None
+            if (
+                tags is not None
+                and torch.equal(tags, torch.full_like(tags, encode(owner)))
+                and not self.has_duplicates(indices)
+            ):
+                return indices
+        idx = self.as_index(op, indices)
+        self.check_held(op, idx, owner)
+        return idx
+
     def check_held(self, op: str, idx: torch.Tensor, owner: Owner) -> None:
         """Raise unless every slot of ``idx`` (already validated) is tagged ``owner``."""
         code = encode(owner)
-        tags = self.owner_tag[idx]
-        bad = tags != code
-        if bool(bad.any()):
+        idx = _long(idx)
+        tags = self.owner_tag.index_select(0, idx)
+        if not torch.equal(tags, torch.full_like(tags, code)):
+            bad = tags != code
             raise self._held_error(op, idx[bad], tags[bad], owner)
 
     def _held_error(self, op: str, slots: torch.Tensor, tags: torch.Tensor, owner: Owner) -> LedgerError:
@@ -133,8 +192,9 @@ class SlotPool:
         self.check_alloc(n, owner)
         out = self._stack[self._top - n : self._top].flip(0)
         self._top -= n
-        self.owner_tag[out] = encode(owner)
-        self.origin[out] = self.stamp
+        self.owner_tag.index_fill_(0, out, encode(owner))
+        if self._stamped:
+            self.origin.index_fill_(0, out, self._stamp)
         return out
 
     def free(self, indices: torch.Tensor, owner: Owner) -> None:
@@ -143,26 +203,36 @@ class SlotPool:
         Raises ``DoubleFree`` / ``NotOwner`` / ``OutOfRange`` / ``InvalidArgument``
         with the pool unchanged.
         """
-        idx = self.as_index("free", indices)
-        self.check_held("free", idx, owner)
-        self.release(idx)
+        self.release(self._held_index("free", indices, owner))
 
     def release(self, idx: torch.Tensor) -> None:
         """Push already-validated slots back on the free stack (no checks: callers validate first)."""
         k = idx.numel()
-        self.owner_tag[idx] = FREE_TAG
+        self.owner_tag.index_fill_(0, _long(idx), FREE_TAG)
         self._stack[self._top : self._top + k] = idx
         self._top += k
 
     def transfer(self, indices: torch.Tensor, src: Owner, dst: Owner) -> None:
         """Move ``indices`` from ``src`` (which must hold them) to ``dst``. Refines ``spec.ledger.transfer``."""
-        idx = self.as_index("transfer", indices)
         if src == dst:
+            idx = self.as_index("transfer", indices)
             raise InvalidArgument("transfer", self.name, idx.tolist(), f"source and destination are both {src}")
         code = encode(dst)
-        self.check_held("transfer", idx, src)
-        self.owner_tag[idx] = code
-        self.origin[idx] = self.stamp
+        idx = self._held_index("transfer", indices, src)
+        self.owner_tag.index_fill_(0, idx, code)
+        if self._stamped:
+            self.origin.index_fill_(0, idx, self._stamp)
+
+    def retag(self, idx: torch.Tensor, dst: Owner) -> None:
+        """Give already-validated slots ``idx`` to ``dst`` (no checks: callers validate first, as for ``release``).
+
+        The radix tree moves slots between its own nodes, and takes slots an
+        ``insert`` has checked, with this.
+        """
+        idx = _long(idx)
+        self.owner_tag.index_fill_(0, idx, encode(dst))
+        if self._stamped:
+            self.origin.index_fill_(0, idx, self._stamp)
 
     def free_all_of(self, owner: Owner) -> torch.Tensor:
         """Free every slot tagged ``owner`` (a whole-pool scan: for teardown paths) and return them."""
@@ -174,3 +244,7 @@ class SlotPool:
     def held_by(self, owner: Owner) -> torch.Tensor:
         """Every slot tagged ``owner`` (a whole-pool scan)."""
         return torch.nonzero(self.owner_tag == encode(owner)).flatten()
+
+
+def _long(idx: torch.Tensor) -> torch.Tensor:
+    return idx if idx.dtype == torch.int64 else idx.to(torch.int64)

@@ -13,39 +13,88 @@ change; :class:`kvledger.impl.radix.RadixCache` builds the protocol on it.
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 
 from kvledger.impl.kvview import KVAllocator, KVView
-from kvledger.impl.locks import LockTable
-from kvledger.impl.lru import Linked, LRUList
+from kvledger.impl.locks import Counter, LockTable
+from kvledger.impl.lru import SLOT, ByComponent, Linked, LRUList
 from kvledger.impl.mamba import MambaPool
 from kvledger.spec.errors import CacheError, ComponentDisabled
 from kvledger.spec.types import Component, NodeId, Owner, node
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
+I_FULL, I_SWA, I_MAMBA = SLOT[FULL], SLOT[SWA], SLOT[MAMBA]
 ChildKey = int | tuple[int, ...]
 Sizes = dict[Component, tuple[int, int]]
 """Per component: ``(evictable, protected)``, in tokens (FULL, SWA) or states (MAMBA)."""
+Tokens: TypeAlias = "array[int]"
+"""A radix key: ``array("q")`` of tokens, on the CPU whatever the device of the slots."""
+
+
+def as_key(op: str, t: torch.Tensor) -> Tokens:
+    """``t`` (a 1-D integer tensor on any device) as an ``array("q")`` of tokens, in one copy.
+
+    Radix keys are compared on the CPU: ``array`` equality is one ``memcmp``-like
+    loop in C, where a tensor comparison costs a dispatch per node.
+    """
+    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
+        raise CacheError(f"{op}: expected a 1-D integer tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    n = t.numel()
+    out = array("q", bytes(8 * n))
+    if n:
+        torch.frombuffer(out, dtype=torch.int64).copy_(t)
+    return out
+
+
+def common_prefix(a: Tokens, b: Tokens, pos: int) -> int:
+    """The length of the longest common prefix of ``a`` and ``b[pos:]``."""
+    hi = min(len(a), len(b) - pos)
+    if a[:hi] == b[pos : pos + hi]:
+        return hi
+    lo = 0  # NOTE: a[:lo] agrees and a[:hi] does not; halve until they are adjacent
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[pos + lo : pos + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class TreeNode(Linked):
     """One radix node. The root (id 0) has an empty key and is never locked, evicted or listed.
 
-    ``children`` are keyed by the first token (``page_size == 1``) or the
-    tuple of the first page's tokens; keys are whole pages. ``swa_tombstone``:
-    the node's SWA slots were freed (its full slots stay). ``mamba_slot``: the
-    Mamba state after the node's last token, ``None`` for a Mamba tombstone.
-    ``lock_ref[c]``: live handles covering the node in component ``c``.
-    ``lru_prev`` / ``lru_next``: the intrusive LRU links, per component.
-    ``last_access``: logical time of the last match or insert through it.
+    ``key``: the node's tokens, an ``array("q")`` on the CPU; ``value``: their
+    slots, an int64 tensor on the allocator's device. ``children`` are keyed by
+    the first token (``page_size == 1``) or the tuple of the first page's
+    tokens; keys are whole pages. ``swa_tombstone``: the node's SWA slots were
+    freed (its full slots stay). ``mamba_slot``: the Mamba state after the
+    node's last token, ``None`` for a Mamba tombstone. ``lock_ref[c]``: live
+    handles covering the node in component ``c`` (a view of ``refs``, indexed
+    by ``lru.SLOT``). ``lru_prev`` / ``lru_next``: the intrusive LRU links, per
+    component. ``last_access``: logical time of the last match or insert through it.
     """
 
-    __slots__ = ("children", "end", "key", "last_access", "lock_ref", "mamba_slot", "parent", "swa_tombstone", "value")
+    __slots__ = (
+        "children",
+        "end",
+        "full_site",
+        "key",
+        "last_access",
+        "mamba_slot",
+        "owner",
+        "parent",
+        "refs",
+        "swa_tombstone",
+        "value",
+    )
 
-    def __init__(self, ident: int, parent: TreeNode | None, key: torch.Tensor, value: torch.Tensor, end: int) -> None:
+    def __init__(self, ident: int, parent: TreeNode | None, key: Tokens, value: torch.Tensor, end: int) -> None:
         super().__init__(ident)
         self.parent = parent
         self.children: dict[ChildKey, TreeNode] = {}
@@ -54,16 +103,23 @@ class TreeNode(Linked):
         self.end = end
         self.swa_tombstone = False
         self.mamba_slot: int | None = None
-        self.lock_ref: dict[Component, int] = dict.fromkeys(Component, 0)
+        self.refs = [0] * len(SLOT)
         self.last_access = 0
+        self.owner = node(ident, FULL)  # the tag of the full slots the node holds
+        self.full_site: Counter = (NodeId(ident), FULL)  # its FULL lock counter, as handles name it
+
+    @property
+    def lock_ref(self) -> ByComponent[int]:
+        """Live handles covering the node, per component (read and written through ``refs``)."""
+        return ByComponent(self.refs)
 
     @property
     def start(self) -> int:
         """Position of the node's first token."""
-        return self.end - self.key.numel()
+        return self.end - len(self.key)
 
     def __len__(self) -> int:
-        return self.key.numel()
+        return len(self.key)
 
     def __repr__(self) -> str:
         locks = "".join(f" {c.value}={n}" for c, n in self.lock_ref.items() if n)
@@ -155,14 +211,18 @@ class RadixTree:
         self.device = kv.device
         on = (True, swa_window is not None, mamba is not None)
         self.components: tuple[Component, ...] = tuple(c for c, b in zip((FULL, SWA, MAMBA), on, strict=True) if b)
-        empty = torch.zeros(0, dtype=torch.int64, device=self.device)
-        self.root = TreeNode(0, None, empty, empty, 0)
+        self._empty = torch.zeros(0, dtype=torch.int64, device=self.device)
+        self.root = TreeNode(0, None, array("q"), self._empty, 0)
         self._nodes: dict[int, TreeNode] = {0: self.root}
         self._ids = itertools.count(1)
         self._lru: dict[Component, LRUList[TreeNode]] = {c: LRUList(c) for c in self.components}
+        self._full = self._lru[FULL]
+        self._swa = self._lru.get(SWA)
+        self._mamba = self._lru.get(MAMBA)
         self._locks = LockTable()
-        self._evictable = dict.fromkeys(self.components, 0)
-        self._protected = dict.fromkeys(self.components, 0)
+        # NOTE: counters indexed by ``lru.SLOT`` (a list index costs less than hashing an enum member)
+        self._evictable = [0] * len(SLOT)
+        self._protected = [0] * len(SLOT)
         self._clock = 0
 
     # ------------------------------------------------------------ bookkeeping (for the abstraction function)
@@ -183,12 +243,16 @@ class RadixTree:
         return self._lru[self._require(comp, "lru")]
 
     def prefix(self, n: TreeNode) -> torch.Tensor:
-        """The tokens from the root to the end of ``n`` (``n``'s key in spec terms)."""
+        """The tokens from the root to the end of ``n`` (``n``'s key in spec terms), a new int64 tensor."""
         parts = []
         while n.parent is not None:
             parts.append(n.key)
             n = n.parent
-        return torch.cat([self.root.key, *reversed(parts)])
+        toks = array("q")
+        for part in reversed(parts):
+            toks += part
+        out = torch.frombuffer(toks, dtype=torch.int64).clone() if toks else self._empty.cpu()
+        return out.to(self.device)
 
     def holds(self, n: TreeNode, comp: Component) -> bool:
         """``n`` (not the root) holds content of ``comp``: always FULL, SWA unless tombstoned, MAMBA with a state."""
@@ -196,7 +260,7 @@ class RadixTree:
 
     def sizes(self) -> Sizes:
         """The maintained counters, shaped like ``recompute_sizes()``."""
-        return {c: (self._evictable[c], self._protected[c]) for c in self.components}
+        return {c: (self._evictable[SLOT[c]], self._protected[SLOT[c]]) for c in self.components}
 
     def recompute_sizes(self) -> Sizes:
         """The counters recomputed from the tree (``sizes() == recompute_sizes()`` is an invariant)."""
@@ -204,63 +268,84 @@ class RadixTree:
         for n in self._nodes.values():
             for c in self.components:
                 if n is not self.root and self.holds(n, c):
-                    out[c][int(n.lock_ref[c] > 0)] += _size(n, c)
+                    out[c][int(n.refs[SLOT[c]] > 0)] += _size(n, c)
         return {c: (e, p) for c, (e, p) in out.items()}
 
     # ------------------------------------------------------------ walking
 
-    def _child_key(self, toks: list[int], pos: int = 0) -> ChildKey:
+    def _child_key(self, toks: Tokens, pos: int = 0) -> ChildKey:
         p = self.page_size
         return toks[pos] if p == 1 else tuple(toks[pos : pos + p])
 
-    def _descend(self, key: torch.Tensor, toks: list[int]) -> tuple[list[TreeNode], list[int]]:
-        """Nodes along ``key``'s path and how many tokens of each match (whole pages; only the last may be partial).
+    def _descend(self, key: Tokens) -> tuple[list[TreeNode], int]:
+        """Nodes along ``key``'s path and how many tokens match: all of each node but perhaps the last (whole pages).
 
         Two sequences share a page only when they agree on all of it (``spec.prefix.cached_len``).
         """
         path: list[TreeNode] = []
-        counts: list[int] = []
-        x, pos, g = self.root, 0, self.page_size
-        while pos + g <= len(toks):
-            child = x.children.get(self._child_key(toks, pos))
+        x, pos, g, n = self.root, 0, self.page_size, len(key)
+        while pos + g <= n:
+            child = x.children.get(key[pos] if g == 1 else tuple(key[pos : pos + g]))
             if child is None:
                 break
-            m = min(len(child), len(toks) - pos)
-            eq = (child.key[:m] == key[pos : pos + m]).to(torch.int64)
-            k = int(eq.cumprod(0).sum())  # NOTE: the leading run of equal tokens, in one device sync
-            k -= k % g
             path.append(child)
-            counts.append(k)
-            pos += k
-            if k < len(child):
-                break
-            x = child
-        return path, counts
-
-    def _slots_along(self, path: list[TreeNode], counts: list[int]) -> torch.Tensor:
-        return torch.cat([self.root.value, *(n.value[:k] for n, k in zip(path, counts, strict=True))])
-
-    def _cut(self, path: list[TreeNode], length: int) -> TreeNode:
-        """The node ending exactly at ``length`` along ``path``, splitting one if needed."""
-        last = self.root
-        for n in path:
-            if n.end <= length:
-                last = n
+            ck = child.key
+            end = pos + len(ck)
+            if end <= n and ck == key[pos:end]:
+                pos, x = end, child  # NOTE: the common case, one comparison in C for the whole node
                 continue
-            if length > n.start:
-                last = self._split(n, length - n.start)
+            k = common_prefix(ck, key, pos)
+            pos += k - k % g
             break
-        return last
+        return path, pos
 
-    def _touch_path(self, n: TreeNode) -> None:
-        """Move ``n`` and its ancestors to the MRU end, ancestors last (so no ancestor is less recent)."""
+    def _slots_along(self, path: list[TreeNode], length: int) -> torch.Tensor:
+        """The slots of positions ``[0, length)`` along ``path`` (from ``_descend``), a new tensor."""
+        if not path:
+            return self._empty
+        last = path[-1]
+        parts = [n.value for n in path]
+        if last.end > length:
+            parts[-1] = last.value[: length - last.start]
+        return torch.cat(parts)
+
+    def _cut(self, path: list[TreeNode], length: int) -> tuple[TreeNode, TreeNode | None]:
+        """The node ending exactly at ``length`` along ``path``, splitting one if needed; and the split's lower part."""
+        for n in reversed(path):  # NOTE: from the end: the cut is almost always at the last node
+            if n.start >= length:
+                continue
+            if n.end <= length:
+                return n, None
+            return self._split(n, length - n.start), n
+        return self.root, None
+
+    def _touch_path(self, n: TreeNode, rest: TreeNode | None = None) -> list[TreeNode]:
+        """Move ``n`` and its ancestors to the MRU end, ancestors last (so no ancestor is less recent).
+
+        ``rest``: the lower part of a node the operation split (a child of
+        ``n``), refreshed first: SGLang refreshes the node it splits, so its
+        remainder stays as recent as the matched part. Returns the path from
+        ``n`` up to (not including) the root.
+        """
         self._clock += 1
-        while n.parent is not None:
-            n.last_access = self._clock
-            for comp in self.components:
-                if n in self._lru[comp]:
-                    self._lru[comp].touch(n)
-            n = n.parent
+        clock = self._clock
+        up: list[TreeNode] = []
+        x = n
+        while x.parent is not None:
+            x.last_access = clock
+            up.append(x)
+            x = x.parent
+        if rest is not None:
+            rest.last_access = clock
+        seq = up if rest is None else [rest, *up]
+        self._full.touch_all(seq)
+        if self._swa is not None:
+            swa = self._swa
+            swa.touch_all([x for x in seq if x in swa])
+        if self._mamba is not None:
+            mamba = self._mamba
+            mamba.touch_all([x for x in seq if x in mamba])
+        return up
 
     # ------------------------------------------------------------ growing
 
@@ -273,33 +358,37 @@ class RadixTree:
         """
         parent = c.parent
         assert parent is not None and 0 < k < len(c)
-        p = TreeNode(next(self._ids), parent, c.key[:k].clone(), c.value[:k].clone(), c.start + k)
+        ck = self._child_key(c.key)
+        upper, lower = torch.split(c.value, [k, len(c) - k])
+        p = TreeNode(next(self._ids), parent, c.key[:k], upper, c.start + k)
         p.swa_tombstone, p.last_access = c.swa_tombstone, c.last_access
-        self.kv.transfer(p.value, node(c.id, FULL), node(p.id, FULL))
-        c.key, c.value = c.key[k:].clone(), c.value[k:].clone()
-        parent.children[self._child_key(p.key.tolist())] = p
-        p.children[self._child_key(c.key.tolist())] = c
+        self._kv.move(upper, c.owner, p.owner)
+        c.key, c.value = c.key[k:], lower
+        parent.children[ck] = p
+        p.children[self._child_key(c.key)] = c
         c.parent = p
         self._nodes[p.id] = p
-        inherited = [comp for comp in (FULL, SWA) if comp in self.components and c.lock_ref[comp] > 0]
-        for comp in inherited:
-            p.lock_ref[comp] = c.lock_ref[comp]
-        self._locks.extend_on_split(NodeId(c.id), NodeId(p.id), inherited)
-        for comp in self.components:
-            if comp is not MAMBA and self.holds(p, comp):
-                self._lru[comp].insert_ahead_of(c, p)
+        inherited = [comp for comp, i in ((FULL, I_FULL), (SWA, I_SWA)) if c.refs[i] > 0]
+        for i in (I_FULL, I_SWA):
+            p.refs[i] = c.refs[i]
+        if inherited:
+            self._locks.extend_on_split(NodeId(c.id), NodeId(p.id), inherited)
+        self._full.insert_ahead_of(c, p)
+        if self._swa is not None and not p.swa_tombstone:
+            self._swa.insert_ahead_of(c, p)
         return p
 
-    def _new_leaf(self, parent: TreeNode, key: torch.Tensor, value: torch.Tensor, owner: Owner) -> TreeNode:
-        """A new SWA-live leaf under ``parent`` taking ``value`` from ``owner``."""
-        leaf = TreeNode(next(self._ids), parent, key.clone(), value.clone(), parent.end + key.numel())
-        self.kv.transfer(leaf.value, owner, node(leaf.id, FULL))
-        parent.children[self._child_key(leaf.key.tolist())] = leaf
+    def _new_leaf(self, parent: TreeNode, key: Tokens, value: torch.Tensor, owner: Owner) -> TreeNode:
+        """A new SWA-live leaf under ``parent`` taking ``value`` (validated: ``owner``'s) from ``owner``."""
+        leaf = TreeNode(next(self._ids), parent, key, value.clone(), parent.end + len(key))
+        self._kv.move(leaf.value, owner, leaf.owner)
+        parent.children[self._child_key(key)] = leaf
         self._nodes[leaf.id] = leaf
-        for comp in self.components:
-            if comp is not MAMBA:
-                self._lru[comp].insert_mru(leaf)
-                self._evictable[comp] += len(leaf)
+        self._full.insert_mru(leaf)
+        self._evictable[I_FULL] += len(key)
+        if self._swa is not None:
+            self._swa.insert_mru(leaf)
+            self._evictable[I_SWA] += len(key)
         return leaf
 
     def _adopt_state(self, n: TreeNode, slot: int, owner: Owner) -> None:
@@ -307,46 +396,54 @@ class RadixTree:
         pool.transfer(torch.tensor([slot], dtype=torch.int64, device=pool.device), owner, node(n.id, MAMBA))
         n.mamba_slot = slot
         self._lru[MAMBA].insert_mru(n)
-        self._evictable[MAMBA] += 1
+        self._evictable[I_MAMBA] += 1
 
     # ------------------------------------------------------------ shrinking
 
     def _delete_leaf(self, n: TreeNode) -> int:
         """Free everything unlocked leaf ``n`` holds, take it out of every list and the tree; its size in tokens."""
         parent = n.parent
-        assert parent is not None and not n.children and n.lock_ref[FULL] == 0
-        self.kv.free(n.value, node(n.id, FULL))
+        assert parent is not None and not n.children and n.refs[I_FULL] == 0
+        self.kv.free(n.value, n.owner)
         self._drop_state(n)
-        for comp in self.components:
-            if comp is not MAMBA and self.holds(n, comp):
-                self._lru[comp].remove(n)
-                self._evictable[comp] -= len(n)
-        del parent.children[self._child_key(n.key.tolist())]
+        size = len(n.key)
+        self._full.remove(n)
+        self._evictable[I_FULL] -= size
+        if self._swa is not None and not n.swa_tombstone:
+            self._swa.remove(n)
+            self._evictable[I_SWA] -= size
+        del parent.children[self._child_key(n.key)]
         del self._nodes[n.id]
         n.parent = None
-        return len(n)
+        return size
 
     def _drop_state(self, n: TreeNode) -> None:
         """Free ``n``'s Mamba state (if any) and take it out of the Mamba list: a Mamba tombstone."""
         if n.mamba_slot is not None and self.mamba is not None:
             self.mamba.free(torch.tensor([n.mamba_slot], device=self.mamba.device), node(n.id, MAMBA))
             self._lru[MAMBA].remove(n)
-            self._evictable[MAMBA] -= 1
+            self._evictable[I_MAMBA] -= 1
             n.mamba_slot = None
 
     # ------------------------------------------------------------ counters and checks
 
     def _raise_lock(self, n: TreeNode, comp: Component) -> None:
-        if n.lock_ref[comp] == 0:
-            self._evictable[comp] -= _size(n, comp)
-            self._protected[comp] += _size(n, comp)
-        n.lock_ref[comp] += 1
+        i = I_FULL if comp is FULL else SLOT[comp]
+        refs = n.refs
+        if not refs[i]:
+            size = 1 if comp is MAMBA else len(n.key)
+            self._evictable[i] -= size
+            self._protected[i] += size
+        refs[i] += 1
 
     def _lower_lock(self, n: TreeNode, comp: Component) -> None:
-        n.lock_ref[comp] -= 1
-        if n.lock_ref[comp] == 0:
-            self._protected[comp] -= _size(n, comp)
-            self._evictable[comp] += _size(n, comp)
+        i = I_FULL if comp is FULL else SLOT[comp]
+        refs = n.refs
+        refs[i] -= 1
+        if not refs[i]:
+            size = 1 if comp is MAMBA else len(n.key)
+            self._protected[i] -= size
+            self._evictable[i] += size
 
     def _require(self, comp: Component, op: str) -> Component:
         if comp not in self.components:
@@ -366,6 +463,8 @@ class RadixTree:
     def _as_tokens(self, op: str, t: torch.Tensor) -> torch.Tensor:
         if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
             raise CacheError(f"{op}: expected a 1-D integer tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        if t.dtype == torch.int64 and t.device == self.device:
+            return t
         return t.to(self.device, torch.int64)
 
 
