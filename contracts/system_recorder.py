@@ -205,6 +205,11 @@ class _Driver:
     def live(self, status: Status) -> list[Request]:
         return [r for r in self.mm.requests.values() if r.status is status]
 
+    def end(self, op: str, req: Request) -> None:
+        self.rec.end(op, req)
+        if req.status in (Status.FINISHED, Status.ABORTED):
+            del self.mm.requests[req.rid]  # a scheduler drops ended requests (keeps each step O(live))
+
     def try_admit(self, req: Request) -> None:
         if req.session is not None and self.mm.sessions.slots[req.session].lent_to is not None:
             return  # one turn of a session at a time
@@ -231,7 +236,7 @@ class _Driver:
             return "extend"
         if x < 0.80 and running:
             op = rng.choice(("finish", "finish", "chunk", "retract", "abort"))
-            self.rec.end(op, rng.choice(running))
+            self.end(op, rng.choice(running))
             return op
         if x < 0.86:
             sid = rng.choice(SESSIONS)
@@ -243,7 +248,7 @@ class _Driver:
                 return "close_session"
             for r in self.live(Status.WAITING):
                 if r.session == sid:
-                    self.rec.end("abort", r)
+                    self.end("abort", r)
             self.rec.close_session(sid)
             return "close_session"
         if x < 0.92:
