@@ -16,6 +16,14 @@ adapter factory into a test function running the cache conformance machine
 inside the user's suite (``test_mine = conformance_test("pkg.mod:factory")``);
 ``pytest --kvledger-adapter pkg.mod:factory`` (repeatable) adds such a test to
 any run (ini ``kvledger_conformance_examples``: examples per model, default 10).
+
+For scheduler-level tests, the ``kvledger_memory`` fixture gives a checked
+reference memory manager: ``kvledger_memory.recorder`` (a
+:class:`~kvledger.contracts.system_recorder.SystemRecorder`) takes the calls a
+scheduler makes (add, admit, extend, finish, chunk, retract, abort, sessions,
+evict); at teardown a leak check runs and the system trace must replay.
+Configure it with ``@pytest.mark.kvledger_memory(model="mamba")`` (``full``,
+``paged``, ``mamba``).
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ from kvledger.contracts.profiles import PROFILES, register_profiles
 from kvledger.contracts.recorder import Recorder
 from kvledger.contracts.reference_adapter import ReferenceAdapter
 from kvledger.contracts.replay import replay as replay_trace
+from kvledger.contracts.system_recorder import SystemRecorder
+from kvledger.impl.memory import MemoryManager
 from kvledger.spec import ledger as L
 from kvledger.spec import locks as K
 from kvledger.spec import lru as U
@@ -97,6 +107,9 @@ def _register_markers(config: pytest.Config) -> None:
         "markers",
         "kvledger_cache(model=None, **CacheConfig fields): configure the kvledger_cache fixture "
         "(page_size, window, mamba, kv_tokens, swa_tokens, mamba_slots)",
+    )
+    config.addinivalue_line(
+        "markers", "kvledger_memory(model='full'): configure the kvledger_memory fixture (full, paged, mamba)"
     )
 
 
@@ -169,6 +182,48 @@ def kvledger_cache(request: pytest.FixtureRequest) -> Iterator[CheckedCache]:
     bad = checked.violations()
     if bad:
         pytest.fail("kvledger_cache laws broken:\n  " + "\n  ".join(bad), pytrace=False)
+
+
+@dataclass
+class CheckedMemory:
+    """A reference memory manager behind a :class:`SystemRecorder`; teardown checks the trace and the leak checker.
+
+    Drive it through ``recorder`` (its methods are the scheduler's calls);
+    ``mm`` is the manager itself, for reading state.
+    """
+
+    recorder: SystemRecorder
+    mm: MemoryManager
+    trace: io.StringIO
+
+    def violations(self) -> list[str]:
+        """Every law broken now: a final leak check is recorded, then the whole trace replayed."""
+        self.recorder.leak_check()
+        r = replay_trace(io.StringIO(self.trace.getvalue()))
+        if r.error is not None:
+            return [f"trace: {r.error}"]
+        if r.violation is not None:
+            return [f"{r.violation.rule} at step {r.violation.step} ({r.violation.op}): {r.violation.message}"]
+        return []
+
+
+@pytest.fixture
+def kvledger_memory(request: pytest.FixtureRequest) -> Iterator[CheckedMemory]:
+    """A checked reference memory manager; after the test, its system trace must replay."""
+    from kvledger.contracts.suites import SYSTEM_MODELS
+    from kvledger.contracts.system_machine import build_manager
+
+    marker = request.node.get_closest_marker("kvledger_memory")
+    model = (marker.kwargs.get("model") if marker is not None else None) or "full"
+    if model not in SYSTEM_MODELS:
+        raise pytest.UsageError(f"kvledger_memory: unknown model {model!r}; expected one of {', '.join(SYSTEM_MODELS)}")
+    mm = build_manager(*SYSTEM_MODELS[model])
+    buf = io.StringIO()
+    checked = CheckedMemory(SystemRecorder(mm, buf), mm, buf)
+    yield checked
+    bad = checked.violations()
+    if bad:
+        pytest.fail("kvledger_memory laws broken:\n  " + "\n  ".join(bad), pytrace=False)
 
 
 def conformance_test(

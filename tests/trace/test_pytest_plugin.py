@@ -110,3 +110,42 @@ def test_adapter_option_adds_a_test(pytester: pytest.Pytester) -> None:
     res.stdout.fnmatch_lines(["*kvledger_conformance*reference*PASSED*"])
     bad = pytester.runpytest("-p", "no:cacheprovider", "--kvledger-adapter", "nowhere")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
+
+
+MEMORY = """
+import pytest
+from kvledger.impl import faults
+
+def turns(m):
+    rec = m.recorder
+    rec.open_session(1)
+    first = rec.add_request((1, 2, 3, 4), 1)
+    assert rec.admit(first, 64)
+    rec.end("finish", first)
+    second = rec.add_request((1, 2, 3, 4, 5), 1)
+    assert rec.admit(second, 64)
+    rec.end("finish", second)
+    rec.close_session(1)
+
+@pytest.mark.kvledger_memory(model="mamba")
+def test_clean(kvledger_memory):
+    turns(kvledger_memory)
+    assert not kvledger_memory.mm.sessions.slots
+
+@pytest.mark.kvledger_memory(model="mamba")
+def test_b3(kvledger_memory):
+    with faults.injected("B3"):
+        turns(kvledger_memory)
+
+@pytest.mark.kvledger_memory(model="nope")
+def test_bad_model(kvledger_memory):
+    pass
+"""
+
+
+def test_memory_fixture_checks_the_system_trace(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(MEMORY)
+    res = pytester.runpytest("-p", "no:cacheprovider")
+    res.assert_outcomes(passed=2, errors=2)
+    res.stdout.fnmatch_lines(["*kvledger_memory laws broken*", "*inv_owners_account*close_session*"])
+    res.stdout.fnmatch_lines(["*unknown model 'nope'*"])
