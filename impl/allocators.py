@@ -75,6 +75,8 @@ class PagedAllocator:
         self.device = self.pool.device
         self.data = torch.zeros(self.pool.size * page_size, dtype=torch.int64, device=self.device)
         self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
+        # _rows[p]: the token indices of page p (a lookup table: one gather instead of arithmetic per call)
+        self._rows = torch.arange(self.data.numel(), dtype=torch.int64, device=self.device).view(-1, page_size)
 
     @property
     def capacity(self) -> int:
@@ -99,7 +101,24 @@ class PagedAllocator:
             raise InvalidArgument(
                 "alloc", self.pool.name, (), f"size {num_tokens!r} for {owner} must be a positive int"
             )
-        return self.tokens_of(self.pool.alloc(self.pages_for(num_tokens), owner))
+        return self._rows.index_select(0, self.pool.alloc(self.pages_for(num_tokens), owner)).view(-1)
+
+    def whole_pages(self, idx: torch.Tensor) -> torch.Tensor | None:
+        """The pages of int64 token indices ``idx`` when they are whole pages in page order, else ``None``.
+
+        One gather of the pages' rows and one comparison (on the CPU an
+        index out of the pool raises there). Page 0 (reserved) and repeated
+        pages are not ruled out: callers check those.
+        """
+        g = self.page_size
+        if not self.pool.is_cpu or idx.numel() % g:
+            return None
+        pages = torch.div(idx[::g], g, rounding_mode="floor")
+        try:
+            rows = self._rows.index_select(0, pages)
+        except IndexError:
+            return None
+        return pages if torch.equal(idx.view(-1, g), rows) else None
 
     def pages_of(self, op: str, indices: torch.Tensor) -> torch.Tensor:
         """The pages that ``indices`` cover exactly; raise unless they are whole, distinct pages."""
@@ -107,15 +126,21 @@ class PagedAllocator:
             raise InvalidArgument(op, self.pool.name, (), "indices must be a non-empty 1-D tensor")
         if indices.dtype not in (torch.int64, torch.int32) or indices.device != self.device:
             raise InvalidArgument(op, self.pool.name, (), f"indices {indices.dtype} on {indices.device}")
-        idx = indices.to(torch.int64)
-        if int(idx.min()) < self.page_size or int(idx.max()) >= self.data.numel():
+        idx = indices if indices.dtype == torch.int64 else indices.to(torch.int64)
+        pages = self.whole_pages(idx)
+        if pages is not None:
+            uniq = torch.unique(pages)  # NOTE: sorted, as the general path below returns them
+            if uniq.numel() == pages.numel() and int(uniq[0]) >= self.pool.base:
+                return uniq
+        lo, hi = torch.aminmax(idx)
+        if int(lo) < self.page_size or int(hi) >= self.data.numel():
             raise OutOfRange(
                 op,
                 self.pool.name,
                 idx[(idx < self.page_size) | (idx >= self.data.numel())].tolist(),
                 f"token index outside [{self.page_size}, {self.data.numel()})",
             )
-        pages = idx // self.page_size
+        pages = torch.div(idx, self.page_size, rounding_mode="floor")
         uniq: torch.Tensor
         counts: torch.Tensor
         uniq, counts = torch.unique(pages, return_counts=True)

@@ -40,48 +40,51 @@ class KVView:
             return self.kv.pages_of(op, idx)
         return self.pool.as_index(op, idx)
 
-    def fresh_and_held(self, new: torch.Tensor, owner: Owner) -> bool:
+    def held_units(self, new: torch.Tensor, owner: Owner) -> torch.Tensor | None:
         """The insert checks in one pass, for the common case: the caller's slots are the cached ones, then ``new``.
 
-        True when the slots of ``new`` are in range and distinct and
-        ``owner`` holds them (whole pages in order, when paged): then
-        ``check_fresh`` and ``check_held`` would pass. False means "ask them":
-        they raise the precise error, or accept what this conservative pass
-        does not (an SWA allocator, a node as the owner).
+        When the slots of ``new`` are in range and distinct and ``owner``
+        holds them (whole pages in order, when paged), so that ``check_fresh``
+        and ``check_held`` would pass: their pool slots (pages when paged).
+        ``None`` means "ask those": they raise the precise error, or accept
+        what this conservative pass does not (an SWA allocator, a node as the owner).
         """
         if self.swa is not None or owner.kind is OwnerKind.NODE:
-            return False
-        if self.grain == 1:
-            units = new
+            return None
+        if isinstance(self.kv, PagedAllocator):
+            got = self.kv.whole_pages(new)
+            if got is None:
+                return None
+            units = got
         else:
-            v = new.view(-1, self.grain)
-            if not torch.equal(v - v[:, :1], self._offsets.expand_as(v)) or bool((v[:, 0] % self.grain).any()):
-                return False
-            units = v[:, 0] // self.grain
-        if units.device.type != "cpu" and units.numel():
+            units = new
+        if not self.pool.is_cpu and units.numel():
             lo, hi = torch.aminmax(units)
             if int(lo) < 0 or int(hi) >= self.pool.size:
-                return False
+                return None
         try:
             tags = self.pool.owner_tag.index_select(0, units)
         except IndexError:  # NOTE: a slot out of range (on the CPU, where this is how we learn it)
-            return False
+            return None
         # NOTE: a slot ``owner`` holds is no node's, so the new part repeats no cached slot;
         # slots below the pool's base carry the reserved tag, so they fail here too.
-        if not torch.equal(tags, torch.full_like(tags, encode(owner))):
-            return False
-        return not self.pool.has_duplicates(units)
+        if not torch.equal(tags, torch.full_like(tags, encode(owner))) or self.pool.has_duplicates(units):
+            return None
+        return units
 
-    def move(self, value: torch.Tensor, src: Owner, dst: Owner) -> None:
-        """Hand ``value``'s slots (checked: ``src`` holds them) from ``src`` to ``dst`` without checking again."""
+    def move(self, value: torch.Tensor, src: Owner, dst: Owner, units: torch.Tensor | None = None) -> None:
+        """Hand ``value``'s slots (checked: ``src`` holds them) from ``src`` to ``dst`` without checking again.
+
+        ``units``: their pool slots, when the caller has them already.
+        """
         if self.swa is not None:
             self.swa.transfer(value, src, dst)
         else:
-            self.pool.retag(self.units_unchecked(value), dst)
+            self.pool.retag(self.units_unchecked(value) if units is None else units, dst)
 
     def units_unchecked(self, value: torch.Tensor) -> torch.Tensor:
         """The pool slots of ``value``, known to be whole pages in order: every ``grain``-th slot, as a page."""
-        return value if self.grain == 1 else value[:: self.grain] // self.grain
+        return value if self.grain == 1 else torch.div(value[:: self.grain], self.grain, rounding_mode="floor")
 
     def check_fresh(self, key: tuple[int, ...], value: torch.Tensor, offered: torch.Tensor) -> None:
         """Raise ``SlotConflict`` if ``value`` repeats a slot or offers one a node holds (``spec.prefix.check_insert``).

@@ -37,6 +37,7 @@ kvledger.spec.errors.DoubleUnlock: dec_lock_ref of handle 1: on node 2: handle a
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping
 
 import torch
@@ -59,6 +60,7 @@ from kvledger.impl.tree import (
     Tokens,
     TreeNode,
     as_key,
+    host_bytes,
     longest_match,
 )
 from kvledger.spec.errors import (
@@ -133,7 +135,7 @@ class RadixCache(RadixTree):
         last, rest = self._cut(path, length)
         up = self._touch_path(last, rest)
         up.reverse()
-        indices = torch.cat([x.value for x in up])
+        indices = self._tensor(bytearray().join([x.slots for x in up]))
         return MatchResult(length, indices, last, last.mamba_slot if self.mamba is not None else None)
 
     def insert(
@@ -152,6 +154,7 @@ class RadixCache(RadixTree):
         """
         op = "insert"
         q, value = as_key(op, key), self._as_tokens(op, value)
+        slots = host_bytes(value)
         n = len(q)
         if value.numel() != n:
             raise LengthMismatch(op, tuple(q), f"{value.numel()} slots for {n} tokens")
@@ -167,10 +170,8 @@ class RadixCache(RadixTree):
         # NOTE: fast path: the caller hands back the cached slots for the cached positions (a scheduler's
         # matched prefix); one pass checks the rest. Otherwise, or if that pass fails, the checks one by one.
         new = value[hit:]
-        if (not hit or torch.equal(value[:hit], cached)) and self._kv.fresh_and_held(new, owner):
-            dups = self._empty
-        else:
-            dups = self._check_insert(q, value, hit, cached, owner)
+        units = self._kv.held_units(new, owner) if slots[: 8 * hit] == cached else None
+        dups = self._empty if units is not None else self._check_insert(q, value, hit, self._tensor(cached), owner)
         if self.swa_window is not None:
             self._kv.check_swa_live(op, new)
         at_end = path[-1].mamba_slot if hit == n and path[-1].end == n else None
@@ -179,7 +180,7 @@ class RadixCache(RadixTree):
         # NOTE: all checks are done; nothing below can fail on the caller's input.
         last, rest = self._cut(path, hit)
         if hit < n:
-            last = self._new_leaf(last, q[hit:], new, owner)
+            last = self._new_leaf(last, q[hit:], new, array("q", slots[8 * hit :]), owner, units)
         dup_mamba = None
         if mamba_slot is not None and last.mamba_slot is None:
             self._adopt_state(last, mamba_slot, owner)

@@ -43,7 +43,7 @@ class SlotPool:
         self.capacity = capacity
         self.base = base
         self.device = torch.device(device)
-        self._cpu = self.device.type == "cpu"
+        self.is_cpu = self.device.type == "cpu"
         self.size = base + capacity
         # owner_tag[s]: FREE_TAG, RESERVED_TAG (s < base) or the encoded owner of slot s.
         self.owner_tag = torch.zeros(self.size, dtype=torch.int64, device=self.device)
@@ -134,7 +134,7 @@ class SlotPool:
         Any failure re-runs the checks one by one for the precise error.
         """
         if (
-            self._cpu
+            self.is_cpu
             and isinstance(indices, torch.Tensor)
             and indices.dtype == torch.int64
             and indices.device == self.device

@@ -12,9 +12,11 @@ change; :class:`kvledger.impl.radix.RadixCache` builds the protocol on it.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
+import struct
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -44,11 +46,27 @@ def as_key(op: str, t: torch.Tensor) -> Tokens:
     """
     if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
         raise CacheError(f"{op}: expected a 1-D integer tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    return array("q", host_bytes(t))
+
+
+def host_bytes(t: torch.Tensor) -> bytes | bytearray:
+    """The int64 values of 1-D integer tensor ``t`` (any device), as raw bytes on the CPU: one copy."""
     n = t.numel()
-    out = array("q", bytes(8 * n))
-    if n:
-        torch.frombuffer(out, dtype=torch.int64).copy_(t)
+    if not n:
+        return b""
+    if t.is_cpu and t.dtype == torch.int64 and t.is_contiguous():
+        # NOTE: a contiguous CPU tensor's n values are the 8n bytes at its data pointer; reading them
+        # there costs no torch dispatch (a dispatch costs more than copying a few thousand tokens).
+        return ctypes.string_at(t.data_ptr(), 8 * n)
+    out = bytearray(8 * n)
+    torch.frombuffer(out, dtype=torch.int64).copy_(t)
     return out
+
+
+def device_tensor(buf: bytearray | Tokens, device: torch.device) -> torch.Tensor:
+    """Non-empty int64 bytes ``buf`` as a tensor on ``device``; on the CPU it shares ``buf``'s memory (no copy)."""
+    t = torch.frombuffer(buf, dtype=torch.int64)
+    return t if device.type == "cpu" else t.to(device)
 
 
 def common_prefix(a: Tokens, b: Tokens, pos: int) -> int:
@@ -70,7 +88,8 @@ class TreeNode(Linked):
     """One radix node. The root (id 0) has an empty key and is never locked, evicted or listed.
 
     ``key``: the node's tokens, an ``array("q")`` on the CPU; ``value``: their
-    slots, an int64 tensor on the allocator's device. ``children`` are keyed by
+    slots, an int64 tensor on the allocator's device, and ``slots`` the same
+    ids on the CPU (paths are concatenated there). ``children`` are keyed by
     the first token (``page_size == 1``) or the tuple of the first page's
     tokens; keys are whole pages. ``swa_tombstone``: the node's SWA slots were
     freed (its full slots stay). ``mamba_slot``: the Mamba state after the
@@ -90,16 +109,20 @@ class TreeNode(Linked):
         "owner",
         "parent",
         "refs",
+        "slots",
         "swa_tombstone",
         "value",
     )
 
-    def __init__(self, ident: int, parent: TreeNode | None, key: Tokens, value: torch.Tensor, end: int) -> None:
+    def __init__(
+        self, ident: int, parent: TreeNode | None, key: Tokens, value: torch.Tensor, slots: Tokens, end: int
+    ) -> None:
         super().__init__(ident)
         self.parent = parent
         self.children: dict[ChildKey, TreeNode] = {}
         self.key = key
         self.value = value
+        self.slots = slots
         self.end = end
         self.swa_tombstone = False
         self.mamba_slot: int | None = None
@@ -212,7 +235,7 @@ class RadixTree:
         on = (True, swa_window is not None, mamba is not None)
         self.components: tuple[Component, ...] = tuple(c for c, b in zip((FULL, SWA, MAMBA), on, strict=True) if b)
         self._empty = torch.zeros(0, dtype=torch.int64, device=self.device)
-        self.root = TreeNode(0, None, array("q"), self._empty, 0)
+        self.root = TreeNode(0, None, array("q"), self._empty, array("q"), 0)
         self._nodes: dict[int, TreeNode] = {0: self.root}
         self._ids = itertools.count(1)
         self._lru: dict[Component, LRUList[TreeNode]] = {c: LRUList(c) for c in self.components}
@@ -224,6 +247,8 @@ class RadixTree:
         self._evictable = [0] * len(SLOT)
         self._protected = [0] * len(SLOT)
         self._clock = 0
+        # NOTE: the tokens of the page at byte offset b of a key, as a tuple, in one C call
+        self._page_of: Callable[[Tokens, int], tuple[int, ...]] = struct.Struct(f"={page_size}q").unpack_from
 
     # ------------------------------------------------------------ bookkeeping (for the abstraction function)
 
@@ -274,8 +299,7 @@ class RadixTree:
     # ------------------------------------------------------------ walking
 
     def _child_key(self, toks: Tokens, pos: int = 0) -> ChildKey:
-        p = self.page_size
-        return toks[pos] if p == 1 else tuple(toks[pos : pos + p])
+        return toks[pos] if self.page_size == 1 else self._page_of(toks, 8 * pos)
 
     def _descend(self, key: Tokens) -> tuple[list[TreeNode], int]:
         """Nodes along ``key``'s path and how many tokens match: all of each node but perhaps the last (whole pages).
@@ -284,8 +308,9 @@ class RadixTree:
         """
         path: list[TreeNode] = []
         x, pos, g, n = self.root, 0, self.page_size, len(key)
+        page = self._page_of
         while pos + g <= n:
-            child = x.children.get(key[pos] if g == 1 else tuple(key[pos : pos + g]))
+            child = x.children.get(key[pos] if g == 1 else page(key, 8 * pos))
             if child is None:
                 break
             path.append(child)
@@ -299,15 +324,15 @@ class RadixTree:
             break
         return path, pos
 
-    def _slots_along(self, path: list[TreeNode], length: int) -> torch.Tensor:
-        """The slots of positions ``[0, length)`` along ``path`` (from ``_descend``), a new tensor."""
-        if not path:
-            return self._empty
-        last = path[-1]
-        parts = [n.value for n in path]
-        if last.end > length:
-            parts[-1] = last.value[: length - last.start]
-        return torch.cat(parts)
+    def _slots_along(self, path: list[TreeNode], length: int) -> bytearray:
+        """The slots of positions ``[0, length)`` along ``path`` (from ``_descend``), as new int64 bytes."""
+        out = bytearray().join([n.slots for n in path])
+        del out[8 * length :]
+        return out
+
+    def _tensor(self, slots: bytearray) -> torch.Tensor:
+        """Int64 bytes ``slots`` as a new tensor on the device (it owns ``slots`` from now on)."""
+        return device_tensor(slots, self.device) if slots else self._empty
 
     def _cut(self, path: list[TreeNode], length: int) -> tuple[TreeNode, TreeNode | None]:
         """The node ending exactly at ``length`` along ``path``, splitting one if needed; and the split's lower part."""
@@ -360,10 +385,10 @@ class RadixTree:
         assert parent is not None and 0 < k < len(c)
         ck = self._child_key(c.key)
         upper, lower = torch.split(c.value, [k, len(c) - k])
-        p = TreeNode(next(self._ids), parent, c.key[:k], upper, c.start + k)
+        p = TreeNode(next(self._ids), parent, c.key[:k], upper, c.slots[:k], c.start + k)
         p.swa_tombstone, p.last_access = c.swa_tombstone, c.last_access
         self._kv.move(upper, c.owner, p.owner)
-        c.key, c.value = c.key[k:], lower
+        c.key, c.value, c.slots = c.key[k:], lower, c.slots[k:]
         parent.children[ck] = p
         p.children[self._child_key(c.key)] = c
         c.parent = p
@@ -378,10 +403,19 @@ class RadixTree:
             self._swa.insert_ahead_of(c, p)
         return p
 
-    def _new_leaf(self, parent: TreeNode, key: Tokens, value: torch.Tensor, owner: Owner) -> TreeNode:
-        """A new SWA-live leaf under ``parent`` taking ``value`` (validated: ``owner``'s) from ``owner``."""
-        leaf = TreeNode(next(self._ids), parent, key, value.clone(), parent.end + len(key))
-        self._kv.move(leaf.value, owner, leaf.owner)
+    def _new_leaf(
+        self,
+        parent: TreeNode,
+        key: Tokens,
+        value: torch.Tensor,
+        slots: Tokens,
+        owner: Owner,
+        units: torch.Tensor | None,
+    ) -> TreeNode:
+        """A new SWA-live leaf under ``parent`` taking ``value`` (validated: ``owner``'s; ``slots`` on the CPU;
+        ``units``: their pool slots, if known)."""
+        leaf = TreeNode(next(self._ids), parent, key, value.clone(), slots, parent.end + len(key))
+        self._kv.move(leaf.value, owner, leaf.owner, units)
         parent.children[self._child_key(key)] = leaf
         self._nodes[leaf.id] = leaf
         self._full.insert_mru(leaf)
