@@ -1,6 +1,6 @@
 """Race kvledger's radix cache against SGLang's on one trace (a benchmark, not a test).
 
-    python tests/benchmarks/bench_sglang_race.py [--requests 2000] [--pool 400000] [--pages 1,16]
+    python tests/benchmarks/bench_sglang_race.py [--requests 2000] [--pool 400000] [--pages 1,16] [--rounds 1]
 
 The trace: ``--requests`` requests of 512..2,048 tokens over 32 shared
 prefixes, each request taking its prefix up to a random cut point and random
@@ -14,7 +14,10 @@ also timed with ``bindings.install("on")``.
 SGLang 0.5.9 and 0.5.23 cannot share an environment, so each implementation
 runs in a subprocess of the venv that has it (``.ci/sglang_env`` builds
 ``build/sglang-0.5.9`` and ``build/sglang-0.5.23``); kvledger runs in the
-0.5.23 one. Ratios are taken within one run of this script.
+0.5.23 one. Ratios are taken within one run of this script. On a shared
+machine, ``--rounds N`` runs every variant N times, the variants taking
+turns, and keeps each one's best loop and best match pass (the rounds go to
+the JSON lines too).
 """
 
 from __future__ import annotations
@@ -271,6 +274,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--pool", type=int, default=400_000)
     parser.add_argument("--pages", default="1,16")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per variant, taking turns; the best is kept")
     parser.add_argument("--venv-059", type=Path, default=ROOT / "build" / "sglang-0.5.9")
     parser.add_argument("--venv-0523", type=Path, default=ROOT / "build" / "sglang-0.5.23")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -284,21 +288,40 @@ def main() -> None:
     for version, path in venvs.items():
         if not (path / "bin" / "python").exists():
             sys.exit(f"no SGLang {version} environment at {path}: run .ci/sglang_env first")
-    results: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
     for page in (int(p) for p in args.pages.split(",")):
-        for variant, version in VARIANTS.items():
-            cmd = [python_of(version, venvs), __file__, "--worker", variant, "--page", str(page)]
-            cmd += ["--requests", str(args.requests), "--pool", str(args.pool)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            if line is None:
-                sys.exit(f"{variant} (page {page}) failed:\n{proc.stderr[-3000:]}")
-            results.append(json.loads(line[len("RESULT ") :]))
-            print(f"ran {variant} page {page}", file=sys.stderr)
+        for round_ in range(1, args.rounds + 1):
+            for variant, version in VARIANTS.items():
+                cmd = [python_of(version, venvs), __file__, "--worker", variant, "--page", str(page)]
+                cmd += ["--requests", str(args.requests), "--pool", str(args.pool)]
+                proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+                line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+                if line is None:
+                    sys.exit(f"{variant} (page {page}) failed:\n{proc.stderr[-3000:]}")
+                runs.append({**json.loads(line[len("RESULT ") :]), "round": round_})
+                print(f"ran {variant} page {page} round {round_}", file=sys.stderr)
+    results = best_of(runs)
     report(results)
     if args.json:
-        for r in results:
+        for r in runs:
             print(json.dumps(r))
+
+
+def best_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (variant, page): the fastest loop and the fastest match pass over its rounds (counts agree across rounds)."""
+    best: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in runs:
+        key = (r["variant"], r["page"])
+        if key not in best:
+            best[key] = {**r, "rounds": 1}
+            continue
+        b = best[key]
+        b["rounds"] += 1
+        if (r["hit_tokens"], r["evicted_tokens"]) != (b["hit_tokens"], b["evicted_tokens"]):
+            sys.exit(f"{key}: rounds disagree on hits or evictions, the trace is not deterministic")
+        b["seconds"] = min(b["seconds"], r["seconds"])
+        b["match_seconds"] = min(b["match_seconds"], r["match_seconds"])
+    return list(best.values())
 
 
 def report(results: list[dict[str, Any]]) -> None:
@@ -308,7 +331,9 @@ def report(results: list[dict[str, Any]]) -> None:
     sglang = [v for v in VARIANTS if v.startswith("sglang")]
     for page in sorted({r["page"] for r in results}):
         rows = {r["variant"]: r for r in results if r["page"] == page}
-        table = Table(title=f"race, page size {page}: {rows['kvledger']['requests']} requests, one run")
+        rounds = rows["kvledger"].get("rounds", 1)
+        best = f"best of {rounds} rounds" if rounds > 1 else "one run"
+        table = Table(title=f"race, page size {page}: {rows['kvledger']['requests']} requests, {best}")
         cols = ["implementation", "requests/s", "match calls/s", "tokens/s", "hit rate", "evicted tokens"]
         cols += [f"× {v.replace('sglang ', '')}" for v in sglang]
         for c in cols:
