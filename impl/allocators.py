@@ -127,11 +127,11 @@ class PagedAllocator:
         if indices.dtype not in (torch.int64, torch.int32) or indices.device != self.device:
             raise InvalidArgument(op, self.pool.name, (), f"indices {indices.dtype} on {indices.device}")
         idx = indices if indices.dtype == torch.int64 else indices.to(torch.int64)
-        pages = self.whole_pages(idx)
-        if pages is not None:
-            uniq = torch.unique(pages)  # NOTE: sorted, as the general path below returns them
-            if uniq.numel() == pages.numel() and int(uniq[0]) >= self.pool.base:
-                return uniq
+        in_order = self.whole_pages(idx)
+        if in_order is not None:
+            distinct: torch.Tensor = torch.unique(in_order)  # NOTE: sorted, as the general path below returns them
+            if distinct.numel() == in_order.numel() and int(distinct[0]) >= self.pool.base:
+                return distinct
         lo, hi = torch.aminmax(idx)
         if int(lo) < self.page_size or int(hi) >= self.data.numel():
             raise OutOfRange(
