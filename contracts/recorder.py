@@ -216,6 +216,8 @@ class Recorder:
             "dup_slots": list(r.dup_slots),
             "dup_mamba": r.dup_mamba,
         }
+        if r.dups_freed:
+            fields["dups_freed"] = list(r.dups_freed)
         self._done("insert", fields)
         return r
 
@@ -324,8 +326,9 @@ class _Driver:
                 state = self.rec.alloc_mamba(req)
         offered = (held.match.slots if held else ()) + slots
         r = self.rec.insert(req, key, offered, state)
-        if r.dup_slots:
-            self.rec.free_kv(req, r.dup_slots)
+        rest = tuple(x for x in r.dup_slots if x not in set(r.dups_freed))
+        if rest:
+            self.rec.free_kv(req, rest)
         if r.dup_mamba is not None:
             self.rec.free_mamba(req, r.dup_mamba)
         if held:

@@ -24,7 +24,9 @@ implementation returned must be what the spec allows:
   is a violation), ``lock_delta`` -1 on its coverage exactly;
 * ``insert``: results equal ``spec.prefix.insert``; the pages the cache took
   pass from the request to the tree (the request must hold them) and hold the
-  fingerprints of their tokens (``inv_content``);
+  fingerprints of their tokens (``inv_content``); duplicates the cache freed
+  itself (``dups_freed``) must be duplicates, and go from the request to the
+  free list;
 * ``evict`` (and evictions inside ``mamba_cow``): ``evict_mamba``,
   ``evict_full``, ``evict_swa`` with the live locks (nothing locked, only
   leaves, states first), each in its own component; freed slots go from the
@@ -534,6 +536,17 @@ class Replayer:
                     )
         if taken:
             self.kv = self._spec(lambda: self._t(L.transfer, self.kv, request(req), TREE_KV, taken), subj)
+        freed = frozenset(ev.get("dups_freed", ()))
+        if freed:
+            if not freed <= set(want.dup_slots):
+                raise _Violated(
+                    RESULTS,
+                    f"insert({list(key)}) freed {sorted(freed - set(want.dup_slots))} itself, not duplicates",
+                    subj,
+                )
+            self.kv = self._spec(lambda: self._t(L.free, self.kv, request(req), freed), subj)
+            for x in freed:
+                self._note(f"kv slot {x}", f"insert: duplicate freed by the cache (req {req})")
         if mamba is not None and key not in self.prefix.mamba_state and self.mamba is not None:
             mam = self.mamba
             self.mamba = self._spec(

@@ -18,7 +18,8 @@ events from 1 (line ``s + 1`` of the file). The events and their fields:
 ``lock``         ``key, handle, length, slots, mamba``; optional ``coverage``
                  (``[[key, component], ...]`` the handle raised) and ``lock_delta``
 ``unlock``       ``handle``; optional ``lock_delta``
-``insert``       ``req, key, slots, mamba, prefix_len, dup_slots, dup_mamba``
+``insert``       ``req, key, slots, mamba, prefix_len, dup_slots, dup_mamba``; optional
+                 ``dups_freed`` (duplicates the cache freed itself)
 ``evict``        ``component, n, freed, evicted`` (``freed``: what ``evict`` returned)
 ``mamba_cow``    ``handle, req, slot``; optional ``evicted`` and ``lock_delta``
 ``lru``          ``component, order, links`` (``links``: ``[[node, prev, next], ...]``
@@ -115,7 +116,7 @@ _OPTIONAL: dict[str, dict[str, str]] = {
     "unlock": {"lock_delta": "delta", "sizes": "sizes"},
     "mamba_cow": {"evicted": "evicted", "lock_delta": "delta", "sizes": "sizes"},
     "match_prefix": {"sizes": "sizes"},
-    "insert": {"sizes": "sizes"},
+    "insert": {"sizes": "sizes", "dups_freed": "ints"},
     "evict": {"sizes": "sizes"},
     "lru": {"cached": "ints"},
     "call": {

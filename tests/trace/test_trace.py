@@ -193,3 +193,32 @@ def test_sizes_and_lru_members_checked(tmp_path: Path) -> None:
     assert run('{"full":[1,1]}', good_lru) == "inv_sizes"
     stale = '{"step":4,"op":"lru","component":"full","order":[1,2],"links":[[1,null,2],[2,1,null]],"cached":[1]}'
     assert run('{"full":[2,0]}', stale) == "inv_lru_members"
+
+
+def test_duplicates_freed_by_the_cache(tmp_path: Path) -> None:
+    """``dups_freed``: the cache freed duplicates itself; they must be duplicates and not be freed again."""
+    lines = [
+        HEADER,
+        ALLOC,
+        '{"step":2,"op":"write_kv","slots":[1,2],"tokens":[1,2],"start":0}',
+        '{"step":3,"op":"insert","req":1,"key":[1,2],"slots":[1,2],"mamba":null,'
+        '"prefix_len":0,"dup_slots":[],"dup_mamba":null}',
+        '{"step":4,"op":"alloc_kv","req":2,"n":2,"slots":[3,4]}',
+        '{"step":5,"op":"write_kv","slots":[3,4],"tokens":[1,2],"start":0}',
+    ]
+
+    def run(*tail: str) -> str | None:
+        path = tmp_path / "t.jsonl"
+        path.write_text("\n".join([*lines, *tail]) + "\n")
+        r = replay_path(path)
+        assert r.error is None, r.error
+        return None if r.violation is None else r.violation.rule
+
+    ins = (
+        '{"step":6,"op":"insert","req":2,"key":[1,2],"slots":[3,4],"mamba":null,'
+        '"prefix_len":2,"dup_slots":[3,4],"dup_mamba":null'
+    )
+    assert run(ins + ',"dups_freed":[3,4]}') is None
+    assert run(ins + "}", '{"step":7,"op":"free_kv","req":2,"slots":[3,4]}') is None
+    assert run(ins + ',"dups_freed":[3,4]}', '{"step":7,"op":"free_kv","req":2,"slots":[3,4]}') == "inv_single_owner"
+    assert run(ins + ',"dups_freed":[1]}') == "results equal the spec's"
