@@ -316,12 +316,11 @@ class RadixTree:
             path.append(child)
             ck = child.key
             end = pos + len(ck)
-            if end <= n and ck == key[pos:end]:
-                pos, x = end, child  # NOTE: the common case, one comparison in C for the whole node
-                continue
-            k = common_prefix(ck, key, pos)
-            pos += k - k % g
-            break
+            if end > n or ck != key[pos:end]:  # NOTE: one comparison in C for the whole node; equal is the rule
+                k = common_prefix(ck, key, pos)
+                pos += k - k % g
+                break
+            pos, x = end, child
         return path, pos
 
     def _slots_along(self, path: list[TreeNode], length: int) -> bytearray:
