@@ -82,16 +82,21 @@ class Recorder:
         self.name, self.version = adapter.name, adapter.version
         self.config: CacheConfig = adapter.config
         self.capabilities = adapter.capabilities
-        self.writer = TraceWriter(
-            out, Header(adapter.config, adapter.name, adapter.version, adapter.capabilities, faults)
-        )
+        ledgers = adapter.snapshot().ledgers if "ledgers" in adapter.capabilities else {}
+        pools = {name: (led.base, led.capacity) for name, led in ledgers.items() if name in ("kv", "mamba")}
+        cfg = adapter.config
+        if "kv" in pools and cfg.page_size > 1 and cfg.window is None:  # a paged pool's ledger counts pages
+            base, cap = pools["kv"]
+            pools["kv"] = (base * cfg.page_size, cap * cfg.page_size)
+        header = Header(adapter.config, adapter.name, adapter.version, adapter.capabilities, faults, ledgers=pools)
+        self.writer = TraceWriter(out, header)
         self._locks = "locks" in adapter.capabilities
         self._lru = lru and "lru" in adapter.capabilities
         self._snap: Snapshot | None = None  # the adapter's state after the last call, when taken
         self._lru_order: dict[Component, tuple[int, ...]] = {}
         self._lru_links: dict[Component, dict[int, tuple[int | None, int | None]]] = {}
         self._lru_cached: dict[Component, list[int] | None] = {}
-        self._sizes = "sizes" in adapter.capabilities
+        self._sizes = {"sizes", "locks"} <= adapter.capabilities  # sizes derive from the lock state
 
     # ------------------------------------------------------------ helpers
 
@@ -324,6 +329,12 @@ class _Driver:
             if state is None:
                 self.rec.evict(MAMBA, 1)
                 state = self.rec.alloc_mamba(req)
+            if state is None and "stateless_insert" not in self.rec.capabilities:
+                if slots:  # this cache takes no insert without a state: the request gives up
+                    self.rec.free_kv(req, slots)
+                if held:
+                    self.unlock(held)
+                return
         offered = (held.match.slots if held else ()) + slots
         r = self.rec.insert(req, key, offered, state)
         rest = tuple(x for x in r.dup_slots if x not in set(r.dups_freed))

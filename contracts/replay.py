@@ -29,10 +29,11 @@ implementation returned must be what the spec allows:
   free list;
 * ``evict`` (and evictions inside ``mamba_cow``): ``evict_mamba``,
   ``evict_full``, ``evict_swa`` with the live locks (nothing locked, only
-  leaves, states first), each in its own component; freed slots go from the
-  tree back to the free list; an ``evict`` of ``n`` removes at least ``n``
-  or everything evictable (``spec.prefix.evictable_size``) and returns what
-  it removed;
+  leaves, states first), in whichever components the implementation evicted
+  from (an SWA eviction may delete an unlocked leaf whole, as SGLang's does);
+  freed slots go from the tree back to the free list; an ``evict`` of ``n``
+  removes at least ``n`` or everything evictable
+  (``spec.prefix.evictable_size``) and returns what it removed;
 * ``mamba_cow``: on a live handle whose match had a state; the new slot is
   allocated to the request; lock counters end where they began;
 * ``lru``: the links after applying the delta obey ``inv_lru_detached`` and
@@ -229,10 +230,14 @@ class Replayer:
         self._fp: Callable[[int, int], int] = P.fingerprint if contracts else inspect.unwrap(P.fingerprint)
         self.header, self.cfg = header, cfg
         self.caps = header.capabilities
+        self._locks_known = header.capabilities is None or "locks" in header.capabilities
         self.prefix = P.new_prefix_cache(cfg.page_size, cfg.window, cfg.mamba)
         self.locks = K.new_lock_state()
-        self.kv = L.new_ledger("kv", cfg.kv_tokens - cfg.kv_tokens % cfg.page_size, base=cfg.page_size)
-        self.mamba = L.new_ledger("mamba", cfg.mamba_slots) if cfg.mamba else None
+        where = header.ledgers or {}
+        kv_base, kv_cap = where.get("kv", (cfg.page_size, cfg.kv_tokens - cfg.kv_tokens % cfg.page_size))
+        self.kv = L.new_ledger("kv", kv_cap, base=kv_base)
+        m_base, m_cap = where.get("mamba", (0, cfg.mamba_slots))
+        self.mamba = L.new_ledger("mamba", m_cap, base=m_base) if cfg.mamba else None
         self.content: dict[int, int] = {}
         self.handle_match: dict[int, tuple[Key, int, int | None]] = {}
         self.released: deque[int] = deque(maxlen=released_window)
@@ -324,24 +329,10 @@ class Replayer:
             )
         return want
 
-    def _evicted(self, ev: dict[str, list[list[int]]], op: str, only: Component | None) -> None:
+    def _evicted(self, ev: dict[str, list[list[int]]], op: str) -> None:
         gone_m = frozenset(_key(k) for k in ev.get("mamba", []))
         gone = frozenset(_key(k) for k in ev.get("full", []))
         tomb = frozenset(_key(k) for k in ev.get("swa", []))
-        stray: frozenset[Key] = frozenset()
-        if only is SWA:
-            stray = gone | gone_m
-        elif only is MAMBA:
-            stray = gone | tomb
-        elif only is FULL:
-            stray = gone_m - gone
-        if stray:
-            raise _Violated(
-                "evictions legal (spec evict_*)",
-                f"{op} of {only.value if only else '?'} removed content of another component at "
-                f"{[list(k) for k in sorted(stray)][:4]}",
-                [_ks(k) for k in sorted(stray)][:6],
-            )
         if gone_m:
             mam = self._pool_mamba(self.line)
             subj = [_ks(k) for k in sorted(gone_m)]
@@ -569,9 +560,10 @@ class Replayer:
         n, freed = ev["n"], ev["freed"]
         could = P.evictable_size(self.prefix, self.locks, comp)
         before = self._amount(comp)
-        self._evicted(ev["evicted"], f"evict {comp.value}", comp)
+        self._evicted(ev["evicted"], f"evict {comp.value}")
         removed = before - self._amount(comp)
-        if removed < min(n, could) or freed != removed:
+        short = self._locks_known and removed < min(n, could)  # what is evictable depends on the real locks
+        if short or freed != removed:
             raise _Violated(
                 EVICT_ENOUGH,
                 f"evict {comp.value} of {n} with {could} evictable removed {removed} and returned {freed} "
@@ -596,7 +588,7 @@ class Replayer:
             raise _Violated(
                 "mamba_copy_on_write (rule)", f"copy-on-write of handle {hid}: its match has no state", subj
             )
-        self._evicted(ev.get("evicted", {}), "mamba_cow", MAMBA)
+        self._evicted(ev.get("evicted", {}), "mamba_cow")
         if slot is not None:
             mam = self._pool_mamba(line)  # after the evictions above
             got = self._slots_in(mam, [slot], line)
@@ -651,7 +643,7 @@ def unchecked_rules(header: Header) -> tuple[str, ...]:
     caps = header.capabilities
     if caps is not None and "lru" not in caps:
         out += ["inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members"]
-    if caps is not None and "sizes" not in caps:
+    if caps is not None and not {"sizes", "locks"} <= caps:
         out += ["inv_sizes"]
     if caps is not None and "locks" not in caps:
         out += ["lock coverage beyond required_coverage", "lock_delta (counters moved by each operation)"]

@@ -4,7 +4,9 @@ A trace is JSON lines (UTF-8, ``\\n``-terminated). Line 1 is the header::
 
     {"kvledger_trace": 1, "config": {...CacheConfig fields...}, "adapter": "name", "version": "v"}
 
-(optionally ``"capabilities": [...]`` and ``"faults": [...]``). Every further
+(optionally ``"capabilities": [...]``, ``"faults": [...]`` and ``"ledgers":
+{"kv": [base, capacity], "mamba": [base, capacity]}`` where the pools' slots
+lie when not at the defaults: KV ``[page_size, kv_tokens)``, Mamba ``[0, mamba_slots)``). Every further
 line is one event: ``{"step": s, "op": name, ...fields}`` where ``step`` counts
 events from 1 (line ``s + 1`` of the file). The events and their fields:
 
@@ -292,6 +294,7 @@ class Header:
     capabilities: frozenset[str] | None = None
     faults: tuple[str, ...] = ()
     pools: dict[str, tuple[int, int]] | None = None  # a system trace: pool name -> (base, capacity)
+    ledgers: dict[str, tuple[int, int]] | None = None  # a cache trace: where its kv/mamba slots lie, if not the default
 
     @property
     def system(self) -> bool:
@@ -311,7 +314,21 @@ class Header:
             out["faults"] = list(self.faults)
         if self.pools is not None:
             out["pools"] = {k: list(v) for k, v in self.pools.items()}
+        if self.ledgers:
+            out["ledgers"] = {k: list(v) for k, v in self.ledgers.items()}
         return out
+
+
+def _is_range(v: object) -> bool:
+    """``[base, capacity]`` of a pool: integers, ``0 <= base`` and ``0 < capacity``, both at most ``MAX_POOL``."""
+    return (
+        isinstance(v, list)
+        and len(v) == 2
+        and _is_int(v[0])
+        and _is_int(v[1])
+        and 0 <= v[0] <= MAX_POOL
+        and 0 < v[1] <= MAX_POOL
+    )
 
 
 def parse_header(obj: object) -> Header:
@@ -331,20 +348,10 @@ def parse_header(obj: object) -> Header:
     faults = obj.get("faults", [])
     if not (isinstance(faults, list) and all(isinstance(c, str) for c in faults)):
         raise TraceFormatError(1, "header 'faults' a list of strings", _short(faults))
-    pools = obj.get("pools")
-    if pools is not None and not (
-        isinstance(pools, dict)
-        and all(
-            isinstance(v, list)
-            and len(v) == 2
-            and _is_int(v[0])
-            and _is_int(v[1])
-            and v[0] >= 0
-            and 0 < v[1] <= MAX_POOL
-            for v in pools.values()
-        )
-    ):
-        raise TraceFormatError(1, f"header 'pools' an object {{name: [base, capacity]}} (capacity <= {MAX_POOL})")
+    pools, ledgers = obj.get("pools"), obj.get("ledgers")
+    for name, value in (("pools", pools), ("ledgers", ledgers)):
+        if value is not None and not (isinstance(value, dict) and all(_is_range(v) for v in value.values())):
+            raise TraceFormatError(1, f"header {name!r} an object {{name: [base, capacity]}} (sizes <= {MAX_POOL})")
     return Header(
         config_from_json(obj["config"]),
         obj["adapter"],
@@ -352,6 +359,7 @@ def parse_header(obj: object) -> Header:
         frozenset(caps) if caps is not None else None,
         tuple(faults),
         None if pools is None else {k: (v[0], v[1]) for k, v in pools.items()},
+        None if ledgers is None else {k: (v[0], v[1]) for k, v in ledgers.items()},
     )
 
 
