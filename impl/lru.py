@@ -5,6 +5,9 @@ A radix node carries one ``(lru_prev, lru_next)`` pointer pair per component
 :class:`LRUList` threads the nodes that hold content of its component between
 a head sentinel (most recently used side) and a tail sentinel (least recently
 used side). ``lru_prev`` points towards the head, ``lru_next`` towards the tail.
+Underneath, a node keeps its pointers in two lists indexed by ``SLOT[component]``
+(``prev``, ``next``); ``lru_prev[c]`` / ``lru_next[c]`` are views of them by
+component, and the lists' own code indexes them directly (no enum hashing per step).
 
 The abstraction of a list is :class:`kvledger.spec.lru.LruState`: ``order()``
 is its ``order`` (head to tail), each node's pointer pair is its ``links``.
