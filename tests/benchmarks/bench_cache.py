@@ -20,8 +20,8 @@
    cost and a fit ``t = a + b * L`` show how close to linear it is.
 3. Contracts. The workload with the contract bindings ``off`` and ``on``,
    alternating, ``--rounds`` times each; the best round of each is kept and
-   the ratio taken within this run. The cache's own methods have no bindings
-   yet: what ``on`` costs here is the pools' (alloc/free/transfer) checks.
+   the ratio taken within this run. ``on`` checks the cache's incremental
+   laws (``contracts/cache_bindings.py``) and the pools' alloc/free/transfer.
 """
 
 from __future__ import annotations
