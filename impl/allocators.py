@@ -153,7 +153,9 @@ class PagedAllocator:
 
     def free(self, indices: torch.Tensor, owner: Owner) -> None:
         """Return whole pages (given as token indices) from ``owner``."""
-        self.pool.free(self.pages_of("free", indices), owner)
+        pages = self.pages_of("free", indices)  # NOTE: in range and distinct: only the owner is left to check
+        self.pool.check_held("free", pages, owner)
+        self.pool.release(pages)
 
     def transfer(self, indices: torch.Tensor, src: Owner, dst: Owner) -> None:
         """Hand whole pages (given as token indices) from ``src`` to ``dst``."""

@@ -58,6 +58,7 @@ class SlotPool:
         self._stamp = 0
         self._stamped = False  # NOTE: until a stamp other than 0 is set, origin is all 0 and needs no writes
         self._mark: torch.Tensor | None = None  # scratch for the O(n) duplicate check, allocated on first use
+        self._iota = self._stack[:0]  # positions 0, 1, ... for that check (the arange, with the scratch)
 
     @property
     def stamp(self) -> int:
@@ -121,7 +122,9 @@ class SlotPool:
             return False
         if self._mark is None:
             self._mark = torch.empty(self.size, dtype=torch.int64, device=self.device)
-        pos = torch.arange(k, dtype=torch.int64, device=self.device)
+            self._iota = torch.arange(self.size, dtype=torch.int64, device=self.device)
+        # NOTE: a slice of a kept arange (a view) costs a fraction of a new arange per call
+        pos = self._iota[:k] if k <= self.size else torch.arange(k, dtype=torch.int64, device=self.device)
         self._mark.index_copy_(0, idx, pos)
         return not torch.equal(self._mark.index_select(0, idx), pos)
 
