@@ -179,9 +179,13 @@ def kvledger_cache(request: pytest.FixtureRequest) -> Iterator[CheckedCache]:
     buf = io.StringIO()
     checked = CheckedCache(Recorder(ref, buf), ref, buf)
     yield checked
-    bad = checked.violations()
+    _fail_if_broken("kvledger_cache", checked.violations())
+
+
+def _fail_if_broken(fixture: str, bad: list[str]) -> None:
+    """Fail the test at teardown, listing every law ``fixture``'s checks found broken."""
     if bad:
-        pytest.fail("kvledger_cache laws broken:\n  " + "\n  ".join(bad), pytrace=False)
+        pytest.fail(f"{fixture} laws broken:\n  " + "\n  ".join(bad), pytrace=False)
 
 
 @dataclass
@@ -221,9 +225,7 @@ def kvledger_memory(request: pytest.FixtureRequest) -> Iterator[CheckedMemory]:
     buf = io.StringIO()
     checked = CheckedMemory(SystemRecorder(mm, buf), mm, buf)
     yield checked
-    bad = checked.violations()
-    if bad:
-        pytest.fail("kvledger_memory laws broken:\n  " + "\n  ".join(bad), pytrace=False)
+    _fail_if_broken("kvledger_memory", checked.violations())
 
 
 def conformance_test(

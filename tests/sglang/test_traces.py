@@ -16,14 +16,9 @@ from kvledger.contracts.adapter import CacheConfig, load_factory
 from kvledger.contracts.recorder import record_workload
 from kvledger.contracts.replay import replay
 from kvledger.contracts.sglang.cpu_import import unavailable_reason
+from kvledger.contracts.suites import CACHE_MODELS
 
-MODELS = {
-    "full": CacheConfig(),
-    "full-paged": CacheConfig(page_size=2),
-    "swa": CacheConfig(window=2),
-    "mamba": CacheConfig(mamba=True),
-    "hybrid": CacheConfig(window=2, mamba=True),
-}
+MODELS = CACHE_MODELS
 NEW = pytest.mark.skipif(unavailable_reason("0.5.23") is not None, reason=str(unavailable_reason("0.5.23")))
 OLD = pytest.mark.skipif(unavailable_reason("0.5.9") is not None, reason=str(unavailable_reason("0.5.9")))
 

@@ -10,17 +10,12 @@ from hypothesis import settings
 from kvledger.contracts.adapter import CacheAdapter, CacheConfig
 from kvledger.contracts.profiles import register_profiles
 from kvledger.contracts.sglang.cpu_import import unavailable_reason
+from kvledger.contracts.suites import CACHE_MODELS
 
 pytestmark = pytest.mark.skipif(unavailable_reason("0.5.23") is not None, reason=str(unavailable_reason("0.5.23")))
 register_profiles()
 CI = settings.get_profile("ci")
-MODELS = {
-    "full": CacheConfig(),
-    "full-paged": CacheConfig(page_size=2),
-    "swa": CacheConfig(window=2),
-    "mamba": CacheConfig(mamba=True),
-    "hybrid": CacheConfig(window=2, mamba=True),
-}
+MODELS = CACHE_MODELS
 NEVER = {"double_dec_lock_ref (rule)"}  # a TreeLock has no identity: a second release is not refused
 RUST_BLIND = {"inv_lock_ref_counts_handles", "inv_handles_match", "inv_sizes", "inv_content", "inv_lru_detached"}
 

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+# NOTE: pytester's in-process runs drop the modules first imported inside them; importing these
+# here keeps one copy of each, so a fault switched on inside one run patches the classes the
+# next run uses (otherwise a filtered run, e.g. -k, sees two Sessions classes).
+import kvledger.impl.faults
+import kvledger.impl.session  # noqa: F401
+
 DRIVE = """
 def drive(cache):
     a = cache.adapter
