@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from kvledger.contracts.system_replay import SystemReplayer, Violated, system_unchecked
+from kvledger.contracts.system_replay import LEDGER_RULES, SystemReplayer, Violated, system_unchecked
 from kvledger.contracts.trace import SYSTEM_OPS, Event, Header, TraceFormatError, read_trace
 from kvledger.spec import ledger as L
 from kvledger.spec import locks as K
@@ -89,10 +89,7 @@ EVICT_ENOUGH = "eviction frees what was asked (or all it can)"
 LOCKS = "inv_lock_ref_counts_handles"
 
 _RULE_OF_ERROR = {
-    "DoubleFree": "inv_single_owner",
-    "OverAllocation": "inv_single_owner",
-    "NotOwner": "inv_owners_account",
-    "OutOfRange": "inv_slots_conserved",
+    **LEDGER_RULES,
     "InvalidArgument": RESULTS,
     "DoubleUnlock": LOCKS,
     "UnknownHandle": LOCKS,
@@ -558,12 +555,12 @@ class Replayer:
         if comp not in on:
             raise TraceFormatError(line, f"evict of a component of this model ({', '.join(c.value for c in on)})")
         n, freed = ev["n"], ev["freed"]
-        could = P.evictable_size(self.prefix, self.locks, comp)
+        # NOTE: what is evictable depends on the real locks: known only when the trace records them.
+        could = P.evictable_size(self.prefix, self.locks, comp) if self._locks_known else 0
         before = self._amount(comp)
         self._evicted(ev["evicted"], f"evict {comp.value}")
         removed = before - self._amount(comp)
-        short = self._locks_known and removed < min(n, could)  # what is evictable depends on the real locks
-        if short or freed != removed:
+        if removed < min(n, could) or freed != removed:
             raise _Violated(
                 EVICT_ENOUGH,
                 f"evict {comp.value} of {n} with {could} evictable removed {removed} and returned {freed} "

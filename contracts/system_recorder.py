@@ -101,8 +101,7 @@ class SystemRecorder:
     def _emit_rows(self, touched: set[int], involved: set[Owner]) -> None:
         rows = self.mm.rows
         tags = rows.pool.owner_tag
-        held = {x for x in self._rows if int(tags[x]) == FREE_TAG}
-        for x in held:
+        for x in [x for x in self._rows if int(tags[x]) == FREE_TAG]:
             del self._rows[x]  # freed: its contents mean nothing now
         candidates = set(touched)
         for o in involved:

@@ -199,7 +199,7 @@ def test_a_well_formed_turn_holds() -> None:
             "leak checker agrees with the ledgers",
             "ok=False",
         ),
-        # ... and one that misses a real leak (a false negative): req 1 finished but its slot went unreported
+        # a real leak fails the call that made it, before a leak check could miss it (no false negative)
         (
             [
                 ADD,
