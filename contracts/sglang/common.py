@@ -21,6 +21,9 @@ with the helpers here:
   two nodes) gets two holders, which ``inv_single_owner`` rejects.
 * :func:`lru_state` walks an intrusive doubly linked list from its head
   sentinel and reads the pointers of every node seen.
+* :func:`alloc_state` / :func:`free_state` take a Mamba state slot from (or
+  give it back to) SGLang's Mamba allocator for a request, keeping the
+  adapter's record of which request holds it.
 * :func:`check` runs the conformance machine and reports the rules an
   adapter cannot express (its missing capabilities) as skipped.
 """
@@ -31,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from hypothesis import settings as Settings
 
 from kvledger.contracts.adapter import CacheAdapter, Unsupported, skipped_rules
@@ -105,6 +109,22 @@ def ledger(
     for r, xs in requests.items():
         held.setdefault(request(r), set()).update(xs)
     return Ledger(name, capacity, frozenset(seen_free), {o: frozenset(xs) for o, xs in held.items() if xs}, base)
+
+
+def alloc_state(pool: Any, req: int, held: dict[int, set[int]]) -> int | None:
+    """One slot from a Mamba allocator with SGLang's ``alloc(n)`` / ``free(tensor)`` for ``req`` (``None``: full)."""
+    got = pool.alloc(1)
+    if got is None:
+        return None
+    slot = int(got[0])
+    held.setdefault(req, set()).add(slot)
+    return slot
+
+
+def free_state(pool: Any, req: int, slot: int, held: dict[int, set[int]]) -> None:
+    """Give ``req``'s Mamba state slot back to ``pool`` and forget that ``req`` held it."""
+    pool.free(torch.tensor([slot], dtype=torch.int64))
+    held.setdefault(req, set()).discard(slot)
 
 
 def node_owner(nid: NodeId, comp: Component) -> Owner:

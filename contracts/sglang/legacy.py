@@ -64,6 +64,8 @@ from kvledger.contracts.sglang.common import (
     KVBuffer,
     NodeIds,
     NotExpressible,
+    alloc_state,
+    free_state,
     ledger,
     lru_state,
     node_owner,
@@ -406,16 +408,10 @@ class LegacyMambaAdapter(_LegacyAdapter):
         return self.req_pool.mamba_pool
 
     def alloc_mamba(self, req: int) -> int | None:
-        got = self.mamba_pool.alloc(1)
-        if got is None:
-            return None
-        slot = int(got[0])
-        self.req_mamba.setdefault(req, set()).add(slot)
-        return slot
+        return alloc_state(self.mamba_pool, req, self.req_mamba)
 
     def free_mamba(self, req: int, slot: int) -> None:
-        self.mamba_pool.free(torch.tensor([slot], dtype=torch.int64))
-        self.req_mamba.setdefault(req, set()).discard(slot)
+        free_state(self.mamba_pool, req, slot, self.req_mamba)
 
     def write_mamba(self, slot: int, value: int) -> None:
         self.mamba_pool.mamba_cache.temporal[:, slot] = float(value)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from kvledger.contracts.adapter import CacheConfig
-from kvledger.contracts.sglang.common import ledger
+from kvledger.contracts.sglang.common import alloc_state, free_state, ledger
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.types import Owner
 
@@ -128,16 +128,10 @@ class UnifiedPools:
         return self.req_pool.mamba_allocator
 
     def alloc_mamba(self, req: int) -> int | None:
-        got = self.mamba_allocator.alloc(1)
-        if got is None:
-            return None
-        slot = int(got[0])
-        self.req_mamba.setdefault(req, set()).add(slot)
-        return slot
+        return alloc_state(self.mamba_allocator, req, self.req_mamba)
 
     def free_mamba(self, req: int, slot: int) -> None:
-        self.mamba_allocator.free(torch.tensor([slot], dtype=torch.int64))
-        self.req_mamba.setdefault(req, set()).discard(slot)
+        free_state(self.mamba_allocator, req, slot, self.req_mamba)
 
     # ------------------------------------------------------------ ledgers
 
