@@ -104,7 +104,32 @@ class KvledgerOps:
             self.kv.free(res.dup_indices, self.request(r))
 
 
-class Legacy59Ops:
+class _SGLangOps:
+    """What both SGLang variants share: a CPU token (or paged) allocator, eviction by token count."""
+
+    torch: Any
+    sg: Any
+    alloc_: Any
+    cache: Any
+
+    def _setup(self, torch: Any, sg: Any, pool: int, page: int) -> None:
+        self.torch, self.sg = torch, sg
+        if page > 1:
+            self.alloc_ = sg.allocator.PagedTokenToKVPoolAllocator(pool, page, torch.int64, "cpu", None, False)
+        else:
+            self.alloc_ = sg.allocator.TokenToKVPoolAllocator(pool, torch.int64, "cpu", None, False)
+
+    def available(self) -> int:
+        return int(self.alloc_.available_size())
+
+    def evict(self, n: int) -> int:
+        return int(self.cache.evict(self.sg.base.EvictParams(num_tokens=n)).num_tokens_evicted)
+
+    def alloc(self, r: int, n: int) -> Any:
+        return self.alloc_.alloc(n)
+
+
+class Legacy59Ops(_SGLangOps):
     """SGLang 0.5.9 ``RadixCache``; the caller frees duplicates, as ``cache_finished_req`` does."""
 
     def __init__(self, pool: int, page: int) -> None:
@@ -113,11 +138,7 @@ class Legacy59Ops:
         from kvledger.contracts.sglang.legacy import _sglang
 
         _, sg = _sglang()
-        self.torch, self.sg = torch, sg
-        if page > 1:
-            self.alloc_ = sg.allocator.PagedTokenToKVPoolAllocator(pool, page, torch.int64, "cpu", None, False)
-        else:
-            self.alloc_ = sg.allocator.TokenToKVPoolAllocator(pool, torch.int64, "cpu", None, False)
+        self._setup(torch, sg, pool, page)
         params = sg.params.CacheInitParams(
             disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc_, page_size=page
         )
@@ -137,22 +158,13 @@ class Legacy59Ops:
     def unlock(self, node: Any) -> None:
         self.cache.dec_lock_ref(node)
 
-    def available(self) -> int:
-        return int(self.alloc_.available_size())
-
-    def evict(self, n: int) -> int:
-        return int(self.cache.evict(self.sg.base.EvictParams(num_tokens=n)).num_tokens_evicted)
-
-    def alloc(self, r: int, n: int) -> Any:
-        return self.alloc_.alloc(n)
-
     def insert(self, r: int, key: Any, prefix: Any, new: Any, matched: int) -> None:
         value = self.torch.cat((prefix, new))
         res = self.cache.insert(self.sg.base.InsertParams(key=self.sg.radix.RadixKey(key), value=value))
         self.alloc_.free(value[matched : res.prefix_len])
 
 
-class Unified523Ops:
+class Unified523Ops(_SGLangOps):
     """SGLang 0.5.23 ``UnifiedRadixCache`` on one tree core; insert frees duplicates itself."""
 
     def __init__(self, pool: int, page: int, core: str) -> None:
@@ -161,11 +173,7 @@ class Unified523Ops:
         from kvledger.contracts.sglang.unified import CORES, _sglang
 
         _, sg = _sglang()
-        self.torch, self.sg = torch, sg
-        if page > 1:
-            self.alloc_ = sg.allocator.PagedTokenToKVPoolAllocator(pool, page, torch.int64, "cpu", None, False)
-        else:
-            self.alloc_ = sg.allocator.TokenToKVPoolAllocator(pool, torch.int64, "cpu", None, False)
+        self._setup(torch, sg, pool, page)
         req_pool = sg.pool.ReqToTokenPool(size=4, max_context_len=4096, device="cpu", enable_memory_saver=False)
         params = sg.params.CacheInitParams(
             disable=False,
@@ -194,15 +202,6 @@ class Unified523Ops:
 
     def unlock(self, h: Any) -> None:
         self.cache.unlock(h)
-
-    def available(self) -> int:
-        return int(self.alloc_.available_size())
-
-    def evict(self, n: int) -> int:
-        return int(self.cache.evict(self.sg.base.EvictParams(num_tokens=n)).num_tokens_evicted)
-
-    def alloc(self, r: int, n: int) -> Any:
-        return self.alloc_.alloc(n)
 
     def insert(self, r: int, key: Any, prefix: Any, new: Any, matched: int) -> None:
         value = self.torch.cat((prefix, new))
