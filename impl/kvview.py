@@ -40,47 +40,61 @@ class KVView:
             return self.kv.pages_of(op, idx)
         return self.pool.as_index(op, idx)
 
-    def held_units(self, new: torch.Tensor, owner: Owner) -> torch.Tensor | None:
-        """The insert checks in one pass, for the common case: the caller's slots are the cached ones, then ``new``.
+    def take(self, new: torch.Tensor, owner: Owner, dst: int) -> bool:
+        """The insert's checks and hand-over in one pass, for the common case: ``new``'s slots go from ``owner`` to
+        the owner whose tag is ``dst``.
 
-        When the slots of ``new`` are in range and distinct and ``owner``
-        holds them (whole pages in order, when paged), so that ``check_fresh``
-        and ``check_held`` would pass: their pool slots (pages when paged).
-        ``None`` means "ask those": they raise the precise error, or accept
-        what this conservative pass does not (an SWA allocator, a node as the owner).
+        ``True`` when the slots of ``new`` are in range and distinct and
+        ``owner`` holds them (whole pages in order, when paged), so that
+        ``check_fresh`` and ``check_held`` would pass: they are ``dst``'s now.
+        ``False`` changes nothing and means "ask those": they raise the precise
+        error, or accept what this conservative pass does not (an SWA
+        allocator, a node as the owner).
         """
         if self.swa is not None or owner.kind is OwnerKind.NODE:
-            return None
+            return False
         if isinstance(self.kv, PagedAllocator):
             got = self.kv.whole_pages(new)
             if got is None:
-                return None
+                return False
             units = got
         else:
             units = new
-        if not self.pool.is_cpu and units.numel():
-            lo, hi = torch.aminmax(units)
-            if int(lo) < 0 or int(hi) >= self.pool.size:
-                return None
-        try:
-            tags = self.pool.owner_tag.index_select(0, units)
-        except IndexError:  # NOTE: a slot out of range (on the CPU, where this is how we learn it)
-            return None
-        # NOTE: a slot ``owner`` holds is no node's, so the new part repeats no cached slot;
-        # slots below the pool's base carry the reserved tag, so they fail here too.
+        if not units.numel():
+            return True
+        # NOTE: a slot ``owner`` holds is no node's, so the new part repeats no cached slot
+        if self.pool.is_cpu:
+            return self.pool.claim(units.contiguous(), owner, dst)
+        lo, hi = torch.aminmax(units)
+        if int(lo) < 0 or int(hi) >= self.pool.size:
+            return False
+        tags = self.pool.owner_tag.index_select(0, units)
         if not torch.equal(tags, torch.full_like(tags, encode(owner))) or self.pool.has_duplicates(units):
-            return None
-        return units
+            return False
+        self.pool.retag_code(units, dst)
+        return True
 
-    def move(self, value: torch.Tensor, src: Owner, dst: Owner, units: torch.Tensor | None = None) -> None:
-        """Hand ``value``'s slots (checked: ``src`` holds them) from ``src`` to ``dst`` without checking again.
-
-        ``units``: their pool slots, when the caller has them already.
-        """
+    def move(self, value: torch.Tensor, src: Owner, dst: Owner) -> None:
+        """Hand ``value``'s slots (checked: ``src`` holds them) from ``src`` to ``dst`` without checking again."""
         if self.swa is not None:
             self.swa.transfer(value, src, dst)
         else:
-            self.pool.retag(self.units_unchecked(value) if units is None else units, dst)
+            self.pool.retag(self.units_unchecked(value), dst)
+
+    def retag(self, value: torch.Tensor, code: int) -> None:
+        """Tag ``value``'s token slots (whole pages in order, when paged; checked by the caller) ``code``, unchecked.
+
+        For token and paged allocators only (an SWA allocator moves SWA slots too: ``move``).
+        """
+        self.pool.retag_code(self.units_unchecked(value), code)
+
+    def release(self, value: torch.Tensor) -> None:
+        """Free token slots ``value`` (whole pages in order, when paged) without checking who holds them.
+
+        For the tree's own slots, whose tags it keeps exact (a token or paged
+        allocator: SWA slots go through the allocator's checked ``free``).
+        """
+        self.pool.release(self.units_unchecked(value))
 
     def units_unchecked(self, value: torch.Tensor) -> torch.Tensor:
         """The pool slots of ``value``, known to be whole pages in order: every ``grain``-th slot, as a page."""

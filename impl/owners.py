@@ -29,6 +29,16 @@ def encode(owner: Owner) -> int:
     return (_KIND_CODE[owner.kind] << 60) | (_COMP_CODE[owner.component] << _IDENT_BITS) | owner.ident
 
 
+_NODE_FULL = (_KIND_CODE[OwnerKind.NODE] << 60) | (_COMP_CODE[Component.FULL] << _IDENT_BITS)
+
+
+def node_tag(ident: int) -> int:
+    """``encode(node(ident, FULL))``, the tag of the full KV slots radix node ``ident`` holds, built directly."""
+    if not 0 <= ident <= MAX_IDENT:
+        raise ValueError(f"node id {ident} outside [0, {MAX_IDENT}]")
+    return _NODE_FULL | ident
+
+
 def decode(tag: int) -> Owner | None:
     """The owner a tag stands for; ``None`` for a free or reserved slot."""
     if tag <= 0:

@@ -47,6 +47,7 @@ from kvledger.impl.kvview import KVAllocator
 from kvledger.impl.locks import Counter, LockHandle
 from kvledger.impl.lru import SLOT
 from kvledger.impl.mamba import MambaPool
+from kvledger.impl.owners import node_tag
 from kvledger.impl.tree import (
     FULL,
     I_FULL,
@@ -166,21 +167,25 @@ class RadixCache(RadixTree):
         if n == 0:
             return InsertResult(value, None, self.root, 0)
         path, hit = self._descend(q)
-        cached = self._slots_along(path, hit)
-        # NOTE: fast path: the caller hands back the cached slots for the cached positions (a scheduler's
-        # matched prefix); one pass checks the rest. Otherwise, or if that pass fails, the checks one by one.
-        new = value[hit:]
-        units = self._kv.held_units(new, owner) if slots[: 8 * hit] == cached else None
-        dups = self._empty if units is not None else self._check_insert(q, value, hit, self._tensor(cached), owner)
-        if self.swa_window is not None:
-            self._kv.check_swa_live(op, new)
         at_end = path[-1].mamba_slot if hit == n and path[-1].end == n else None
         if mamba_slot is not None and mamba_slot != at_end:
             self._check_state(tuple(q), mamba_slot, owner)
+        new = value[hit:]
+        if self.swa_window is not None:
+            self._kv.check_swa_live(op, new)
+        cached = self._slots_along(path, hit)
+        # NOTE: fast path: the caller hands back the cached slots for the cached positions (a scheduler's
+        # matched prefix) and owns the rest: one pass checks them and hands them to the new leaf (the
+        # last step that can fail). Otherwise, or if that pass fails, the checks one by one.
+        ident = self._next_id  # NOTE: the new leaf's id, taken below once nothing can fail
+        taken = slots[: 8 * hit] == cached and self._kv.take(new, owner, node_tag(ident))
+        dups = self._empty if taken else self._check_insert(q, value, hit, self._tensor(cached), owner)
         # NOTE: all checks are done; nothing below can fail on the caller's input.
+        if hit < n:
+            self._next_id += 1
         last, rest = self._cut(path, hit)
         if hit < n:
-            last = self._new_leaf(last, q[hit:], new, array("q", slots[8 * hit :]), owner, units)
+            last = self._new_leaf(ident, last, q[hit:], new, array("q", slots[8 * hit :]), owner, taken)
         dup_mamba = None
         if mamba_slot is not None and last.mamba_slot is None:
             self._adopt_state(last, mamba_slot, owner)
@@ -229,13 +234,8 @@ class RadixCache(RadixTree):
         Locking the root gives a handle that covers nothing.
         """
         self._check_live("inc_lock_ref", n)
-        counters: list[Counter] = []
-        raise_lock = self._raise_lock
+        counters = self._raise_full(n)
         x = n
-        while x.parent is not None:
-            counters.append(x.full_site)
-            raise_lock(x, FULL)
-            x = x.parent
         if self.swa_window is not None:
             x, lo = n, n.end - self.swa_window
             while x.parent is not None and x.end > lo:
@@ -257,16 +257,20 @@ class RadixCache(RadixTree):
         """
         cov = self._locks.coverage("dec_lock_ref", handle)
         nodes = self._nodes
-        got: list[TreeNode] = []
+        full: list[TreeNode] = []
+        other: list[tuple[TreeNode, Component]] = []
         for nid, c in cov:
             x = nodes.get(nid)
             if x is None or x.refs[I_FULL if c is FULL else SLOT[c]] <= 0:
                 raise IntegrityError(f"dec_lock_ref of handle {handle.id}: node {nid} {c.value} lock_ref is not held")
-            got.append(x)
+            if c is FULL:
+                full.append(x)
+            else:
+                other.append((x, c))
         self._locks.release(handle)
-        lower_lock = self._lower_lock
-        for x, (_, c) in zip(got, cov, strict=True):
-            lower_lock(x, c)
+        self._lower_full(full)
+        for x, c in other:
+            self._lower_lock(x, c)
 
     def is_live(self, handle: LockHandle) -> bool:
         """``handle`` came from this cache and is not released yet."""
@@ -310,12 +314,13 @@ class RadixCache(RadixTree):
     def _evict_full(self, n: int) -> int:
         # NOTE: no ancestor is less recent than its descendants (``_touch_path``, ``_split``), so a
         # parent that becomes a leaf lies ahead of the cursor: one pass from the LRU end suffices.
-        freed = 0
+        freed, slots = 0, list[TreeNode]()
         for cur in self._full.iter_lru():
             if freed >= n:
                 break
             if not cur.children and not cur.refs[I_FULL]:
-                freed += self._delete_leaf(cur)
+                freed += self._delete_leaf(cur, slots)
+        self._free_leaves(slots)
         return freed
 
     def _evict_component(self, comp: Component, n: int) -> int:

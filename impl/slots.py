@@ -13,6 +13,9 @@ per-slot Python loop runs unless an error message is being written.
 
 from __future__ import annotations
 
+import ctypes
+import sys
+
 import torch
 
 from kvledger.impl.owners import FREE_TAG, RESERVED_TAG, decode, encode
@@ -58,7 +61,7 @@ class SlotPool:
         self._stamp = 0
         self._stamped = False  # NOTE: until a stamp other than 0 is set, origin is all 0 and needs no writes
         self._mark: torch.Tensor | None = None  # scratch for the O(n) duplicate check, allocated on first use
-        self._iota = self._stack[:0]  # positions 0, 1, ... for that check (the arange, with the scratch)
+        self._iota = self._stack[:0]  # positions 0, 1, ... for the duplicate checks (grown on first use)
 
     @property
     def stamp(self) -> int:
@@ -122,38 +125,72 @@ class SlotPool:
             return False
         if self._mark is None:
             self._mark = torch.empty(self.size, dtype=torch.int64, device=self.device)
-            self._iota = torch.arange(self.size, dtype=torch.int64, device=self.device)
         # NOTE: a slice of a kept arange (a view) costs a fraction of a new arange per call
-        pos = self._iota[:k] if k <= self.size else torch.arange(k, dtype=torch.int64, device=self.device)
-        self._mark.index_copy_(0, idx, pos)
-        return not torch.equal(self._mark.index_select(0, idx), pos)
+        pos = self._positions(k)
+        self._mark.scatter_(0, idx, pos)  # NOTE: a slot named twice keeps one of its positions (either)
+        back = self._mark.index_select(0, idx)
+        if self.is_cpu:
+            return _host(back) != _host(pos)
+        return not torch.equal(back, pos)
+
+    def claim(self, idx: torch.Tensor, owner: Owner, code: int | None = None) -> bool:
+        """On the CPU, a check (and hand-over) in one pass: whether ``idx`` are distinct slots all tagged ``owner``.
+
+        If so and ``code`` is given, they are tagged ``code`` (``encode(dst)``)
+        on return; with ``code=None`` their tags are unchanged. Returns ``False``, with the pool
+        unchanged, when that is not shown (another device, a slot out of range,
+        another holder, a repeated slot): callers then run ``as_index`` and
+        ``check_held`` for the precise error.
+
+        NOTE: ``index_select`` rejects an index outside the tensor and slots
+        below ``base`` carry the reserved tag, so "all tagged ``owner``" means
+        "all in range". Distinctness is checked in the tag column itself: each
+        position writes its number into its slot's tag and reads it back (a slot
+        named twice keeps one number), then the tags get ``code`` — or
+        ``owner`` again, when there is no ``code`` or a slot was named twice. Only the cache lines the first
+        gather loaded are touched (a separate scratch column costs a cache miss per slot).
+        """
+        if not (
+            self.is_cpu
+            and isinstance(idx, torch.Tensor)
+            and idx.dtype == torch.int64
+            and idx.is_cpu
+            and idx.dim() == 1
+            and idx.is_contiguous()
+        ):
+            return False
+        k = idx.numel()
+        tags = self.owner_tag
+        try:
+            got = tags.index_select(0, idx)
+        except IndexError:
+            return False
+        held = encode(owner)
+        if not k or _host(got) != _tag_bytes(held, k):
+            return False
+        if k > 1:
+            pos = self._positions(k)
+            tags.scatter_(0, idx, pos)
+            if _host(tags.index_select(0, idx)) != _host(pos):
+                tags.index_fill_(0, idx, held)
+                return False
+        if code is None:
+            if k > 1:
+                tags.index_fill_(0, idx, held)
+            return True
+        tags.index_fill_(0, idx, code)
+        if self._stamped:
+            self.origin.index_fill_(0, idx, self._stamp)
+        return True
+
+    def _positions(self, k: int) -> torch.Tensor:
+        """``0, 1, ..., k - 1`` (int64): a view of a kept ``arange`` when it is long enough."""
+        if k > self._iota.numel():
+            self._iota = torch.arange(max(k, 2 * self._iota.numel(), 4096), dtype=torch.int64, device=self.device)
+        return self._iota[:k]
 
     def _held_index(self, op: str, indices: torch.Tensor, owner: Owner) -> torch.Tensor:
-        """``as_index`` then ``check_held``: the validated slots, or the first of their errors.
-
-        NOTE: on the CPU the common case takes one gather: ``index_select``
-        rejects an index outside the tensor, and slots below ``base`` carry
-        the reserved tag, so "all tagged ``owner``" implies "all in range".
-        Any failure re-runs the checks one by one for the precise error.
-        """
-        if (
-            self.is_cpu
-            and isinstance(indices, torch.Tensor)
-            and indices.dtype == torch.int64
-            and indices.device == self.device
-            and indices.dim() == 1
-            and indices.numel()
-        ):
-            try:
-                tags = self.owner_tag.index_select(0, indices)
-            except IndexError:
-                tags = None
-            if (
-                tags is not None
-                and torch.equal(tags, torch.full_like(tags, encode(owner)))
-                and not self.has_duplicates(indices)
-            ):
-                return indices
+        """``as_index`` then ``check_held``: the validated slots, or the first of their errors."""
         idx = self.as_index(op, indices)
         self.check_held(op, idx, owner)
         return idx
@@ -206,7 +243,7 @@ class SlotPool:
         Raises ``DoubleFree`` / ``NotOwner`` / ``OutOfRange`` / ``InvalidArgument``
         with the pool unchanged.
         """
-        self.release(self._held_index("free", indices, owner))
+        self.release(indices if self.claim(indices, owner) else self._held_index("free", indices, owner))
 
     def release(self, idx: torch.Tensor) -> None:
         """Push already-validated slots back on the free stack (no checks: callers validate first)."""
@@ -221,6 +258,8 @@ class SlotPool:
             idx = self.as_index("transfer", indices)
             raise InvalidArgument("transfer", self.name, idx.tolist(), f"source and destination are both {src}")
         code = encode(dst)
+        if self.claim(indices, src, code):
+            return
         idx = self._held_index("transfer", indices, src)
         self.owner_tag.index_fill_(0, idx, code)
         if self._stamped:
@@ -232,8 +271,12 @@ class SlotPool:
         The radix tree moves slots between its own nodes, and takes slots an
         ``insert`` has checked, with this.
         """
+        self.retag_code(idx, encode(dst))
+
+    def retag_code(self, idx: torch.Tensor, code: int) -> None:
+        """``retag`` to the owner whose tag is ``code``."""
         idx = _long(idx)
-        self.owner_tag.index_fill_(0, idx, encode(dst))
+        self.owner_tag.index_fill_(0, idx, code)
         if self._stamped:
             self.origin.index_fill_(0, idx, self._stamp)
 
@@ -247,6 +290,24 @@ class SlotPool:
     def held_by(self, owner: Owner) -> torch.Tensor:
         """Every slot tagged ``owner`` (a whole-pool scan)."""
         return torch.nonzero(self.owner_tag == encode(owner)).flatten()
+
+
+def _host(t: torch.Tensor) -> bytes:
+    """The raw bytes of contiguous CPU tensor ``t``: a copy made without a torch dispatch, compared by ``memcmp``."""
+    return ctypes.string_at(t.data_ptr(), t.element_size() * t.numel())
+
+
+_TAG_BYTES: dict[int, bytes] = {}
+
+
+def _tag_bytes(code: int, n: int) -> bytes:
+    """``n`` int64 copies of ``code`` as raw native-order bytes (what ``_host`` of a uniform tag column reads)."""
+    one = _TAG_BYTES.get(code)
+    if one is None:
+        one = _TAG_BYTES[code] = code.to_bytes(8, sys.byteorder, signed=True)
+        if len(_TAG_BYTES) > 4096:  # NOTE: request tags come and go; keep the table small
+            _TAG_BYTES.clear()
+    return one * n
 
 
 def _long(idx: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,6 @@ change; :class:`kvledger.impl.radix.RadixCache` builds the protocol on it.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import struct
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +25,7 @@ from kvledger.impl.kvview import KVAllocator, KVView
 from kvledger.impl.locks import Counter, LockTable
 from kvledger.impl.lru import SLOT, ByComponent, Linked, LRUList
 from kvledger.impl.mamba import MambaPool
+from kvledger.impl.owners import node_tag
 from kvledger.spec.errors import CacheError, ComponentDisabled
 from kvledger.spec.types import Component, NodeId, Owner, node
 
@@ -87,9 +87,10 @@ def common_prefix(a: Tokens, b: Tokens, pos: int) -> int:
 class TreeNode(Linked):
     """One radix node. The root (id 0) has an empty key and is never locked, evicted or listed.
 
-    ``key``: the node's tokens, an ``array("q")`` on the CPU; ``value``: their
-    slots, an int64 tensor on the allocator's device, and ``slots`` the same
-    ids on the CPU (paths are concatenated there). ``children`` are keyed by
+    ``key``: the node's tokens, an ``array("q")`` on the CPU; ``slots``: their
+    KV slot ids, an ``array("q")`` on the CPU (paths are concatenated there);
+    ``value``: the same ids as an int64 tensor on the allocator's device (on
+    the CPU a view of ``slots``, made when asked: the tree itself works on ``slots``). ``children`` are keyed by
     the first token (``page_size == 1``) or the tuple of the first page's
     tokens; keys are whole pages. ``swa_tombstone``: the node's SWA slots were
     freed (its full slots stay). ``mamba_slot``: the Mamba state after the
@@ -100,36 +101,47 @@ class TreeNode(Linked):
     """
 
     __slots__ = (
+        "_value",
         "children",
         "end",
         "full_site",
         "key",
         "last_access",
         "mamba_slot",
-        "owner",
         "parent",
         "refs",
         "slots",
         "swa_tombstone",
-        "value",
+        "tag",
     )
 
     def __init__(
-        self, ident: int, parent: TreeNode | None, key: Tokens, value: torch.Tensor, slots: Tokens, end: int
+        self, ident: int, parent: TreeNode | None, key: Tokens, value: torch.Tensor | None, slots: Tokens, end: int
     ) -> None:
         super().__init__(ident)
         self.parent = parent
         self.children: dict[ChildKey, TreeNode] = {}
         self.key = key
-        self.value = value
+        self._value = value  # NOTE: None on the CPU: ``value`` views ``slots`` when asked
         self.slots = slots
         self.end = end
         self.swa_tombstone = False
         self.mamba_slot: int | None = None
         self.refs = [0] * len(SLOT)
         self.last_access = 0
-        self.owner = node(ident, FULL)  # the tag of the full slots the node holds
+        self.tag = node_tag(ident)  # NOTE: ``encode(self.owner)``, the tag of the full slots the node holds
         self.full_site: Counter = (NodeId(ident), FULL)  # its FULL lock counter, as handles name it
+
+    @property
+    def owner(self) -> Owner:
+        """Who holds the node's full KV slots in the allocator: ``node(id, FULL)``."""
+        return node(self.id, FULL)
+
+    @property
+    def value(self) -> torch.Tensor:
+        """The node's KV slot ids as an int64 tensor on the allocator's device (on the CPU it shares ``slots``)."""
+        v = self._value
+        return torch.frombuffer(self.slots, dtype=torch.int64) if v is None else v
 
     @property
     def lock_ref(self) -> ByComponent[int]:
@@ -232,12 +244,13 @@ class RadixTree:
         self.swa_window = swa_window
         self.mamba = mamba
         self.device = kv.device
+        self._on_device = self.device.type != "cpu"  # NOTE: nodes keep a device copy of their slots only there
         on = (True, swa_window is not None, mamba is not None)
         self.components: tuple[Component, ...] = tuple(c for c, b in zip((FULL, SWA, MAMBA), on, strict=True) if b)
         self._empty = torch.zeros(0, dtype=torch.int64, device=self.device)
         self.root = TreeNode(0, None, array("q"), self._empty, array("q"), 0)
         self._nodes: dict[int, TreeNode] = {0: self.root}
-        self._ids = itertools.count(1)
+        self._next_id = 1  # the id the next new node gets
         self._lru: dict[Component, LRUList[TreeNode]] = {c: LRUList(c) for c in self.components}
         self._full = self._lru[FULL]
         self._swa = self._lru.get(SWA)
@@ -309,18 +322,20 @@ class RadixTree:
         path: list[TreeNode] = []
         x, pos, g, n = self.root, 0, self.page_size, len(key)
         page = self._page_of
+        # NOTE: ``raw.startswith(node key, offset)`` compares a whole node in C without slicing the key
+        starts = key.tobytes().startswith
         while pos + g <= n:
             child = x.children.get(key[pos] if g == 1 else page(key, 8 * pos))
             if child is None:
                 break
             path.append(child)
             ck = child.key
-            end = pos + len(ck)
-            if end > n or ck != key[pos:end]:  # NOTE: one comparison in C for the whole node; equal is the rule
+            if not starts(ck, 8 * pos):  # NOTE: the node runs past the key or differs inside it
                 k = common_prefix(ck, key, pos)
                 pos += k - k % g
                 break
-            pos, x = end, child
+            pos += len(ck)
+            x = child
         return path, pos
 
     def _slots_along(self, path: list[TreeNode], length: int) -> bytearray:
@@ -383,11 +398,16 @@ class RadixTree:
         parent = c.parent
         assert parent is not None and 0 < k < len(c)
         ck = self._child_key(c.key)
-        upper, lower = torch.split(c.value, [k, len(c) - k])
-        p = TreeNode(next(self._ids), parent, c.key[:k], upper, c.slots[:k], c.start + k)
+        upper = lower = None
+        if c._value is not None:
+            upper, lower = torch.split(c._value, [k, len(c) - k])
+        p = TreeNode(self._new_id(), parent, c.key[:k], upper, c.slots[:k], c.start + k)
         p.swa_tombstone, p.last_access = c.swa_tombstone, c.last_access
-        self._kv.move(upper, c.owner, p.owner)
-        c.key, c.value, c.slots = c.key[k:], lower, c.slots[k:]
+        if self._kv.swa is None:
+            self._kv.retag(p.value, p.tag)
+        else:
+            self._kv.move(p.value, c.owner, p.owner)
+        c.key, c._value, c.slots = c.key[k:], lower, c.slots[k:]
         parent.children[ck] = p
         p.children[self._child_key(c.key)] = c
         c.parent = p
@@ -404,17 +424,20 @@ class RadixTree:
 
     def _new_leaf(
         self,
+        ident: int,
         parent: TreeNode,
         key: Tokens,
         value: torch.Tensor,
         slots: Tokens,
         owner: Owner,
-        units: torch.Tensor | None,
+        taken: bool,
     ) -> TreeNode:
-        """A new SWA-live leaf under ``parent`` taking ``value`` (validated: ``owner``'s; ``slots`` on the CPU;
-        ``units``: their pool slots, if known)."""
-        leaf = TreeNode(next(self._ids), parent, key, value.clone(), slots, parent.end + len(key))
-        self._kv.move(leaf.value, owner, leaf.owner, units)
+        """A new SWA-live leaf ``ident`` under ``parent`` taking ``value`` (validated: ``owner``'s; ``slots`` on
+        the CPU; ``taken``: already tagged as the new leaf's, by ``KVView.take``)."""
+        value_copy = value.clone() if self._on_device else None
+        leaf = TreeNode(ident, parent, key, value_copy, slots, parent.end + len(key))
+        if not taken:
+            self._kv.move(value, owner, leaf.owner)
         parent.children[self._child_key(key)] = leaf
         self._nodes[leaf.id] = leaf
         self._full.insert_mru(leaf)
@@ -423,6 +446,11 @@ class RadixTree:
             self._swa.insert_mru(leaf)
             self._evictable[I_SWA] += len(key)
         return leaf
+
+    def _new_id(self) -> int:
+        ident = self._next_id
+        self._next_id += 1
+        return ident
 
     def _adopt_state(self, n: TreeNode, slot: int, owner: Owner) -> None:
         pool = self._pool("insert")
@@ -433,11 +461,15 @@ class RadixTree:
 
     # ------------------------------------------------------------ shrinking
 
-    def _delete_leaf(self, n: TreeNode) -> int:
-        """Free everything unlocked leaf ``n`` holds, take it out of every list and the tree; its size in tokens."""
+    def _delete_leaf(self, n: TreeNode, freed: list[TreeNode]) -> int:
+        """Take unlocked leaf ``n`` out of every list and the tree and free its SWA and Mamba content; ``n`` joins
+        ``freed``, whose full slots the caller returns with ``_free_leaves``. Returns its size in tokens."""
         parent = n.parent
         assert parent is not None and not n.children and n.refs[I_FULL] == 0
-        self.kv.free(n.value, n.owner)
+        if self._kv.swa is not None:
+            self.kv.free(n.value, n.owner)  # NOTE: full and SWA slots together, checked (SWA caches are not batched)
+        else:
+            freed.append(n)
         self._drop_state(n)
         size = len(n.key)
         self._full.remove(n)
@@ -449,6 +481,16 @@ class RadixTree:
         del self._nodes[n.id]
         n.parent = None
         return size
+
+    def _free_leaves(self, freed: list[TreeNode]) -> None:
+        """Return the full slots of deleted leaves (``_delete_leaf``) to the pool, in one batch.
+
+        NOTE: no ownership check: every slot of a node's ``value`` is tagged with that node (the
+        tree keeps this on every split, insert and delete; the contracts' ``inv_owners_account``
+        checks it), so the per-leaf ``free`` check could only confirm the tree's own bookkeeping.
+        """
+        if freed:
+            self._kv.release(self._tensor(bytearray().join([n.slots for n in freed])))
 
     def _drop_state(self, n: TreeNode) -> None:
         """Free ``n``'s Mamba state (if any) and take it out of the Mamba list: a Mamba tombstone."""
@@ -468,6 +510,32 @@ class RadixTree:
             self._evictable[i] -= size
             self._protected[i] += size
         refs[i] += 1
+
+    def _raise_full(self, n: TreeNode) -> list[Counter]:
+        """``_raise_lock(x, FULL)`` for ``n`` and each ancestor (not the root), in one pass; their counters."""
+        counters: list[Counter] = []
+        moved, x = 0, n
+        while x.parent is not None:
+            counters.append(x.full_site)
+            refs = x.refs
+            if not refs[I_FULL]:
+                moved += len(x.key)
+            refs[I_FULL] += 1
+            x = x.parent
+        self._evictable[I_FULL] -= moved
+        self._protected[I_FULL] += moved
+        return counters
+
+    def _lower_full(self, nodes: list[TreeNode]) -> None:
+        """``_lower_lock(x, FULL)`` for each of ``nodes`` (each listed as often as it is lowered), in one pass."""
+        moved = 0
+        for x in nodes:
+            refs = x.refs
+            refs[I_FULL] -= 1
+            if not refs[I_FULL]:
+                moved += len(x.key)
+        self._protected[I_FULL] -= moved
+        self._evictable[I_FULL] += moved
 
     def _lower_lock(self, n: TreeNode, comp: Component) -> None:
         i = I_FULL if comp is FULL else SLOT[comp]

@@ -81,10 +81,15 @@ def test_b5_breaks_the_lock_contract(level: str) -> None:
 
 @pytest.mark.parametrize("level", ["slow"], indirect=True)
 def test_size_drift_breaks_the_slow_tier(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    def raise_lock(self: RadixTree, n: Any, comp: Component) -> None:
-        n.lock_ref[comp] += 1  # BUG: counters not moved
+    def raise_full(self: RadixTree, n: Any) -> list[Any]:
+        counters = []
+        while n.parent is not None:
+            counters.append(n.full_site)
+            n.lock_ref[Component.FULL] += 1  # BUG: evictable/protected counters not moved
+            n = n.parent
+        return counters
 
-    monkeypatch.setattr(RadixTree, "_raise_lock", raise_lock)
+    monkeypatch.setattr(RadixTree, "_raise_full", raise_full)
     bindings.install("slow")
     cache = build_cache(CacheConfig())
     res = put(cache, [1, 2, 3])

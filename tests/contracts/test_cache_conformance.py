@@ -63,30 +63,28 @@ def broken(monkeypatch: pytest.MonkeyPatch, cls: type, name: str, make: Callable
 
 
 def test_size_counter_drift_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    def make(orig: Callable[..., None]) -> Callable[..., None]:
-        def raise_lock(self: RadixTree, n: Any, comp: Any) -> None:
-            n.lock_ref[comp] += 1  # BUG: evictable/protected counters not moved
+    def make(orig: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+        def raise_full(self: RadixTree, n: Any) -> list[Any]:
+            sizes = list(self._evictable), list(self._protected)
+            counters = orig(self, n)
+            self._evictable[:], self._protected[:] = sizes  # BUG: evictable/protected counters not moved
+            return counters
 
-        return raise_lock
+        return raise_full
 
-    broken(monkeypatch, RadixTree, "_raise_lock", make)
+    broken(monkeypatch, RadixTree, "_raise_full", make)
     result = run("full")
     assert result.violation is not None and result.violation.rule == "inv_sizes", result.violation
 
 
 def test_leaking_eviction_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    def make(orig: Callable[..., int]) -> Callable[..., int]:
-        def delete_leaf(self: RadixTree, n: Any) -> int:
-            free = self.kv.free
-            self.kv.free = lambda *a, **k: None  # type: ignore[method-assign]  # BUG: the leaf's slots are not freed
-            try:
-                return orig(self, n)
-            finally:
-                self.kv.free = free  # type: ignore[method-assign]
+    def make(orig: Callable[..., None]) -> Callable[..., None]:
+        def free_leaves(self: RadixTree, freed: list[Any]) -> None:
+            orig(self, freed[1:])  # BUG: the first evicted leaf's slots are never freed
 
-        return delete_leaf
+        return free_leaves
 
-    broken(monkeypatch, RadixTree, "_delete_leaf", make)
+    broken(monkeypatch, RadixTree, "_free_leaves", make)
     result = run("full")
     assert result.violation is not None and result.violation.rule == "inv_owners_account", result.violation
 
