@@ -62,6 +62,7 @@ class SlotPool:
         self._stamped = False  # NOTE: until a stamp other than 0 is set, origin is all 0 and needs no writes
         self._mark: torch.Tensor | None = None  # scratch for the O(n) duplicate check, allocated on first use
         self._iota = self._stack[:0]  # positions 0, 1, ... for the duplicate checks (grown on first use)
+        self._iota_bytes: bytes | bytearray = b""  # and their bytes on the host
 
     @property
     def stamp(self) -> int:
@@ -171,7 +172,7 @@ class SlotPool:
         if k > 1:
             pos = self._positions(k)
             tags.scatter_(0, idx, pos)
-            if _host(tags.index_select(0, idx)) != _host(pos):
+            if _host(tags.index_select(0, idx)) != self._iota_bytes[: 8 * k]:
                 tags.index_fill_(0, idx, held)
                 return False
         if code is None:
@@ -187,6 +188,7 @@ class SlotPool:
         """``0, 1, ..., k - 1`` (int64): a view of a kept ``arange`` when it is long enough."""
         if k > self._iota.numel():
             self._iota = torch.arange(max(k, 2 * self._iota.numel(), 4096), dtype=torch.int64, device=self.device)
+            self._iota_bytes = host_bytes(self._iota.cpu())
         return self._iota[:k]
 
     def _held_index(self, op: str, indices: torch.Tensor, owner: Owner) -> torch.Tensor:
@@ -292,8 +294,24 @@ class SlotPool:
         return torch.nonzero(self.owner_tag == encode(owner)).flatten()
 
 
+def host_bytes(t: torch.Tensor) -> bytes | bytearray:
+    """The int64 values of 1-D integer tensor ``t`` (any device), as raw bytes on the CPU: one copy."""
+    n = t.numel()
+    if not n:
+        return b""
+    if t.is_cpu and t.dtype == torch.int64 and t.is_contiguous():
+        return _host(t)
+    out = bytearray(8 * n)
+    torch.frombuffer(out, dtype=torch.int64).copy_(t)
+    return out
+
+
 def _host(t: torch.Tensor) -> bytes:
-    """The raw bytes of contiguous CPU tensor ``t``: a copy made without a torch dispatch, compared by ``memcmp``."""
+    """The raw bytes of contiguous CPU tensor ``t``: a copy made without a torch dispatch, compared by ``memcmp``.
+
+    NOTE: a contiguous CPU tensor's values are the bytes at its data pointer; reading them there costs
+    no torch dispatch (a dispatch costs more than copying a few thousand ids).
+    """
     return ctypes.string_at(t.data_ptr(), t.element_size() * t.numel())
 
 

@@ -12,7 +12,6 @@ change; :class:`kvledger.impl.radix.RadixCache` builds the protocol on it.
 
 from __future__ import annotations
 
-import ctypes
 import struct
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +25,7 @@ from kvledger.impl.locks import Counter, LockTable
 from kvledger.impl.lru import SLOT, ByComponent, Linked, LRUList
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.owners import node_tag
+from kvledger.impl.slots import host_bytes
 from kvledger.spec.errors import CacheError, ComponentDisabled
 from kvledger.spec.types import Component, NodeId, Owner, node
 
@@ -47,20 +47,6 @@ def as_key(op: str, t: torch.Tensor) -> Tokens:
     if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
         raise CacheError(f"{op}: expected a 1-D integer tensor, got {getattr(t, 'dtype', type(t).__name__)}")
     return array("q", host_bytes(t))
-
-
-def host_bytes(t: torch.Tensor) -> bytes | bytearray:
-    """The int64 values of 1-D integer tensor ``t`` (any device), as raw bytes on the CPU: one copy."""
-    n = t.numel()
-    if not n:
-        return b""
-    if t.is_cpu and t.dtype == torch.int64 and t.is_contiguous():
-        # NOTE: a contiguous CPU tensor's n values are the 8n bytes at its data pointer; reading them
-        # there costs no torch dispatch (a dispatch costs more than copying a few thousand tokens).
-        return ctypes.string_at(t.data_ptr(), 8 * n)
-    out = bytearray(8 * n)
-    torch.frombuffer(out, dtype=torch.int64).copy_(t)
-    return out
 
 
 def device_tensor(buf: bytearray | Tokens, device: torch.device) -> torch.Tensor:
