@@ -12,7 +12,7 @@ import torch
 
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.owners import encode
-from kvledger.impl.slots import SlotPool
+from kvledger.impl.slots import SlotPool, host_bytes
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError, SlotConflict
 from kvledger.spec.types import Owner, OwnerKind, node
 
@@ -40,7 +40,7 @@ class KVView:
             return self.kv.pages_of(op, idx)
         return self.pool.as_index(op, idx)
 
-    def take(self, new: torch.Tensor, owner: Owner, dst: int) -> bool:
+    def take(self, new: torch.Tensor, owner: Owner, dst: int, raw: bytes) -> bool:
         """The insert's checks and hand-over in one pass, for the common case: ``new``'s slots go from ``owner`` to
         the owner whose tag is ``dst``.
 
@@ -49,7 +49,7 @@ class KVView:
         ``check_fresh`` and ``check_held`` would pass: they are ``dst``'s now.
         ``False`` changes nothing and means "ask those": they raise the precise
         error, or accept what this conservative pass does not (an SWA
-        allocator, a node as the owner).
+        allocator, a node as the owner). ``raw``: ``new``'s values as bytes on the host.
         """
         if self.swa is not None or owner.kind is OwnerKind.NODE:
             return False
@@ -57,14 +57,14 @@ class KVView:
             got = self.kv.whole_pages(new)
             if got is None:
                 return False
-            units = got
+            units, raw = got, host_bytes(got)
         else:
             units = new
         if not units.numel():
             return True
         # NOTE: a slot ``owner`` holds is no node's, so the new part repeats no cached slot
         if self.pool.is_cpu:
-            return self.pool.claim(units.contiguous(), owner, dst)
+            return self.pool.claim(units.contiguous(), owner, dst, raw)
         lo, hi = torch.aminmax(units)
         if int(lo) < 0 or int(hi) >= self.pool.size:
             return False

@@ -178,14 +178,15 @@ class RadixCache(RadixTree):
         # matched prefix) and owns the rest: one pass checks them and hands them to the new leaf (the
         # last step that can fail). Otherwise, or if that pass fails, the checks one by one.
         ident = self._next_id  # NOTE: the new leaf's id, taken below once nothing can fail
-        taken = slots[: 8 * hit] == cached and self._kv.take(new, owner, node_tag(ident))
+        raw = slots[8 * hit :]
+        taken = slots[: 8 * hit] == cached and self._kv.take(new, owner, node_tag(ident), raw)
         dups = self._empty if taken else self._check_insert(q, value, hit, self._tensor(cached), owner)
         # NOTE: all checks are done; nothing below can fail on the caller's input.
         if hit < n:
             self._next_id += 1
         last, rest = self._cut(path, hit)
         if hit < n:
-            last = self._new_leaf(ident, last, q[hit:], new, array("q", slots[8 * hit :]), owner, taken)
+            last = self._new_leaf(ident, last, q[hit:], new, array("q", raw), owner, taken)
         dup_mamba = None
         if mamba_slot is not None and last.mamba_slot is None:
             self._adopt_state(last, mamba_slot, owner)

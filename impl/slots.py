@@ -63,6 +63,9 @@ class SlotPool:
         self._mark: torch.Tensor | None = None  # scratch for the O(n) duplicate check, allocated on first use
         self._iota = self._stack[:0]  # positions 0, 1, ... for the duplicate checks (grown on first use)
         self._iota_bytes: bytes | bytearray = b""  # and their bytes on the host
+        # NOTE: the bytes of recent ``alloc`` results (an ordered set): a sequence equal to one of
+        # them names distinct slots, so ``claim`` needs no duplicate check for it (CPU only)
+        self._fresh: dict[bytes, None] = {}
 
     @property
     def stamp(self) -> int:
@@ -134,7 +137,7 @@ class SlotPool:
             return _host(back) != _host(pos)
         return not torch.equal(back, pos)
 
-    def claim(self, idx: torch.Tensor, owner: Owner, code: int | None = None) -> bool:
+    def claim(self, idx: torch.Tensor, owner: Owner, code: int | None = None, raw: bytes | None = None) -> bool:
         """On the CPU, a check (and hand-over) in one pass: whether ``idx`` are distinct slots all tagged ``owner``.
 
         If so and ``code`` is given, they are tagged ``code`` (``encode(dst)``)
@@ -169,7 +172,7 @@ class SlotPool:
         held = encode(owner)
         if not k or _host(got) != _tag_bytes(held, k):
             return False
-        if k > 1:
+        if k > 1 and (raw is None or raw not in self._fresh):
             pos = self._positions(k)
             tags.scatter_(0, idx, pos)
             if _host(tags.index_select(0, idx)) != self._iota_bytes[: 8 * k]:
@@ -237,6 +240,11 @@ class SlotPool:
         self.owner_tag.index_fill_(0, out, encode(owner))
         if self._stamped:
             self.origin.index_fill_(0, out, self._stamp)
+        if self.is_cpu and n <= _FRESH_MAX:
+            fresh = self._fresh
+            fresh[_host(out)] = None
+            if len(fresh) > _FRESH_KEEP:
+                del fresh[next(iter(fresh))]
         return out
 
     def free(self, indices: torch.Tensor, owner: Owner) -> None:
@@ -314,6 +322,11 @@ def _host(t: torch.Tensor) -> bytes:
     """
     return ctypes.string_at(t.data_ptr(), t.element_size() * t.numel())
 
+
+_FRESH_KEEP = 64
+"""How many recent ``alloc`` results a pool remembers as known-distinct sequences."""
+_FRESH_MAX = 8192
+"""Only results of at most this many slots are remembered (at most 64 × 64 KiB per pool)."""
 
 _TAG_BYTES: dict[int, bytes] = {}
 

@@ -14,6 +14,7 @@ from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAll
 from kvledger.impl.integrity import fingerprint
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.req_to_token import ReqToTokenPool
+from kvledger.impl.slots import host_bytes
 from kvledger.spec.errors import (
     DoubleFree,
     IntegrityError,
@@ -161,3 +162,33 @@ def test_torch_fingerprint_equals_spec_fingerprint(pairs: list[tuple[int, int]])
     tokens = torch.tensor([t for t, _ in pairs])
     positions = torch.tensor([p for _, p in pairs])
     assert fingerprint(tokens, positions).tolist() == [spec_fingerprint(t, p) for t, p in pairs]
+
+
+def test_claim_checks_owner_and_distinctness_and_changes_nothing_when_it_fails() -> None:
+    a = TokenAllocator(16)
+    pool = a.pool
+    x = a.alloc(4, R1)
+    fresh = pool._fresh  # an alloc result is remembered as a known-distinct sequence
+    raw = bytes(next(reversed(fresh)))
+    before = pool.owner_tag.clone()
+    repeated = torch.cat((x[:3], x[:1]))
+    assert not pool.claim(repeated, R1, 99)  # a slot named twice
+    assert not pool.claim(repeated, R1, 99, host_bytes(repeated))  # ... and no alloc result: checked
+    assert not pool.claim(x, R2, 99, raw)  # a remembered sequence still needs its holder
+    assert not pool.claim(torch.tensor([0, 1]), R1, 99)  # slot 0 is reserved padding
+    assert not pool.claim(torch.tensor([1, 99]), R1, 99)  # out of range
+    assert torch.equal(pool.owner_tag, before)
+    assert pool.claim(x, R1, None, raw) and torch.equal(pool.owner_tag, before)  # check only
+    assert pool.claim(x, R1, 99, raw) and bool((pool.owner_tag[x] == 99).all())
+
+
+def test_insert_of_a_repeated_slot_is_rejected_after_an_alloc() -> None:
+    from kvledger.impl.radix import RadixCache
+    from kvledger.spec.errors import SlotConflict
+
+    kv = TokenAllocator(16)
+    cache = RadixCache(kv)
+    x = kv.alloc(4, R1)
+    bad = torch.cat((x[:3], x[:1]))
+    rejected(kv, lambda: cache.insert(torch.tensor([1, 2, 3, 4]), bad, R1), SlotConflict)
+    assert cache.insert(torch.tensor([1, 2, 3, 4]), x, R1).prefix_len == 0
