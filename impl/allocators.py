@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from kvledger.impl.integrity import fingerprint, verify
-from kvledger.impl.slots import SlotPool
+from kvledger.impl.slots import FRESH_MAX, SlotPool, host_bytes, remember
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError
 from kvledger.spec.types import Component, Owner, OwnerKind
 
@@ -77,6 +77,9 @@ class PagedAllocator:
         self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         # _rows[p]: the token indices of page p (a lookup table: one gather instead of arithmetic per call)
         self._rows = torch.arange(self.data.numel(), dtype=torch.int64, device=self.device).view(-1, page_size)
+        # NOTE: recent alloc results, as token-id bytes -> their pages (CPU only): token ids equal to one
+        # of them are whole, distinct pages in order, so a cache insert need not prove that again
+        self._fresh: dict[bytes, torch.Tensor] = {}
 
     @property
     def capacity(self) -> int:
@@ -101,7 +104,15 @@ class PagedAllocator:
             raise InvalidArgument(
                 "alloc", self.pool.name, (), f"size {num_tokens!r} for {owner} must be a positive int"
             )
-        return self._rows.index_select(0, self.pool.alloc(self.pages_for(num_tokens), owner)).view(-1)
+        pages = self.pool.alloc(self.pages_for(num_tokens), owner)
+        out = self._rows.index_select(0, pages).view(-1)
+        if self.pool.is_cpu and out.numel() <= FRESH_MAX:
+            remember(self._fresh, host_bytes(out), pages)
+        return out
+
+    def fresh_pages(self, raw: bytes | bytearray) -> torch.Tensor | None:
+        """The pages of one of the recent ``alloc`` results whose token ids are ``raw`` (int64 bytes), if any."""
+        return self._fresh.get(bytes(raw))
 
     def whole_pages(self, idx: torch.Tensor) -> torch.Tensor | None:
         """The pages of int64 token indices ``idx`` when they are whole pages in page order, else ``None``.

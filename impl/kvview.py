@@ -8,6 +8,8 @@ everything before it changes anything (STYLE.md rule 6).
 
 from __future__ import annotations
 
+from array import array
+
 import torch
 
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
@@ -40,7 +42,7 @@ class KVView:
             return self.kv.pages_of(op, idx)
         return self.pool.as_index(op, idx)
 
-    def take(self, new: torch.Tensor, owner: Owner, dst: int, raw: bytes) -> bool:
+    def take(self, new: torch.Tensor, owner: Owner, dst: int, raw: bytes | bytearray) -> bool:
         """The insert's checks and hand-over in one pass, for the common case: ``new``'s slots go from ``owner`` to
         the owner whose tag is ``dst``.
 
@@ -54,6 +56,9 @@ class KVView:
         if self.swa is not None or owner.kind is OwnerKind.NODE:
             return False
         if isinstance(self.kv, PagedAllocator):
+            pages = self.kv.fresh_pages(raw)  # NOTE: an alloc result is whole, distinct pages in order
+            if pages is not None:
+                return self.pool.claim(pages, owner, dst, distinct=True)
             got = self.kv.whole_pages(new)
             if got is None:
                 return False
@@ -64,7 +69,7 @@ class KVView:
             return True
         # NOTE: a slot ``owner`` holds is no node's, so the new part repeats no cached slot
         if self.pool.is_cpu:
-            return self.pool.claim(units.contiguous(), owner, dst, raw)
+            return self.pool.claim(units.contiguous(), owner, dst, distinct=self.pool.is_fresh(bytes(raw)))
         lo, hi = torch.aminmax(units)
         if int(lo) < 0 or int(hi) >= self.pool.size:
             return False
@@ -81,20 +86,32 @@ class KVView:
         else:
             self.pool.retag(self.units_unchecked(value), dst)
 
-    def retag(self, value: torch.Tensor, code: int) -> None:
-        """Tag ``value``'s token slots (whole pages in order, when paged; checked by the caller) ``code``, unchecked.
-
-        For token and paged allocators only (an SWA allocator moves SWA slots too: ``move``).
+    def retag(self, slots: array[int], code: int) -> None:
+        """Tag token slots ``slots`` (ids on the host; whole pages in order, when paged; checked by the caller)
+        ``code``, unchecked. For token and paged allocators only (an SWA allocator moves SWA slots too: ``move``).
         """
-        self.pool.retag_code(self.units_unchecked(value), code)
+        self.pool.retag_code(self._host_units(slots), code)
 
-    def release(self, value: torch.Tensor) -> None:
-        """Free token slots ``value`` (whole pages in order, when paged) without checking who holds them.
-
-        For the tree's own slots, whose tags it keeps exact (a token or paged
-        allocator: SWA slots go through the allocator's checked ``free``).
+    def release(self, slots: array[int] | bytearray) -> None:
+        """Free token slots ``slots`` (ids on the host; whole pages in order, when paged) without checking who holds
+        them. For the tree's own slots, whose tags it keeps exact (a token or paged allocator: SWA slots go through
+        the allocator's checked ``free``).
         """
-        self.pool.release(self.units_unchecked(value))
+        self.pool.release(self._host_units(slots))
+
+    def _host_units(self, slots: array[int] | bytearray) -> torch.Tensor:
+        """The pool slots of non-empty host ids ``slots`` (whole pages in order), as a tensor on the pool's device.
+
+        NOTE: a page's number is worked out on the host (a few dozen pages per node): cheaper than two torch calls.
+        """
+        g = self.grain
+        if g == 1:
+            units = slots
+        else:
+            ids = slots if isinstance(slots, array) else array("q", slots)
+            units = array("q", [x // g for x in ids[::g]])
+        t = torch.frombuffer(units, dtype=torch.int64)
+        return t if self.pool.is_cpu else t.to(self.pool.device)
 
     def units_unchecked(self, value: torch.Tensor) -> torch.Tensor:
         """The pool slots of ``value``, known to be whole pages in order: every ``grain``-th slot, as a page."""

@@ -48,6 +48,7 @@ from kvledger.impl.locks import Counter, LockHandle
 from kvledger.impl.lru import SLOT
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.owners import node_tag
+from kvledger.impl.slots import host_bytes
 from kvledger.impl.tree import (
     FULL,
     I_FULL,
@@ -61,7 +62,6 @@ from kvledger.impl.tree import (
     Tokens,
     TreeNode,
     as_key,
-    host_bytes,
     longest_match,
 )
 from kvledger.spec.errors import (

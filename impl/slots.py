@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from typing import TypeVar
 
 import torch
 
@@ -137,22 +138,24 @@ class SlotPool:
             return _host(back) != _host(pos)
         return not torch.equal(back, pos)
 
-    def claim(self, idx: torch.Tensor, owner: Owner, code: int | None = None, raw: bytes | None = None) -> bool:
+    def claim(self, idx: torch.Tensor, owner: Owner, code: int | None = None, *, distinct: bool = False) -> bool:
         """On the CPU, a check (and hand-over) in one pass: whether ``idx`` are distinct slots all tagged ``owner``.
 
         If so and ``code`` is given, they are tagged ``code`` (``encode(dst)``)
         on return; with ``code=None`` their tags are unchanged. Returns ``False``, with the pool
         unchanged, when that is not shown (another device, a slot out of range,
         another holder, a repeated slot): callers then run ``as_index`` and
-        ``check_held`` for the precise error.
+        ``check_held`` for the precise error. ``distinct``: the caller knows
+        ``idx`` names no slot twice (``is_fresh``), so that is not checked again.
 
         NOTE: ``index_select`` rejects an index outside the tensor and slots
         below ``base`` carry the reserved tag, so "all tagged ``owner``" means
         "all in range". Distinctness is checked in the tag column itself: each
         position writes its number into its slot's tag and reads it back (a slot
         named twice keeps one number), then the tags get ``code`` — or
-        ``owner`` again, when there is no ``code`` or a slot was named twice. Only the cache lines the first
-        gather loaded are touched (a separate scratch column costs a cache miss per slot).
+        ``owner`` again, when there is no ``code`` or a slot was named twice.
+        Only the cache lines the first gather loaded are touched (a separate
+        scratch column costs a cache miss per slot).
         """
         if not (
             self.is_cpu
@@ -172,7 +175,7 @@ class SlotPool:
         held = encode(owner)
         if not k or _host(got) != _tag_bytes(held, k):
             return False
-        if k > 1 and (raw is None or raw not in self._fresh):
+        if k > 1 and not distinct:
             pos = self._positions(k)
             tags.scatter_(0, idx, pos)
             if _host(tags.index_select(0, idx)) != self._iota_bytes[: 8 * k]:
@@ -186,6 +189,10 @@ class SlotPool:
         if self._stamped:
             self.origin.index_fill_(0, idx, self._stamp)
         return True
+
+    def is_fresh(self, raw: bytes) -> bool:
+        """Whether ``raw`` (int64 slot ids as bytes) is one of this pool's recent ``alloc`` results: distinct slots."""
+        return raw in self._fresh
 
     def _positions(self, k: int) -> torch.Tensor:
         """``0, 1, ..., k - 1`` (int64): a view of a kept ``arange`` when it is long enough."""
@@ -240,11 +247,8 @@ class SlotPool:
         self.owner_tag.index_fill_(0, out, encode(owner))
         if self._stamped:
             self.origin.index_fill_(0, out, self._stamp)
-        if self.is_cpu and n <= _FRESH_MAX:
-            fresh = self._fresh
-            fresh[_host(out)] = None
-            if len(fresh) > _FRESH_KEEP:
-                del fresh[next(iter(fresh))]
+        if self.is_cpu and n <= FRESH_MAX:
+            remember(self._fresh, _host(out), None)
         return out
 
     def free(self, indices: torch.Tensor, owner: Owner) -> None:
@@ -323,10 +327,20 @@ def _host(t: torch.Tensor) -> bytes:
     return ctypes.string_at(t.data_ptr(), t.element_size() * t.numel())
 
 
-_FRESH_KEEP = 64
+FRESH_KEEP = 64
 """How many recent ``alloc`` results a pool remembers as known-distinct sequences."""
-_FRESH_MAX = 8192
+FRESH_MAX = 8192
 """Only results of at most this many slots are remembered (at most 64 × 64 KiB per pool)."""
+
+V = TypeVar("V")
+
+
+def remember(fresh: dict[bytes, V], raw: bytes | bytearray, value: V) -> None:
+    """Add ``raw`` to ``fresh`` (recent alloc results, oldest first), forgetting the oldest past ``FRESH_KEEP``."""
+    fresh[bytes(raw)] = value
+    if len(fresh) > FRESH_KEEP:
+        del fresh[next(iter(fresh))]
+
 
 _TAG_BYTES: dict[int, bytes] = {}
 

@@ -390,7 +390,7 @@ class RadixTree:
         p = TreeNode(self._new_id(), parent, c.key[:k], upper, c.slots[:k], c.start + k)
         p.swa_tombstone, p.last_access = c.swa_tombstone, c.last_access
         if self._kv.swa is None:
-            self._kv.retag(p.value, p.tag)
+            self._kv.retag(p.slots, p.tag)
         else:
             self._kv.move(p.value, c.owner, p.owner)
         c.key, c._value, c.slots = c.key[k:], lower, c.slots[k:]
@@ -476,7 +476,7 @@ class RadixTree:
         checks it), so the per-leaf ``free`` check could only confirm the tree's own bookkeeping.
         """
         if freed:
-            self._kv.release(self._tensor(bytearray().join([n.slots for n in freed])))
+            self._kv.release(bytearray().join([n.slots for n in freed]))
 
     def _drop_state(self, n: TreeNode) -> None:
         """Free ``n``'s Mamba state (if any) and take it out of the Mamba list: a Mamba tombstone."""

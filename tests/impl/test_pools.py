@@ -168,18 +168,25 @@ def test_claim_checks_owner_and_distinctness_and_changes_nothing_when_it_fails()
     a = TokenAllocator(16)
     pool = a.pool
     x = a.alloc(4, R1)
-    fresh = pool._fresh  # an alloc result is remembered as a known-distinct sequence
-    raw = bytes(next(reversed(fresh)))
+    assert pool.is_fresh(host_bytes(x))  # an alloc result is remembered as a known-distinct sequence
     before = pool.owner_tag.clone()
     repeated = torch.cat((x[:3], x[:1]))
+    assert not pool.is_fresh(host_bytes(repeated))
     assert not pool.claim(repeated, R1, 99)  # a slot named twice
-    assert not pool.claim(repeated, R1, 99, host_bytes(repeated))  # ... and no alloc result: checked
-    assert not pool.claim(x, R2, 99, raw)  # a remembered sequence still needs its holder
+    assert not pool.claim(x, R2, 99, distinct=True)  # a known-distinct sequence still needs its holder
     assert not pool.claim(torch.tensor([0, 1]), R1, 99)  # slot 0 is reserved padding
     assert not pool.claim(torch.tensor([1, 99]), R1, 99)  # out of range
     assert torch.equal(pool.owner_tag, before)
-    assert pool.claim(x, R1, None, raw) and torch.equal(pool.owner_tag, before)  # check only
-    assert pool.claim(x, R1, 99, raw) and bool((pool.owner_tag[x] == 99).all())
+    assert pool.claim(x, R1) and torch.equal(pool.owner_tag, before)  # check only
+    assert pool.claim(x, R1, 99) and bool((pool.owner_tag[x] == 99).all())
+
+
+def test_paged_alloc_results_are_known_whole_pages() -> None:
+    a = PagedAllocator(8, 4)
+    x = a.alloc(8, R1)
+    pages = a.fresh_pages(host_bytes(x))
+    assert pages is not None and pages.tolist() == (x[::4] // 4).tolist()
+    assert a.fresh_pages(host_bytes(torch.cat((x[4:], x[:4])))) is None  # the same pages, another order
 
 
 def test_insert_of_a_repeated_slot_is_rejected_after_an_alloc() -> None:
