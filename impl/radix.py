@@ -119,8 +119,8 @@ class RadixCache(RadixTree):
         so does the remainder of a node split here (as SGLang refreshes the node
         it splits). The result is borrowed: lock ``last_node`` before using it.
         """
-        q = as_key("match_prefix", key)
-        path, pos = self._descend(q)
+        q, raw = as_key("match_prefix", key)
+        path, pos = self._descend(q, raw)
         if self.swa_window is None and self.mamba is None:
             length = pos
         else:
@@ -136,6 +136,7 @@ class RadixCache(RadixTree):
         last, rest = self._cut(path, length)
         up = self._touch_path(last, rest)
         up.reverse()
+        self._walked = (raw, up)
         indices = self._tensor(bytearray().join([x.slots for x in up]))
         return MatchResult(length, indices, last, last.mamba_slot if self.mamba is not None else None)
 
@@ -154,7 +155,7 @@ class RadixCache(RadixTree):
         ``len(key)``; touches the path (and the remainder of a split node).
         """
         op = "insert"
-        q, value = as_key(op, key), self._as_tokens(op, value)
+        (q, raw_key), value = as_key(op, key), self._as_tokens(op, value)
         slots = host_bytes(value)
         n = len(q)
         if value.numel() != n:
@@ -166,7 +167,7 @@ class RadixCache(RadixTree):
             raise ComponentDisabled(op, tuple(q), f"Mamba slot {mamba_slot} offered but {why}")
         if n == 0:
             return InsertResult(value, None, self.root, 0)
-        path, hit = self._descend(q)
+        path, hit = self._descend(q, raw_key)
         at_end = path[-1].mamba_slot if hit == n and path[-1].end == n else None
         if mamba_slot is not None and mamba_slot != at_end:
             self._check_state(tuple(q), mamba_slot, owner)

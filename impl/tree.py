@@ -38,15 +38,16 @@ Tokens: TypeAlias = "array[int]"
 """A radix key: ``array("q")`` of tokens, on the CPU whatever the device of the slots."""
 
 
-def as_key(op: str, t: torch.Tensor) -> Tokens:
-    """``t`` (a 1-D integer tensor on any device) as an ``array("q")`` of tokens, in one copy.
+def as_key(op: str, t: torch.Tensor) -> tuple[Tokens, bytes | bytearray]:
+    """``t`` (a 1-D integer tensor on any device) as an ``array("q")`` of tokens, and the same as raw bytes.
 
-    Radix keys are compared on the CPU: ``array`` equality is one ``memcmp``-like
-    loop in C, where a tensor comparison costs a dispatch per node.
+    Radix keys are compared on the CPU: ``array`` and ``bytes`` comparisons are
+    one ``memcmp``-like loop in C, where a tensor comparison costs a dispatch per node.
     """
     if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
         raise CacheError(f"{op}: expected a 1-D integer tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-    return array("q", host_bytes(t))
+    raw = host_bytes(t)
+    return array("q", raw), raw
 
 
 def device_tensor(buf: bytearray | Tokens, device: torch.device) -> torch.Tensor:
@@ -246,6 +247,10 @@ class RadixTree:
         self._evictable = [0] * len(SLOT)
         self._protected = [0] * len(SLOT)
         self._clock = 0
+        # NOTE: the last match's key bytes and its matched path, root side first. A walk of the same key
+        # resumes at the path's end, so only a split or a deletion of a node on it can void it (a new leaf
+        # is found by the resumed walk); any split forgets it, a deletion only when the node is on the path
+        self._walked: tuple[bytes | bytearray, list[TreeNode]] | None = None
         # NOTE: the tokens of the page at byte offset b of a key, as a tuple, in one C call
         self._page_of: Callable[[Tokens, int], tuple[int, ...]] = struct.Struct(f"={page_size}q").unpack_from
 
@@ -300,16 +305,25 @@ class RadixTree:
     def _child_key(self, toks: Tokens, pos: int = 0) -> ChildKey:
         return toks[pos] if self.page_size == 1 else self._page_of(toks, 8 * pos)
 
-    def _descend(self, key: Tokens) -> tuple[list[TreeNode], int]:
-        """Nodes along ``key``'s path and how many tokens match: all of each node but perhaps the last (whole pages).
+    def _descend(self, key: Tokens, raw: bytes | bytearray) -> tuple[list[TreeNode], int]:
+        """Nodes along ``key``'s path (``raw``: its bytes) and how many tokens match: all of each node but perhaps the
+        last (whole pages). Two sequences share a page only when they agree on all of it (``spec.prefix.cached_len``).
 
-        Two sequences share a page only when they agree on all of it (``spec.prefix.cached_len``).
+        The walk resumes from the last ``match_prefix`` of the same key when no
+        node it went through has changed since (``_walked``).
         """
-        path: list[TreeNode] = []
-        x, pos, g, n = self.root, 0, self.page_size, len(key)
+        g, n = self.page_size, len(key)
+        memo = self._walked
+        if memo is not None and memo[0] == raw:
+            path = list(memo[1])
+            x = path[-1]
+            pos = x.end
+        else:
+            path = []
+            x, pos = self.root, 0
         page = self._page_of
         # NOTE: ``raw.startswith(node key, offset)`` compares a whole node in C without slicing the key
-        starts = key.tobytes().startswith
+        starts = bytes(raw).startswith
         while pos + g <= n:
             child = x.children.get(key[pos] if g == 1 else page(key, 8 * pos))
             if child is None:
@@ -383,6 +397,7 @@ class RadixTree:
         """
         parent = c.parent
         assert parent is not None and 0 < k < len(c)
+        self._walked = None
         ck = self._child_key(c.key)
         upper = lower = None
         if c._value is not None:
@@ -452,6 +467,8 @@ class RadixTree:
         ``freed``, whose full slots the caller returns with ``_free_leaves``. Returns its size in tokens."""
         parent = n.parent
         assert parent is not None and not n.children and n.refs[I_FULL] == 0
+        if self._walked is not None and n in self._walked[1]:
+            self._walked = None
         if self._kv.swa is not None:
             self.kv.free(n.value, n.owner)  # NOTE: full and SWA slots together, checked (SWA caches are not batched)
         else:

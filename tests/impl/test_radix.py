@@ -205,6 +205,32 @@ def test_match_splits_inside_a_node_and_moves_tags() -> None:
     check_cache(cache, kv, seen)
 
 
+def test_an_insert_after_a_match_walks_the_tree_as_it_is_now() -> None:
+    # An insert resumes the walk of the last match of the same key: every change to that path must void it.
+    kv = TokenAllocator(32)
+    cache, seen = RadixCache(kv), {}
+    key = (1, 2, 3, 4, 5, 6)
+    for change in ("evict the matched path", "split it", "add a leaf below it", "nothing"):
+        put(cache, kv, [1, 2, 3, 4])
+        put(cache, kv, [1, 2, 7, 8])
+        assert cache.match_prefix(t(*key)).length == 4
+        if change == "evict the matched path":
+            cache.evict(FULL, 32)
+        elif change == "split it":
+            put(cache, kv, [1, 9])  # an insert of another key splits [1, 2]
+        elif change == "add a leaf below it":
+            put(cache, kv, [*key[:5], 9])
+        a = abstract(cache)
+        length = spec.cached_len(a, key)  # what the tree holds now, read without walking it
+        cached = [s for i in range(1, length + 1) for s in a.full[key[:i]]]
+        value = torch.cat([t(*cached), kv.alloc(len(key) - length, REQ)])
+        r = cache.insert(t(*key), value, REQ)
+        assert r.prefix_len == length and r.last_node.end == len(key) and not r.dup_indices.numel(), change
+        assert cache.match_prefix(t(*key)).length == len(key), change
+        check_cache(cache, kv, seen)
+        cache.evict(FULL, 32)
+
+
 def test_insert_returns_duplicates_but_not_borrowed_slots() -> None:
     kv = TokenAllocator(16)
     cache = RadixCache(kv)
