@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from kvledger.impl.integrity import fingerprint, verify
-from kvledger.impl.slots import FRESH_MAX, SlotPool, host_bytes, remember
+from kvledger.impl.slots import FRESH_MAX, RecentAllocs, SlotPool, host_bytes
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError
 from kvledger.spec.types import Component, Owner, OwnerKind
 
@@ -79,7 +79,7 @@ class PagedAllocator:
         self._rows = torch.arange(self.data.numel(), dtype=torch.int64, device=self.device).view(-1, page_size)
         # NOTE: recent alloc results, as token-id bytes -> their pages (CPU only): token ids equal to one
         # of them are whole, distinct pages in order, so a cache insert need not prove that again
-        self._fresh: dict[bytes, torch.Tensor] = {}
+        self._fresh: RecentAllocs[torch.Tensor] = RecentAllocs()
 
     @property
     def capacity(self) -> int:
@@ -107,12 +107,13 @@ class PagedAllocator:
         pages = self.pool.alloc(self.pages_for(num_tokens), owner)
         out = self._rows.index_select(0, pages).view(-1)
         if self.pool.is_cpu and out.numel() <= FRESH_MAX:
-            remember(self._fresh, host_bytes(out), pages)
+            self._fresh.add(host_bytes(out), pages)
         return out
 
     def fresh_pages(self, raw: bytes | bytearray) -> torch.Tensor | None:
         """The pages of one of the recent ``alloc`` results whose token ids are ``raw`` (int64 bytes), if any."""
-        return self._fresh.get(bytes(raw))
+        hit = self._fresh.find(raw)
+        return None if hit is None else hit[1]
 
     def whole_pages(self, idx: torch.Tensor) -> torch.Tensor | None:
         """The pages of int64 token indices ``idx`` when they are whole pages in page order, else ``None``.

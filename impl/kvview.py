@@ -69,7 +69,7 @@ class KVView:
             return True
         # NOTE: a slot ``owner`` holds is no node's, so the new part repeats no cached slot
         if self.pool.is_cpu:
-            return self.pool.claim(units.contiguous(), owner, dst, distinct=self.pool.is_fresh(bytes(raw)))
+            return self.pool.claim(units.contiguous(), owner, dst, distinct=self.pool.is_fresh(raw))
         lo, hi = torch.aminmax(units)
         if int(lo) < 0 or int(hi) >= self.pool.size:
             return False

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from typing import TypeVar
+from array import array
+from typing import Generic, TypeVar
 
 import torch
 
@@ -53,8 +54,14 @@ class SlotPool:
         self.owner_tag = torch.zeros(self.size, dtype=torch.int64, device=self.device)
         self.owner_tag[:base] = RESERVED_TAG
         # The free stack holds free slots in _stack[:_top]; the next alloc pops from the top.
-        # NOTE: filled descending so a fresh pool hands out its lowest slots first.
-        self._stack = torch.arange(self.size - 1, base - 1, -1, dtype=torch.int64, device=self.device)
+        # NOTE: filled descending so a fresh pool hands out its lowest slots first. On the CPU the
+        # tensor is a view of a host array (never resized), which alloc reads without a torch call.
+        self._host_stack: array[int] | None = None
+        if self.is_cpu:
+            self._host_stack = array("q", range(self.size - 1, base - 1, -1))
+            self._stack = torch.frombuffer(self._host_stack, dtype=torch.int64)
+        else:
+            self._stack = torch.arange(self.size - 1, base - 1, -1, dtype=torch.int64, device=self.device)
         self._top = capacity
         # Provenance: origin[s] is the ``stamp`` in force when slot s last got its owner (alloc or
         # transfer). Whoever drives the pool (the memory manager) sets ``stamp`` to an event id it logs.
@@ -66,7 +73,7 @@ class SlotPool:
         self._iota_bytes: bytes | bytearray = b""  # and their bytes on the host
         # NOTE: the bytes of recent ``alloc`` results (an ordered set): a sequence equal to one of
         # them names distinct slots, so ``claim`` needs no duplicate check for it (CPU only)
-        self._fresh: dict[bytes, None] = {}
+        self._fresh: RecentAllocs[None] = RecentAllocs()
 
     @property
     def stamp(self) -> int:
@@ -190,9 +197,9 @@ class SlotPool:
             self.origin.index_fill_(0, idx, self._stamp)
         return True
 
-    def is_fresh(self, raw: bytes) -> bool:
+    def is_fresh(self, raw: bytes | bytearray) -> bool:
         """Whether ``raw`` (int64 slot ids as bytes) is one of this pool's recent ``alloc`` results: distinct slots."""
-        return raw in self._fresh
+        return self._fresh.find(raw) is not None
 
     def _positions(self, k: int) -> torch.Tensor:
         """``0, 1, ..., k - 1`` (int64): a view of a kept ``arange`` when it is long enough."""
@@ -242,13 +249,19 @@ class SlotPool:
         than ``n`` are free.
         """
         self.check_alloc(n, owner)
-        out = self._stack[self._top - n : self._top].flip(0)
+        top, host = self._top, self._host_stack
+        if host is None:
+            out = self._stack[top - n : top].flip(0)
+        else:
+            seg = host[top - n : top]  # NOTE: a copy: the caller's tensor must not see later pushes
+            seg.reverse()
+            out = torch.frombuffer(seg, dtype=torch.int64)
+            if n <= FRESH_MAX:
+                self._fresh.add(seg.tobytes(), None)
         self._top -= n
         self.owner_tag.index_fill_(0, out, encode(owner))
         if self._stamped:
             self.origin.index_fill_(0, out, self._stamp)
-        if self.is_cpu and n <= FRESH_MAX:
-            remember(self._fresh, _host(out), None)
         return out
 
     def free(self, indices: torch.Tensor, owner: Owner) -> None:
@@ -335,11 +348,30 @@ FRESH_MAX = 8192
 V = TypeVar("V")
 
 
-def remember(fresh: dict[bytes, V], raw: bytes | bytearray, value: V) -> None:
-    """Add ``raw`` to ``fresh`` (recent alloc results, oldest first), forgetting the oldest past ``FRESH_KEEP``."""
-    fresh[bytes(raw)] = value
-    if len(fresh) > FRESH_KEEP:
-        del fresh[next(iter(fresh))]
+class RecentAllocs(Generic[V]):
+    """A pool's last ``FRESH_KEEP`` alloc results as host bytes (int64 ids), each with a value, found by content.
+
+    NOTE: keyed by the last eight ids (hashing thousands of ids would cost what the lookup saves); a
+    full comparison confirms a hit, and a result whose key is taken replaces the older one.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: dict[bytes, tuple[bytes, V]] = {}
+
+    def add(self, raw: bytes | bytearray, value: V) -> None:
+        """Remember the alloc result ``raw`` with ``value``, forgetting the oldest past ``FRESH_KEEP``."""
+        items = self._items
+        raw = bytes(raw)
+        items[raw[-64:]] = (raw, value)
+        if len(items) > FRESH_KEEP:
+            del items[next(iter(items))]
+
+    def find(self, raw: bytes | bytearray) -> tuple[bytes, V] | None:
+        """The remembered result equal to ``raw`` and its value, if any."""
+        hit = self._items.get(bytes(raw[-64:]))
+        return hit if hit is not None and hit[0] == raw else None
 
 
 _TAG_BYTES: dict[int, bytes] = {}

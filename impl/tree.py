@@ -413,10 +413,10 @@ class RadixTree:
         p.children[self._child_key(c.key)] = c
         c.parent = p
         self._nodes[p.id] = p
-        inherited = [comp for comp, i in ((FULL, I_FULL), (SWA, I_SWA)) if c.refs[i] > 0]
-        for i in (I_FULL, I_SWA):
-            p.refs[i] = c.refs[i]
-        if inherited:
+        refs = c.refs
+        p.refs[I_FULL], p.refs[I_SWA] = refs[I_FULL], refs[I_SWA]
+        if refs[I_FULL] or refs[I_SWA]:
+            inherited = [comp for comp, i in ((FULL, I_FULL), (SWA, I_SWA)) if refs[i] > 0]
             self._locks.extend_on_split(NodeId(c.id), NodeId(p.id), inherited)
         self._full.insert_ahead_of(c, p)
         if self._swa is not None and not p.swa_tombstone:
