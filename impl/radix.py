@@ -237,7 +237,6 @@ class RadixCache(RadixTree):
         """
         self._check_live("inc_lock_ref", n)
         counters = self._raise_full(n)
-        x = n
         if self.swa_window is not None:
             x, lo = n, n.end - self.swa_window
             while x.parent is not None and x.end > lo:
@@ -316,13 +315,13 @@ class RadixCache(RadixTree):
     def _evict_full(self, n: int) -> int:
         # NOTE: no ancestor is less recent than its descendants (``_touch_path``, ``_split``), so a
         # parent that becomes a leaf lies ahead of the cursor: one pass from the LRU end suffices.
-        freed, slots = 0, list[TreeNode]()
+        freed, leaves = 0, list[TreeNode]()
         for cur in self._full.iter_lru():
             if freed >= n:
                 break
             if not cur.children and not cur.refs[I_FULL]:
-                freed += self._delete_leaf(cur, slots)
-        self._free_leaves(slots)
+                freed += self._delete_leaf(cur, leaves)
+        self._free_leaves(leaves)
         return freed
 
     def _evict_component(self, comp: Component, n: int) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import sys
 from array import array
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -74,6 +74,12 @@ class SlotPool:
         # NOTE: the bytes of recent ``alloc`` results (an ordered set): a sequence equal to one of
         # them names distinct slots, so ``claim`` needs no duplicate check for it (CPU only)
         self._fresh: RecentAllocs[None] = RecentAllocs()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # NOTE: a copy (deepcopy, pickle) must keep the stack tensor a view of its own host array
+        self.__dict__.update(state)
+        if self._host_stack is not None:
+            self._stack = torch.frombuffer(self._host_stack, dtype=torch.int64)
 
     @property
     def stamp(self) -> int:

@@ -126,7 +126,11 @@ class TreeNode(Linked):
 
     @property
     def value(self) -> torch.Tensor:
-        """The node's KV slot ids as an int64 tensor on the allocator's device (on the CPU it shares ``slots``)."""
+        """The node's KV slot ids as an int64 tensor on the allocator's device (on the CPU it shares ``slots``).
+
+        NOTE: ``torch.frombuffer`` does not pin the array's size; nothing resizes a node's ``slots`` in
+        place (a split gives both halves new arrays), so the view stays valid.
+        """
         v = self._value
         return torch.frombuffer(self.slots, dtype=torch.int64) if v is None else v
 

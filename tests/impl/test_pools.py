@@ -199,3 +199,20 @@ def test_insert_of_a_repeated_slot_is_rejected_after_an_alloc() -> None:
     bad = torch.cat((x[:3], x[:1]))
     rejected(kv, lambda: cache.insert(torch.tensor([1, 2, 3, 4]), bad, R1), SlotConflict)
     assert cache.insert(torch.tensor([1, 2, 3, 4]), x, R1).prefix_len == 0
+
+
+def test_a_copied_pool_keeps_its_free_stack_in_one_place() -> None:
+    import copy
+    import pickle
+
+    from kvledger.contracts.abstraction import inv_free_stack_matches_tags
+
+    a = TokenAllocator(16)
+    a.alloc(5, R1)
+    for b in (copy.deepcopy(a), pickle.loads(pickle.dumps(a))):
+        x = b.alloc(3, R2)
+        y = b.alloc(2, R2)
+        b.free(x, R2)
+        z = b.alloc(3, R2)  # the free stack is last in, first out: x's slots again, none of y's
+        assert sorted(z.tolist()) == sorted(x.tolist()) and inv_free_stack_matches_tags(b.pool), (x, y, z)
+    assert a.available_size() == 11 and inv_free_stack_matches_tags(a.pool)
