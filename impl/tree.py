@@ -12,9 +12,8 @@ change; :class:`kvledger.impl.radix.RadixCache` builds the protocol on it.
 
 from __future__ import annotations
 
-import struct
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -31,7 +30,7 @@ from kvledger.spec.types import Component, NodeId, Owner, node
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
 I_FULL, I_SWA, I_MAMBA = SLOT[FULL], SLOT[SWA], SLOT[MAMBA]
-ChildKey = int | tuple[int, ...]
+ChildKey = int | bytes
 Sizes = dict[Component, tuple[int, int]]
 """Per component: ``(evictable, protected)``, in tokens (FULL, SWA) or states (MAMBA)."""
 Tokens: TypeAlias = "array[int]"
@@ -78,7 +77,7 @@ class TreeNode(Linked):
     KV slot ids, an ``array("q")`` on the CPU (paths are concatenated there);
     ``value``: the same ids as an int64 tensor on the allocator's device (on
     the CPU a view of ``slots``, made when asked: the tree itself works on ``slots``). ``children`` are keyed by
-    the first token (``page_size == 1``) or the tuple of the first page's
+    the first token (``page_size == 1``) or the raw bytes of the first page's
     tokens; keys are whole pages. ``swa_tombstone``: the node's SWA slots were
     freed (its full slots stay). ``mamba_slot``: the Mamba state after the
     node's last token, ``None`` for a Mamba tombstone. ``lock_ref[c]``: live
@@ -255,8 +254,6 @@ class RadixTree:
         # resumes at the path's end, so only a split or a deletion of a node on it can void it (a new leaf
         # is found by the resumed walk); any split forgets it, a deletion only when the node is on the path
         self._walked: tuple[bytes | bytearray, list[TreeNode]] | None = None
-        # NOTE: the tokens of the page at byte offset b of a key, as a tuple, in one C call
-        self._page_of: Callable[[Tokens, int], tuple[int, ...]] = struct.Struct(f"={page_size}q").unpack_from
 
     # ------------------------------------------------------------ bookkeeping (for the abstraction function)
 
@@ -307,7 +304,8 @@ class RadixTree:
     # ------------------------------------------------------------ walking
 
     def _child_key(self, toks: Tokens, pos: int = 0) -> ChildKey:
-        return toks[pos] if self.page_size == 1 else self._page_of(toks, 8 * pos)
+        g = self.page_size
+        return toks[pos] if g == 1 else toks[pos : pos + g].tobytes()
 
     def _descend(self, key: Tokens, raw: bytes | bytearray) -> tuple[list[TreeNode], int]:
         """Nodes along ``key``'s path (``raw``: its bytes) and how many tokens match: all of each node but perhaps the
@@ -325,11 +323,11 @@ class RadixTree:
         else:
             path = []
             x, pos = self.root, 0
-        page = self._page_of
         # NOTE: ``raw.startswith(node key, offset)`` compares a whole node in C without slicing the key
-        starts = bytes(raw).startswith
+        rawb = bytes(raw)
+        starts, w = rawb.startswith, 8 * g
         while pos + g <= n:
-            child = x.children.get(key[pos] if g == 1 else page(key, 8 * pos))
+            child = x.children.get(key[pos] if g == 1 else rawb[8 * pos : 8 * pos + w])
             if child is None:
                 break
             path.append(child)
