@@ -74,7 +74,6 @@ class PagedAllocator:
         self.pool = SlotPool(name, num_pages, base=1, device=device)
         self.device = self.pool.device
         self.data = torch.zeros(self.pool.size * page_size, dtype=torch.int64, device=self.device)
-        self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         # _rows[p]: the token indices of page p (a lookup table: one gather instead of arithmetic per call)
         self._rows = torch.arange(self.data.numel(), dtype=torch.int64, device=self.device).view(-1, page_size)
         # NOTE: recent alloc results, as token-id bytes -> their pages (CPU only): token ids equal to one
@@ -96,7 +95,7 @@ class PagedAllocator:
 
     def tokens_of(self, pages: torch.Tensor) -> torch.Tensor:
         """Token indices of ``pages``, page by page."""
-        return (pages[:, None] * self.page_size + self._offsets).flatten()
+        return self._rows.index_select(0, pages).view(-1)
 
     def alloc(self, num_tokens: int, owner: Owner) -> torch.Tensor:
         """Whole pages for ``num_tokens`` tokens: returns ``pages_for(num_tokens) * page_size`` token indices."""
@@ -105,7 +104,7 @@ class PagedAllocator:
                 "alloc", self.pool.name, (), f"size {num_tokens!r} for {owner} must be a positive int"
             )
         pages = self.pool.alloc(self.pages_for(num_tokens), owner)
-        out = self._rows.index_select(0, pages).view(-1)
+        out = self.tokens_of(pages)
         if self.pool.is_cpu and out.numel() <= FRESH_MAX:
             self._fresh.add(host_bytes(out), pages)
         return out

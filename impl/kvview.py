@@ -14,7 +14,7 @@ import torch
 
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.owners import encode
-from kvledger.impl.slots import SlotPool, host_bytes
+from kvledger.impl.slots import SlotPool, device_tensor
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError, SlotConflict
 from kvledger.spec.types import Owner, OwnerKind, node
 
@@ -56,20 +56,22 @@ class KVView:
         if self.swa is not None or owner.kind is OwnerKind.NODE:
             return False
         if isinstance(self.kv, PagedAllocator):
-            pages = self.kv.fresh_pages(raw)  # NOTE: an alloc result is whole, distinct pages in order
-            if pages is not None:
-                return self.pool.claim(pages, owner, dst, distinct=True)
-            got = self.kv.whole_pages(new)
+            # NOTE: an alloc result is whole, distinct pages in order; pages that are not one come from
+            # tokens that are not one either (the pool and the allocator remember the same allocs)
+            got = self.kv.fresh_pages(raw)
+            fresh = got is not None
             if got is None:
-                return False
-            units, raw = got, host_bytes(got)
+                got = self.kv.whole_pages(new)
+                if got is None:
+                    return False
+            units = got
         else:
-            units = new
+            units, fresh = new, self.pool.is_cpu and self.pool.is_fresh(raw)
         if not units.numel():
             return True
         # NOTE: a slot ``owner`` holds is no node's, so the new part repeats no cached slot
         if self.pool.is_cpu:
-            return self.pool.claim(units.contiguous(), owner, dst, distinct=self.pool.is_fresh(raw))
+            return self.pool.claim(units.contiguous(), owner, dst, distinct=fresh)
         lo, hi = torch.aminmax(units)
         if int(lo) < 0 or int(hi) >= self.pool.size:
             return False
@@ -110,8 +112,7 @@ class KVView:
         else:
             ids = slots if isinstance(slots, array) else array("q", slots)
             units = array("q", [x // g for x in ids[::g]])
-        t = torch.frombuffer(units, dtype=torch.int64)
-        return t if self.pool.is_cpu else t.to(self.pool.device)
+        return device_tensor(units, self.pool.device)
 
     def units_unchecked(self, value: torch.Tensor) -> torch.Tensor:
         """The pool slots of ``value``, known to be whole pages in order: every ``grain``-th slot, as a page."""

@@ -137,7 +137,7 @@ class RadixCache(RadixTree):
         up = self._touch_path(last, rest)
         up.reverse()
         self._walked = (raw, up)
-        indices = self._tensor(bytearray().join([x.slots for x in up]))
+        indices = self._tensor(self._slots_along(up, length))
         return MatchResult(length, indices, last, last.mamba_slot if self.mamba is not None else None)
 
     def insert(
@@ -184,7 +184,7 @@ class RadixCache(RadixTree):
         dups = self._empty if taken else self._check_insert(q, value, hit, self._tensor(cached), owner)
         # NOTE: all checks are done; nothing below can fail on the caller's input.
         if hit < n:
-            self._next_id += 1
+            self._new_id()  # NOTE: ``ident``, reserved above
         last, rest = self._cut(path, hit)
         if hit < n:
             last = self._new_leaf(ident, last, q[hit:], new, array("q", raw), owner, taken)

@@ -148,7 +148,7 @@ class SlotPool:
         self._mark.scatter_(0, idx, pos)  # NOTE: a slot named twice keeps one of its positions (either)
         back = self._mark.index_select(0, idx)
         if self.is_cpu:
-            return _host(back) != _host(pos)
+            return _host(back) != self._iota_bytes[: 8 * k]
         return not torch.equal(back, pos)
 
     def claim(self, idx: torch.Tensor, owner: Owner, code: int | None = None, *, distinct: bool = False) -> bool:
@@ -188,14 +188,14 @@ class SlotPool:
         held = encode(owner)
         if not k or _host(got) != _tag_bytes(held, k):
             return False
-        if k > 1 and not distinct:
-            pos = self._positions(k)
-            tags.scatter_(0, idx, pos)
+        scattered = k > 1 and not distinct
+        if scattered:
+            tags.scatter_(0, idx, self._positions(k))
             if _host(tags.index_select(0, idx)) != self._iota_bytes[: 8 * k]:
                 tags.index_fill_(0, idx, held)
                 return False
         if code is None:
-            if k > 1:
+            if scattered:
                 tags.index_fill_(0, idx, held)
             return True
         tags.index_fill_(0, idx, code)
@@ -335,6 +335,12 @@ def host_bytes(t: torch.Tensor) -> bytes | bytearray:
     out = bytearray(8 * n)
     torch.frombuffer(out, dtype=torch.int64).copy_(t)
     return out
+
+
+def device_tensor(buf: bytearray | array[int], device: torch.device) -> torch.Tensor:
+    """Non-empty int64 bytes ``buf`` as a tensor on ``device``; on the CPU it shares ``buf``'s memory (no copy)."""
+    t = torch.frombuffer(buf, dtype=torch.int64)
+    return t if device.type == "cpu" else t.to(device)
 
 
 def _host(t: torch.Tensor) -> bytes:

@@ -24,7 +24,7 @@ from kvledger.impl.locks import Counter, LockTable
 from kvledger.impl.lru import SLOT, ByComponent, Linked, LRUList
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.owners import node_tag
-from kvledger.impl.slots import host_bytes
+from kvledger.impl.slots import device_tensor, host_bytes
 from kvledger.spec.errors import CacheError, ComponentDisabled
 from kvledger.spec.types import Component, NodeId, Owner, node
 
@@ -47,12 +47,6 @@ def as_key(op: str, t: torch.Tensor) -> tuple[Tokens, bytes | bytearray]:
         raise CacheError(f"{op}: expected a 1-D integer tensor, got {getattr(t, 'dtype', type(t).__name__)}")
     raw = host_bytes(t)
     return array("q", raw), raw
-
-
-def device_tensor(buf: bytearray | Tokens, device: torch.device) -> torch.Tensor:
-    """Non-empty int64 bytes ``buf`` as a tensor on ``device``; on the CPU it shares ``buf``'s memory (no copy)."""
-    t = torch.frombuffer(buf, dtype=torch.int64)
-    return t if device.type == "cpu" else t.to(device)
 
 
 def common_prefix(a: Tokens, b: Tokens, pos: int) -> int:
