@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import icontract
+import numpy as np
 import torch
 
 from kvledger.contracts.abstraction import inv_free_stack_matches_tags, ledger_of
@@ -68,8 +69,16 @@ def _top_slice(self: SlotPool, n: Any) -> Any:
     return _safe(lambda: self._stack[self._top - n : self._top].clone() if 0 < n <= self._top else None)
 
 
+def _as_tensor(indices: Any) -> torch.Tensor:
+    """Slot ids as an int64 tensor: a tensor, or the host ids (numpy) a CPU pool's ``release`` also takes."""
+    if isinstance(indices, np.ndarray):
+        return torch.tensor(indices, dtype=torch.int64)
+    t: torch.Tensor = indices.to(torch.int64)
+    return t
+
+
 def _tags_at(self: SlotPool, indices: Any) -> Any:
-    return _safe(lambda: self.owner_tag[indices.to(torch.int64)].clone())
+    return _safe(lambda: self.owner_tag[_as_tensor(indices).to(self.device)].clone())
 
 
 def _same_set(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -100,8 +109,9 @@ def release_only_held(self: SlotPool, OLD: Any) -> bool:
     return tags is not None and bool(((tags != FREE_TAG) & (tags != RESERVED_TAG)).all())
 
 
-def release_frees(self: SlotPool, idx: torch.Tensor, OLD: Any) -> bool:
+def release_frees(self: SlotPool, idx: Any, OLD: Any) -> bool:
     """released slots are free-tagged and pushed on the free stack exactly once."""
+    idx = _as_tensor(idx).to(self.device)
     k = idx.numel()
     pushed = self._stack[OLD.top : OLD.top + k]
     return self._top == OLD.top + k and bool((self.owner_tag[idx] == FREE_TAG).all()) and _same_set(pushed, idx)

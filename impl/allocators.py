@@ -7,10 +7,11 @@ stands for its K/V contents (see :mod:`kvledger.impl.integrity`).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kvledger.impl.integrity import fingerprint, verify
-from kvledger.impl.slots import FRESH_MAX, RecentAllocs, SlotPool, host_bytes
+from kvledger.impl.slots import FRESH_MAX, Ids, RecentAllocs, SlotPool
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError
 from kvledger.spec.types import Component, Owner, OwnerKind
 
@@ -78,7 +79,8 @@ class PagedAllocator:
         self._rows = torch.arange(self.data.numel(), dtype=torch.int64, device=self.device).view(-1, page_size)
         # NOTE: recent alloc results, as token-id bytes -> their pages (CPU only): token ids equal to one
         # of them are whole, distinct pages in order, so a cache insert need not prove that again
-        self._fresh: RecentAllocs[torch.Tensor] = RecentAllocs()
+        self._fresh: RecentAllocs[Ids] = RecentAllocs()
+        self._offsets = np.arange(page_size, dtype=np.int64)  # a page's token offsets (CPU alloc)
 
     @property
     def capacity(self) -> int:
@@ -104,12 +106,16 @@ class PagedAllocator:
                 "alloc", self.pool.name, (), f"size {num_tokens!r} for {owner} must be a positive int"
             )
         pages = self.pool.alloc(self.pages_for(num_tokens), owner)
-        out = self.tokens_of(pages)
-        if self.pool.is_cpu and out.numel() <= FRESH_MAX:
-            self._fresh.add(host_bytes(out), pages)
-        return out
+        if not self.pool.is_cpu:
+            return self.tokens_of(pages)
+        # NOTE: on the CPU the token ids are worked out with numpy on the pages' ids (no torch dispatch)
+        ids = pages.numpy()
+        out = (ids[:, None] * self.page_size + self._offsets).ravel()
+        if len(out) <= FRESH_MAX:
+            self._fresh.add(out.tobytes(), ids)
+        return torch.from_numpy(out)
 
-    def fresh_pages(self, raw: bytes | bytearray) -> torch.Tensor | None:
+    def fresh_pages(self, raw: bytes | bytearray) -> Ids | None:
         """The pages of one of the recent ``alloc`` results whose token ids are ``raw`` (int64 bytes), if any."""
         hit = self._fresh.find(raw)
         return None if hit is None else hit[1]

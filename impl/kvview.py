@@ -9,16 +9,19 @@ everything before it changes anything (STYLE.md rule 6).
 from __future__ import annotations
 
 from array import array
+from typing import TypeAlias
 
+import numpy as np
 import torch
 
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.owners import encode
-from kvledger.impl.slots import SlotPool, device_tensor
+from kvledger.impl.slots import Ids, SlotPool
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError, SlotConflict
 from kvledger.spec.types import Owner, OwnerKind, node
 
 KVAllocator = TokenAllocator | PagedAllocator | SWATokenAllocator
+Tokens: TypeAlias = "array[int]"
 _NODE_KIND = encode(node(0)) >> 60
 
 
@@ -42,43 +45,48 @@ class KVView:
             return self.kv.pages_of(op, idx)
         return self.pool.as_index(op, idx)
 
-    def take(self, new: torch.Tensor, owner: Owner, dst: int, raw: bytes | bytearray) -> bool:
-        """The insert's checks and hand-over in one pass, for the common case: ``new``'s slots go from ``owner`` to
-        the owner whose tag is ``dst``.
+    def take(self, value: torch.Tensor, hit: int, owner: Owner, dst: int, raw: bytes | bytearray) -> bool:
+        """The insert's checks and hand-over in one pass, for the common case: the slots of ``value[hit:]`` go from
+        ``owner`` to the owner whose tag is ``dst``.
 
-        ``True`` when the slots of ``new`` are in range and distinct and
+        ``True`` when those slots are in range and distinct and
         ``owner`` holds them (whole pages in order, when paged), so that
         ``check_fresh`` and ``check_held`` would pass: they are ``dst``'s now.
         ``False`` changes nothing and means "ask those": they raise the precise
         error, or accept what this conservative pass does not (an SWA
-        allocator, a node as the owner). ``raw``: ``new``'s values as bytes on the host.
+        allocator, a node as the owner). ``raw``: the values of ``value[hit:]`` as bytes on the host.
         """
         if self.swa is not None or owner.kind is OwnerKind.NODE:
             return False
-        if isinstance(self.kv, PagedAllocator):
-            # NOTE: an alloc result is whole, distinct pages in order; pages that are not one come from
-            # tokens that are not one either (the pool and the allocator remember the same allocs)
-            got = self.kv.fresh_pages(raw)
-            fresh = got is not None
-            if got is None:
-                got = self.kv.whole_pages(new)
-                if got is None:
-                    return False
-            units = got
-        else:
-            units, fresh = new, self.pool.is_cpu and self.pool.is_fresh(raw)
-        if not units.numel():
+        pool = self.pool
+        if not raw:
             return True
-        # NOTE: a slot ``owner`` holds is no node's, so the new part repeats no cached slot
-        if self.pool.is_cpu:
-            return self.pool.claim(units.contiguous(), owner, dst, distinct=fresh)
-        lo, hi = torch.aminmax(units)
-        if int(lo) < 0 or int(hi) >= self.pool.size:
+        if pool.is_cpu:
+            # NOTE: on the CPU the ids are read from ``raw`` (no tensor slice); an alloc result is distinct
+            # slots (whole, distinct pages in order when paged); pages that are not one come from tokens that
+            # are not one either (the pool and the allocator remember the same allocs)
+            if isinstance(self.kv, PagedAllocator):
+                units = self.kv.fresh_pages(raw)
+                fresh = units is not None
+                if units is None:
+                    got = self.kv.whole_pages(torch.frombuffer(bytearray(raw), dtype=torch.int64))
+                    if got is None:
+                        return False
+                    units = got.numpy()
+            else:
+                units, fresh = np.frombuffer(raw, dtype=np.int64), pool.is_fresh(raw)
+            # NOTE: a slot ``owner`` holds is no node's, so the new part repeats no cached slot
+            return pool.claim(units, owner, dst, distinct=fresh)
+        if isinstance(self.kv, PagedAllocator):
+            return False  # NOTE: off the CPU a paged insert takes the general checks
+        new = value[hit:]
+        lo, hi = torch.aminmax(new)
+        if int(lo) < pool.base or int(hi) >= pool.size:
             return False
-        tags = self.pool.owner_tag.index_select(0, units)
-        if not torch.equal(tags, torch.full_like(tags, encode(owner))) or self.pool.has_duplicates(units):
+        tags = pool.owner_tag.index_select(0, new)
+        if not torch.equal(tags, torch.full_like(tags, encode(owner))) or pool.has_duplicates(new):
             return False
-        self.pool.retag_code(units, dst)
+        pool.retag_code(new, dst)
         return True
 
     def move(self, value: torch.Tensor, src: Owner, dst: Owner) -> None:
@@ -88,31 +96,28 @@ class KVView:
         else:
             self.pool.retag(self.units_unchecked(value), dst)
 
-    def retag(self, slots: array[int], code: int) -> None:
+    def retag(self, slots: Tokens, code: int) -> None:
         """Tag token slots ``slots`` (ids on the host; whole pages in order, when paged; checked by the caller)
         ``code``, unchecked. For token and paged allocators only (an SWA allocator moves SWA slots too: ``move``).
         """
         self.pool.retag_code(self._host_units(slots), code)
 
-    def release(self, slots: array[int] | bytearray) -> None:
+    def release(self, slots: Tokens | bytearray) -> None:
         """Free token slots ``slots`` (ids on the host; whole pages in order, when paged) without checking who holds
         them. For the tree's own slots, whose tags it keeps exact (a token or paged allocator: SWA slots go through
         the allocator's checked ``free``).
         """
         self.pool.release(self._host_units(slots))
 
-    def _host_units(self, slots: array[int] | bytearray) -> torch.Tensor:
-        """The pool slots of non-empty host ids ``slots`` (whole pages in order), as a tensor on the pool's device.
+    def _host_units(self, slots: Tokens | bytearray) -> torch.Tensor | Ids:
+        """The pool slots of non-empty host ids ``slots`` (whole pages in order): host ids on a CPU pool, else a
+        tensor on the pool's device.
 
         NOTE: a page's number is worked out on the host (a few dozen pages per node): cheaper than two torch calls.
         """
-        g = self.grain
-        if g == 1:
-            units = slots
-        else:
-            ids = slots if isinstance(slots, array) else array("q", slots)
-            units = array("q", [x // g for x in ids[::g]])
-        return device_tensor(units, self.pool.device)
+        ids = np.frombuffer(slots, dtype=np.int64)
+        units = ids if self.grain == 1 else ids[:: self.grain] // self.grain
+        return units if self.pool.is_cpu else torch.from_numpy(units.copy()).to(self.pool.device)
 
     def units_unchecked(self, value: torch.Tensor) -> torch.Tensor:
         """The pool slots of ``value``, known to be whole pages in order: every ``grain``-th slot, as a page."""

@@ -171,23 +171,22 @@ class RadixCache(RadixTree):
         at_end = path[-1].mamba_slot if hit == n and path[-1].end == n else None
         if mamba_slot is not None and mamba_slot != at_end:
             self._check_state(tuple(q), mamba_slot, owner)
-        new = value[hit:]
         if self.swa_window is not None:
-            self._kv.check_swa_live(op, new)
+            self._kv.check_swa_live(op, value[hit:])
         cached = self._slots_along(path, hit)
         # NOTE: fast path: the caller hands back the cached slots for the cached positions (a scheduler's
         # matched prefix) and owns the rest: one pass checks them and hands them to the new leaf (the
         # last step that can fail). Otherwise, or if that pass fails, the checks one by one.
         ident = self._next_id  # NOTE: the new leaf's id, taken below once nothing can fail
         raw = slots[8 * hit :]
-        taken = slots[: 8 * hit] == cached and self._kv.take(new, owner, node_tag(ident), raw)
+        taken = slots[: 8 * hit] == cached and self._kv.take(value, hit, owner, node_tag(ident), raw)
         dups = self._empty if taken else self._check_insert(q, value, hit, self._tensor(cached), owner)
         # NOTE: all checks are done; nothing below can fail on the caller's input.
         if hit < n:
             self._new_id()  # NOTE: ``ident``, reserved above
         last, rest = self._cut(path, hit)
         if hit < n:
-            last = self._new_leaf(ident, last, q[hit:], new, array("q", raw), owner, taken)
+            last = self._new_leaf(ident, last, q[hit:], value, hit, array("q", raw), owner, taken)
         dup_mamba = None
         if mamba_slot is not None and last.mamba_slot is None:
             self._adopt_state(last, mamba_slot, owner)

@@ -16,8 +16,10 @@ from __future__ import annotations
 import ctypes
 import sys
 from array import array
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvledger.impl.owners import FREE_TAG, RESERVED_TAG, decode, encode
@@ -32,6 +34,8 @@ from kvledger.spec.errors import (
 from kvledger.spec.types import Owner
 
 INDEX_DTYPES = (torch.int64, torch.int32)
+Ids: TypeAlias = "npt.NDArray[np.int64]"
+"""Slot ids on the host (CPU pools): a 1-D int64 numpy array, often a view of a tensor or of bytes."""
 
 
 class SlotPool:
@@ -54,13 +58,12 @@ class SlotPool:
         self.owner_tag = torch.zeros(self.size, dtype=torch.int64, device=self.device)
         self.owner_tag[:base] = RESERVED_TAG
         # The free stack holds free slots in _stack[:_top]; the next alloc pops from the top.
-        # NOTE: filled descending so a fresh pool hands out its lowest slots first. On the CPU the
-        # tensor is a view of a host array (never resized), which alloc reads without a torch call.
-        self._host_stack: array[int] | None = None
+        # NOTE: filled descending so a fresh pool hands out its lowest slots first.
         if self.is_cpu:
-            self._host_stack = array("q", range(self.size - 1, base - 1, -1))
-            self._stack = torch.frombuffer(self._host_stack, dtype=torch.int64)
+            self._free_np: Ids | None = np.arange(self.size - 1, base - 1, -1, dtype=np.int64)
+            self._stack = torch.from_numpy(self._free_np)
         else:
+            self._free_np = None
             self._stack = torch.arange(self.size - 1, base - 1, -1, dtype=torch.int64, device=self.device)
         self._top = capacity
         # Provenance: origin[s] is the ``stamp`` in force when slot s last got its owner (alloc or
@@ -70,16 +73,36 @@ class SlotPool:
         self._stamped = False  # NOTE: until a stamp other than 0 is set, origin is all 0 and needs no writes
         self._mark: torch.Tensor | None = None  # scratch for the O(n) duplicate check, allocated on first use
         self._iota = self._stack[:0]  # positions 0, 1, ... for the duplicate checks (grown on first use)
-        self._iota_bytes: bytes | bytearray = b""  # and their bytes on the host
+        self._iota_np: Ids = np.arange(0, dtype=np.int64)  # the same on the host
+        self._iota_bytes: bytes | bytearray = b""  # and their bytes
         # NOTE: the bytes of recent ``alloc`` results (an ordered set): a sequence equal to one of
         # them names distinct slots, so ``claim`` needs no duplicate check for it (CPU only)
         self._fresh: RecentAllocs[None] = RecentAllocs()
+        self._link_host()
+
+    def _link_host(self) -> None:
+        """On the CPU: numpy views of the tag and origin columns, and the stack tensor as a view of ``_free_np``.
+
+        NOTE: the hot paths index the columns through numpy, which costs a fraction of a torch dispatch
+        for the few hundred ids an operation names; both see the same memory.
+        """
+        self._tags: Ids | None = None
+        self._origins: Ids | None = None
+        if self._free_np is not None:
+            self._tags = self.owner_tag.numpy()
+            self._origins = self.origin.numpy()
+            self._stack = torch.from_numpy(self._free_np)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for view in ("_tags", "_origins") + (("_stack",) if self._free_np is not None else ()):
+            del state[view]
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # NOTE: a copy (deepcopy, pickle) must keep the stack tensor a view of its own host array
+        # NOTE: a copy (deepcopy, pickle) must keep its views on its own columns and stack
         self.__dict__.update(state)
-        if self._host_stack is not None:
-            self._stack = torch.frombuffer(self._host_stack, dtype=torch.int64)
+        self._link_host()
 
     @property
     def stamp(self) -> int:
@@ -148,59 +171,64 @@ class SlotPool:
         self._mark.scatter_(0, idx, pos)  # NOTE: a slot named twice keeps one of its positions (either)
         back = self._mark.index_select(0, idx)
         if self.is_cpu:
-            return _host(back) != self._iota_bytes[: 8 * k]
+            return back.numpy().tobytes() != self._iota_bytes[: 8 * k]
         return not torch.equal(back, pos)
 
-    def claim(self, idx: torch.Tensor, owner: Owner, code: int | None = None, *, distinct: bool = False) -> bool:
+    def claim(self, idx: torch.Tensor | Ids, owner: Owner, code: int | None = None, *, distinct: bool = False) -> bool:
         """On the CPU, a check (and hand-over) in one pass: whether ``idx`` are distinct slots all tagged ``owner``.
 
-        If so and ``code`` is given, they are tagged ``code`` (``encode(dst)``)
+        ``idx``: a tensor, or int64 ids on the host (``Ids``). If so and
+        ``code`` is given, they are tagged ``code`` (``encode(dst)``)
         on return; with ``code=None`` their tags are unchanged. Returns ``False``, with the pool
         unchanged, when that is not shown (another device, a slot out of range,
         another holder, a repeated slot): callers then run ``as_index`` and
         ``check_held`` for the precise error. ``distinct``: the caller knows
-        ``idx`` names no slot twice (``is_fresh``), so that is not checked again.
+        ``idx`` names distinct slots of this pool (``is_fresh``), so that is not checked again.
 
-        NOTE: ``index_select`` rejects an index outside the tensor and slots
-        below ``base`` carry the reserved tag, so "all tagged ``owner``" means
-        "all in range". Distinctness is checked in the tag column itself: each
+        NOTE: a gather rejects an index past the column and slots below
+        ``base`` carry the reserved tag, so with no negative index "all tagged
+        ``owner``" means "all in range". Distinctness is checked in the tag column itself: each
         position writes its number into its slot's tag and reads it back (a slot
         named twice keeps one number), then the tags get ``code`` — or
         ``owner`` again, when there is no ``code`` or a slot was named twice.
         Only the cache lines the first gather loaded are touched (a separate
         scratch column costs a cache miss per slot).
         """
-        if not (
-            self.is_cpu
-            and isinstance(idx, torch.Tensor)
-            and idx.dtype == torch.int64
-            and idx.is_cpu
-            and idx.dim() == 1
-            and idx.is_contiguous()
-        ):
+        tags = self._tags
+        if tags is None:
             return False
-        k = idx.numel()
-        tags = self.owner_tag
+        if isinstance(idx, torch.Tensor):
+            if not (idx.dtype == torch.int64 and idx.is_cpu and idx.dim() == 1):
+                return False
+            ids: Ids = idx.numpy()
+        elif isinstance(idx, np.ndarray) and idx.dtype == np.int64 and idx.ndim == 1:
+            ids = idx
+        else:
+            return False
+        k = len(ids)
+        if not k or (not distinct and int(ids.min()) < 0):  # NOTE: numpy would wrap a negative index
+            return False
         try:
-            got = tags.index_select(0, idx)
+            got = tags[ids]
         except IndexError:
             return False
         held = encode(owner)
-        if not k or _host(got) != _tag_bytes(held, k):
+        if got.tobytes() != _tag_bytes(held, k):
             return False
         scattered = k > 1 and not distinct
         if scattered:
-            tags.scatter_(0, idx, self._positions(k))
-            if _host(tags.index_select(0, idx)) != self._iota_bytes[: 8 * k]:
-                tags.index_fill_(0, idx, held)
+            tags[ids] = self._host_positions(k)
+            if tags[ids].tobytes() != self._iota_bytes[: 8 * k]:
+                tags[ids] = held
                 return False
         if code is None:
             if scattered:
-                tags.index_fill_(0, idx, held)
+                tags[ids] = held
             return True
-        tags.index_fill_(0, idx, code)
+        tags[ids] = code
         if self._stamped:
-            self.origin.index_fill_(0, idx, self._stamp)
+            assert self._origins is not None
+            self._origins[ids] = self._stamp
         return True
 
     def is_fresh(self, raw: bytes | bytearray) -> bool:
@@ -211,8 +239,15 @@ class SlotPool:
         """``0, 1, ..., k - 1`` (int64): a view of a kept ``arange`` when it is long enough."""
         if k > self._iota.numel():
             self._iota = torch.arange(max(k, 2 * self._iota.numel(), 4096), dtype=torch.int64, device=self.device)
-            self._iota_bytes = host_bytes(self._iota.cpu())
+            self._iota_np = self._iota.cpu().numpy()
+            self._iota_bytes = self._iota_np.tobytes()
         return self._iota[:k]
+
+    def _host_positions(self, k: int) -> Ids:
+        """``_positions(k)`` on the host."""
+        if k > len(self._iota_np):
+            self._positions(k)
+        return self._iota_np[:k]
 
     def _held_index(self, op: str, indices: torch.Tensor, owner: Owner) -> torch.Tensor:
         """``as_index`` then ``check_held``: the validated slots, or the first of their errors."""
@@ -255,20 +290,20 @@ class SlotPool:
         than ``n`` are free.
         """
         self.check_alloc(n, owner)
-        top, host = self._top, self._host_stack
-        if host is None:
+        top = self._top
+        if self._free_np is None:
             out = self._stack[top - n : top].flip(0)
-        else:
-            seg = host[top - n : top]  # NOTE: a copy: the caller's tensor must not see later pushes
-            seg.reverse()
-            out = torch.frombuffer(seg, dtype=torch.int64)
-            if n <= FRESH_MAX:
-                self._fresh.add(seg.tobytes(), None)
+            self._top -= n
+            self.owner_tag.index_fill_(0, out, encode(owner))
+            if self._stamped:
+                self.origin.index_fill_(0, out, self._stamp)
+            return out
+        ids = self._free_np[top - n : top][::-1].copy()  # NOTE: a copy: the caller's tensor must not see later pushes
         self._top -= n
-        self.owner_tag.index_fill_(0, out, encode(owner))
-        if self._stamped:
-            self.origin.index_fill_(0, out, self._stamp)
-        return out
+        self._mark_owned(ids, encode(owner))
+        if n <= FRESH_MAX:
+            self._fresh.add(ids.tobytes(), None)
+        return torch.from_numpy(ids)
 
     def free(self, indices: torch.Tensor, owner: Owner) -> None:
         """Return ``indices`` from ``owner`` to the free list. Refines ``spec.ledger.free``.
@@ -278,12 +313,24 @@ class SlotPool:
         """
         self.release(indices if self.claim(indices, owner) else self._held_index("free", indices, owner))
 
-    def release(self, idx: torch.Tensor) -> None:
-        """Push already-validated slots back on the free stack (no checks: callers validate first)."""
-        k = idx.numel()
-        self.owner_tag.index_fill_(0, _long(idx), FREE_TAG)
-        self._stack[self._top : self._top + k] = idx
-        self._top += k
+    def release(self, idx: torch.Tensor | Ids) -> None:
+        """Push already-validated slots back on the free stack (no checks: callers validate first).
+
+        ``idx``: a tensor, or (CPU pools) int64 ids on the host.
+        """
+        top = self._top
+        if self._free_np is not None:
+            assert self._tags is not None
+            ids = idx.numpy() if isinstance(idx, torch.Tensor) else idx
+            k = len(ids)
+            self._tags[ids] = FREE_TAG
+            self._free_np[top : top + k] = ids
+        else:
+            assert isinstance(idx, torch.Tensor)
+            k = idx.numel()
+            self.owner_tag.index_fill_(0, _long(idx), FREE_TAG)
+            self._stack[top : top + k] = idx
+        self._top = top + k
 
     def transfer(self, indices: torch.Tensor, src: Owner, dst: Owner) -> None:
         """Move ``indices`` from ``src`` (which must hold them) to ``dst``. Refines ``spec.ledger.transfer``."""
@@ -293,10 +340,7 @@ class SlotPool:
         code = encode(dst)
         if self.claim(indices, src, code):
             return
-        idx = self._held_index("transfer", indices, src)
-        self.owner_tag.index_fill_(0, idx, code)
-        if self._stamped:
-            self.origin.index_fill_(0, idx, self._stamp)
+        self.retag_code(self._held_index("transfer", indices, src), code)
 
     def retag(self, idx: torch.Tensor, dst: Owner) -> None:
         """Give already-validated slots ``idx`` to ``dst`` (no checks: callers validate first, as for ``release``).
@@ -306,12 +350,23 @@ class SlotPool:
         """
         self.retag_code(idx, encode(dst))
 
-    def retag_code(self, idx: torch.Tensor, code: int) -> None:
-        """``retag`` to the owner whose tag is ``code``."""
+    def retag_code(self, idx: torch.Tensor | Ids, code: int) -> None:
+        """``retag`` to the owner whose tag is ``code``; ``idx``: a tensor or (CPU pools) int64 ids on the host."""
+        if self._tags is not None:
+            self._mark_owned(idx.numpy() if isinstance(idx, torch.Tensor) else idx, code)
+            return
+        assert isinstance(idx, torch.Tensor)
         idx = _long(idx)
         self.owner_tag.index_fill_(0, idx, code)
         if self._stamped:
             self.origin.index_fill_(0, idx, self._stamp)
+
+    def _mark_owned(self, ids: Ids, code: int) -> None:
+        """Tag host ids ``ids`` (CPU pools) ``code`` and stamp their origin."""
+        assert self._tags is not None and self._origins is not None
+        self._tags[ids] = code
+        if self._stamped:
+            self._origins[ids] = self._stamp
 
     def free_all_of(self, owner: Owner) -> torch.Tensor:
         """Free every slot tagged ``owner`` (a whole-pool scan: for teardown paths) and return them."""

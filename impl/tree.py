@@ -425,16 +425,19 @@ class RadixTree:
         parent: TreeNode,
         key: Tokens,
         value: torch.Tensor,
+        hit: int,
         slots: Tokens,
         owner: Owner,
         taken: bool,
     ) -> TreeNode:
-        """A new SWA-live leaf ``ident`` under ``parent`` taking ``value`` (validated: ``owner``'s; ``slots`` on
-        the CPU; ``taken``: already tagged as the new leaf's, by ``KVView.take``)."""
-        value_copy = value.clone() if self._on_device else None
+        """A new SWA-live leaf ``ident`` under ``parent`` taking ``value[hit:]`` (validated: ``owner``'s; ``slots``
+        the same on the CPU; ``taken``: already tagged as the new leaf's, by ``KVView.take``)."""
+        new = value[hit:] if self._on_device or not taken else None
+        value_copy = new.clone() if self._on_device and new is not None else None
         leaf = TreeNode(ident, parent, key, value_copy, slots, parent.end + len(key))
         if not taken:
-            self._kv.move(value, owner, leaf.owner)
+            assert new is not None
+            self._kv.move(new, owner, leaf.owner)
         parent.children[self._child_key(key)] = leaf
         self._nodes[leaf.id] = leaf
         self._full.insert_mru(leaf)
