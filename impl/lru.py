@@ -210,21 +210,41 @@ class LRUList(Generic[N]):
         self.touch_all([node])
 
     def touch_all(self, nodes: list[N]) -> None:
-        """``touch`` each of ``nodes`` in turn (the last ends at the head): one call for a whole radix path."""
-        i, head, members = self.slot, self.head, self._members
+        """``touch`` each of ``nodes`` (distinct members) in turn, the last ending at the head: one call for a whole
+        radix path. Nothing changes if one of them is not a member.
+
+        NOTE: the result is ``nodes`` reversed at the head and the other members in their old order, so
+        the nodes are placed from the head down and one already in its place stays: a path touched
+        again in the same order moves no node.
+        """
+        i, members = self.slot, self._members
         for node in nodes:
             if node.id not in members:
                 raise NotInList("lru_touch", self.component.value, node.id, "not in the list (evicted node touched?)")
-            first = head.next[i]
-            if first is node:
-                continue
-            prev, nxt = node.prev[i], node.next[i]
-            assert prev is not None and nxt is not None and first is not None
-            prev.next[i] = nxt
-            nxt.prev[i] = prev
-            node.prev[i], node.next[i] = head, first
-            head.next[i] = node
-            first.prev[i] = node
+        anchor: Linked = self.head
+        for node in reversed(nodes):
+            after = anchor.next[i]
+            if after is not node:
+                prev, nxt = node.prev[i], node.next[i]
+                assert prev is not None and nxt is not None and after is not None
+                prev.next[i] = nxt
+                nxt.prev[i] = prev
+                node.prev[i], node.next[i] = anchor, after
+                anchor.next[i] = node
+                after.prev[i] = node
+            anchor = node
+
+    def insert_behind(self, anchor: N, node: N) -> None:
+        """Put non-member ``node`` just on the LRU side of member ``anchor`` (a new leaf takes its parent's recency).
+
+        Abstractly ``lru_insert_mru`` followed by moving ``node`` down behind
+        ``anchor``; a radix insert touches the new leaf's path before it returns.
+        """
+        if node.id in self._members:
+            raise AlreadyInList("lru_insert", self.component.value, node.id, "already in the list")
+        if anchor.id not in self._members:
+            raise NotInList("lru_insert", self.component.value, anchor.id, "anchor is not in the list")
+        self._link_after(anchor, node)
 
     # ------------------------------------------------------------ pointer surgery
 

@@ -440,10 +440,16 @@ class RadixTree:
             self._kv.move(new, owner, leaf.owner)
         parent.children[self._child_key(key)] = leaf
         self._nodes[leaf.id] = leaf
-        self._full.insert_mru(leaf)
+        # NOTE: the leaf goes where the insert's path touch puts it, just behind its parent (a parent
+        # the match before has touched is then already in place, so the touch moves nothing)
+        for lst in (self._full, self._swa):
+            if lst is not None:
+                if parent in lst:
+                    lst.insert_behind(parent, leaf)
+                else:
+                    lst.insert_mru(leaf)
         self._evictable[I_FULL] += len(key)
         if self._swa is not None:
-            self._swa.insert_mru(leaf)
             self._evictable[I_SWA] += len(key)
         return leaf
 
