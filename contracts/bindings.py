@@ -88,19 +88,20 @@ def _same_set(a: torch.Tensor, b: torch.Tensor) -> bool:
 # ------------------------------------------------------------------ incremental laws (tier "on")
 
 
-def alloc_takes_free_top(self: SlotPool, n: int, result: torch.Tensor, OLD: Any) -> bool:
-    """alloc hands out exactly the top ``n`` free slots."""
-    return OLD.cand is not None and _same_set(result, OLD.cand) and bool((OLD.cand_tags == FREE_TAG).all())
+def alloc_takes_free_top(self: SlotPool, n: int, result: Any, OLD: Any) -> bool:
+    """alloc hands out exactly the top ``n`` free slots (``result``: a tensor, or host ids from ``alloc_ids``)."""
+    got = _as_tensor(result).to(self.device)
+    return OLD.cand is not None and _same_set(got, OLD.cand) and bool((OLD.cand_tags == FREE_TAG).all())
 
 
-def alloc_tags_owner(self: SlotPool, owner: Owner, result: torch.Tensor) -> bool:
+def alloc_tags_owner(self: SlotPool, owner: Owner, result: Any) -> bool:
     """alloc'd slots are tagged with their new owner."""
-    return bool((self.owner_tag[result] == encode(owner)).all())
+    return bool((self.owner_tag[_as_tensor(result).to(self.device)] == encode(owner)).all())
 
 
-def alloc_count(self: SlotPool, n: int, result: torch.Tensor, OLD: Any) -> bool:
+def alloc_count(self: SlotPool, n: int, result: Any, OLD: Any) -> bool:
     """free count drops by exactly n."""
-    return result.numel() == n and self._top == OLD.top - n
+    return len(result) == n and self._top == OLD.top - n
 
 
 def release_only_held(self: SlotPool, OLD: Any) -> bool:
@@ -170,9 +171,9 @@ def _refines(self: SlotPool, step: Callable[[], spec.Ledger]) -> bool:
         return False
 
 
-def refines_allocate(self: SlotPool, owner: Owner, result: torch.Tensor, OLD: Any) -> bool:
+def refines_allocate(self: SlotPool, owner: Owner, result: Any, OLD: Any) -> bool:
     """abstract(after) == spec.allocate(abstract(before), owner, result)."""
-    return _refines(self, lambda: spec.allocate(OLD.ledger, owner, frozenset(result.tolist())))
+    return _refines(self, lambda: spec.allocate(OLD.ledger, owner, frozenset(_as_tensor(result).tolist())))
 
 
 def refines_free(self: SlotPool, indices: torch.Tensor, owner: Owner, OLD: Any) -> bool:
@@ -206,18 +207,19 @@ def install(level: Level) -> None:
     snap = icontract.snapshot
     ens = icontract.ensure
     slow = level == "slow"
-    _wrap(
-        SlotPool,
-        "alloc",
-        snap(lambda self: self._top, name="top"),
-        snap(lambda self, n: _top_slice(self, n), name="cand"),
-        snap(lambda self, n: _safe(lambda: self.owner_tag[_top_slice(self, n)].clone()), name="cand_tags"),
-        snap(lambda self: ledger_of(self) if slow else None, name="ledger"),
-        ens(alloc_takes_free_top, "alloc hands out exactly the top n free slots"),
-        ens(alloc_tags_owner, "alloc'd slots are tagged with their new owner"),
-        ens(alloc_count, "free count drops by exactly n"),
-        ens(refines_allocate, "abstract(after) == spec.allocate(abstract(before))", enabled=slow),
-    )
+    for name in ("alloc", "alloc_ids"):  # NOTE: a CPU pool's alloc goes through alloc_ids (checked twice, then)
+        _wrap(
+            SlotPool,
+            name,
+            snap(lambda self: self._top, name="top"),
+            snap(lambda self, n: _top_slice(self, n), name="cand"),
+            snap(lambda self, n: _safe(lambda: self.owner_tag[_top_slice(self, n)].clone()), name="cand_tags"),
+            snap(lambda self: ledger_of(self) if slow else None, name="ledger"),
+            ens(alloc_takes_free_top, "alloc hands out exactly the top n free slots"),
+            ens(alloc_tags_owner, "alloc'd slots are tagged with their new owner"),
+            ens(alloc_count, "free count drops by exactly n"),
+            ens(refines_allocate, "abstract(after) == spec.allocate(abstract(before))", enabled=slow),
+        )
     _wrap(
         SlotPool,
         "release",
@@ -249,7 +251,7 @@ def install(level: Level) -> None:
 
     cache_bindings.attach(_wrap, slow)
     if slow:
-        for name in ("alloc", "free", "transfer", "release"):
+        for name in ("alloc", "alloc_ids", "free", "transfer", "release"):
             _wrap(SlotPool, name, ens(inv_pool_ledger, "pool obeys the ledger laws"))
             _wrap(SlotPool, name, ens(inv_free_stack, "free stack matches tags"))
         for name in ("alloc", "free", "free_swa", "transfer"):

@@ -7,7 +7,6 @@ stands for its K/V contents (see :mod:`kvledger.impl.integrity`).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from kvledger.impl.integrity import fingerprint, verify
@@ -80,7 +79,7 @@ class PagedAllocator:
         # NOTE: recent alloc results, as token-id bytes -> their pages (CPU only): token ids equal to one
         # of them are whole, distinct pages in order, so a cache insert need not prove that again
         self._fresh: RecentAllocs[Ids] = RecentAllocs()
-        self._offsets = np.arange(page_size, dtype=np.int64)  # a page's token offsets (CPU alloc)
+        self._rows_np = self._rows.numpy() if self.pool.is_cpu else None  # NOTE: the same rows on the host
 
     @property
     def capacity(self) -> int:
@@ -105,12 +104,12 @@ class PagedAllocator:
             raise InvalidArgument(
                 "alloc", self.pool.name, (), f"size {num_tokens!r} for {owner} must be a positive int"
             )
-        pages = self.pool.alloc(self.pages_for(num_tokens), owner)
         if not self.pool.is_cpu:
-            return self.tokens_of(pages)
-        # NOTE: on the CPU the token ids are worked out with numpy on the pages' ids (no torch dispatch)
-        ids = pages.numpy()
-        out = (ids[:, None] * self.page_size + self._offsets).ravel()
+            return self.tokens_of(self.pool.alloc(self.pages_for(num_tokens), owner))
+        # NOTE: on the CPU the pages' token ids are gathered with numpy from the host view of the row table
+        ids = self.pool.alloc_ids(self.pages_for(num_tokens), owner, remember=False)
+        assert self._rows_np is not None
+        out = self._rows_np[ids].ravel()
         if len(out) <= FRESH_MAX:
             self._fresh.add(out.tobytes(), ids)
         return torch.from_numpy(out)

@@ -272,13 +272,14 @@ class SlotPool:
         holder = decode(int(tags[0]))
         return NotOwner(op, self.name, slots.tolist(), f"slot {first} is held by {holder}, not by {owner}")
 
-    def check_alloc(self, n: int, owner: Owner) -> None:
-        """Raise unless ``n`` slots can be given to ``owner``."""
+    def check_alloc(self, n: int, owner: Owner) -> int:
+        """Raise unless ``n`` slots can be given to ``owner``; return ``owner``'s tag."""
         if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
             raise InvalidArgument("alloc", self.name, (), f"size {n!r} for {owner} must be a positive int")
-        encode(owner)
+        code = encode(owner)
         if n > self._top:
             raise OverAllocation("alloc", self.name, (), f"{n} requested by {owner}, {self._top} free")
+        return code
 
     # ------------------------------------------------------------ transitions
 
@@ -289,21 +290,30 @@ class SlotPool:
         or transfers them. Raises ``OverAllocation`` (pool unchanged) when fewer
         than ``n`` are free.
         """
-        self.check_alloc(n, owner)
+        if self._free_np is not None:
+            return torch.from_numpy(self.alloc_ids(n, owner))
+        code = self.check_alloc(n, owner)
         top = self._top
-        if self._free_np is None:
-            out = self._stack[top - n : top].flip(0)
-            self._top -= n
-            self.owner_tag.index_fill_(0, out, encode(owner))
-            if self._stamped:
-                self.origin.index_fill_(0, out, self._stamp)
-            return out
-        ids = self._free_np[top - n : top][::-1].copy()  # NOTE: a copy: the caller's tensor must not see later pushes
+        out = self._stack[top - n : top].flip(0)
         self._top -= n
-        self._mark_owned(ids, encode(owner))
-        if n <= FRESH_MAX:
+        self.owner_tag.index_fill_(0, out, code)
+        if self._stamped:
+            self.origin.index_fill_(0, out, self._stamp)
+        return out
+
+    def alloc_ids(self, n: int, owner: Owner, *, remember: bool = True) -> Ids:
+        """``alloc`` on a CPU pool, the slot ids as a new host array (``Ids``). ``remember``: keep the result
+        as a known-distinct sequence (``is_fresh``); an allocator that remembers what it hands out itself does not.
+        """
+        assert self._free_np is not None, "alloc_ids: a CPU pool's call"
+        code = self.check_alloc(n, owner)
+        top = self._top
+        ids = self._free_np[top - n : top][::-1].copy()  # NOTE: a copy: the caller's ids must not see later pushes
+        self._top = top - n
+        self._mark_owned(ids, code)
+        if remember and n <= FRESH_MAX:
             self._fresh.add(ids.tobytes(), None)
-        return torch.from_numpy(ids)
+        return ids
 
     def free(self, indices: torch.Tensor, owner: Owner) -> None:
         """Return ``indices`` from ``owner`` to the free list. Refines ``spec.ledger.free``.
