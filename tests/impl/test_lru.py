@@ -127,3 +127,51 @@ def test_random_operations_refine_the_spec() -> None:
         assert got == model
         assert spec.inv_lru(got)
         assert [x.id for x in lst.iter_lru()] == list(spec.lru_eviction_order(model))
+
+
+def test_touch_all_is_the_spec_touches_in_turn() -> None:
+    """A whole-path touch ends where touching each node in turn does (the last at the head), for any members."""
+    rng = random.Random(11)
+    nodes = [Linked(i) for i in range(1, 11)]
+    lst: LRUList[Linked] = LRUList(FULL)
+    model = spec.new_lru(FULL)
+    for n in nodes:
+        model = spec.lru_add_node(model, NodeId(n.id))
+        lst.insert_mru(n)
+        model = spec.lru_insert_mru(model, NodeId(n.id))
+    for _ in range(300):
+        seq = rng.sample(nodes, rng.randint(1, len(nodes)))
+        if rng.random() < 0.3:  # the same path again, in the same order: already in place
+            seq = [x for x in nodes if x.id in {y.id for y in seq}][::-1]
+            lst.touch_all(seq)
+        lst.touch_all(seq)
+        for n in seq:
+            model = spec.lru_touch(model, NodeId(n.id))
+        assert abstract(lst, nodes) == model
+        lst.check()
+
+
+def test_touch_all_with_a_non_member_changes_nothing() -> None:
+    lst: LRUList[Linked] = LRUList(FULL)
+    a, b, c = Linked(1), Linked(2), Linked(3)
+    lst.insert_mru(a)
+    lst.insert_mru(b)
+    with pytest.raises(NotInList, match="node 3"):
+        lst.touch_all([a, c])
+    assert lst.order() == [2, 1]
+    lst.check()
+
+
+def test_insert_behind_places_on_lru_side() -> None:
+    lst: LRUList[Linked] = LRUList(FULL)
+    a, b, c = Linked(1), Linked(2), Linked(3)
+    lst.insert_mru(a)
+    lst.insert_mru(b)
+    lst.insert_behind(b, c)
+    assert lst.order() == [2, 3, 1]
+    with pytest.raises(AlreadyInList):
+        lst.insert_behind(a, c)
+    with pytest.raises(NotInList):
+        lst.insert_behind(Linked(4), Linked(5))
+    assert lst.order() == [2, 3, 1]
+    lst.check()

@@ -181,6 +181,20 @@ def test_claim_checks_owner_and_distinctness_and_changes_nothing_when_it_fails()
     assert pool.claim(x, R1, 99) and bool((pool.owner_tag[x] == 99).all())
 
 
+def test_claim_of_host_ids_refuses_negative_ids() -> None:
+    """Host ids are indexed with numpy, where -1 names the last slot: a negative id must be refused, not wrapped."""
+    import numpy as np
+
+    a = TokenAllocator(4)
+    x = a.alloc(4, R1)  # slots 1..4: the last slot (4) is R1's
+    before = a.pool.owner_tag.clone()
+    for bad in (np.array([-1], dtype=np.int64), torch.tensor([-1]), np.array([1, -4], dtype=np.int64)):
+        assert not a.pool.claim(bad, R1, 99)
+    assert not a.pool.claim(np.array([1, 2], dtype=np.int32), R1, 99)  # host ids are int64
+    assert torch.equal(a.pool.owner_tag, before)
+    assert a.pool.claim(x.numpy(), R1, 99) and bool((a.pool.owner_tag[x] == 99).all())
+
+
 def test_paged_alloc_results_are_known_whole_pages() -> None:
     a = PagedAllocator(8, 4)
     x = a.alloc(8, R1)
@@ -215,4 +229,6 @@ def test_a_copied_pool_keeps_its_free_stack_in_one_place() -> None:
         b.free(x, R2)
         z = b.alloc(3, R2)  # the free stack is last in, first out: x's slots again, none of y's
         assert sorted(z.tolist()) == sorted(x.tolist()) and inv_free_stack_matches_tags(b.pool), (x, y, z)
+        assert b.pool.owner_of(int(z[0])) == R2  # the copy's host views write its own tag column
     assert a.available_size() == 11 and inv_free_stack_matches_tags(a.pool)
+    assert bool((a.pool.owner_tag[6:] == 0).all())  # and not the original's
