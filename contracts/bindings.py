@@ -207,7 +207,7 @@ def install(level: Level) -> None:
     snap = icontract.snapshot
     ens = icontract.ensure
     slow = level == "slow"
-    for name in ("alloc", "alloc_ids"):  # NOTE: a CPU pool's alloc goes through alloc_ids (checked twice, then)
+    for name in ("alloc", "alloc_ids"):  # NOTE: both pop through _pop_ids on a CPU pool
         _wrap(
             SlotPool,
             name,

@@ -33,6 +33,9 @@ class KVView:
         self.grain = kv.page_size if isinstance(kv, PagedAllocator) else 1
         self.pool: SlotPool = kv.full.pool if isinstance(kv, SWATokenAllocator) else kv.pool
         self.swa = kv if isinstance(kv, SWATokenAllocator) else None
+        self._paged = kv if isinstance(kv, PagedAllocator) else None
+        self._fast = self.swa is None and self.pool.is_cpu  # NOTE: where ``take`` needs no tensor
+        self._shift = self.grain.bit_length() - 1 if self.grain & (self.grain - 1) == 0 else None  # log2(grain)
         self._offsets = torch.arange(self.grain, dtype=torch.int64, device=kv.device)
 
     def owner_of(self, slot: int) -> Owner | None:
@@ -58,18 +61,18 @@ class KVView:
         """
         if self.swa is not None or owner.kind is OwnerKind.NODE:
             return False
-        pool = self.pool
         if not raw:
             return True
-        if pool.is_cpu:
+        pool, paged = self.pool, self._paged
+        if self._fast:
             # NOTE: on the CPU the ids are read from ``raw`` (no tensor slice); an alloc result is distinct
             # slots (whole, distinct pages in order when paged); pages that are not one come from tokens that
             # are not one either (the pool and the allocator remember the same allocs)
-            if isinstance(self.kv, PagedAllocator):
-                units = self.kv.fresh_pages(raw)
+            if paged is not None:
+                units = paged.fresh_pages(raw)
                 fresh = units is not None
                 if units is None:
-                    got = self.kv.whole_pages(torch.frombuffer(bytearray(raw), dtype=torch.int64))
+                    got = paged.whole_pages(torch.frombuffer(bytearray(raw), dtype=torch.int64))
                     if got is None:
                         return False
                     units = got.numpy()
@@ -77,7 +80,7 @@ class KVView:
                 units, fresh = np.frombuffer(raw, dtype=np.int64), pool.is_fresh(raw)
             # NOTE: a slot ``owner`` holds is no node's, so the new part repeats no cached slot
             return pool.claim(units, owner, dst, distinct=fresh)
-        if isinstance(self.kv, PagedAllocator):
+        if paged is not None:
             return False  # NOTE: off the CPU a paged insert takes the general checks
         new = value[hit:]
         lo, hi = torch.aminmax(new)
@@ -116,7 +119,13 @@ class KVView:
         NOTE: a page's number is worked out on the host (a few dozen pages per node): cheaper than two torch calls.
         """
         ids = np.frombuffer(slots, dtype=np.int64)
-        units = ids if self.grain == 1 else ids[:: self.grain] // self.grain
+        g, shift = self.grain, self._shift
+        if g == 1:
+            units = ids
+        elif shift is not None:
+            units = ids[::g] >> shift  # NOTE: ids are >= 0; a shift costs half an int64 floor division
+        else:
+            units = ids[::g] // g
         return units if self.pool.is_cpu else torch.from_numpy(units.copy()).to(self.pool.device)
 
     def units_unchecked(self, value: torch.Tensor) -> torch.Tensor:

@@ -211,18 +211,31 @@ class LRUList(Generic[N]):
 
     def touch_all(self, nodes: list[N]) -> None:
         """``touch`` each of ``nodes`` (distinct members) in turn, the last ending at the head: one call for a whole
-        radix path. Nothing changes if one of them is not a member.
-
-        NOTE: the result is ``nodes`` reversed at the head and the other members in their old order, so
-        the nodes are placed from the head down and one already in its place stays: a path touched
-        again in the same order moves no node.
+        radix path. Nothing changes if one of them is not a member. The same as ``place(nodes[::-1])``.
         """
-        i, members = self.slot, self._members
-        for node in nodes:
+        self.place(nodes[::-1])
+
+    def place(self, order: list[N]) -> None:
+        """Put distinct members ``order`` at the head, ``order[0]`` most recent, the other members keeping their
+        order: ``touch`` of each of ``order`` from the last to the first. Nothing changes if one is not a member.
+
+        NOTE: the nodes are placed from the head down and one already in its place stays, so a path
+        placed again in the same order moves no node (an insert right after its match).
+        """
+        i = self.slot
+        anchor: Linked = self.head
+        j, k = 0, len(order)
+        while j < k and anchor.next[i] is order[j]:  # NOTE: a node linked from the head is a member
+            anchor = order[j]
+            j += 1
+        if j == k:
+            return
+        rest = order[j:]
+        members = self._members
+        for node in rest:
             if node.id not in members:
                 raise NotInList("lru_touch", self.component.value, node.id, "not in the list (evicted node touched?)")
-        anchor: Linked = self.head
-        for node in reversed(nodes):
+        for node in rest:
             after = anchor.next[i]
             if after is not node:
                 prev, nxt = node.prev[i], node.next[i]

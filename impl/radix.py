@@ -133,9 +133,8 @@ class RadixCache(RadixTree):
             length = longest_match(pos, self.page_size, self.swa_window, tombs, None if self.mamba is None else ends)
         if not length:
             return MatchResult(0, self._empty, self.root, None)
-        last, rest = self._cut(path, length)
-        up = self._touch_path(last, rest)
-        up.reverse()
+        last, rest, up = self._cut(path, length)
+        self._refresh(up, rest)
         self._walked = (raw, up)
         indices = self._tensor(self._slots_along(up, length))
         return MatchResult(length, indices, last, last.mamba_slot if self.mamba is not None else None)
@@ -184,15 +183,16 @@ class RadixCache(RadixTree):
         # NOTE: all checks are done; nothing below can fail on the caller's input.
         if hit < n:
             self._new_id()  # NOTE: ``ident``, reserved above
-        last, rest = self._cut(path, hit)
+        last, rest, up = self._cut(path, hit)
         if hit < n:
             last = self._new_leaf(ident, last, q[hit:], value, hit, array("q", raw), owner, taken)
+            up.append(last)
         dup_mamba = None
         if mamba_slot is not None and last.mamba_slot is None:
             self._adopt_state(last, mamba_slot, owner)
         elif mamba_slot is not None and mamba_slot != last.mamba_slot:
             dup_mamba = mamba_slot
-        self._touch_path(last, rest)
+        self._refresh(up, rest)
         return InsertResult(dups, dup_mamba, last, hit)
 
     def _check_insert(
@@ -312,7 +312,7 @@ class RadixCache(RadixTree):
         return self._evict_full(n) if comp is FULL else self._evict_component(comp, n)
 
     def _evict_full(self, n: int) -> int:
-        # NOTE: no ancestor is less recent than its descendants (``_touch_path``, ``_split``), so a
+        # NOTE: no ancestor is less recent than its descendants (``_refresh``, ``_split``), so a
         # parent that becomes a leaf lies ahead of the cursor: one pass from the LRU end suffices.
         freed, leaves = 0, list[TreeNode]()
         for cur in self._full.iter_lru():

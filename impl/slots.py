@@ -291,7 +291,7 @@ class SlotPool:
         than ``n`` are free.
         """
         if self._free_np is not None:
-            return torch.from_numpy(self.alloc_ids(n, owner))
+            return torch.from_numpy(self._pop_ids(n, owner, True))
         code = self.check_alloc(n, owner)
         top = self._top
         out = self._stack[top - n : top].flip(0)
@@ -305,6 +305,10 @@ class SlotPool:
         """``alloc`` on a CPU pool, the slot ids as a new host array (``Ids``). ``remember``: keep the result
         as a known-distinct sequence (``is_fresh``); an allocator that remembers what it hands out itself does not.
         """
+        return self._pop_ids(n, owner, remember)
+
+    def _pop_ids(self, n: int, owner: Owner, remember: bool) -> Ids:
+        # NOTE: ``alloc`` and ``alloc_ids`` share this, so the contracts check each call once
         assert self._free_np is not None, "alloc_ids: a CPU pool's call"
         code = self.check_alloc(n, owner)
         top = self._top

@@ -30,6 +30,7 @@ from kvledger.spec.types import Component, NodeId, Owner, node
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
 I_FULL, I_SWA, I_MAMBA = SLOT[FULL], SLOT[SWA], SLOT[MAMBA]
+_LISTS = len(SLOT)
 ChildKey = int | bytes
 Sizes = dict[Component, tuple[int, int]]
 """Per component: ``(evictable, protected)``, in tokens (FULL, SWA) or states (MAMBA)."""
@@ -77,7 +78,7 @@ class TreeNode(Linked):
     node's last token, ``None`` for a Mamba tombstone. ``lock_ref[c]``: live
     handles covering the node in component ``c`` (a view of ``refs``, indexed
     by ``lru.SLOT``). ``lru_prev`` / ``lru_next``: the intrusive LRU links, per
-    component. ``last_access``: logical time of the last match or insert through it.
+    component (recency is the lists' order; a node keeps no access time).
     """
 
     __slots__ = (
@@ -86,7 +87,6 @@ class TreeNode(Linked):
         "end",
         "full_site",
         "key",
-        "last_access",
         "mamba_slot",
         "parent",
         "refs",
@@ -98,7 +98,10 @@ class TreeNode(Linked):
     def __init__(
         self, ident: int, parent: TreeNode | None, key: Tokens, value: torch.Tensor | None, slots: Tokens, end: int
     ) -> None:
-        super().__init__(ident)
+        # NOTE: ``Linked.__init__`` inlined (a node is made on every insert and split)
+        self.id = ident
+        self.prev: list[Linked | None] = [None] * _LISTS
+        self.next: list[Linked | None] = [None] * _LISTS
         self.parent = parent
         self.children: dict[ChildKey, TreeNode] = {}
         self.key = key
@@ -107,8 +110,7 @@ class TreeNode(Linked):
         self.end = end
         self.swa_tombstone = False
         self.mamba_slot: int | None = None
-        self.refs = [0] * len(SLOT)
-        self.last_access = 0
+        self.refs = [0] * _LISTS
         self.tag = node_tag(ident)  # NOTE: ``encode(self.owner)``, the tag of the full slots the node holds
         self.full_site: Counter = (NodeId(ident), FULL)  # its FULL lock counter, as handles name it
 
@@ -243,7 +245,6 @@ class RadixTree:
         # NOTE: counters indexed by ``lru.SLOT`` (a list index costs less than hashing an enum member)
         self._evictable = [0] * len(SLOT)
         self._protected = [0] * len(SLOT)
-        self._clock = 0
         # NOTE: the last match's key bytes and its matched path, root side first. A walk of the same key
         # resumes at the path's end, so only a split or a deletion of a node on it can void it (a new leaf
         # is found by the resumed walk); any split forgets it, a deletion only when the node is on the path
@@ -344,43 +345,37 @@ class RadixTree:
         """Int64 bytes ``slots`` as a new tensor on the device (it owns ``slots`` from now on)."""
         return device_tensor(slots, self.device) if slots else self._empty
 
-    def _cut(self, path: list[TreeNode], length: int) -> tuple[TreeNode, TreeNode | None]:
-        """The node ending exactly at ``length`` along ``path``, splitting one if needed; and the split's lower part."""
-        for n in reversed(path):  # NOTE: from the end: the cut is almost always at the last node
-            if n.start >= length:
+    def _cut(self, path: list[TreeNode], length: int) -> tuple[TreeNode, TreeNode | None, list[TreeNode]]:
+        """The node ending exactly at ``length`` along ``path``, splitting one if needed; the split's lower part;
+        and the nodes from the root's child down to the first (a new list)."""
+        for i in range(len(path) - 1, -1, -1):  # NOTE: from the end: the cut is almost always at the last node
+            n = path[i]
+            start = n.end - len(n.key)
+            if start >= length:
                 continue
             if n.end <= length:
-                return n, None
-            return self._split(n, length - n.start), n
-        return self.root, None
+                return n, None, path[: i + 1]
+            p = self._split(n, length - start)
+            up = path[:i]
+            up.append(p)
+            return p, n, up
+        return self.root, None, []
 
-    def _touch_path(self, n: TreeNode, rest: TreeNode | None = None) -> list[TreeNode]:
-        """Move ``n`` and its ancestors to the MRU end, ancestors last (so no ancestor is less recent).
+    def _refresh(self, up: list[TreeNode], rest: TreeNode | None = None) -> None:
+        """Move the path ``up`` (from the root's child down) and ``rest`` to the MRU end of each list holding them:
+        ancestors most recent (no ancestor is less recent than a descendant), ``rest`` least.
 
         ``rest``: the lower part of a node the operation split (a child of
-        ``n``), refreshed first: SGLang refreshes the node it splits, so its
-        remainder stays as recent as the matched part. Returns the path from
-        ``n`` up to (not including) the root.
+        ``up[-1]``): SGLang refreshes the node it splits, so its remainder stays as recent as the matched part.
         """
-        self._clock += 1
-        clock = self._clock
-        up: list[TreeNode] = []
-        x = n
-        while x.parent is not None:
-            x.last_access = clock
-            up.append(x)
-            x = x.parent
-        if rest is not None:
-            rest.last_access = clock
-        seq = up if rest is None else [rest, *up]
-        self._full.touch_all(seq)
+        order = up if rest is None else [*up, rest]
+        self._full.place(order)
         if self._swa is not None:
             swa = self._swa
-            swa.touch_all([x for x in seq if x in swa])
+            swa.place([x for x in order if x in swa])
         if self._mamba is not None:
             mamba = self._mamba
-            mamba.touch_all([x for x in seq if x in mamba])
-        return up
+            mamba.place([x for x in order if x in mamba])
 
     # ------------------------------------------------------------ growing
 
@@ -399,7 +394,7 @@ class RadixTree:
         if c._value is not None:
             upper, lower = torch.split(c._value, [k, len(c) - k])
         p = TreeNode(self._new_id(), parent, c.key[:k], upper, c.slots[:k], c.start + k)
-        p.swa_tombstone, p.last_access = c.swa_tombstone, c.last_access
+        p.swa_tombstone = c.swa_tombstone
         if self._kv.swa is None:
             self._kv.retag(p.slots, p.tag)
         else:

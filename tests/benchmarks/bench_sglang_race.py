@@ -67,9 +67,9 @@ class KvledgerOps:
 
         from kvledger.impl.allocators import PagedAllocator, TokenAllocator
         from kvledger.impl.radix import RadixCache
-        from kvledger.spec.types import request
+        from kvledger.spec.types import Component, request
 
-        self.torch, self.request = torch, request
+        self.torch, self.request, self.full = torch, request, Component.FULL
         self.kv = PagedAllocator(pool // page, page) if page > 1 else TokenAllocator(pool)
         self.cache = RadixCache(self.kv, page_size=page)
 
@@ -90,9 +90,7 @@ class KvledgerOps:
         return int(self.kv.available_size())
 
     def evict(self, n: int) -> int:
-        from kvledger.spec.types import Component
-
-        return self.cache.evict(Component.FULL, n)
+        return self.cache.evict(self.full, n)
 
     def alloc(self, r: int, n: int) -> Any:
         return self.kv.alloc(n, self.request(r))
