@@ -135,8 +135,9 @@ class RadixCache(RadixTree):
             return MatchResult(0, self._empty, self.root, None)
         last, rest, up = self._cut(path, length)
         self._refresh(up, rest)
-        self._walked = (raw, up)
-        indices = self._tensor(self._slots_along(up, length))
+        slots = self._slots_along(up, length)
+        self._walked = (raw, up, bytes(slots))  # NOTE: a copy: the caller may write into ``indices``
+        indices = self._tensor(slots)
         return MatchResult(length, indices, last, last.mamba_slot if self.mamba is not None else None)
 
     def insert(
@@ -172,14 +173,19 @@ class RadixCache(RadixTree):
             self._check_state(tuple(q), mamba_slot, owner)
         if self.swa_window is not None:
             self._kv.check_swa_live(op, value[hit:])
-        cached = self._slots_along(path, hit)
+        memo = self._walked
+        cached: bytes | bytearray
+        if memo is not None and 8 * hit == len(memo[2]) and memo[0] == raw_key:
+            cached = memo[2]
+        else:
+            cached = self._slots_along(path, hit)
         # NOTE: fast path: the caller hands back the cached slots for the cached positions (a scheduler's
         # matched prefix) and owns the rest: one pass checks them and hands them to the new leaf (the
         # last step that can fail). Otherwise, or if that pass fails, the checks one by one.
         ident = self._next_id  # NOTE: the new leaf's id, taken below once nothing can fail
         raw = slots[8 * hit :]
         taken = slots[: 8 * hit] == cached and self._kv.take(value, hit, owner, node_tag(ident), raw)
-        dups = self._empty if taken else self._check_insert(q, value, hit, self._tensor(cached), owner)
+        dups = self._empty if taken else self._check_insert(q, value, hit, self._tensor(bytearray(cached)), owner)
         # NOTE: all checks are done; nothing below can fail on the caller's input.
         if hit < n:
             self._new_id()  # NOTE: ``ident``, reserved above

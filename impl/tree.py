@@ -248,7 +248,8 @@ class RadixTree:
         # NOTE: the last match's key bytes and its matched path, root side first. A walk of the same key
         # resumes at the path's end, so only a split or a deletion of a node on it can void it (a new leaf
         # is found by the resumed walk); any split forgets it, a deletion only when the node is on the path
-        self._walked: tuple[bytes | bytearray, list[TreeNode]] | None = None
+        # (and, third, the slots of its matched positions: unchanged while the path is)
+        self._walked: tuple[bytes | bytearray, list[TreeNode], bytes] | None = None
 
     # ------------------------------------------------------------ bookkeeping (for the abstraction function)
 

@@ -232,6 +232,22 @@ def test_an_insert_after_a_match_walks_the_tree_as_it_is_now() -> None:
         cache.evict(FULL, 32)
 
 
+def test_an_insert_sees_what_the_caller_wrote_into_its_matched_indices() -> None:
+    # The insert compares the caller's prefix with the cached slots it remembers from the match: a caller
+    # that wrote its own slot into the returned indices gets that slot back as a duplicate.
+    kv = TokenAllocator(16)
+    cache = RadixCache(kv)
+    put(cache, kv, [1, 2, 3, 4])
+    m = cache.match_prefix(t(1, 2, 3, 4, 5, 6))
+    cached = m.indices.tolist()
+    mine = kv.alloc(3, REQ)
+    m.indices[0] = mine[0]  # the caller's own slot for a cached position
+    r = cache.insert(t(1, 2, 3, 4, 5, 6), torch.cat((m.indices, mine[1:])), REQ)
+    assert r.prefix_len == 4 and r.dup_indices.tolist() == [int(mine[0])]
+    assert cache.match_prefix(t(1, 2, 3, 4, 5, 6)).indices.tolist() == [*cached, *mine[1:].tolist()]
+    assert kv.pool.owner_of(int(mine[0])) == REQ  # still the caller's, to free
+
+
 def test_insert_returns_duplicates_but_not_borrowed_slots() -> None:
     kv = TokenAllocator(16)
     cache = RadixCache(kv)
