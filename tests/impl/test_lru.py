@@ -112,7 +112,18 @@ def test_random_operations_refine_the_spec() -> None:
         model = spec.lru_add_node(model, NodeId(n.id))
     for _ in range(400):
         n = rng.choice(nodes)
-        op = rng.choice(["insert_mru", "remove", "touch"])
+        op = rng.choice(["insert_mru", "remove", "touch", "place"])
+        if op == "place":  # a path placed at the head: the spec's touches from its end
+            members = [x for x in nodes if x in lst]
+            order = rng.sample(members, rng.randint(0, len(members)))
+            if rng.random() < 0.5:
+                lst.place(order)  # again: already in place, nothing moves
+            lst.place(order)
+            for x in reversed(order):
+                model = spec.lru_touch(model, NodeId(x.id))
+            assert abstract(lst, nodes) == model
+            lst.check()
+            continue
         ok = {"insert_mru": spec.check_lru_insert_mru, "remove": spec.check_lru_remove, "touch": spec.check_lru_touch}
         err = ok[op](model, NodeId(n.id))
         if err is not None:
@@ -126,6 +137,7 @@ def test_random_operations_refine_the_spec() -> None:
         got = abstract(lst, nodes)
         assert got == model
         assert spec.inv_lru(got)
+        lst.check()
         assert [x.id for x in lst.iter_lru()] == list(spec.lru_eviction_order(model))
 
 
