@@ -63,19 +63,20 @@ class LockTable:
         return len(self._live)
 
     def issue(self, node_id: NodeId, counters: Iterable[Counter]) -> LockHandle:
-        """Record a new live handle covering ``counters`` (the caller has raised them)."""
+        """Record a new live handle covering ``counters`` (the caller has raised them; a list is kept, not copied)."""
         h = HandleId(self._next)
         self._next += 1
-        cov = list(counters)
+        cov = counters if isinstance(counters, list) else list(counters)
         self._live[h] = cov
         self._index = None
         return LockHandle(h, self.ident, node_id, tuple(cov))
 
     def coverage(self, op: str, handle: LockHandle) -> tuple[Counter, ...]:
         """The counters live ``handle`` covers now; raise ``DoubleUnlock`` / ``UnknownHandle`` otherwise."""
-        return tuple(self._covered(op, handle))
+        return tuple(self.covered(op, handle))
 
-    def _covered(self, op: str, handle: LockHandle) -> list[Counter]:
+    def covered(self, op: str, handle: LockHandle) -> list[Counter]:
+        """``coverage`` as the table's own list (no copy): read it, do not change it."""
         if handle.table != self.ident:
             raise UnknownHandle(op, handle.id, f"issued by another cache (table {handle.table}, this is {self.ident})")
         cov = self._live.get(handle.id)
@@ -90,6 +91,11 @@ class LockTable:
         cov = self._live.pop(handle.id)
         self._index = None
         return tuple(cov)
+
+    def forget(self, handle: LockHandle) -> None:
+        """``release`` without the copy of what it covered."""
+        del self._live[handle.id]
+        self._index = None
 
     def extend_on_split(self, old: NodeId, new: NodeId, components: Iterable[Component]) -> None:
         """``new`` took the upper part of split node ``old``: handles covering ``(old, c)`` now cover ``(new, c)``."""

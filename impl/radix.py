@@ -184,7 +184,7 @@ class RadixCache(RadixTree):
         # last step that can fail). Otherwise, or if that pass fails, the checks one by one.
         ident = self._next_id  # NOTE: the new leaf's id, taken below once nothing can fail
         raw = slots[8 * hit :]
-        taken = slots[: 8 * hit] == cached and self._kv.take(value, hit, owner, node_tag(ident), raw)
+        taken = slots.startswith(cached) and self._kv.take(value, hit, owner, node_tag(ident), raw)
         dups = self._empty if taken else self._check_insert(q, value, hit, self._tensor(bytearray(cached)), owner)
         # NOTE: all checks are done; nothing below can fail on the caller's input.
         if hit < n:
@@ -261,7 +261,7 @@ class RadixCache(RadixTree):
         carried by the handle. A second release, or another cache's handle,
         raises ``DoubleUnlock`` / ``UnknownHandle`` and changes nothing.
         """
-        cov = self._locks.coverage("dec_lock_ref", handle)
+        cov = self._locks.covered("dec_lock_ref", handle)
         nodes = self._nodes
         full: list[TreeNode] = []
         other: list[tuple[TreeNode, Component]] = []
@@ -273,7 +273,7 @@ class RadixCache(RadixTree):
                 full.append(x)
             else:
                 other.append((x, c))
-        self._locks.release(handle)
+        self._locks.forget(handle)
         self._lower_full(full)
         for x, c in other:
             self._lower_lock(x, c)

@@ -438,12 +438,15 @@ class RadixTree:
         self._nodes[leaf.id] = leaf
         # NOTE: the leaf goes where the insert's path touch puts it, just behind its parent (a parent
         # the match before has touched is then already in place, so the touch moves nothing)
-        for lst in (self._full, self._swa):
-            if lst is not None:
-                if parent in lst:
-                    lst.insert_behind(parent, leaf)
-                else:
-                    lst.insert_mru(leaf)
+        if parent.parent is not None:  # NOTE: every node but the root holds FULL content
+            self._full.insert_behind(parent, leaf)
+        else:
+            self._full.insert_mru(leaf)
+        if self._swa is not None:
+            if parent in self._swa:
+                self._swa.insert_behind(parent, leaf)
+            else:
+                self._swa.insert_mru(leaf)
         self._evictable[I_FULL] += len(key)
         if self._swa is not None:
             self._evictable[I_SWA] += len(key)

@@ -70,6 +70,7 @@ class KvledgerOps:
         from kvledger.spec.types import Component, request
 
         self.torch, self.request, self.full = torch, request, Component.FULL
+        self._owner: tuple[int, Any] = (0, None)
         self.kv = PagedAllocator(pool // page, page) if page > 1 else TokenAllocator(pool)
         self.cache = RadixCache(self.kv, page_size=page)
 
@@ -92,14 +93,20 @@ class KvledgerOps:
     def evict(self, n: int) -> int:
         return self.cache.evict(self.full, n)
 
+    def owner(self, r: int) -> Any:
+        """Request ``r``'s owner, made once per request (a scheduler keeps it with the request)."""
+        if self._owner[0] != r:
+            self._owner = (r, self.request(r))
+        return self._owner[1]
+
     def alloc(self, r: int, n: int) -> Any:
-        return self.kv.alloc(n, self.request(r))
+        return self.kv.alloc(n, self.owner(r))
 
     def insert(self, r: int, key: Any, prefix: Any, new: Any, matched: int) -> None:
         value = self.torch.cat((prefix, new))
-        res = self.cache.insert(key, value, self.request(r))
+        res = self.cache.insert(key, value, self.owner(r))
         if res.dup_indices.numel():
-            self.kv.free(res.dup_indices, self.request(r))
+            self.kv.free(res.dup_indices, self.owner(r))
 
 
 class _SGLangOps:
