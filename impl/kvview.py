@@ -16,7 +16,7 @@ import torch
 
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.owners import encode
-from kvledger.impl.slots import Ids, SlotPool
+from kvledger.impl.slots import I64, Ids, SlotPool
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError, SlotConflict
 from kvledger.spec.types import Owner, OwnerKind, node
 
@@ -77,7 +77,7 @@ class KVView:
                         return False
                     units = got.numpy()
             else:
-                units, fresh = np.frombuffer(raw, dtype=np.int64), pool.is_fresh(raw)
+                units, fresh = np.frombuffer(raw, I64), pool.is_fresh(raw)
             # NOTE: a slot ``owner`` holds is no node's, so the new part repeats no cached slot
             return pool.claim(units, owner, dst, distinct=fresh)
         if paged is not None:
@@ -118,7 +118,7 @@ class KVView:
 
         NOTE: a page's number is worked out on the host (a few dozen pages per node): cheaper than two torch calls.
         """
-        ids = np.frombuffer(slots, dtype=np.int64)
+        ids = np.frombuffer(slots, I64)
         g, shift = self.grain, self._shift
         if g == 1:
             units = ids

@@ -22,11 +22,19 @@ _IDENT_BITS = 56
 MAX_IDENT = (1 << _IDENT_BITS) - 1
 
 
+# NOTE: keyed by the members' values: hashing a string costs less than an enum member's Python-level ``__hash__``
+_KIND_BY_VALUE = {k._value_: v for k, v in _KIND_CODE.items()}
+_COMP_BY_VALUE = {c._value_: v for c, v in _COMP_CODE.items() if c is not None}
+
+
 def encode(owner: Owner) -> int:
     """The tag of ``owner`` (always > 0)."""
-    if not 0 <= owner.ident <= MAX_IDENT:
-        raise ValueError(f"owner id {owner.ident} of {owner} outside [0, {MAX_IDENT}]")
-    return (_KIND_CODE[owner.kind] << 60) | (_COMP_CODE[owner.component] << _IDENT_BITS) | owner.ident
+    ident = owner.ident
+    if not 0 <= ident <= MAX_IDENT:
+        raise ValueError(f"owner id {ident} of {owner} outside [0, {MAX_IDENT}]")
+    comp = owner.component
+    code = 0 if comp is None else _COMP_BY_VALUE[comp._value_]
+    return (_KIND_BY_VALUE[owner.kind._value_] << 60) | (code << _IDENT_BITS) | ident
 
 
 _NODE_FULL = (_KIND_CODE[OwnerKind.NODE] << 60) | (_COMP_CODE[Component.FULL] << _IDENT_BITS)

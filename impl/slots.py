@@ -35,6 +35,8 @@ from kvledger.spec.types import Owner
 
 INDEX_DTYPES = (torch.int64, torch.int32)
 Ids: TypeAlias = "npt.NDArray[np.int64]"
+I64 = np.dtype(np.int64)
+"""The dtype of ``Ids``, made once: numpy parses a dtype instance passed by position fastest."""
 """Slot ids on the host (CPU pools): a 1-D int64 numpy array, often a view of a tensor or of bytes."""
 
 
@@ -201,7 +203,7 @@ class SlotPool:
             if not (idx.dtype == torch.int64 and idx.is_cpu and idx.dim() == 1):
                 return False
             ids: Ids = idx.numpy()
-        elif isinstance(idx, np.ndarray) and idx.dtype == np.int64 and idx.ndim == 1:
+        elif isinstance(idx, np.ndarray) and idx.dtype == I64 and idx.ndim == 1:
             ids = idx
         else:
             return False
