@@ -61,7 +61,9 @@ from kvledger.impl.tree import (
     RadixTree,
     Tokens,
     TreeNode,
+    Walk,
     as_key,
+    key_bytes,
     longest_match,
 )
 from kvledger.spec.errors import (
@@ -120,7 +122,7 @@ class RadixCache(RadixTree):
         it splits). The result is borrowed: lock ``last_node`` before using it.
         """
         q, raw = as_key("match_prefix", key)
-        path, pos = self._descend(q, raw)
+        path, pos = self._descend(q, raw, self._walk_of(raw))
         if self.swa_window is None and self.mamba is None:
             length = pos
         else:
@@ -136,7 +138,7 @@ class RadixCache(RadixTree):
         last, rest, up = self._cut(path, length)
         self._refresh(up, rest)
         slots = self._slots_along(up, length)
-        self._walked = (raw, up, bytes(slots))  # NOTE: a copy: the caller may write into ``indices``
+        self._walked = Walk(raw, q, up, bytes(slots))  # NOTE: a copy: the caller may write into ``indices``
         indices = self._tensor(slots)
         return MatchResult(length, indices, last, last.mamba_slot if self.mamba is not None else None)
 
@@ -155,7 +157,9 @@ class RadixCache(RadixTree):
         ``len(key)``; touches the path (and the remainder of a split node).
         """
         op = "insert"
-        (q, raw_key), value = as_key(op, key), self._as_tokens(op, value)
+        raw_key, value = key_bytes(op, key), self._as_tokens(op, value)
+        memo = self._walk_of(raw_key)
+        q = array("q", raw_key) if memo is None else memo.key  # NOTE: the match's tokens of this key
         slots = host_bytes(value)
         n = len(q)
         if value.numel() != n:
@@ -167,18 +171,14 @@ class RadixCache(RadixTree):
             raise ComponentDisabled(op, tuple(q), f"Mamba slot {mamba_slot} offered but {why}")
         if n == 0:
             return InsertResult(value, None, self.root, 0)
-        path, hit = self._descend(q, raw_key)
+        path, hit = self._descend(q, raw_key, memo)
         at_end = path[-1].mamba_slot if hit == n and path[-1].end == n else None
         if mamba_slot is not None and mamba_slot != at_end:
             self._check_state(tuple(q), mamba_slot, owner)
         if self.swa_window is not None:
             self._kv.check_swa_live(op, value[hit:])
-        memo = self._walked
-        cached: bytes | bytearray
-        if memo is not None and 8 * hit == len(memo[2]) and memo[0] == raw_key:
-            cached = memo[2]
-        else:
-            cached = self._slots_along(path, hit)
+        same = memo is not None and 8 * hit == len(memo.slots)
+        cached: bytes | bytearray = memo.slots if same and memo is not None else self._slots_along(path, hit)
         # NOTE: fast path: the caller hands back the cached slots for the cached positions (a scheduler's
         # matched prefix) and owns the rest: one pass checks them and hands them to the new leaf (the
         # last step that can fail). Otherwise, or if that pass fails, the checks one by one.

@@ -15,7 +15,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import NamedTuple, TypeAlias
 
 import torch
 
@@ -44,10 +44,27 @@ def as_key(op: str, t: torch.Tensor) -> tuple[Tokens, bytes | bytearray]:
     Radix keys are compared on the CPU: ``array`` and ``bytes`` comparisons are
     one ``memcmp``-like loop in C, where a tensor comparison costs a dispatch per node.
     """
+    raw = key_bytes(op, t)
+    return array("q", raw), raw
+
+
+def key_bytes(op: str, t: torch.Tensor) -> bytes | bytearray:
+    """``t`` (a 1-D integer tensor on any device) as raw int64 bytes on the host (``as_key`` without the array)."""
+    if type(t) is torch.Tensor and t.dtype is torch.int64 and t.is_cpu and t.dim() == 1 and t.is_contiguous():
+        return host_bytes(t)  # NOTE: the common case first: one check per property
     if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
         raise CacheError(f"{op}: expected a 1-D integer tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-    raw = host_bytes(t)
-    return array("q", raw), raw
+    return host_bytes(t)
+
+
+class Walk(NamedTuple):
+    """The last match's walk: its key (``raw`` bytes, ``key`` tokens), its matched path from the root's child down,
+    and the slots of its matched positions (int64 bytes). It stays true while no node on ``path`` changes."""
+
+    raw: bytes | bytearray
+    key: Tokens
+    path: list[TreeNode]
+    slots: bytes
 
 
 def common_prefix(a: Tokens, b: Tokens, pos: int) -> int:
@@ -249,7 +266,7 @@ class RadixTree:
         # resumes at the path's end, so only a split or a deletion of a node on it can void it (a new leaf
         # is found by the resumed walk); any split forgets it, a deletion only when the node is on the path
         # (and, third, the slots of its matched positions: unchanged while the path is)
-        self._walked: tuple[bytes | bytearray, list[TreeNode], bytes] | None = None
+        self._walked: Walk | None = None
 
     # ------------------------------------------------------------ bookkeeping (for the abstraction function)
 
@@ -303,17 +320,21 @@ class RadixTree:
         g = self.page_size
         return toks[pos] if g == 1 else toks[pos : pos + g].tobytes()
 
-    def _descend(self, key: Tokens, raw: bytes | bytearray) -> tuple[list[TreeNode], int]:
+    def _walk_of(self, raw: bytes | bytearray) -> Walk | None:
+        """The last match's walk if it was of the key ``raw`` (and nothing voided it since), else ``None``."""
+        memo = self._walked
+        return memo if memo is not None and memo.raw == raw else None
+
+    def _descend(self, key: Tokens, raw: bytes | bytearray, memo: Walk | None = None) -> tuple[list[TreeNode], int]:
         """Nodes along ``key``'s path (``raw``: its bytes) and how many tokens match: all of each node but perhaps the
         last (whole pages). Two sequences share a page only when they agree on all of it (``spec.prefix.cached_len``).
 
-        The walk resumes from the last ``match_prefix`` of the same key when no
-        node it went through has changed since (``_walked``).
+        ``memo``: the last match's walk of this key (``_walk_of``): the walk
+        resumes at its end (no node it went through has changed since).
         """
         g, n = self.page_size, len(key)
-        memo = self._walked
-        if memo is not None and memo[0] == raw:
-            path = list(memo[1])
+        if memo is not None:
+            path = list(memo.path)
             x = path[-1]
             pos = x.end
         else:
@@ -321,14 +342,28 @@ class RadixTree:
             x, pos = self.root, 0
         # NOTE: ``raw.startswith(node key, offset)`` compares a whole node in C without slicing the key
         rawb = bytes(raw)
-        starts, w = rawb.startswith, 8 * g
+        starts, append = rawb.startswith, path.append
+        if g == 1:
+            while pos < n:
+                child = x.children.get(key[pos])
+                if child is None:
+                    break
+                append(child)
+                ck = child.key
+                if not starts(ck, pos << 3):  # NOTE: the node runs past the key or differs inside it
+                    pos += common_prefix(ck, key, pos)
+                    break
+                pos += len(ck)
+                x = child
+            return path, pos
+        w = 8 * g
         while pos + g <= n:
-            child = x.children.get(key[pos] if g == 1 else rawb[8 * pos : 8 * pos + w])
+            child = x.children.get(rawb[8 * pos : 8 * pos + w])
             if child is None:
                 break
-            path.append(child)
+            append(child)
             ck = child.key
-            if not starts(ck, 8 * pos):  # NOTE: the node runs past the key or differs inside it
+            if not starts(ck, 8 * pos):
                 k = common_prefix(ck, key, pos)
                 pos += k - k % g
                 break
@@ -471,7 +506,7 @@ class RadixTree:
         ``freed``, whose full slots the caller returns with ``_free_leaves``. Returns its size in tokens."""
         parent = n.parent
         assert parent is not None and not n.children and n.refs[I_FULL] == 0
-        if self._walked is not None and n in self._walked[1]:
+        if self._walked is not None and n in self._walked.path:
             self._walked = None
         if self._kv.swa is not None:
             self.kv.free(n.value, n.owner)  # NOTE: full and SWA slots together, checked (SWA caches are not batched)
