@@ -312,6 +312,23 @@ def test_paged_allocator_keys_children_by_page_and_owns_pages() -> None:
     assert kv.available_size() == kv.capacity
 
 
+@pytest.mark.parametrize("page", [3, 4])  # page numbers by division and by shift
+def test_paged_splits_and_evictions_keep_pages_owned(page: int) -> None:
+    kv = PagedAllocator(12, page)
+    cache, seen = RadixCache(kv), {}
+    a = [1] * page + [2] * page + [3] * page
+    put(cache, kv, a)
+    m = cache.match_prefix(t(*a[: 2 * page], *[9] * page))  # ends inside the node: a split, its pages retagged
+    assert m.length == 2 * page and m.last_node.end == 2 * page
+    check_cache(cache, kv, seen)
+    put(cache, kv, [*a[: 2 * page], *[9] * page])
+    check_cache(cache, kv, seen)
+    assert cache.evict(FULL, 1) == page  # the least recent leaf goes: one page back to the pool
+    check_cache(cache, kv, seen)
+    assert cache.evict(FULL, 100) == 3 * page and kv.available_size() == kv.capacity
+    check_cache(cache, kv, seen)
+
+
 def test_verify_catches_a_use_after_free() -> None:
     kv = TokenAllocator(8)
     cache = RadixCache(kv)
