@@ -8,20 +8,16 @@ everything before it changes anything (STYLE.md rule 6).
 
 from __future__ import annotations
 
-from array import array
-from typing import TypeAlias
-
 import numpy as np
 import torch
 
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.owners import encode
-from kvledger.impl.slots import I64, Ids, SlotPool
+from kvledger.impl.slots import I64, Ids, SlotPool, Tokens
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError, SlotConflict
 from kvledger.spec.types import Owner, OwnerKind, node
 
 KVAllocator = TokenAllocator | PagedAllocator | SWATokenAllocator
-Tokens: TypeAlias = "array[int]"
 _NODE_KIND = encode(node(0)) >> 60
 
 

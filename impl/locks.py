@@ -88,9 +88,9 @@ class LockTable:
 
     def release(self, handle: LockHandle) -> tuple[Counter, ...]:
         """Forget live ``handle`` (validated by ``coverage``) and return what it covered."""
-        cov = self._live.pop(handle.id)
-        self._index = None
-        return tuple(cov)
+        cov = tuple(self._live[handle.id])
+        self.forget(handle)
+        return cov
 
     def forget(self, handle: LockHandle) -> None:
         """``release`` without the copy of what it covered."""

@@ -48,7 +48,7 @@ from kvledger.impl.locks import Counter, LockHandle
 from kvledger.impl.lru import SLOT
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.owners import node_tag
-from kvledger.impl.slots import host_bytes
+from kvledger.impl.slots import Tokens, host_bytes
 from kvledger.impl.tree import (
     FULL,
     I_FULL,
@@ -59,7 +59,6 @@ from kvledger.impl.tree import (
     InsertResult,
     MatchResult,
     RadixTree,
-    Tokens,
     TreeNode,
     Walk,
     as_key,
@@ -177,8 +176,9 @@ class RadixCache(RadixTree):
             self._check_state(tuple(q), mamba_slot, owner)
         if self.swa_window is not None:
             self._kv.check_swa_live(op, value[hit:])
-        same = memo is not None and 8 * hit == len(memo.slots)
-        cached: bytes | bytearray = memo.slots if same and memo is not None else self._slots_along(path, hit)
+        cached: bytes | bytearray = (
+            memo.slots if memo is not None and 8 * hit == len(memo.slots) else self._slots_along(path, hit)
+        )
         # NOTE: fast path: the caller hands back the cached slots for the cached positions (a scheduler's
         # matched prefix) and owns the rest: one pass checks them and hands them to the new leaf (the
         # last step that can fail). Otherwise, or if that pass fails, the checks one by one.

@@ -35,9 +35,11 @@ from kvledger.spec.types import Owner
 
 INDEX_DTYPES = (torch.int64, torch.int32)
 Ids: TypeAlias = "npt.NDArray[np.int64]"
+"""Slot ids on the host (CPU pools): a 1-D int64 numpy array, often a view of a tensor or of bytes."""
 I64 = np.dtype(np.int64)
 """The dtype of ``Ids``, made once: numpy parses a dtype instance passed by position fastest."""
-"""Slot ids on the host (CPU pools): a 1-D int64 numpy array, often a view of a tensor or of bytes."""
+Tokens: TypeAlias = "array[int]"
+"""Token ids or token slot ids kept on the host by the radix tree: an ``array("q")``."""
 
 
 class SlotPool:
@@ -179,7 +181,7 @@ class SlotPool:
     def claim(self, idx: torch.Tensor | Ids, owner: Owner, code: int | None = None, *, distinct: bool = False) -> bool:
         """On the CPU, a check (and hand-over) in one pass: whether ``idx`` are distinct slots all tagged ``owner``.
 
-        ``idx``: a tensor, or int64 ids on the host (``Ids``). If so and
+        ``idx``: a tensor, or int64 ids on the host (``Ids``). If they are and
         ``code`` is given, they are tagged ``code`` (``encode(dst)``)
         on return; with ``code=None`` their tags are unchanged. Returns ``False``, with the pool
         unchanged, when that is not shown (another device, a slot out of range,
@@ -408,7 +410,7 @@ def host_bytes(t: torch.Tensor) -> bytes | bytearray:
     return out
 
 
-def device_tensor(buf: bytearray | array[int], device: torch.device) -> torch.Tensor:
+def device_tensor(buf: bytearray | Tokens, device: torch.device) -> torch.Tensor:
     """Non-empty int64 bytes ``buf`` as a tensor on ``device``; on the CPU it shares ``buf``'s memory (no copy)."""
     t = torch.frombuffer(buf, dtype=torch.int64)
     return t if device.type == "cpu" else t.to(device)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypeAlias
+from typing import NamedTuple
 
 import torch
 
@@ -24,7 +24,7 @@ from kvledger.impl.locks import Counter, LockTable
 from kvledger.impl.lru import SLOT, ByComponent, Linked, LRUList
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.owners import node_tag
-from kvledger.impl.slots import device_tensor, host_bytes
+from kvledger.impl.slots import Tokens, device_tensor, host_bytes
 from kvledger.spec.errors import CacheError, ComponentDisabled
 from kvledger.spec.types import Component, NodeId, Owner, node
 
@@ -34,8 +34,6 @@ _LISTS = len(SLOT)
 ChildKey = int | bytes
 Sizes = dict[Component, tuple[int, int]]
 """Per component: ``(evictable, protected)``, in tokens (FULL, SWA) or states (MAMBA)."""
-Tokens: TypeAlias = "array[int]"
-"""A radix key: ``array("q")`` of tokens, on the CPU whatever the device of the slots."""
 
 
 def as_key(op: str, t: torch.Tensor) -> tuple[Tokens, bytes | bytearray]:
@@ -262,10 +260,9 @@ class RadixTree:
         # NOTE: counters indexed by ``lru.SLOT`` (a list index costs less than hashing an enum member)
         self._evictable = [0] * len(SLOT)
         self._protected = [0] * len(SLOT)
-        # NOTE: the last match's key bytes and its matched path, root side first. A walk of the same key
-        # resumes at the path's end, so only a split or a deletion of a node on it can void it (a new leaf
-        # is found by the resumed walk); any split forgets it, a deletion only when the node is on the path
-        # (and, third, the slots of its matched positions: unchanged while the path is)
+        # NOTE: the last match's walk (``Walk``). A walk of the same key resumes at its path's end, so only
+        # a split or a deletion of a node on it can void it (a new leaf is found by the resumed walk); any
+        # split forgets it, a deletion only when the node is on the path
         self._walked: Walk | None = None
 
     # ------------------------------------------------------------ bookkeeping (for the abstraction function)
@@ -477,13 +474,12 @@ class RadixTree:
             self._full.insert_behind(parent, leaf)
         else:
             self._full.insert_mru(leaf)
+        self._evictable[I_FULL] += len(key)
         if self._swa is not None:
             if parent in self._swa:
                 self._swa.insert_behind(parent, leaf)
             else:
                 self._swa.insert_mru(leaf)
-        self._evictable[I_FULL] += len(key)
-        if self._swa is not None:
             self._evictable[I_SWA] += len(key)
         return leaf
 

@@ -27,6 +27,15 @@ def abstract(lst: LRUList[Linked], nodes: list[Linked]) -> spec.LruState:
     return spec.LruState(tuple(NodeId(i) for i in lst.order()), links, c)
 
 
+def two_listed() -> tuple[LRUList[Linked], tuple[Linked, Linked, Linked]]:
+    """A list holding nodes 1 and 2 (2 most recent), and node 3 outside it."""
+    lst: LRUList[Linked] = LRUList(FULL)
+    a, b, c = Linked(1), Linked(2), Linked(3)
+    lst.insert_mru(a)
+    lst.insert_mru(b)
+    return lst, (a, b, c)
+
+
 def test_insert_touch_remove_clears_links() -> None:
     lst: LRUList[Linked] = LRUList(FULL)
     a, b, c = Linked(1), Linked(2), Linked(3)
@@ -71,10 +80,7 @@ def test_components_are_independent() -> None:
 
 
 def test_insert_ahead_of_places_on_mru_side() -> None:
-    lst: LRUList[Linked] = LRUList(FULL)
-    a, b, c = Linked(1), Linked(2), Linked(3)
-    lst.insert_mru(a)
-    lst.insert_mru(b)
+    lst, (a, _, c) = two_listed()
     lst.insert_ahead_of(a, c)
     assert lst.order() == [2, 3, 1]
     lst.check()
@@ -164,10 +170,7 @@ def test_touch_all_is_the_spec_touches_in_turn() -> None:
 
 
 def test_touch_all_with_a_non_member_changes_nothing() -> None:
-    lst: LRUList[Linked] = LRUList(FULL)
-    a, b, c = Linked(1), Linked(2), Linked(3)
-    lst.insert_mru(a)
-    lst.insert_mru(b)
+    lst, (a, _, c) = two_listed()
     with pytest.raises(NotInList, match="node 3"):
         lst.touch_all([a, c])
     assert lst.order() == [2, 1]
@@ -175,10 +178,7 @@ def test_touch_all_with_a_non_member_changes_nothing() -> None:
 
 
 def test_insert_behind_places_on_lru_side() -> None:
-    lst: LRUList[Linked] = LRUList(FULL)
-    a, b, c = Linked(1), Linked(2), Linked(3)
-    lst.insert_mru(a)
-    lst.insert_mru(b)
+    lst, (a, b, c) = two_listed()
     lst.insert_behind(b, c)
     assert lst.order() == [2, 3, 1]
     with pytest.raises(AlreadyInList):
