@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvledger.spec.errors import DoubleUnlock, UnknownHandle
 from kvledger.spec.types import Component, HandleId, NodeId
@@ -31,8 +31,7 @@ Counter = tuple[NodeId, Component]
 _TABLE_IDS = itertools.count(1)
 
 
-@dataclass(frozen=True)
-class LockHandle:
+class LockHandle(NamedTuple):
     """An immutable receipt for one ``inc_lock_ref``: owned by the caller until passed to ``dec_lock_ref``.
 
     ``table`` identifies the issuing cache (a handle from another cache is

@@ -57,6 +57,7 @@ from kvledger.impl.tree import (
     MAMBA,
     SWA,
     InsertResult,
+    Key,
     MatchResult,
     RadixTree,
     TreeNode,
@@ -107,7 +108,7 @@ class RadixCache(RadixTree):
 
     # ------------------------------------------------------------ match / insert
 
-    def match_prefix(self, key: torch.Tensor) -> MatchResult:
+    def match_prefix(self, key: Key) -> MatchResult:
         """The longest cached prefix of ``key`` that obeys the match rule. Refines ``spec.prefix.match_prefix``.
 
         The rule (``spec.prefix.matches``): every page cached in full, so the
@@ -119,6 +120,7 @@ class RadixCache(RadixTree):
         not); matched nodes move to the MRU end of each list holding them, and
         so does the remainder of a node split here (as SGLang refreshes the node
         it splits). The result is borrowed: lock ``last_node`` before using it.
+        ``key``: a 1-D integer tensor or the token ids (``Key``; ``array("q")`` costs no conversion).
         """
         q, raw = as_key("match_prefix", key)
         path, pos = self._descend(q, raw, self._walk_of(raw))
@@ -141,9 +143,7 @@ class RadixCache(RadixTree):
         indices = self._tensor(slots)
         return MatchResult(length, indices, last, last.mamba_slot if self.mamba is not None else None)
 
-    def insert(
-        self, key: torch.Tensor, value: torch.Tensor, owner: Owner, *, mamba_slot: int | None = None
-    ) -> InsertResult:
+    def insert(self, key: Key, value: torch.Tensor, owner: Owner, *, mamba_slot: int | None = None) -> InsertResult:
         """Cache ``key`` with ``value[i]`` holding token ``i``. Refines ``spec.prefix.insert``.
 
         Ownership: ``owner`` holds ``value`` (and ``mamba_slot``). Positions not
@@ -154,6 +154,7 @@ class RadixCache(RadixTree):
         unless one is there, else it comes back as ``dup_mamba``. SWA
         tombstones are never revived. Splits so ``last_node`` ends at
         ``len(key)``; touches the path (and the remainder of a split node).
+        ``key``: as for ``match_prefix``.
         """
         op = "insert"
         raw_key, value = key_bytes(op, key), self._as_tokens(op, value)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -36,8 +35,13 @@ Sizes = dict[Component, tuple[int, int]]
 """Per component: ``(evictable, protected)``, in tokens (FULL, SWA) or states (MAMBA)."""
 
 
-def as_key(op: str, t: torch.Tensor) -> tuple[Tokens, bytes | bytearray]:
-    """``t`` (a 1-D integer tensor on any device) as an ``array("q")`` of tokens, and the same as raw bytes.
+Key = torch.Tensor | Sequence[int]
+"""A radix key: a 1-D integer tensor (any device), or the token ids themselves (``array("q")`` is read as is;
+a list or another sequence of ints is converted), as engines keep them."""
+
+
+def as_key(op: str, t: Key) -> tuple[Tokens, bytes | bytearray]:
+    """Key ``t`` as an ``array("q")`` of tokens (a new one), and the same as raw bytes.
 
     Radix keys are compared on the CPU: ``array`` and ``bytes`` comparisons are
     one ``memcmp``-like loop in C, where a tensor comparison costs a dispatch per node.
@@ -46,13 +50,22 @@ def as_key(op: str, t: torch.Tensor) -> tuple[Tokens, bytes | bytearray]:
     return array("q", raw), raw
 
 
-def key_bytes(op: str, t: torch.Tensor) -> bytes | bytearray:
-    """``t`` (a 1-D integer tensor on any device) as raw int64 bytes on the host (``as_key`` without the array)."""
+def key_bytes(op: str, t: Key) -> bytes | bytearray:
+    """Key ``t`` as raw int64 bytes on the host (``as_key`` without the array); ``CacheError`` if it is not one."""
+    if type(t) is array and t.typecode == "q":
+        return t.tobytes()  # NOTE: the common cases first: token ids as an engine keeps them, a CPU tensor
     if type(t) is torch.Tensor and t.dtype is torch.int64 and t.is_cpu and t.dim() == 1 and t.is_contiguous():
-        return host_bytes(t)  # NOTE: the common case first: one check per property
-    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
-        raise CacheError(f"{op}: expected a 1-D integer tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-    return host_bytes(t)
+        return host_bytes(t)
+    if isinstance(t, torch.Tensor):
+        if t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise CacheError(f"{op}: expected a 1-D integer tensor, got {t.dtype} of {t.dim()} dimensions")
+        return host_bytes(t)
+    if isinstance(t, (str, bytes, bytearray, memoryview)) or not isinstance(t, Sequence):
+        raise CacheError(f"{op}: expected a 1-D integer tensor or a sequence of token ids, got {type(t).__name__}")
+    try:
+        return array("q", t).tobytes()  # NOTE: refuses floats, bools pass as ints (as torch.tensor does)
+    except (TypeError, OverflowError) as e:
+        raise CacheError(f"{op}: token ids must be int64 integers ({e})") from None
 
 
 class Walk(NamedTuple):
@@ -163,8 +176,7 @@ class TreeNode(Linked):
         return f"TreeNode({self.id}, [{self.start},{self.end}){flags}{locks})"
 
 
-@dataclass(frozen=True)
-class MatchResult:
+class MatchResult(NamedTuple):
     """A cached prefix of ``length`` tokens ending exactly at ``last_node`` (the root when 0).
 
     ``indices`` (int64, on the allocator's device) and ``mamba_slot`` stay
@@ -178,8 +190,7 @@ class MatchResult:
     mamba_slot: int | None
 
 
-@dataclass(frozen=True)
-class InsertResult:
+class InsertResult(NamedTuple):
     """What ``insert`` did not take: the caller still owns, and must free, ``dup_indices`` and ``dup_mamba``.
 
     ``last_node`` ends exactly at the inserted key's end; ``prefix_len``
@@ -376,7 +387,9 @@ class RadixTree:
 
     def _tensor(self, slots: bytearray) -> torch.Tensor:
         """Int64 bytes ``slots`` as a new tensor on the device (it owns ``slots`` from now on)."""
-        return device_tensor(slots, self.device) if slots else self._empty
+        if not slots:
+            return self._empty
+        return device_tensor(slots, self.device) if self._on_device else torch.frombuffer(slots, dtype=torch.int64)
 
     def _cut(self, path: list[TreeNode], length: int) -> tuple[TreeNode, TreeNode | None, list[TreeNode]]:
         """The node ending exactly at ``length`` along ``path``, splitting one if needed; the split's lower part;

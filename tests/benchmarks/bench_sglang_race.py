@@ -75,7 +75,7 @@ class KvledgerOps:
         self.cache = RadixCache(self.kv, page_size=page)
 
     def key(self, toks: list[int]) -> Any:
-        return self.torch.tensor(toks, dtype=self.torch.int64)
+        return array("q", toks)  # NOTE: token ids as the 0.5.23 variants get them (a tensor key costs a copy)
 
     def match(self, key: Any) -> tuple[int, Any, Any]:
         m = self.cache.match_prefix(key)

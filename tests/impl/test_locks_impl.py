@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -13,7 +11,7 @@ from kvledger.impl.mamba import MambaPool
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.tree import TreeNode
 from kvledger.spec.errors import CacheError, DoubleUnlock, OverAllocation, UnknownHandle
-from kvledger.spec.types import Component, NodeId, request
+from kvledger.spec.types import Component, HandleId, NodeId, request
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
 REQ = request(1)
@@ -51,14 +49,14 @@ def test_table_issue_release_double_and_foreign() -> None:
     a, b = LockTable(), LockTable()
     h = a.issue(NodeId(3), [(NodeId(3), FULL), (NodeId(1), FULL)])
     assert a.coverage("dec", h) == ((3, FULL), (1, FULL)) and a.covering(NodeId(1), FULL) == 1
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         h.counters = ()  # type: ignore[misc]
     with pytest.raises(UnknownHandle, match="another cache"):
         b.coverage("dec_lock_ref", h)
     a.release(h)
     with pytest.raises(DoubleUnlock, match="double unlock"):
         a.coverage("dec_lock_ref", h)
-    forged = dataclasses.replace(h, id=99)
+    forged = h._replace(id=HandleId(99))
     with pytest.raises(UnknownHandle, match="never issued"):
         a.coverage("dec_lock_ref", forged)
     assert a.covering(NodeId(1), FULL) == 0 and len(a) == 0

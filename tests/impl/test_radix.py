@@ -16,6 +16,7 @@ from kvledger.impl.radix import RadixCache
 from kvledger.impl.tree import TreeNode
 from kvledger.spec import prefix as spec
 from kvledger.spec.errors import (
+    CacheError,
     ComponentDisabled,
     IntegrityError,
     LengthMismatch,
@@ -289,6 +290,77 @@ def test_invalid_inserts_raise_and_change_nothing() -> None:
     with pytest.raises(ComponentDisabled):
         RadixCache(kv).insert(t(5, 6), mine, REQ, mamba_slot=1)
     assert snapshot(cache, kv, pool) == before
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_keys_as_tensors_token_arrays_and_lists_are_one_key(page_size: int) -> None:
+    # The same random requests on three caches, keys given as int64 tensors, array("q") and lists: the
+    # same results, tree, slots and lists in each (allocators are deterministic).
+    rng = random.Random(page_size)
+    forms = [lambda xs: t(*xs), lambda xs: array("q", xs), list]
+    kvs = [TokenAllocator(512) for _ in forms]
+    caches = [RadixCache(kv, page_size=page_size) for kv in kvs]
+    stems = [[rng.randrange(1, 9) for _ in range(24)] for _ in range(3)]
+    for _ in range(40):
+        toks = rng.choice(stems)[: rng.randrange(0, 24)] + [rng.randrange(1, 9) for _ in range(rng.randrange(0, 6))]
+        toks = toks[: len(toks) - len(toks) % page_size]
+        seen = []
+        for form, kv, cache in zip(forms, kvs, caches, strict=True):
+            m = cache.match_prefix(form(toks))
+            h = cache.inc_lock_ref(m.last_node)
+            if kv.available_size() < len(toks):
+                cache.evict(FULL, len(toks))
+            new = kv.alloc(len(toks) - m.length, REQ) if len(toks) > m.length else t()
+            r = cache.insert(form(toks), torch.cat((m.indices, new)), REQ)
+            if r.dup_indices.numel():
+                kv.free(r.dup_indices, REQ)
+            cache.dec_lock_ref(h)
+            seen.append((m.length, m.indices.tolist(), r.prefix_len, snapshot(cache, kv)))
+        assert seen[0] == seen[1] == seen[2], toks
+
+
+def test_a_token_array_changed_between_match_and_insert_is_read_again() -> None:
+    # The match remembers its walk by the key's bytes, not by the caller's array: an array written in place
+    # after the match is a new key for the insert.
+    kv = TokenAllocator(32)
+    cache = RadixCache(kv)
+    put(cache, kv, [1, 2, 3, 4])
+    key = array("q", [1, 2, 3, 4, 5])
+    m = cache.match_prefix(key)
+    assert m.length == 4
+    key[1] = 9  # now [1, 9, 3, 4, 5]: only [1] is cached
+    value = torch.cat((m.indices[:1], kv.alloc(4, REQ)))
+    r = cache.insert(key, value, REQ)
+    assert r.prefix_len == 1 and cache.match_prefix([1, 9, 3, 4, 5]).length == 5
+    assert cache.match_prefix([1, 2, 3, 4]).length == 4
+    check_cache(cache, kv, {})
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        [1.5, 2.0],
+        [1, 2**63],
+        "ab",
+        b"ab",
+        {1: 2},
+        torch.tensor([1.0, 2.0]),
+        torch.tensor([[1, 2]]),
+        torch.tensor([True, False]),
+    ],
+    ids=["floats", "past-int64", "str", "bytes", "dict", "float-tensor", "2-d", "bool-tensor"],
+)
+def test_keys_that_are_not_token_ids_raise_and_change_nothing(key: Any) -> None:
+    kv = TokenAllocator(16)
+    cache = RadixCache(kv)
+    put(cache, kv, [1, 2])
+    mine = kv.alloc(2, REQ)
+    before = snapshot(cache, kv)
+    with pytest.raises(CacheError, match="match_prefix"):
+        cache.match_prefix(key)
+    with pytest.raises(CacheError, match="insert"):
+        cache.insert(key, mine, REQ)
+    assert snapshot(cache, kv) == before
 
 
 def test_paged_allocator_keys_children_by_page_and_owns_pages() -> None:
