@@ -45,7 +45,7 @@ class Fault:
 
 def _b1_remove(self: LRUList[Linked], node: Linked) -> None:
     """``LRUList.remove`` as before SGLang PR #25770: neighbours relinked, the node's own links left dangling."""
-    if node.id not in self._members:
+    if node not in self._members:
         from kvledger.spec.errors import NotInList
 
         raise NotInList("lru_remove", self.component.value, node.id, "not in the list (removed twice?)")

@@ -102,7 +102,7 @@ N = TypeVar("N", bound=Linked)
 class LRUList(Generic[N]):
     """The LRU list of one component: members between a head (MRU) and a tail (LRU) sentinel.
 
-    Membership is tracked by id, independently of the pointers, so a node whose
+    Membership is tracked by a set of the nodes, independently of the pointers, so a node whose
     pointers were left dangling (B1) is still reported as *not* a member and the
     detachment law can see the dangling pointers.
     """
@@ -114,7 +114,7 @@ class LRUList(Generic[N]):
         self.tail = Linked(SENTINEL_ID)
         self.head.next[self.slot] = self.tail
         self.tail.prev[self.slot] = self.head
-        self._members: set[int] = set()
+        self._members: set[Linked] = set()  # NOTE: by identity: a set of nodes checks a whole path in C
 
     # ------------------------------------------------------------ queries
 
@@ -122,7 +122,7 @@ class LRUList(Generic[N]):
         return len(self._members)
 
     def __contains__(self, node: Linked) -> bool:
-        return node.id in self._members
+        return node in self._members
 
     def lru_first(self) -> N | None:
         """The least recently used member (where eviction starts), or ``None`` when empty."""
@@ -143,7 +143,7 @@ class LRUList(Generic[N]):
         x = self.tail.prev[i]
         while x is not None and x is not head:
             nxt = x.prev[i]
-            yield cast(N, x)
+            yield x  # type: ignore[misc]  # NOTE: every member is an N (a ``cast`` per step costs a call)
             x = nxt
 
     def order(self) -> list[int]:
@@ -168,16 +168,15 @@ class LRUList(Generic[N]):
             if nxt is not self.tail:
                 seen.append(nxt.id)
             x = nxt
-        if sorted(seen) != sorted(self._members):
-            raise IntegrityError(
-                f"{self.component.value} LRU list: walk {seen} differs from members {sorted(self._members)}"
-            )
+        members = sorted(x.id for x in self._members)
+        if sorted(seen) != members:
+            raise IntegrityError(f"{self.component.value} LRU list: walk {seen} differs from members {members}")
 
     # ------------------------------------------------------------ transitions
 
     def insert_mru(self, node: N) -> None:
         """Put non-member ``node`` at the head. Refines ``spec.lru.lru_insert_mru``."""
-        if node.id in self._members:
+        if node in self._members:
             raise AlreadyInList("lru_insert_mru", self.component.value, node.id, "already in the list (use touch)")
         self._link_after(self.head, node)
 
@@ -187,9 +186,9 @@ class LRUList(Generic[N]):
         Abstractly ``lru_insert_mru`` followed by moving ``node`` down to ``anchor``; a
         radix operation that splits also touches the split node before it returns.
         """
-        if node.id in self._members:
+        if node in self._members:
             raise AlreadyInList("lru_insert", self.component.value, node.id, "already in the list")
-        if anchor.id not in self._members:
+        if anchor not in self._members:
             raise NotInList("lru_insert", self.component.value, anchor.id, "anchor is not in the list")
         prev = anchor.prev[self.slot]
         assert prev is not None
@@ -197,7 +196,7 @@ class LRUList(Generic[N]):
 
     def remove(self, node: N) -> None:
         """Take member ``node`` out: relink its neighbours, clear its own pointers. Refines ``spec.lru.lru_remove``."""
-        if node.id not in self._members:
+        if node not in self._members:
             raise NotInList("lru_remove", self.component.value, node.id, "not in the list (removed twice?)")
         self._unlink(node)
         # NOTE: B1 (SGLang PR #25770): the removed node's own pointers must be cleared too,
@@ -219,33 +218,51 @@ class LRUList(Generic[N]):
         """Put distinct members ``order`` at the head, ``order[0]`` most recent, the other members keeping their
         order: ``touch`` of each of ``order`` from the last to the first. Nothing changes if one is not a member.
 
-        NOTE: the nodes are placed from the head down and one already in its place stays, so a path
-        placed again in the same order moves no node (an insert right after its match).
+        NOTE: ``order`` is taken in runs, each a stretch that already lies in the list in that order (a
+        radix path mostly does: its nodes were placed together, a split's new node sits just ahead of
+        the node it split, a new leaf just behind its parent); a run that is not yet in its place is
+        unlinked and linked back as one block, so the cost is per run, not per node. A path placed again
+        in the same order moves nothing (an insert right after its match).
         """
         i = self.slot
-        anchor: Linked = self.head
-        j, k = 0, len(order)
-        while j < k and anchor.next[i] is order[j]:  # NOTE: a node linked from the head is a member
-            anchor = order[j]
+        pos: Linked = self.head
+        j = 0
+        for node in order:  # NOTE: the nodes already in place; a node linked from the head is a member
+            if pos.next[i] is not node:
+                break
+            pos = node
             j += 1
-        if j == k:
+        else:
             return
-        rest = order[j:]
+        rest = order[j:] if j else order
         members = self._members
-        for node in rest:
-            if node.id not in members:
-                raise NotInList("lru_touch", self.component.value, node.id, "not in the list (evicted node touched?)")
-        for node in rest:
-            after = anchor.next[i]
-            if after is not node:
-                prev, nxt = node.prev[i], node.next[i]
-                assert prev is not None and nxt is not None and after is not None
-                prev.next[i] = nxt
-                nxt.prev[i] = prev
-                node.prev[i], node.next[i] = anchor, after
-                anchor.next[i] = node
-                after.prev[i] = node
-            anchor = node
+        if not members.issuperset(rest):
+            bad = next(node for node in rest if node not in members)
+            raise NotInList("lru_touch", self.component.value, bad.id, "not in the list (evicted node touched?)")
+        first = last = rest[0]
+        for node in rest[1:]:
+            if last.next[i] is node:
+                last = node
+                continue
+            pos = self._move_run(pos, first, last)
+            first = last = node
+        self._move_run(pos, first, last)
+
+    def _move_run(self, pos: Linked, first: Linked, last: Linked) -> Linked:
+        """Put the stretch ``first`` .. ``last`` of the list just after ``pos`` (not in it); return ``last``."""
+        i = self.slot
+        if pos.next[i] is not first:
+            prev, nxt = first.prev[i], last.next[i]
+            assert prev is not None and nxt is not None
+            prev.next[i] = nxt
+            nxt.prev[i] = prev
+            after = pos.next[i]
+            assert after is not None
+            pos.next[i] = first
+            first.prev[i] = pos
+            last.next[i] = after
+            after.prev[i] = last
+        return last
 
     def insert_behind(self, anchor: N, node: N) -> None:
         """Put non-member ``node`` just on the LRU side of member ``anchor`` (a new leaf takes its parent's recency).
@@ -253,9 +270,9 @@ class LRUList(Generic[N]):
         Abstractly ``lru_insert_mru`` followed by moving ``node`` down behind
         ``anchor``; a radix insert touches the new leaf's path before it returns.
         """
-        if node.id in self._members:
+        if node in self._members:
             raise AlreadyInList("lru_insert", self.component.value, node.id, "already in the list")
-        if anchor.id not in self._members:
+        if anchor not in self._members:
             raise NotInList("lru_insert", self.component.value, anchor.id, "anchor is not in the list")
         self._link_after(anchor, node)
 
@@ -268,7 +285,7 @@ class LRUList(Generic[N]):
         node.prev[i], node.next[i] = prev, nxt
         prev.next[i] = node
         nxt.prev[i] = node
-        self._members.add(node.id)
+        self._members.add(node)
 
     def _unlink(self, node: Linked) -> None:
         i = self.slot
@@ -276,4 +293,4 @@ class LRUList(Generic[N]):
         assert prev is not None and nxt is not None
         prev.next[i] = nxt
         nxt.prev[i] = prev
-        self._members.discard(node.id)
+        self._members.discard(node)

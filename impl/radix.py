@@ -264,6 +264,20 @@ class RadixCache(RadixTree):
         """
         cov = self._locks.covered("dec_lock_ref", handle)
         nodes = self._nodes
+        if self.swa_window is None and self.mamba is None:  # NOTE: FULL counters only: checked and lowered in one pass
+            moved = 0
+            for nid, _ in cov:
+                x = nodes.get(nid)
+                if x is None or (held := x.refs[I_FULL]) <= 0:
+                    self._raise_full_of(cov[: cov.index((nid, FULL))])  # NOTE: undo: the failed call changes nothing
+                    raise IntegrityError(f"dec_lock_ref of handle {handle.id}: node {nid} full lock_ref is not held")
+                x.refs[I_FULL] = held - 1
+                if held == 1:
+                    moved += len(x.key)
+            self._locks.forget(handle)
+            self._protected[I_FULL] -= moved
+            self._evictable[I_FULL] += moved
+            return
         full: list[TreeNode] = []
         other: list[tuple[TreeNode, Component]] = []
         for nid, c in cov:

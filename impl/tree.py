@@ -352,16 +352,15 @@ class RadixTree:
         rawb = bytes(raw)
         starts, append = rawb.startswith, path.append
         if g == 1:
-            while pos < n:
+            while pos < n:  # NOTE: ``pos == x.end`` at each step
                 child = x.children.get(key[pos])
                 if child is None:
                     break
                 append(child)
-                ck = child.key
-                if not starts(ck, pos << 3):  # NOTE: the node runs past the key or differs inside it
-                    pos += common_prefix(ck, key, pos)
+                if not starts(child.key, pos << 3):  # NOTE: the node runs past the key or differs inside it
+                    pos += common_prefix(child.key, key, pos)
                     break
-                pos += len(ck)
+                pos = child.end
                 x = child
             return path, pos
         w = 8 * g
@@ -370,12 +369,11 @@ class RadixTree:
             if child is None:
                 break
             append(child)
-            ck = child.key
-            if not starts(ck, 8 * pos):
-                k = common_prefix(ck, key, pos)
+            if not starts(child.key, 8 * pos):
+                k = common_prefix(child.key, key, pos)
                 pos += k - k % g
                 break
-            pos += len(ck)
+            pos = child.end
             x = child
         return path, pos
 
@@ -569,13 +567,19 @@ class RadixTree:
         while x.parent is not None:
             counters.append(x.full_site)
             refs = x.refs
-            if not refs[I_FULL]:
+            held = refs[I_FULL]
+            refs[I_FULL] = held + 1
+            if not held:
                 moved += len(x.key)
-            refs[I_FULL] += 1
             x = x.parent
         self._evictable[I_FULL] -= moved
         self._protected[I_FULL] += moved
         return counters
+
+    def _raise_full_of(self, counters: list[Counter]) -> None:
+        """Raise the FULL counters ``counters`` again (what a failed release had lowered); sizes are untouched."""
+        for nid, _ in counters:
+            self._nodes[nid].refs[I_FULL] += 1
 
     def _lower_full(self, nodes: list[TreeNode]) -> None:
         """``_lower_lock(x, FULL)`` for each of ``nodes`` (each listed as often as it is lowered), in one pass."""

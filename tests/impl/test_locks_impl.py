@@ -10,7 +10,7 @@ from kvledger.impl.locks import LockTable
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.tree import TreeNode
-from kvledger.spec.errors import CacheError, DoubleUnlock, OverAllocation, UnknownHandle
+from kvledger.spec.errors import CacheError, DoubleUnlock, IntegrityError, OverAllocation, UnknownHandle
 from kvledger.spec.types import Component, HandleId, NodeId, request
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
@@ -87,6 +87,32 @@ def test_double_unlock_and_foreign_handle_change_nothing() -> None:
         other.dec_lock_ref(h2)
     assert (lock_state(cache), cache.sizes()) == before and cache.is_live(h2) and not cache.is_live(h1)
     cache.dec_lock_ref(h2)
+    assert lock_state(cache) == {} and cache.protected_size() == 0
+    check_paired(cache)
+
+
+@pytest.mark.parametrize("swa", [False, True], ids=["full", "full+swa"])
+def test_a_release_that_finds_a_counter_not_held_raises_and_changes_nothing(swa: bool) -> None:
+    # A counter of the handle's path is already 0 (another bug lowered it): the release must refuse
+    # before lowering anything, or undo what it lowered, whichever counter it meets first.
+    kv: TokenAllocator | SWATokenAllocator = SWATokenAllocator(32, 32) if swa else TokenAllocator(32)
+    cache = RadixCache(kv, swa_window=2) if swa else RadixCache(kv)
+    put(cache, kv, [1, 2, 3, 4, 5, 6])
+    put(cache, kv, [1, 2, 3, 4, 9])
+    put(cache, kv, [1, 2, 7])
+    leaf = cache.match_prefix(t(1, 2, 3, 4, 5, 6)).last_node
+    h = cache.inc_lock_ref(leaf)
+    path = [nid for nid, c in cache.live_handles()[h.id] if c is FULL]
+    assert len(path) == 3
+    for broken in path:
+        node = cache.node(broken)
+        node.refs[0] = 0  # FULL's counter, as another bug would leave it
+        before = (lock_state(cache), cache.sizes(), dict(cache.live_handles()))
+        with pytest.raises(IntegrityError, match=f"node {broken} full lock_ref is not held"):
+            cache.dec_lock_ref(h)
+        assert (lock_state(cache), cache.sizes(), dict(cache.live_handles())) == before and cache.is_live(h)
+        node.refs[0] = 1
+    cache.dec_lock_ref(h)
     assert lock_state(cache) == {} and cache.protected_size() == 0
     check_paired(cache)
 

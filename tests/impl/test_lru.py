@@ -169,12 +169,39 @@ def test_touch_all_is_the_spec_touches_in_turn() -> None:
         lst.check()
 
 
+def test_place_of_stretches_already_in_the_list_is_the_spec_touches() -> None:
+    """Orders made of stretches that already lie in the list (as a radix path's nodes mostly do), in any order
+    and overlapping the head or not, end where the spec's touches do; the list stays one symmetric chain."""
+    rng = random.Random(13)
+    nodes = [Linked(i) for i in range(1, 15)]
+    byid = {n.id: n for n in nodes}
+    lst: LRUList[Linked] = LRUList(FULL)
+    model = spec.new_lru(FULL)
+    for n in nodes:
+        model = spec.lru_add_node(model, NodeId(n.id))
+        lst.insert_mru(n)
+        model = spec.lru_insert_mru(model, NodeId(n.id))
+    for _ in range(400):
+        now = lst.order()
+        cuts = sorted(rng.sample(range(1, len(now)), rng.randint(0, 4)))
+        pieces = [now[a:b] for a, b in zip([0, *cuts], [*cuts, len(now)], strict=True)]
+        rng.shuffle(pieces)
+        ids = [x for piece in pieces[: rng.randint(1, len(pieces))] for x in piece[: rng.randint(1, len(piece))]]
+        order = [byid[x] for x in ids]
+        lst.place(order)
+        for x in reversed(order):
+            model = spec.lru_touch(model, NodeId(x.id))
+        assert abstract(lst, nodes) == model
+        lst.check()
+
+
 def test_touch_all_with_a_non_member_changes_nothing() -> None:
-    lst, (a, _, c) = two_listed()
-    with pytest.raises(NotInList, match="node 3"):
-        lst.touch_all([a, c])
-    assert lst.order() == [2, 1]
-    lst.check()
+    lst, (a, b, c) = two_listed()
+    for seq in ([a, c], [c, a], [b, a, c], [a, c, b]):
+        with pytest.raises(NotInList, match="node 3"):
+            lst.touch_all(seq)
+        assert lst.order() == [2, 1]
+        lst.check()
 
 
 def test_insert_behind_places_on_lru_side() -> None:
