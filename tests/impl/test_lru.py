@@ -147,16 +147,22 @@ def test_random_operations_refine_the_spec() -> None:
         assert [x.id for x in lst.iter_lru()] == list(spec.lru_eviction_order(model))
 
 
-def test_touch_all_is_the_spec_touches_in_turn() -> None:
-    """A whole-path touch ends where touching each node in turn does (the last at the head), for any members."""
-    rng = random.Random(11)
-    nodes = [Linked(i) for i in range(1, 11)]
+def listed_with_model(count: int) -> tuple[LRUList[Linked], list[Linked], spec.LruState]:
+    """A list holding nodes ``1 .. count`` (``count`` most recent) and the spec state it refines."""
+    nodes = [Linked(i) for i in range(1, count + 1)]
     lst: LRUList[Linked] = LRUList(FULL)
     model = spec.new_lru(FULL)
     for n in nodes:
         model = spec.lru_add_node(model, NodeId(n.id))
         lst.insert_mru(n)
         model = spec.lru_insert_mru(model, NodeId(n.id))
+    return lst, nodes, model
+
+
+def test_touch_all_is_the_spec_touches_in_turn() -> None:
+    """A whole-path touch ends where touching each node in turn does (the last at the head), for any members."""
+    rng = random.Random(11)
+    lst, nodes, model = listed_with_model(10)
     for _ in range(300):
         seq = rng.sample(nodes, rng.randint(1, len(nodes)))
         if rng.random() < 0.3:  # the same path again, in the same order: already in place
@@ -173,14 +179,8 @@ def test_place_of_stretches_already_in_the_list_is_the_spec_touches() -> None:
     """Orders made of stretches that already lie in the list (as a radix path's nodes mostly do), in any order
     and overlapping the head or not, end where the spec's touches do; the list stays one symmetric chain."""
     rng = random.Random(13)
-    nodes = [Linked(i) for i in range(1, 15)]
+    lst, nodes, model = listed_with_model(14)
     byid = {n.id: n for n in nodes}
-    lst: LRUList[Linked] = LRUList(FULL)
-    model = spec.new_lru(FULL)
-    for n in nodes:
-        model = spec.lru_add_node(model, NodeId(n.id))
-        lst.insert_mru(n)
-        model = spec.lru_insert_mru(model, NodeId(n.id))
     for _ in range(400):
         now = lst.order()
         cuts = sorted(rng.sample(range(1, len(now)), rng.randint(0, 4)))
