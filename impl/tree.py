@@ -57,8 +57,9 @@ def key_bytes(op: str, t: Key) -> bytes | bytearray:
     if type(t) is torch.Tensor and t.dtype is torch.int64 and t.is_cpu and t.dim() == 1 and t.is_contiguous():
         return host_bytes(t)
     if isinstance(t, torch.Tensor):
-        if t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
-            raise CacheError(f"{op}: expected a 1-D integer tensor, got {t.dtype} of {t.dim()} dimensions")
+        why = not_ids(t)
+        if why is not None:
+            raise CacheError(f"{op}: expected a 1-D integer tensor, got {why}")
         return host_bytes(t)
     if isinstance(t, (str, bytes, bytearray, memoryview)) or not isinstance(t, Sequence):
         raise CacheError(f"{op}: expected a 1-D integer tensor or a sequence of token ids, got {type(t).__name__}")
@@ -66,6 +67,18 @@ def key_bytes(op: str, t: Key) -> bytes | bytearray:
         return array("q", t).tobytes()  # NOTE: refuses floats, bools pass as ints (as torch.tensor does)
     except (TypeError, OverflowError) as e:
         raise CacheError(f"{op}: token ids must be int64 integers ({e})") from None
+
+
+def not_ids(t: torch.Tensor) -> str | None:
+    """Why tensor ``t`` cannot be read as 1-D int64 ids (a key or slot ids), or ``None`` if it can."""
+    if t.layout != torch.strided or t.is_meta or t.is_quantized:
+        return f"a {t.layout} tensor" if t.layout != torch.strided else "a meta or quantized tensor"
+    dt = t.dtype
+    if t.dim() != 1 or dt.is_floating_point or dt.is_complex or dt == torch.bool:
+        return f"{dt} of {t.dim()} dimensions"
+    if dt == torch.uint64 and t.numel() and int(t.view(torch.int64).min()) < 0:
+        return "uint64 values past int64"
+    return None
 
 
 class Walk(NamedTuple):
@@ -617,8 +630,12 @@ class RadixTree:
             raise CacheError(f"{op}: node {n.id} is not a live node of this cache (evicted, or another cache's)")
 
     def _as_tokens(self, op: str, t: torch.Tensor) -> torch.Tensor:
-        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
-            raise CacheError(f"{op}: expected a 1-D integer tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        if not isinstance(t, torch.Tensor):
+            raise CacheError(f"{op}: expected a 1-D integer tensor, got {type(t).__name__}")
+        if t.dtype != torch.int64 or t.dim() != 1 or t.layout != torch.strided or t.is_meta:
+            why = not_ids(t)  # NOTE: the full check off the common case only
+            if why is not None:
+                raise CacheError(f"{op}: expected a 1-D integer tensor, got {why}")
         if t.dtype == torch.int64 and t.device == self.device:
             return t
         return t.to(self.device, torch.int64)

@@ -347,8 +347,12 @@ def test_a_token_array_changed_between_match_and_insert_is_read_again() -> None:
         torch.tensor([1.0, 2.0]),
         torch.tensor([[1, 2]]),
         torch.tensor([True, False]),
+        torch.tensor([1 + 2j, 2 + 0j]),
+        torch.tensor([2**63], dtype=torch.uint64),
+        torch.tensor([1, 2]).to_sparse(),
+        torch.empty(2, dtype=torch.int64, device="meta"),
     ],
-    ids=["floats", "past-int64", "str", "bytes", "dict", "float-tensor", "2-d", "bool-tensor"],
+    ids=str.split("floats past-int64 str bytes dict float-tensor 2-d bool complex uint64-past-int64 sparse meta"),
 )
 def test_keys_that_are_not_token_ids_raise_and_change_nothing(key: Any) -> None:
     kv = TokenAllocator(16)
@@ -360,6 +364,9 @@ def test_keys_that_are_not_token_ids_raise_and_change_nothing(key: Any) -> None:
         cache.match_prefix(key)
     with pytest.raises(CacheError, match="insert"):
         cache.insert(key, mine, REQ)
+    if isinstance(key, torch.Tensor):  # the same tensor offered as the slot ids
+        with pytest.raises(CacheError, match="insert"):
+            cache.insert(t(5, 6), key, REQ)
     assert snapshot(cache, kv) == before
 
 
