@@ -264,34 +264,21 @@ class RadixCache(RadixTree):
         """
         cov = self._locks.covered("dec_lock_ref", handle)
         nodes = self._nodes
-        if self.swa_window is None and self.mamba is None:  # NOTE: FULL counters only: checked and lowered in one pass
-            moved = 0
-            for nid, _ in cov:
-                x = nodes.get(nid)
-                if x is None or (held := x.refs[I_FULL]) <= 0:
-                    self._raise_full_of(cov[: cov.index((nid, FULL))])  # NOTE: undo: the failed call changes nothing
-                    raise IntegrityError(f"dec_lock_ref of handle {handle.id}: node {nid} full lock_ref is not held")
+        moved = 0  # NOTE: FULL tokens no handle covers any more; the FULL sizes move once, after the loop
+        for nid, c in cov:  # NOTE: checked and lowered in one pass; a counter not held undoes what came before
+            x = nodes.get(nid)
+            if x is None or (held := x.refs[I_FULL if c is FULL else SLOT[c]]) <= 0:
+                self._unlower(cov[: cov.index((nid, c))])
+                raise IntegrityError(f"dec_lock_ref of handle {handle.id}: node {nid} {c.value} lock_ref is not held")
+            if c is FULL:
                 x.refs[I_FULL] = held - 1
                 if held == 1:
                     moved += len(x.key)
-            self._locks.forget(handle)
-            self._protected[I_FULL] -= moved
-            self._evictable[I_FULL] += moved
-            return
-        full: list[TreeNode] = []
-        other: list[tuple[TreeNode, Component]] = []
-        for nid, c in cov:
-            x = nodes.get(nid)
-            if x is None or x.refs[I_FULL if c is FULL else SLOT[c]] <= 0:
-                raise IntegrityError(f"dec_lock_ref of handle {handle.id}: node {nid} {c.value} lock_ref is not held")
-            if c is FULL:
-                full.append(x)
             else:
-                other.append((x, c))
+                self._lower_lock(x, c)
         self._locks.forget(handle)
-        self._lower_full(full)
-        for x, c in other:
-            self._lower_lock(x, c)
+        self._protected[I_FULL] -= moved
+        self._evictable[I_FULL] += moved
 
     def is_live(self, handle: LockHandle) -> bool:
         """``handle`` came from this cache and is not released yet."""

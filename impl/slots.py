@@ -410,12 +410,6 @@ def host_bytes(t: torch.Tensor) -> bytes | bytearray:
     return out
 
 
-def device_tensor(buf: bytearray | Tokens, device: torch.device) -> torch.Tensor:
-    """Non-empty int64 bytes ``buf`` as a tensor on ``device``; on the CPU it shares ``buf``'s memory (no copy)."""
-    t = torch.frombuffer(buf, dtype=torch.int64)
-    return t if device.type == "cpu" else t.to(device)
-
-
 def _host(t: torch.Tensor) -> bytes:
     """The raw bytes of contiguous CPU tensor ``t``: a copy made without a torch dispatch, compared by ``memcmp``.
 

@@ -23,7 +23,7 @@ from kvledger.impl.locks import Counter, LockTable
 from kvledger.impl.lru import SLOT, ByComponent, Linked, LRUList
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.owners import node_tag
-from kvledger.impl.slots import Tokens, device_tensor, host_bytes
+from kvledger.impl.slots import Tokens, host_bytes
 from kvledger.spec.errors import CacheError, ComponentDisabled
 from kvledger.spec.types import Component, NodeId, Owner, node
 
@@ -400,7 +400,8 @@ class RadixTree:
         """Int64 bytes ``slots`` as a new tensor on the device (it owns ``slots`` from now on)."""
         if not slots:
             return self._empty
-        return device_tensor(slots, self.device) if self._on_device else torch.frombuffer(slots, dtype=torch.int64)
+        t = torch.frombuffer(slots, dtype=torch.int64)  # NOTE: on the CPU it shares ``slots``'s memory (no copy)
+        return t.to(self.device) if self._on_device else t
 
     def _cut(self, path: list[TreeNode], length: int) -> tuple[TreeNode, TreeNode | None, list[TreeNode]]:
         """The node ending exactly at ``length`` along ``path``, splitting one if needed; the split's lower part;
@@ -589,21 +590,15 @@ class RadixTree:
         self._protected[I_FULL] += moved
         return counters
 
-    def _raise_full_of(self, counters: list[Counter]) -> None:
-        """Raise the FULL counters ``counters`` again (what a failed release had lowered); sizes are untouched."""
-        for nid, _ in counters:
-            self._nodes[nid].refs[I_FULL] += 1
-
-    def _lower_full(self, nodes: list[TreeNode]) -> None:
-        """``_lower_lock(x, FULL)`` for each of ``nodes`` (each listed as often as it is lowered), in one pass."""
-        moved = 0
-        for x in nodes:
-            refs = x.refs
-            refs[I_FULL] -= 1
-            if not refs[I_FULL]:
-                moved += len(x.key)
-        self._protected[I_FULL] -= moved
-        self._evictable[I_FULL] += moved
+    def _unlower(self, counters: list[Counter]) -> None:
+        """Undo what a failed ``dec_lock_ref`` lowered: its FULL counters (whose sizes it had not moved yet) and
+        the others, with their sizes."""
+        for nid, c in counters:
+            x = self._nodes[nid]
+            if c is FULL:
+                x.refs[I_FULL] += 1
+            else:
+                self._raise_lock(x, c)
 
     def _lower_lock(self, n: TreeNode, comp: Component) -> None:
         i = I_FULL if comp is FULL else SLOT[comp]

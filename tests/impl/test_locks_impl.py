@@ -7,6 +7,7 @@ import torch
 
 from kvledger.impl.allocators import SWATokenAllocator, TokenAllocator
 from kvledger.impl.locks import LockTable
+from kvledger.impl.lru import SLOT
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.tree import TreeNode
@@ -96,22 +97,22 @@ def test_a_release_that_finds_a_counter_not_held_raises_and_changes_nothing(swa:
     # A counter of the handle's path is already 0 (another bug lowered it): the release must refuse
     # before lowering anything, or undo what it lowered, whichever counter it meets first.
     kv: TokenAllocator | SWATokenAllocator = SWATokenAllocator(32, 32) if swa else TokenAllocator(32)
-    cache = RadixCache(kv, swa_window=2) if swa else RadixCache(kv)
+    cache = RadixCache(kv, swa_window=4) if swa else RadixCache(kv)  # the window spans two nodes
     put(cache, kv, [1, 2, 3, 4, 5, 6])
     put(cache, kv, [1, 2, 3, 4, 9])
     put(cache, kv, [1, 2, 7])
     leaf = cache.match_prefix(t(1, 2, 3, 4, 5, 6)).last_node
     h = cache.inc_lock_ref(leaf)
-    path = [nid for nid, c in cache.live_handles()[h.id] if c is FULL]
-    assert len(path) == 3
-    for broken in path:
+    cov = cache.live_handles()[h.id]
+    assert [c for _, c in cov].count(FULL) == 3 and [c for _, c in cov].count(SWA) == (2 if swa else 0)
+    for broken, comp in cov:  # FULL counters first, then SWA ones: those before the broken one were lowered
         node = cache.node(broken)
-        node.refs[0] = 0  # FULL's counter, as another bug would leave it
+        node.refs[SLOT[comp]] = 0  # as another bug would leave it
         before = (lock_state(cache), cache.sizes(), dict(cache.live_handles()))
-        with pytest.raises(IntegrityError, match=f"node {broken} full lock_ref is not held"):
+        with pytest.raises(IntegrityError, match=f"node {broken} {comp.value} lock_ref is not held"):
             cache.dec_lock_ref(h)
         assert (lock_state(cache), cache.sizes(), dict(cache.live_handles())) == before and cache.is_live(h)
-        node.refs[0] = 1
+        node.refs[SLOT[comp]] = 1
     cache.dec_lock_ref(h)
     assert lock_state(cache) == {} and cache.protected_size() == 0
     check_paired(cache)
