@@ -19,13 +19,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kvledger.contracts import bindings
-from kvledger.contracts.adapter import AdapterFactory, CacheConfig, Unsupported, load_factory, skipped_rules
-from kvledger.contracts.cache_machine import RULES as CACHE_RULES
-from kvledger.contracts.cache_machine import machine_for_cache
-from kvledger.contracts.profiles import PROFILES, register_profiles
-from kvledger.contracts.regression import render
-from kvledger.contracts.runner import CheckResult, run_machine
-from kvledger.contracts.suites import CACHE_MODELS, SUITES
+from kvledger.contracts.adapters.protocol import AdapterFactory, CacheConfig, Unsupported, load_factory, skipped_rules
+from kvledger.contracts.machines.cache import RULES as CACHE_RULES
+from kvledger.contracts.machines.cache import machine_for_cache
+from kvledger.contracts.machines.profiles import PROFILES, register_profiles
+from kvledger.contracts.machines.regression import render
+from kvledger.contracts.machines.runner import CheckResult, run_machine
+from kvledger.contracts.machines.suites import CACHE_MODELS, SUITES
 from kvledger.impl import faults
 from kvledger.impl.faults import FAULTS
 
@@ -245,7 +245,7 @@ def main() -> None:
 
 
 # ---------------------------------------------------------------- trace commands (record, replay)
-from kvledger.contracts import trace_cli  # noqa: E402
+from kvledger.contracts.trace import cli as trace_cli  # noqa: E402
 
 app.command("record")(trace_cli.record)
 app.command("replay")(trace_cli.replay)

@@ -6,8 +6,8 @@ the whole run, before any test module is imported. ``--kvledger-profile``
 picks a Hypothesis profile (``ci``, ``thorough``, ``dev``).
 
 It also gives every suite a ``kvledger_cache`` fixture: a checked reference
-radix cache (a :class:`~kvledger.contracts.recorder.Recorder` over
-:class:`~kvledger.contracts.reference_adapter.ReferenceAdapter`); the test
+radix cache (a :class:`~kvledger.contracts.trace.recorder.Recorder` over
+:class:`~kvledger.contracts.adapters.reference.ReferenceAdapter`); the test
 drives ``kvledger_cache.adapter`` and at teardown the recorded trace must
 replay against the spec and the final snapshot obey every law. Configure it
 with ``@pytest.mark.kvledger_cache(model="hybrid", page_size=2, ...)`` or the
@@ -19,7 +19,7 @@ any run (ini ``kvledger_conformance_examples``: examples per model, default 10).
 
 For scheduler-level tests, the ``kvledger_memory`` fixture gives a checked
 reference memory manager: ``kvledger_memory.recorder`` (a
-:class:`~kvledger.contracts.system_recorder.SystemRecorder`) takes the calls a
+:class:`~kvledger.contracts.trace.system_recorder.SystemRecorder`) takes the calls a
 scheduler makes (add, admit, extend, finish, chunk, retract, abort, sessions,
 evict); at teardown a leak check runs and the system trace must replay.
 Configure it with ``@pytest.mark.kvledger_memory(model="mamba")`` (``full``,
@@ -37,12 +37,12 @@ import pytest
 from hypothesis import settings
 
 from kvledger.contracts import bindings
-from kvledger.contracts.adapter import AdapterFactory, CacheConfig, Snapshot, Unsupported, load_factory
-from kvledger.contracts.profiles import PROFILES, register_profiles
-from kvledger.contracts.recorder import Recorder
-from kvledger.contracts.reference_adapter import ReferenceAdapter
-from kvledger.contracts.replay import replay as replay_trace
-from kvledger.contracts.system_recorder import SystemRecorder
+from kvledger.contracts.adapters.protocol import AdapterFactory, CacheConfig, Snapshot, Unsupported, load_factory
+from kvledger.contracts.adapters.reference import ReferenceAdapter
+from kvledger.contracts.machines.profiles import PROFILES, register_profiles
+from kvledger.contracts.trace.recorder import Recorder
+from kvledger.contracts.trace.replay import replay as replay_trace
+from kvledger.contracts.trace.system_recorder import SystemRecorder
 from kvledger.impl.memory import MemoryManager
 from kvledger.spec import ledger as L
 from kvledger.spec import locks as K
@@ -158,7 +158,7 @@ def snapshot_violations(snap: Snapshot) -> list[str]:
 
 def cache_config_of(request: pytest.FixtureRequest) -> CacheConfig:
     """The config the ``kvledger_cache`` marker (or ini ``kvledger_cache_model``) asks for."""
-    from kvledger.contracts.suites import CACHE_MODELS
+    from kvledger.contracts.machines.suites import CACHE_MODELS
 
     marker = request.node.get_closest_marker("kvledger_cache")
     kwargs = dict(marker.kwargs) if marker is not None else {}
@@ -214,8 +214,8 @@ class CheckedMemory:
 @pytest.fixture
 def kvledger_memory(request: pytest.FixtureRequest) -> Iterator[CheckedMemory]:
     """A checked reference memory manager; after the test, its system trace must replay."""
-    from kvledger.contracts.suites import SYSTEM_MODELS
-    from kvledger.contracts.system_machine import build_manager
+    from kvledger.contracts.machines.suites import SYSTEM_MODELS
+    from kvledger.contracts.machines.system import build_manager
 
     marker = request.node.get_closest_marker("kvledger_memory")
     model = (marker.kwargs.get("model") if marker is not None else None) or "full"
@@ -238,8 +238,8 @@ def conformance_test(
     """
     from hypothesis.stateful import run_state_machine_as_test
 
-    from kvledger.contracts.cache_machine import machine_for_cache
-    from kvledger.contracts.suites import CACHE_MODELS
+    from kvledger.contracts.machines.cache import machine_for_cache
+    from kvledger.contracts.machines.suites import CACHE_MODELS
 
     def test_kvledger_conformance() -> None:
         make = load_factory(factory) if isinstance(factory, str) else factory

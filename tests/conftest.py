@@ -10,7 +10,7 @@ import os
 
 from hypothesis import settings
 
-from kvledger.contracts.profiles import register_profiles
+from kvledger.contracts.machines.profiles import register_profiles
 
 pytest_plugins = ["pytester"]  # the plugin's own tests (tests/trace) run child suites
 

@@ -56,7 +56,14 @@ LAYERS = {"kvledger.spec": "spec", "kvledger.impl": "impl", "kvledger.contracts"
 FIRST = {
     "kvledger.spec": ["types", "errors", "ledger"],
     "kvledger.impl": ["slots", "owners", "allocators", "req_to_token", "mamba", "integrity"],
-    "kvledger.contracts": ["bindings", "abstraction", "pool_machine", "suites", "runner", "profiles"],
+    "kvledger.contracts": [
+        "bindings",
+        "abstraction",
+        "machines.pool",
+        "machines.suites",
+        "machines.runner",
+        "machines.profiles",
+    ],
 }
 CHECK_ARGS = ["check", "--examples", "5"]
 # Mermaid 11 (the major version Material for MkDocs expects), from the npm package, MIT licence beside it.
@@ -250,7 +257,12 @@ def _source(arg: str) -> str:
 
 def _modules(package: str) -> list[str]:
     folder = ROOT / LAYERS[package]
-    found = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+    # NOTE: sub-packages are listed as ``sub.module``; engine adapters (which import the engine) are left out.
+    found = sorted(
+        ".".join(p.relative_to(folder).with_suffix("").parts)
+        for p in folder.rglob("*.py")
+        if p.stem != "__init__" and "sglang" not in p.relative_to(folder).parts
+    )
     first = [m for m in FIRST.get(package, []) if m in found]
     return first + [m for m in found if m not in first]
 

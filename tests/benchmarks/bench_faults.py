@@ -41,9 +41,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvledger.contracts import bindings
-from kvledger.contracts.profiles import PROFILES, register_profiles
-from kvledger.contracts.runner import CheckResult, run_machine
-from kvledger.contracts.suites import SUITES
+from kvledger.contracts.machines.profiles import PROFILES, register_profiles
+from kvledger.contracts.machines.runner import CheckResult, run_machine
+from kvledger.contracts.machines.suites import SUITES
 from kvledger.impl import faults
 from kvledger.impl.faults import FAULTS, Fault
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 CHILD = """
 import json, os, sys, time
-from kvledger.contracts.replay import replay_path
+from kvledger.contracts.trace.replay import replay_path
 page = os.sysconf("SC_PAGE_SIZE")
 first = []
 def tick(n):
@@ -61,9 +61,9 @@ def main() -> None:
     ap.add_argument("--contracts", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    from kvledger.contracts.recorder import record_workload, write_synthetic
-    from kvledger.contracts.reference_adapter import ReferenceAdapter
-    from kvledger.contracts.suites import CACHE_MODELS
+    from kvledger.contracts.adapters.reference import ReferenceAdapter
+    from kvledger.contracts.machines.suites import CACHE_MODELS
+    from kvledger.contracts.trace.recorder import record_workload, write_synthetic
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,8 +79,8 @@ def main() -> None:
             print(f"recorded {rec.ops} ops ({rec.events} events) in {time.perf_counter() - t:.1f}s", flush=True)
             jobs.append((f"recorded hybrid {args.recorded} ops", path))
         if args.system:
-            from kvledger.contracts.system_machine import build_manager
-            from kvledger.contracts.system_recorder import record_system_workload
+            from kvledger.contracts.machines.system import build_manager
+            from kvledger.contracts.trace.system_recorder import record_system_workload
 
             path = Path(tmp) / "system.jsonl"
             t = time.perf_counter()

@@ -140,7 +140,7 @@ class Legacy59Ops(_SGLangOps):
     def __init__(self, pool: int, page: int) -> None:
         import torch
 
-        from kvledger.contracts.sglang.legacy import _sglang
+        from kvledger.contracts.adapters.sglang.legacy import _sglang
 
         _, sg = _sglang()
         self._setup(torch, sg, pool, page)
@@ -175,7 +175,7 @@ class Unified523Ops(_SGLangOps):
     def __init__(self, pool: int, page: int, core: str) -> None:
         import torch
 
-        from kvledger.contracts.sglang.unified import CORES, _sglang
+        from kvledger.contracts.adapters.sglang.unified import CORES, _sglang
 
         _, sg = _sglang()
         self._setup(torch, sg, pool, page)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from kvledger.contracts import bindings
-from kvledger.contracts.adapter import CacheConfig
-from kvledger.contracts.reference_adapter import build_cache
+from kvledger.contracts.adapters.protocol import CacheConfig
+from kvledger.contracts.adapters.reference import build_cache
 from kvledger.impl import faults
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.tree import RadixTree

@@ -9,9 +9,9 @@ import pytest
 import torch
 from hypothesis import Phase, settings
 
-from kvledger.contracts.profiles import register_profiles
-from kvledger.contracts.runner import CheckResult, run_machine
-from kvledger.contracts.suites import CACHE_MODELS, SUITES
+from kvledger.contracts.machines.profiles import register_profiles
+from kvledger.contracts.machines.runner import CheckResult, run_machine
+from kvledger.contracts.machines.suites import CACHE_MODELS, SUITES
 from kvledger.impl import faults
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.tree import RadixTree

@@ -7,9 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from kvledger.contracts.adapter import CacheConfig, Unsupported
+from kvledger.contracts.adapters.protocol import CacheConfig, Unsupported
+from kvledger.contracts.adapters.reference import ReferenceAdapter
 from kvledger.contracts.cli import app
-from kvledger.contracts.reference_adapter import ReferenceAdapter
 
 runner = CliRunner()
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import settings
 from hypothesis.errors import Flaky
 
-from kvledger.contracts.pool_machine import KINDS, machine_for
+from kvledger.contracts.machines.pool import KINDS, machine_for
 from kvledger.impl.slots import SlotPool
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import Phase, settings
 
-from kvledger.contracts.profiles import register_profiles
-from kvledger.contracts.runner import CheckResult, run_machine
-from kvledger.contracts.suites import SUITES, SYSTEM_MODELS
+from kvledger.contracts.machines.profiles import register_profiles
+from kvledger.contracts.machines.runner import CheckResult, run_machine
+from kvledger.contracts.machines.suites import SUITES, SYSTEM_MODELS
 from kvledger.impl import faults, leaks
 from kvledger.impl.session import Sessions
 
@@ -59,7 +59,7 @@ def test_checker_that_misses_a_leak_is_a_false_negative(monkeypatch: pytest.Monk
             c.waiting += c.capacity - c.accounted
         return report
 
-    monkeypatch.setattr("kvledger.contracts.system_machine.check_leaks", blind)
+    monkeypatch.setattr("kvledger.contracts.machines.system.check_leaks", blind)
     with faults.injected("B4"):
         result = run("full")
     assert result.violation is not None and result.violation.rule == "leak checker agrees with the ledgers"

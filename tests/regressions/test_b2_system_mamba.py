@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvledger.contracts.suites import SUITES
+from kvledger.contracts.machines.suites import SUITES
 from kvledger.impl import faults
 from kvledger.spec.types import Component, Owner, OwnerKind  # noqa: F401  (names the printout may use)
 

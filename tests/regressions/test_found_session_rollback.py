@@ -6,7 +6,7 @@ had no row. Fixed by recording in the admission attempt whether the session's
 memory was lent (``Attempt.resumed``).
 """
 
-from kvledger.contracts.suites import SUITES
+from kvledger.contracts.machines.suites import SUITES
 
 
 def test_rollback_of_a_session_request_whose_resume_failed() -> None:

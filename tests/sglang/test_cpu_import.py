@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvledger.contracts.sglang import cpu_import
-from kvledger.contracts.sglang.cpu_import import (
+from kvledger.contracts.adapters.sglang import cpu_import
+from kvledger.contracts.adapters.sglang.cpu_import import (
     LEGACY,
     UNIFIED,
     SGLangVersionError,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import settings
 
-from kvledger.contracts.adapter import CacheAdapter, CacheConfig
-from kvledger.contracts.profiles import register_profiles
-from kvledger.contracts.sglang.cpu_import import unavailable_reason
+from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig
+from kvledger.contracts.adapters.sglang.cpu_import import unavailable_reason
+from kvledger.contracts.machines.profiles import register_profiles
 
 pytestmark = pytest.mark.skipif(unavailable_reason("0.5.9") is not None, reason=str(unavailable_reason("0.5.9")))
 register_profiles()
@@ -16,8 +16,8 @@ CI = settings.get_profile("ci")
 
 @pytest.mark.parametrize("page_size", [1, 2])
 def test_radix_cache_conforms(page_size: int) -> None:
-    from kvledger.contracts.sglang.common import check
-    from kvledger.contracts.sglang.legacy import radix_cache_factory
+    from kvledger.contracts.adapters.sglang.common import check
+    from kvledger.contracts.adapters.sglang.legacy import radix_cache_factory
 
     run = check(lambda: radix_cache_factory(CacheConfig(page_size=page_size)), CI)
     assert run.result.ok, run.result.violation and run.result.violation.message
@@ -29,8 +29,8 @@ def test_radix_cache_conforms(page_size: int) -> None:
 
 def test_mamba_lru_list_is_caught_by_lru_detachment() -> None:
     """B1 (SGLang PR #25770), found by the general rule on SGLang's own ``LRUList``."""
-    from kvledger.contracts.sglang.common import check
-    from kvledger.contracts.sglang.legacy import mamba_radix_cache_factory
+    from kvledger.contracts.adapters.sglang.common import check
+    from kvledger.contracts.adapters.sglang.legacy import mamba_radix_cache_factory
 
     run = check(lambda: mamba_radix_cache_factory(CacheConfig(mamba=True)), CI)
     v = run.result.violation
@@ -42,8 +42,8 @@ def test_mamba_lru_list_is_caught_by_lru_detachment() -> None:
 
 def test_b1_program_replays_on_sglang() -> None:
     """The shrunk program, pasted: insert one sequence, evict it; the evicted node still points into the list."""
-    from kvledger.contracts.cache_machine import machine_for_cache
-    from kvledger.contracts.sglang.legacy import mamba_radix_cache_factory
+    from kvledger.contracts.adapters.sglang.legacy import mamba_radix_cache_factory
+    from kvledger.contracts.machines.cache import machine_for_cache
     from kvledger.spec.types import Component
 
     state = machine_for_cache(lambda: mamba_radix_cache_factory(CacheConfig(mamba=True)))()
@@ -56,8 +56,8 @@ def test_b1_program_replays_on_sglang() -> None:
 
 
 def test_adapters_are_adapters_and_refuse_what_sglang_lacks() -> None:
-    from kvledger.contracts.sglang.common import NotExpressible
-    from kvledger.contracts.sglang.legacy import mamba_radix_cache_factory, radix_cache_factory
+    from kvledger.contracts.adapters.sglang.common import NotExpressible
+    from kvledger.contracts.adapters.sglang.legacy import mamba_radix_cache_factory, radix_cache_factory
 
     a = radix_cache_factory(CacheConfig())
     assert isinstance(a, CacheAdapter) and a.version == "0.5.9"

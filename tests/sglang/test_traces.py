@@ -12,11 +12,11 @@ import io
 
 import pytest
 
-from kvledger.contracts.adapter import CacheConfig, load_factory
-from kvledger.contracts.recorder import record_workload
-from kvledger.contracts.replay import replay
-from kvledger.contracts.sglang.cpu_import import unavailable_reason
-from kvledger.contracts.suites import CACHE_MODELS
+from kvledger.contracts.adapters.protocol import CacheConfig, load_factory
+from kvledger.contracts.adapters.sglang.cpu_import import unavailable_reason
+from kvledger.contracts.machines.suites import CACHE_MODELS
+from kvledger.contracts.trace.recorder import record_workload
+from kvledger.contracts.trace.replay import replay
 
 MODELS = CACHE_MODELS
 NEW = pytest.mark.skipif(unavailable_reason("0.5.23") is not None, reason=str(unavailable_reason("0.5.23")))

@@ -7,10 +7,10 @@ from collections.abc import Callable
 import pytest
 from hypothesis import settings
 
-from kvledger.contracts.adapter import CacheAdapter, CacheConfig
-from kvledger.contracts.profiles import register_profiles
-from kvledger.contracts.sglang.cpu_import import unavailable_reason
-from kvledger.contracts.suites import CACHE_MODELS
+from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig
+from kvledger.contracts.adapters.sglang.cpu_import import unavailable_reason
+from kvledger.contracts.machines.profiles import register_profiles
+from kvledger.contracts.machines.suites import CACHE_MODELS
 
 pytestmark = pytest.mark.skipif(unavailable_reason("0.5.23") is not None, reason=str(unavailable_reason("0.5.23")))
 register_profiles()
@@ -21,7 +21,7 @@ RUST_BLIND = {"inv_lock_ref_counts_handles", "inv_handles_match", "inv_sizes", "
 
 
 def _factory(core: str) -> Callable[[CacheConfig], CacheAdapter]:
-    from kvledger.contracts.sglang import unified
+    from kvledger.contracts.adapters.sglang import unified
 
     return unified.unified_python_factory if core == "python" else unified.unified_rust_factory
 
@@ -39,7 +39,7 @@ def _expected_skips(core: str, cfg: CacheConfig) -> set[str]:
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("core", ["python", "rust"])
 def test_unified_cache_conforms(core: str, model: str) -> None:
-    from kvledger.contracts.sglang.common import check
+    from kvledger.contracts.adapters.sglang.common import check
 
     make, cfg = _factory(core), MODELS[model]
     run = check(lambda: make(cfg), CI)
@@ -92,7 +92,7 @@ def test_swa_duplicates_give_back_both_slots(core: str) -> None:
 
 
 def test_what_sglang_cannot_express_is_refused() -> None:
-    from kvledger.contracts.sglang.common import NotExpressible
+    from kvledger.contracts.adapters.sglang.common import NotExpressible
 
     make = _factory("python")
     mamba = make(CacheConfig(mamba=True))

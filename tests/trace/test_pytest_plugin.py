@@ -92,7 +92,7 @@ def test_conformance_test_helper(pytester: pytest.Pytester) -> None:
 from kvledger.contracts.pytest_plugin import conformance_test
 
 test_reference = conformance_test(
-    "kvledger.contracts.reference_adapter:ReferenceAdapter", models=("full", "hybrid"), max_examples=3, steps=10
+    "kvledger.contracts.adapters.reference:ReferenceAdapter", models=("full", "hybrid"), max_examples=3, steps=10
 )
 """
     )

@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from kvledger.contracts.cli import app
-from kvledger.contracts.replay import replay, replay_path
-from kvledger.contracts.suites import SYSTEM_MODELS
-from kvledger.contracts.system_machine import build_manager
-from kvledger.contracts.system_recorder import SystemRecorder, record_system_workload
+from kvledger.contracts.machines.suites import SYSTEM_MODELS
+from kvledger.contracts.machines.system import build_manager
+from kvledger.contracts.trace.replay import replay, replay_path
+from kvledger.contracts.trace.system_recorder import SystemRecorder, record_system_workload
 from kvledger.impl import faults
 from kvledger.impl.faults import FAULTS
 from kvledger.spec.errors import KVLedgerError

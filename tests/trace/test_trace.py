@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from kvledger.contracts.adapters.reference import ReferenceAdapter
 from kvledger.contracts.cli import app
-from kvledger.contracts.recorder import record_workload, write_synthetic
-from kvledger.contracts.reference_adapter import ReferenceAdapter
-from kvledger.contracts.replay import replay_path
-from kvledger.contracts.suites import CACHE_MODELS
-from kvledger.contracts.trace import OPS
+from kvledger.contracts.machines.suites import CACHE_MODELS
+from kvledger.contracts.trace.format import OPS
+from kvledger.contracts.trace.recorder import record_workload, write_synthetic
+from kvledger.contracts.trace.replay import replay_path
 from kvledger.impl import faults
 from kvledger.impl.faults import FAULTS
 
@@ -119,13 +119,13 @@ def test_violations_by_hand(tmp_path: Path) -> None:
 
 
 def test_schema_names_every_op() -> None:
-    schema = json.loads((Path(__file__).parents[2] / "contracts" / "trace_schema.json").read_text())
+    schema = json.loads((Path(__file__).parents[2] / "contracts" / "trace" / "schema.json").read_text())
     assert {e["title"] for e in schema["$defs"]["event"]["oneOf"]} == set(OPS)
 
 
 CHILD = """
 import json, os, sys
-from kvledger.contracts.replay import replay_path
+from kvledger.contracts.trace.replay import replay_path
 page = os.sysconf("SC_PAGE_SIZE")
 samples = []
 def rss(n):

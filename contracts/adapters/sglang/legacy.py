@@ -2,7 +2,7 @@
 
 Factories (for ``kvledger check --adapter``): :func:`radix_cache_factory`
 and :func:`mamba_radix_cache_factory`; both take a
-:class:`~kvledger.contracts.adapter.CacheConfig` and return a fresh adapter.
+:class:`~kvledger.contracts.adapters.protocol.CacheConfig` and return a fresh adapter.
 
 How the protocol maps onto 0.5.9 (SGLang's own names):
 
@@ -57,8 +57,8 @@ from typing import Any
 
 import torch
 
-from kvledger.contracts.adapter import CacheConfig, Inserted, Match, Snapshot
-from kvledger.contracts.sglang.common import (
+from kvledger.contracts.adapters.protocol import CacheConfig, Inserted, Match, Snapshot
+from kvledger.contracts.adapters.sglang.common import (
     FULL,
     MAMBA,
     KVBuffer,
@@ -70,7 +70,7 @@ from kvledger.contracts.sglang.common import (
     lru_state,
     node_owner,
 )
-from kvledger.contracts.sglang.cpu_import import LEGACY, import_sglang
+from kvledger.contracts.adapters.sglang.cpu_import import LEGACY, import_sglang
 from kvledger.spec.locks import Key, LockSite, LockState
 from kvledger.spec.lru import LruState
 from kvledger.spec.prefix import PrefixCache

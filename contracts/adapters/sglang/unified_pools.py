@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from kvledger.contracts.adapter import CacheConfig
-from kvledger.contracts.sglang.common import alloc_state, free_state, ledger
+from kvledger.contracts.adapters.protocol import CacheConfig
+from kvledger.contracts.adapters.sglang.common import alloc_state, free_state, ledger
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.types import Owner
 

@@ -2,10 +2,10 @@
 
 Factories (for ``kvledger check --adapter``): :func:`unified_python_factory`
 and :func:`unified_rust_factory`; both take a
-:class:`~kvledger.contracts.adapter.CacheConfig` and return a fresh adapter
+:class:`~kvledger.contracts.adapters.protocol.CacheConfig` and return a fresh adapter
 whose tree has the components the config names (``tree_components``: FULL,
 plus SWA with a ``window``, plus MAMBA with ``mamba``) over the pools of
-:mod:`~kvledger.contracts.sglang.unified_pools`. The tree core is chosen per
+:mod:`~kvledger.contracts.adapters.sglang.unified_pools`. The tree core is chosen per
 cache (``CacheInitParams.tree_core_backend``); the adapter refuses to run
 when SGLang silently fell back to another core.
 
@@ -91,10 +91,19 @@ from typing import Any
 
 import torch
 
-from kvledger.contracts.adapter import CacheConfig, Inserted, Match, Snapshot
-from kvledger.contracts.sglang.common import FULL, MAMBA, SWA, KVBuffer, NodeIds, NotExpressible, lru_state, node_owner
-from kvledger.contracts.sglang.cpu_import import UNIFIED, import_sglang
-from kvledger.contracts.sglang.unified_pools import UnifiedPools
+from kvledger.contracts.adapters.protocol import CacheConfig, Inserted, Match, Snapshot
+from kvledger.contracts.adapters.sglang.common import (
+    FULL,
+    MAMBA,
+    SWA,
+    KVBuffer,
+    NodeIds,
+    NotExpressible,
+    lru_state,
+    node_owner,
+)
+from kvledger.contracts.adapters.sglang.cpu_import import UNIFIED, import_sglang
+from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
 from kvledger.spec.locks import Key, LockSite, LockState
 from kvledger.spec.lru import LruState
 from kvledger.spec.prefix import PrefixCache

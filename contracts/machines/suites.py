@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 from hypothesis.stateful import RuleBasedStateMachine
 
-from kvledger.contracts.adapter import CacheConfig
-from kvledger.contracts.cache_machine import RULES as CACHE_RULES
-from kvledger.contracts.cache_machine import machine_for_cache
-from kvledger.contracts.pool_machine import KINDS, machine_for
-from kvledger.contracts.reference_adapter import ReferenceAdapter
-from kvledger.contracts.system_machine import RULES as SYSTEM_RULES
-from kvledger.contracts.system_machine import build_manager, machine_for_system
+from kvledger.contracts.adapters.protocol import CacheConfig
+from kvledger.contracts.adapters.reference import ReferenceAdapter
+from kvledger.contracts.machines.cache import RULES as CACHE_RULES
+from kvledger.contracts.machines.cache import machine_for_cache
+from kvledger.contracts.machines.pool import KINDS, machine_for
+from kvledger.contracts.machines.system import RULES as SYSTEM_RULES
+from kvledger.contracts.machines.system import build_manager, machine_for_system
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,14 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvledger.contracts.recorder import WorkloadResult, record_workload
-from kvledger.contracts.reference_adapter import ReferenceAdapter
-from kvledger.contracts.replay import ReplayResult
-from kvledger.contracts.replay import replay as replay_trace
-from kvledger.contracts.suites import CACHE_MODELS, SYSTEM_MODELS
-from kvledger.contracts.system_machine import build_manager
-from kvledger.contracts.system_recorder import record_system_workload
-from kvledger.contracts.trace import TraceFormatError
+from kvledger.contracts.adapters.reference import ReferenceAdapter
+from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_MODELS
+from kvledger.contracts.machines.system import build_manager
+from kvledger.contracts.trace.format import TraceFormatError
+from kvledger.contracts.trace.recorder import WorkloadResult, record_workload
+from kvledger.contracts.trace.replay import ReplayResult
+from kvledger.contracts.trace.replay import replay as replay_trace
+from kvledger.contracts.trace.system_recorder import record_system_workload
 from kvledger.impl import faults
 from kvledger.impl.faults import FAULTS
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from kvledger.contracts.abstraction import abstract, ledger_of
-from kvledger.contracts.adapter import CacheConfig, Inserted, Match, Snapshot
+from kvledger.contracts.adapters.protocol import CacheConfig, Inserted, Match, Snapshot
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
 from kvledger.impl.locks import LockHandle
 from kvledger.impl.lru import SENTINEL_ID, Linked
@@ -136,7 +136,7 @@ def _locked(h: Hashable) -> _Locked:
 
 
 class ReferenceAdapter:
-    """kvledger's own :class:`RadixCache` behind :class:`kvledger.contracts.adapter.CacheAdapter`."""
+    """kvledger's own :class:`RadixCache` behind :class:`kvledger.contracts.adapters.protocol.CacheAdapter`."""
 
     name = "kvledger-reference"
     version = "0.1.0"

@@ -4,8 +4,8 @@ An engine author checks their own cache by writing one class with the
 methods of :class:`CacheAdapter` (operations, in the engine's own API) and a
 :meth:`CacheAdapter.snapshot` that reports the implementation's state in spec
 terms (:class:`Snapshot`). The state machine in
-:mod:`kvledger.contracts.cache_machine` calls nothing else: the reference
-implementation's adapter (:mod:`kvledger.contracts.reference_adapter`) uses no
+:mod:`kvledger.contracts.machines.cache` calls nothing else: the reference
+implementation's adapter (:mod:`kvledger.contracts.adapters.reference`) uses no
 private shortcut, so whatever it can be checked for, an engine's cache can be
 checked for too.
 
@@ -202,13 +202,13 @@ RULES_NEEDING: dict[str, tuple[str, ...]] = {
 """The rules that are skipped (and reported as skipped) when an adapter lacks a capability."""
 
 ALIASES: dict[str, str] = {
-    "reference": "kvledger.contracts.reference_adapter:ReferenceAdapter",
-    "sglang": "kvledger.contracts.sglang.unified:unified_python_factory",
-    "sglang-rust": "kvledger.contracts.sglang.unified:unified_rust_factory",
-    "sglang-0.5.23": "kvledger.contracts.sglang.unified:unified_python_factory",
-    "sglang-0.5.23-rust": "kvledger.contracts.sglang.unified:unified_rust_factory",
-    "sglang-0.5.9": "kvledger.contracts.sglang.legacy:radix_cache_factory",
-    "sglang-0.5.9-mamba": "kvledger.contracts.sglang.legacy:mamba_radix_cache_factory",
+    "reference": "kvledger.contracts.adapters.reference:ReferenceAdapter",
+    "sglang": "kvledger.contracts.adapters.sglang.unified:unified_python_factory",
+    "sglang-rust": "kvledger.contracts.adapters.sglang.unified:unified_rust_factory",
+    "sglang-0.5.23": "kvledger.contracts.adapters.sglang.unified:unified_python_factory",
+    "sglang-0.5.23-rust": "kvledger.contracts.adapters.sglang.unified:unified_rust_factory",
+    "sglang-0.5.9": "kvledger.contracts.adapters.sglang.legacy:radix_cache_factory",
+    "sglang-0.5.9-mamba": "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory",
 }
 """Short names for ``kvledger check --adapter``.
 

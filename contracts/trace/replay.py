@@ -1,6 +1,6 @@
 """Replay: check a recorded trace against the spec alone (no implementation needed).
 
-:func:`replay` reads a trace (:mod:`kvledger.contracts.trace`) as a stream
+:func:`replay` reads a trace (:mod:`kvledger.contracts.trace.format`) as a stream
 and keeps only spec state: the cached content (``spec.prefix.PrefixCache``),
 the lock table (``spec.locks.LockState``), one ``spec.ledger.Ledger`` per
 pool (``kv`` in token slots, ``mamba``), the fingerprint last written to each
@@ -71,8 +71,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from kvledger.contracts.system_replay import LEDGER_RULES, SystemReplayer, Violated, system_unchecked
-from kvledger.contracts.trace import SYSTEM_OPS, Event, Header, TraceFormatError, read_trace
+from kvledger.contracts.trace.format import SYSTEM_OPS, Event, Header, TraceFormatError, read_trace
+from kvledger.contracts.trace.system_replay import LEDGER_RULES, SystemReplayer, Violated, system_unchecked
 from kvledger.spec import ledger as L
 from kvledger.spec import locks as K
 from kvledger.spec import lru as U

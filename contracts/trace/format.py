@@ -60,7 +60,7 @@ Keys are token lists; components are ``"full"``, ``"swa"``, ``"mamba"``.
 
 :class:`TraceWriter` writes a trace line by line; :func:`read_trace` reads one
 as a generator (no whole-file load) and validates each line against the table
-above (the same table as ``trace_schema.json``), raising
+above (the same table as ``trace/schema.json``), raising
 :class:`TraceFormatError` with the line number and what was expected.
 """
 
@@ -75,7 +75,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from kvledger.contracts.adapter import CacheConfig
+from kvledger.contracts.adapters.protocol import CacheConfig
 
 TRACE_VERSION = 1
 """The only schema version this module reads and writes."""

@@ -8,7 +8,7 @@ every path that moves a slot is seen, however the implementation moved it)
 and ``row`` events from a diff of the request-table rows the call's owners
 hold. The diff costs one vectorised comparison per pool and call; an engine
 that logs its own allocations can write the same events directly (the format
-is in :mod:`kvledger.contracts.trace`).
+is in :mod:`kvledger.contracts.trace.format`).
 
 :func:`record_system_workload` drives a random scheduler workload (the
 memory-manager suite's flavour: tight admission budgets, speculative
@@ -27,10 +27,10 @@ from typing import IO, Any
 
 import torch
 
-from kvledger.contracts.adapter import CacheConfig
-from kvledger.contracts.recorder import WorkloadResult, drive
-from kvledger.contracts.reference_adapter import ReferenceAdapter
-from kvledger.contracts.trace import Header, TraceWriter
+from kvledger.contracts.adapters.protocol import CacheConfig
+from kvledger.contracts.adapters.reference import ReferenceAdapter
+from kvledger.contracts.trace.format import Header, TraceWriter
+from kvledger.contracts.trace.recorder import WorkloadResult, drive
 from kvledger.impl.admission import Budget, admit
 from kvledger.impl.leaks import check_leaks
 from kvledger.impl.memory import MemoryManager

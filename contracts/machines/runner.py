@@ -18,7 +18,7 @@ from hypothesis import settings as Settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, invariant, run_state_machine_as_test
 
-from kvledger.contracts.regression import program_lines
+from kvledger.contracts.machines.regression import program_lines
 
 _STEP = re.compile(r"^(?:\w+ = )?state\.(\w+)\((.*)\)$")
 _NOISE = ("inv_", "teardown")

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
-from kvledger.contracts.adapter import CacheAdapter, CacheConfig, Match, Snapshot
+from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig, Match, Snapshot
 from kvledger.spec import ledger as L
 from kvledger.spec import locks as K
 from kvledger.spec import lru as U

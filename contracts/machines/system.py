@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvledger.contracts.abstraction import ledger_of
-from kvledger.contracts.reference_adapter import snapshot_of
+from kvledger.contracts.adapters.reference import snapshot_of
 from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import PagedAllocator, TokenAllocator
 from kvledger.impl.leaks import check_leaks

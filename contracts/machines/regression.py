@@ -47,7 +47,7 @@ def render(suite: str, model: str, faults: list[str], rule: str, lines: list[str
 
 import pytest
 
-from kvledger.contracts.suites import SUITES
+from kvledger.contracts.machines.suites import SUITES
 from kvledger.impl import faults
 from kvledger.spec.types import Component, Owner, OwnerKind  # noqa: F401  (names the printout may use)
 

@@ -1,6 +1,6 @@
 """Replay of a *system* trace: the whole memory manager checked against the spec alone.
 
-A system trace (:mod:`kvledger.contracts.trace`, header with ``pools``)
+A system trace (:mod:`kvledger.contracts.trace.format`, header with ``pools``)
 records each memory-manager ``call`` (add a request, admit it, extend,
 finish, chunk, retract, abort, open or close a session, evict, run the leak
 checker) followed by what the call changed: ``own`` events (slots that changed
@@ -41,7 +41,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from kvledger.contracts.trace import OWNER_RE, Event, Header, TraceFormatError
+from kvledger.contracts.trace.format import OWNER_RE, Event, Header, TraceFormatError
 from kvledger.spec import admission as A
 from kvledger.spec import ledger as L
 from kvledger.spec.ledger import Ledger

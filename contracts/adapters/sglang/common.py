@@ -37,9 +37,9 @@ from typing import Any
 import torch
 from hypothesis import settings as Settings
 
-from kvledger.contracts.adapter import CacheAdapter, Unsupported, skipped_rules
-from kvledger.contracts.cache_machine import RULES, machine_for_cache
-from kvledger.contracts.runner import CheckResult, run_machine
+from kvledger.contracts.adapters.protocol import CacheAdapter, Unsupported, skipped_rules
+from kvledger.contracts.machines.cache import RULES, machine_for_cache
+from kvledger.contracts.machines.runner import CheckResult, run_machine
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.lru import SENTINEL, LruState
 from kvledger.spec.prefix import fingerprint

@@ -1,4 +1,4 @@
-"""Recording: wrap any :class:`CacheAdapter` and write what it does as a trace (:mod:`kvledger.contracts.trace`).
+"""Recording: wrap any :class:`CacheAdapter` and write what it does as a trace (:mod:`kvledger.contracts.trace.format`).
 
 :class:`Recorder` is itself a ``CacheAdapter``: each call is forwarded and
 one event with the observed result is appended. What a replay cannot infer
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from kvledger.contracts.adapter import CacheAdapter, CacheConfig, Inserted, Match, Snapshot
-from kvledger.contracts.trace import Header, TraceWriter
+from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig, Inserted, Match, Snapshot
+from kvledger.contracts.trace.format import Header, TraceWriter
 from kvledger.spec import prefix as P
 from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.locks import LockSite
