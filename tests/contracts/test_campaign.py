@@ -74,3 +74,34 @@ def test_a_timed_campaign_draws_fresh_seeds_until_time_is_up() -> None:
 def test_run_job_in_process_reports_its_seed() -> None:
     out = run_job(RunSpec(examples=2, steps=5), Job("pools", "token", 3))
     assert out["seed"] == 3 and out["ok"] and out["examples"] >= 1
+
+
+def test_campaign_settings_are_read_strictly() -> None:
+    from kvledger.contracts.machines.campaign_tests import parse_campaign
+
+    spec, jobs = parse_campaign("suites=pools models=token seeds=3:5 faults=b1 examples=2")
+    assert spec.faults == ("B1",) and spec.examples == 2
+    assert jobs == [Job("pools", "token", 3), Job("pools", "token", 4)]
+    for bad in ("suites=nope", "seeds=5:5", "seeds=x", "color=red", "models=nope"):
+        with pytest.raises(ValueError, match="KVLEDGER_CAMPAIGN"):
+            parse_campaign(bad)
+
+
+@pytest.mark.slow
+def test_a_campaign_runs_on_pytest_xdist_workers(tmp_path: Path) -> None:
+    """The distributed path, tested on one machine with local workers (``-n 2``)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("xdist")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "KVLEDGER_"))}
+    env["KVLEDGER_CAMPAIGN"] = "suites=cache models=full seeds=0:2 faults=B1"
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "kvledger.contracts.machines.campaign_tests"]
+    proc = subprocess.run(
+        [*cmd, "-n", "2", "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]  # B1 on: the campaign fails, with the law and the program
+    assert "inv_lru_detached" in out and "[gw" in out, out[-3000:]  # run on an xdist worker
