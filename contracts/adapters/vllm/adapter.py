@@ -35,12 +35,14 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvledger.contracts.adapters.system import RequestView, StepResult, SystemConfig, SystemSnapshot
 from kvledger.contracts.adapters.vllm.cpu_import import import_vllm
+from kvledger.spec.errors import InvalidArgument
 from kvledger.spec.lru import SENTINEL, Links, LruState
 from kvledger.spec.shared import SharedPool
 from kvledger.spec.types import Component, Owner, OwnerKind
 
-__all__ = ["RequestState", "SharedSnapshot", "StepOutcome", "VLLMAdapter", "vllm_factory", "vllm_hybrid_factory"]
+__all__ = ["RequestState", "SharedSnapshot", "VLLMAdapter", "vllm_factory", "vllm_hybrid_factory"]
 
 
 @dataclass(frozen=True)
@@ -66,18 +68,6 @@ class SharedSnapshot:
     """Laws the abstraction function itself found broken (a queue walk that loops or leaves the pool)."""
 
 
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one call did (the request-level protocol's ``StepResult``), plus refused-admission transactions."""
-
-    admitted: tuple[int, ...] = ()
-    rejected: tuple[int, ...] = ()
-    finished: tuple[int, ...] = ()
-    retracted: tuple[int, ...] = ()
-    refused: tuple[tuple[int, SharedPool, SharedPool], ...] = field(default=(), compare=False)
-    """``(rid, before, after)`` for each refused admission: the pool before the attempt and after the refusal."""
-
-
 def _vocab_token(rid: int, pos: int) -> int:
     """The token request ``rid`` generates at position ``pos``: a tiny vocabulary, so prefixes repeat."""
     return (rid * 7 + pos * 3) % 5 + 1
@@ -87,12 +77,22 @@ class VLLMAdapter:
     """vLLM's ``KVCacheManager`` at the request level (see the module docstring)."""
 
     name = "vllm"
-    capabilities = frozenset({"abort", "retract", "sizes", "content", "shared", "admission_transaction"})
+    capabilities = frozenset({"abort", "retract", "targeted_admission"})
+    """Of the protocol's capabilities. The shared-block laws (``shared_snapshot``) are checked by
+    :mod:`kvledger.contracts.machines.block_machine`; the single-owner ledgers of ``snapshot`` stay empty."""
 
     def __init__(
-        self, block_size: int = 4, num_blocks: int = 12, max_model_len: int = 32, window: int | None = None
+        self,
+        block_size: int = 4,
+        num_blocks: int = 12,
+        max_model_len: int = 32,
+        window: int | None = None,
+        config: SystemConfig | None = None,
     ) -> None:
         self.version = import_vllm()
+        self.config = config or SystemConfig(page_size=block_size, window=window, kv_tokens=num_blocks * block_size)
+        self.refused: list[tuple[int, SharedPool, SharedPool]] = []
+        """``(rid, before, after)`` of every refused admission since the last :meth:`take_refused`."""
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.max_model_len = max_model_len
@@ -235,8 +235,10 @@ class VLLMAdapter:
         """A new waiting request with prompt ``tokens``; returns its id."""
         if session is not None:
             raise ValueError("add_request: vLLM's KV cache manager has no sessions")
-        if not tokens:
-            raise ValueError("add_request: empty prompt")
+        if not tokens or len(tokens) >= self.max_model_len:
+            raise InvalidArgument(
+                "add_request", "kv", (), f"a prompt of {len(tokens)} tokens (0 < length < max_model_len {self.max_model_len})"
+            )
         rid = self._next
         self._next += 1
         self.requests[rid] = self._make_request(rid, tuple(tokens))
@@ -278,12 +280,17 @@ class VLLMAdapter:
         req.num_computed_tokens += n
         req.append_output_token_ids(_vocab_token(rid, req.num_tokens))
 
-    def admit(self, budget: int) -> StepOutcome:
-        """One prefill step: admit waiting requests in order while they fit ``budget`` tokens and the pool."""
+    def take_refused(self) -> list[tuple[int, SharedPool, SharedPool]]:
+        """The refused admissions since the last call, each with the pool before the attempt and after it."""
+        out, self.refused = self.refused, []
+        return out
+
+    def admit(self, budget: int, rid: int | None = None) -> StepResult:
+        """One prefill step: admit waiting requests in order (or exactly ``rid``) while they fit ``budget`` and the pool."""
         admitted: list[int] = []
         rejected: list[int] = []
-        refused: list[tuple[int, SharedPool, SharedPool]] = []
-        for rid in list(self.waiting):
+        refused = self.refused
+        for rid in [rid] if rid is not None and rid in self.waiting else list(self.waiting):
             req = self.requests[rid]
             before = self.pool_state()
             blocks, n_hit = self._computed(req)
@@ -305,9 +312,9 @@ class VLLMAdapter:
             req.num_computed_tokens = n_hit
             self._step_done(rid, n_new)
             admitted.append(rid)
-        return StepOutcome(admitted=tuple(admitted), rejected=tuple(rejected), refused=tuple(refused))
+        return StepResult(admitted=tuple(admitted), rejected=tuple(rejected))
 
-    def extend(self, rid: int, n: int, ahead: int = 0) -> StepOutcome:
+    def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
         """``n`` decode steps of running request ``rid`` (a refused step leaves it running, as vLLM would preempt)."""
         if self.status.get(rid) != "running":
             raise ValueError(f"extend: request {rid} is not running")
@@ -317,10 +324,10 @@ class VLLMAdapter:
                 return self.finish(rid)
             new = self._allocate(req, req.num_tokens - req.num_computed_tokens)
             if new is None:
-                return StepOutcome(rejected=(rid,))
+                return StepResult(rejected=(rid,))
             self._forget_written(new)
             self._step_done(rid, req.num_tokens - req.num_computed_tokens)
-        return StepOutcome()
+        return StepResult()
 
     def _free(self, rid: int) -> None:
         req = self.requests[rid]
@@ -328,15 +335,15 @@ class VLLMAdapter:
         if hasattr(self.mgr, "free_block_hashes"):
             self.mgr.free_block_hashes(req)
 
-    def finish(self, rid: int) -> StepOutcome:
+    def finish(self, rid: int) -> StepResult:
         """The request ends: ``free``."""
         if self.status.get(rid) != "running":
             raise ValueError(f"finish: request {rid} is not running")
         self._free(rid)
         self.status[rid] = "finished"
-        return StepOutcome(finished=(rid,))
+        return StepResult(finished=(rid,))
 
-    def abort(self, rid: int) -> StepOutcome:
+    def abort(self, rid: int) -> StepResult:
         """The request is aborted, waiting or running: ``free``."""
         if self.status.get(rid) not in ("waiting", "running"):
             raise ValueError(f"abort: request {rid} is not live")
@@ -344,9 +351,9 @@ class VLLMAdapter:
         if rid in self.waiting:
             self.waiting.remove(rid)
         self.status[rid] = "aborted"
-        return StepOutcome(finished=(rid,))
+        return StepResult(finished=(rid,))
 
-    def retract(self, rid: int) -> StepOutcome:
+    def retract(self, rid: int) -> StepResult:
         """Preempt a running request as vLLM's scheduler does: ``free``, nothing computed, back to the queue's front."""
         if self.status.get(rid) != "running":
             raise ValueError(f"retract: request {rid} is not running")
@@ -355,7 +362,7 @@ class VLLMAdapter:
         req.num_computed_tokens = 0
         self.status[rid] = "waiting"
         self.waiting.insert(0, rid)
-        return StepOutcome(retracted=(rid,))
+        return StepResult(retracted=(rid,))
 
     # ------------------------------------------------------------ abstraction
 
@@ -467,6 +474,39 @@ class VLLMAdapter:
         order, _ = self._walk()
         return {"free_block_queue.num_free_blocks": (self._queue().num_free_blocks, len(order))}
 
+    def snapshot(self) -> SystemSnapshot:
+        """The protocol's snapshot: the requests (a single-owner ledger cannot hold shared blocks; see ``shared_snapshot``)."""
+        views = {
+            rid: RequestView(rid, self.status[rid], None, tuple(r.all_token_ids), r.num_computed_tokens,
+                             self.prefix[rid], None)
+            for rid, r in self.requests.items()
+        }
+        return SystemSnapshot({}, {}, views, page_size=self.block_size)
+
+    def chunk(self, rid: int) -> StepResult:
+        """Not expressed: vLLM caches full blocks inside ``allocate_slots``."""
+        raise NotImplementedError("vLLM adapter: no chunk capability")
+
+    def open_session(self, sid: int) -> None:
+        """Not expressed: vLLM's KV cache manager has no sessions."""
+        raise NotImplementedError("vLLM adapter: no sessions capability")
+
+    def close_session(self, sid: int) -> None:
+        """Not expressed: vLLM's KV cache manager has no sessions."""
+        raise NotImplementedError("vLLM adapter: no sessions capability")
+
+    def evict(self, component: Component, n: int) -> int:
+        """Not expressed: vLLM evicts only by popping the free queue's head inside an allocation."""
+        raise NotImplementedError("vLLM adapter: no evict capability")
+
+    def inject_failure(self) -> None:
+        """Not expressed."""
+        raise NotImplementedError("vLLM adapter: no inject_failure capability")
+
+    def idle_check(self) -> None:
+        """vLLM's KV cache manager has no idle leak check of its own."""
+        return None
+
     def shared_snapshot(self) -> SharedSnapshot:
         """Everything the shared-block laws read."""
         _, problems = self._walk()
@@ -496,21 +536,24 @@ def _hashable(x: Any) -> Hashable:
     return x  # type: ignore[no-any-return]
 
 
-def vllm_factory(config: Any = None) -> VLLMAdapter:
+def vllm_factory(config: SystemConfig | None = None) -> VLLMAdapter:
     """The adapter for ``--adapter vllm``: full attention (block size ``config.page_size``, 4 when it is 1)."""
     page = int(getattr(config, "page_size", 1))
     block = page if page > 1 else 4
     tokens = int(getattr(config, "kv_tokens", 48))
-    return VLLMAdapter(block, max(tokens // block, 4), int(getattr(config, "max_context", 24)) + block)
+    return VLLMAdapter(block, max(tokens // block, 4), int(getattr(config, "max_context", 24)) + block, None, config)
 
 
-def vllm_hybrid_factory(config: Any = None) -> VLLMAdapter:
+def vllm_hybrid_factory(config: SystemConfig | None = None) -> VLLMAdapter:
     """The adapter for ``--adapter vllm-hybrid``: full attention plus a sliding window (two kv-cache groups)."""
     page = int(getattr(config, "page_size", 1))
     block = page if page > 1 else 4
     tokens = int(getattr(config, "kv_tokens", 48))
     window = getattr(config, "window", None) or 2 * block
-    return VLLMAdapter(block, max(tokens // block, 4), int(getattr(config, "max_context", 24)) + block, int(window))
+    # NOTE: both groups draw on one pool, so it gets twice the blocks.
+    return VLLMAdapter(
+        block, max(2 * tokens // block, 8), int(getattr(config, "max_context", 24)) + block, int(window), config
+    )
 
 
 def iter_blocks(groups: Any) -> Iterable[Any]:

@@ -91,6 +91,9 @@ STUBBABLE: tuple[str, ...] = (
     "gguf",
     "cv2",
     "tqdm",
+    "setproctitle",
+    "fastapi",
+    "diskcache",
     "vllm.parser",
     "vllm.transformers_utils.configs",
 )
