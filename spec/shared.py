@@ -197,8 +197,9 @@ def pool_differences(before: SharedPool, after: SharedPool) -> list[str]:
         if before.counts.get(b, 0) != after.counts.get(b, 0):
             out.append(f"block {b}: count {before.counts.get(b, 0)} -> {after.counts.get(b, 0)}")
         if holders_of(before, b) != holders_of(after, b):
-            out.append(f"block {b}: holders {list(map(str, holders_of(before, b)))} -> "
-                       f"{list(map(str, holders_of(after, b)))}")
+            out.append(
+                f"block {b}: holders {list(map(str, holders_of(before, b)))} -> {list(map(str, holders_of(after, b)))}"
+            )
     if before.queue != after.queue:
         gone = [b for b in before.queue if b not in after.queue]
         came = [b for b in after.queue if b not in before.queue]

@@ -22,7 +22,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvledger.contracts.adapters.system import StepResult
-from kvledger.contracts.machines.shared_laws import SharedView, Violation, check_refused, check_shared_laws, check_transition
+from kvledger.contracts.machines.shared_laws import (
+    SharedView,
+    Violation,
+    check_refused,
+    check_shared_laws,
+    check_transition,
+)
 from kvledger.spec.shared import SharedPool
 
 __all__ = ["PROMPTS", "SharedAdapter", "SharedLawBroken", "machine_for_shared"]

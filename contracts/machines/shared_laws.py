@@ -59,17 +59,21 @@ def _pool_laws(name: str, s: SharedPool) -> list[Violation]:
         neg = {b: c for b, c in s.counts.items() if c < 0}
         out.append(("inv_refcount_nonnegative", f"pool {name!r}: negative counts {neg}"))
     if not S.inv_refcount_counts_holders(s):
-        shown = {b: f"count {c}, {h} holder(s) {[str(o) for o in S.holders_of(s, b)]}"
-                 for b, (c, h) in S.refcount_mismatches(s).items()}
+        shown = {
+            b: f"count {c}, {h} holder(s) {[str(o) for o in S.holders_of(s, b)]}"
+            for b, (c, h) in S.refcount_mismatches(s).items()
+        }
         out.append(("inv_refcount_counts_holders", f"pool {name!r}: {shown}"))
     if not S.inv_free_iff_unheld(s):
         queued, unheld = frozenset(s.queue), S.unheld(s)
         dup = sorted({b for b in s.queue if s.queue.count(b) > 1})
-        out.append((
-            "inv_free_iff_unheld",
-            f"pool {name!r}: queued but held {sorted(queued - unheld)}, unheld but not queued "
-            f"{sorted(unheld - queued)}, queued twice {dup}",
-        ))
+        out.append(
+            (
+                "inv_free_iff_unheld",
+                f"pool {name!r}: queued but held {sorted(queued - unheld)}, unheld but not queued "
+                f"{sorted(unheld - queued)}, queued twice {dup}",
+            )
+        )
     if not S.inv_sentinel_fixed(s):
         out.append(("inv_sentinel_fixed", f"pool {name!r}: sentinel(s) {sorted(s.sentinels)} queued, keyed or indexed"))
     if not S.inv_index_names_carriers(s):
@@ -89,7 +93,7 @@ def check_shared_laws(snap: SharedView) -> list[Violation]:
         if queue is None:
             continue
         if not U.inv_lru_detached(queue):
-            stray = {n: l for n, l in queue.links.items() if n not in queue.order and l != U.DETACHED}
+            stray = {n: ln for n, ln in queue.links.items() if n not in queue.order and ln != U.DETACHED}
             out.append(("inv_lru_detached", f"queue {name!r}: blocks out of the queue holding links {stray}"))
         if not U.inv_lru_links_symmetric(queue):
             out.append(("inv_lru_links_symmetric", f"queue {name!r}: links are not symmetric"))
@@ -114,4 +118,9 @@ def check_refused(rid: int, before: SharedPool, after: SharedPool) -> list[Viola
     """A refused admission of request ``rid`` left the pool exactly as it found it."""
     if S.pool_unchanged(before, after):
         return []
-    return [("admission is a transaction", f"refusing request {rid} changed: {'; '.join(S.pool_differences(before, after))}")]
+    return [
+        (
+            "admission is a transaction",
+            f"refusing request {rid} changed: {'; '.join(S.pool_differences(before, after))}",
+        )
+    ]

@@ -32,7 +32,7 @@ import dataclasses
 import importlib
 import inspect
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kvledger.contracts.adapters.system import RequestView, StepResult, SystemConfig, SystemSnapshot
@@ -40,7 +40,7 @@ from kvledger.contracts.adapters.vllm.cpu_import import import_vllm
 from kvledger.spec.errors import InvalidArgument
 from kvledger.spec.lru import SENTINEL, Links, LruState
 from kvledger.spec.shared import SharedPool
-from kvledger.spec.types import Component, Owner, OwnerKind
+from kvledger.spec.types import Component, NodeId, Owner, OwnerKind
 
 __all__ = ["RequestState", "SharedSnapshot", "VLLMAdapter", "vllm_factory", "vllm_hybrid_factory"]
 
@@ -98,8 +98,7 @@ class VLLMAdapter:
         self.max_model_len = max_model_len
         self.window = window
         self._m = {
-            name: importlib.import_module(f"vllm.v1.core.{name}")
-            for name in ("kv_cache_manager", "kv_cache_utils")
+            name: importlib.import_module(f"vllm.v1.core.{name}") for name in ("kv_cache_manager", "kv_cache_utils")
         }
         self._request_mod = importlib.import_module("vllm.v1.request")
         self._sampling = importlib.import_module("vllm.sampling_params")
@@ -147,8 +146,14 @@ class VLLMAdapter:
         if self.window is not None:
             swa = self._spec(iface.SlidingWindowSpec, use_mla=False, sliding_window=self.window, **common)
             groups.append(iface.KVCacheGroupSpec(["swa"], swa))
-        config = self._spec(iface.KVCacheConfig, num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
-        kwargs: dict[str, Any] = {"kv_cache_config": config, "max_model_len": self.max_model_len, "enable_caching": True}
+        config = self._spec(
+            iface.KVCacheConfig, num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+        )
+        kwargs: dict[str, Any] = {
+            "kv_cache_config": config,
+            "max_model_len": self.max_model_len,
+            "enable_caching": True,
+        }
         for name in ("scheduler_block_size", "hash_block_size"):
             if name in self._init_params:
                 kwargs[name] = self.block_size
@@ -194,7 +199,7 @@ class VLLMAdapter:
         return out
 
     def _index(self) -> Mapping[Any, Any]:
-        index = getattr(self.pool, "cached_block_hash_to_block")
+        index = self.pool.cached_block_hash_to_block
         return getattr(index, "_cache", index)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------ requests
@@ -237,7 +242,10 @@ class VLLMAdapter:
             raise ValueError("add_request: vLLM's KV cache manager has no sessions")
         if not tokens or len(tokens) >= self.max_model_len:
             raise InvalidArgument(
-                "add_request", "kv", (), f"a prompt of {len(tokens)} tokens (0 < length < max_model_len {self.max_model_len})"
+                "add_request",
+                "kv",
+                (),
+                f"a prompt of {len(tokens)} tokens (0 < length < max_model_len {self.max_model_len})",
             )
         rid = self._next
         self._next += 1
@@ -286,11 +294,12 @@ class VLLMAdapter:
         return out
 
     def admit(self, budget: int, rid: int | None = None) -> StepResult:
-        """One prefill step: admit waiting requests in order (or exactly ``rid``) while they fit ``budget`` and the pool."""
+        """One prefill step: admit waiting requests in order (or just ``rid``) while they fit ``budget``."""
         admitted: list[int] = []
         rejected: list[int] = []
         refused = self.refused
-        for rid in [rid] if rid is not None and rid in self.waiting else list(self.waiting):
+        targets = [rid] if rid is not None and rid in self.waiting else list(self.waiting)
+        for rid in targets:
             req = self.requests[rid]
             before = self.pool_state()
             blocks, n_hit = self._computed(req)
@@ -456,18 +465,18 @@ class VLLMAdapter:
         fakes = {id(x) for x in (getattr(q, "fake_free_list_head", None), getattr(q, "fake_free_list_tail", None))}
         order, _ = self._walk()
         members = set(order)
-        links: dict[int, Links] = {}
+        links: dict[NodeId, Links] = {}
         for b in self._blocks():
 
-            def name(x: Any, member: bool = b.block_id in members) -> int | None:
+            def name(x: Any, member: bool = b.block_id in members) -> NodeId | None:
                 if x is None:
                     return None
                 if id(x) in fakes:
                     return None if member else SENTINEL
-                return int(x.block_id)
+                return NodeId(int(x.block_id))
 
-            links[b.block_id] = (name(b.prev_free_block), name(b.next_free_block))
-        return LruState(order, links)
+            links[NodeId(b.block_id)] = (name(b.prev_free_block), name(b.next_free_block))
+        return LruState(tuple(NodeId(b) for b in order), links)
 
     def counters(self) -> dict[str, tuple[int, int]]:
         """Counters vLLM keeps, beside a recount of what they count."""
@@ -475,10 +484,14 @@ class VLLMAdapter:
         return {"free_block_queue.num_free_blocks": (self._queue().num_free_blocks, len(order))}
 
     def snapshot(self) -> SystemSnapshot:
-        """The protocol's snapshot: the requests (a single-owner ledger cannot hold shared blocks; see ``shared_snapshot``)."""
+        """The protocol's snapshot: the requests only (single-owner ledgers cannot hold shared blocks).
+
+        The shared blocks are in :meth:`shared_snapshot`.
+        """
         views = {
-            rid: RequestView(rid, self.status[rid], None, tuple(r.all_token_ids), r.num_computed_tokens,
-                             self.prefix[rid], None)
+            rid: RequestView(
+                rid, self.status[rid], None, tuple(r.all_token_ids), r.num_computed_tokens, self.prefix[rid], None
+            )
             for rid, r in self.requests.items()
         }
         return SystemSnapshot({}, {}, views, page_size=self.block_size)
@@ -511,9 +524,7 @@ class VLLMAdapter:
         """Everything the shared-block laws read."""
         _, problems = self._walk()
         reqs = {
-            rid: RequestState(
-                rid, self.status[rid], tuple(r.all_token_ids), r.num_computed_tokens, self.prefix[rid]
-            )
+            rid: RequestState(rid, self.status[rid], tuple(r.all_token_ids), r.num_computed_tokens, self.prefix[rid])
             for rid, r in self.requests.items()
         }
         return SharedSnapshot(
