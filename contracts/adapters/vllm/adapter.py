@@ -287,6 +287,7 @@ class VLLMAdapter:
         req = self.requests[rid]
         req.num_computed_tokens += n
         req.append_output_token_ids(_vocab_token(rid, req.num_tokens))
+        self._learn_meanings()
 
     def take_refused(self) -> list[tuple[int, SharedPool, SharedPool]]:
         """The refused admissions since the last call, each with the pool before the attempt and after it."""
@@ -340,6 +341,7 @@ class VLLMAdapter:
 
     def _free(self, rid: int) -> None:
         req = self.requests[rid]
+        self._learn_meanings()  # NOTE: before the release drops the request's hashes (free_block_hashes)
         self.mgr.free(req)
         if hasattr(self.mgr, "free_block_hashes"):
             self.mgr.free_block_hashes(req)
@@ -367,6 +369,7 @@ class VLLMAdapter:
         if self.status.get(rid) != "running":
             raise ValueError(f"retract: request {rid} is not running")
         req = self.requests[rid]
+        self._learn_meanings()
         self.mgr.free(req)
         req.num_computed_tokens = 0
         self.status[rid] = "waiting"
@@ -376,7 +379,11 @@ class VLLMAdapter:
     # ------------------------------------------------------------ abstraction
 
     def _learn_meanings(self) -> None:
-        """Each block hash a request computed names the token prefix it chains over."""
+        """Each block hash a request computed names the token prefix it chains over.
+
+        Learned after every step and before every ``free`` (0.7.x drops a finished request's hashes), so a
+        hash the index holds is always known by the time a snapshot reads it.
+        """
         for req in self.requests.values():
             hashes = getattr(req, "block_hashes", None)
             if hashes is None:
