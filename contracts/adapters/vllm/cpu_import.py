@@ -59,7 +59,7 @@ class StubbedModule(RuntimeError):
     """Code tried to *use* something from a module that was stubbed for a CPU run."""
 
 
-TESTED: tuple[str, ...] = ("0.6.6.post1", "0.7.0", "0.7.3", "0.10.2", "0.33.0")
+TESTED: tuple[str, ...] = ("0.6.6.post1", "0.7.0", "0.7.3", "0.10.2", "0.11.2", "0.33.0")
 """The releases the vLLM adapter was run against (docs/vllm.md: one per API shape of the manager)."""
 
 CORE_MODULES: tuple[str, ...] = ("vllm.v1.core.kv_cache_manager", "vllm.v1.core.kv_cache_utils", "vllm.v1.request")
