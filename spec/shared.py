@@ -39,6 +39,9 @@ operation leaves the abstraction exactly as it found it.
 >>> s = SharedPool("kv", 3, {0: (request(1), request(2))}, {0: 2, 1: 0, 2: 0}, (1, 2))
 >>> inv_shared(s)
 True
+>>> from kvledger.spec.ledger import allocate, new_ledger
+>>> inv_shared(from_ledger(allocate(new_ledger("kv", 4), request(1), frozenset({0, 1}))))
+True
 >>> bad = SharedPool("kv", 3, {0: (request(1),)}, {0: 2, 1: 0, 2: 0}, (1, 2))
 >>> inv_refcount_counts_holders(bad), refcount_mismatches(bad)
 (False, {0: (2, 1)})
@@ -49,6 +52,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
+from kvledger.spec.ledger import Ledger
 from kvledger.spec.types import Owner
 
 Holders = tuple[Owner, ...]
@@ -115,6 +119,21 @@ def index_mismatches(s: SharedPool) -> list[tuple[Hashable, int, str]]:
     for b, keys in s.keys.items():
         out.extend((k, b, "carries the key but is not indexed under it") for k in keys if b not in s.index.get(k, ()))
     return out
+
+
+def from_ledger(led: Ledger) -> SharedPool:
+    """A single-owner pool seen as a shared one: each held slot has one holder and count 1, free slots count 0.
+
+    Single ownership is the special case of shared ownership where no block has
+    two holders, so every engine's pools can be checked by these laws; the
+    free list becomes the queue (in slot order: a ledger keeps no order).
+    """
+    holders: dict[int, Holders] = {}
+    for owner, slots in led.held.items():
+        for x in slots:
+            holders[x] = (*holders.get(x, ()), owner)
+    counts = {x: (1 if x in holders else 0) for x in range(led.base, led.base + led.capacity)}
+    return SharedPool(led.name, led.capacity, holders, counts, tuple(sorted(led.free)), base=led.base)
 
 
 # ---------------------------------------------------------------- invariants

@@ -97,3 +97,18 @@ def test_a_refused_admission_must_leave_the_pool_as_it_was() -> None:
     assert law == "admission is a transaction"
     assert "block 1: count 2 -> 3" in detail
     assert not S.pool_unchanged(good(), replace(good(), queue=(4, 3)))
+
+
+def test_a_single_owner_ledger_is_a_shared_pool_with_one_holder_per_block() -> None:
+    from kvledger.spec.ledger import Ledger, allocate, new_ledger
+
+    led = allocate(allocate(new_ledger("kv", 6), A, frozenset({0, 1})), B, frozenset({4}))
+    pool = S.from_ledger(led)
+    assert S.inv_shared(pool)
+    assert pool.holders == {0: (A,), 1: (A,), 4: (B,)} and pool.queue == (2, 3, 5)
+    # a slot both free and held (single ownership broken) breaks the shared laws too
+    both = Ledger("kv", 6, frozenset({2, 3, 4, 5}), {A: frozenset({0, 1}), B: frozenset({4})})
+    assert not S.inv_free_iff_unheld(S.from_ledger(both))
+    # a slot held by two owners is two holders for a count of 1
+    twice = Ledger("kv", 6, frozenset({2, 3, 5}), {A: frozenset({0, 1, 4}), B: frozenset({4})})
+    assert S.refcount_mismatches(S.from_ledger(twice)) == {4: (1, 2)}

@@ -165,3 +165,37 @@ def test_the_machine_finds_no_unrecorded_break(model: str) -> None:
 
 def test_the_installed_release_is_one_of_the_tested() -> None:
     assert HAVE in TESTED
+
+
+def test_the_abstraction_sees_hand_broken_structures() -> None:
+    """Break vLLM's own objects by hand: each law must notice, through the adapter's abstraction function."""
+    a = _adapter("full")
+    r = a.add_request((1, 2, 3, 4, 5, 6, 7, 8, 9))
+    a.admit(64)
+    assert _laws(a)[0] == set()
+    held = a.requests[r]
+    table = next(iter(a._groups()))[1][held.request_id]
+    queue = a._queue()
+    blocks = a._blocks()
+    free_one = next(
+        b for b in blocks if b.ref_cnt == 0 and b not in table and b.block_id not in a.pool_state().sentinels
+    )
+
+    table[0].next_free_block = free_one  # a held block keeps a link into the queue
+    assert "inv_lru_detached" in _laws(a)[0]
+    table[0].next_free_block = None
+
+    queue.num_free_blocks += 1  # the counter drifts from the queue
+    assert "inv_counters_recount" in _laws(a)[0]
+    queue.num_free_blocks -= 1
+
+    table[0].ref_cnt += 1  # a count no holder explains
+    assert "inv_refcount_counts_holders" in _laws(a)[0]
+    table[0].ref_cnt -= 1
+
+    index = a._index()
+    key = next(iter(index))
+    entry = index.pop(key)  # a cached block the index forgets
+    assert "inv_index_names_carriers" in _laws(a)[0]
+    index[key] = entry
+    assert _laws(a)[0] == set()
