@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from random import Random
 from typing import Any
 
 import hypothesis.core
 from hypothesis import settings as Settings
+from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, invariant, run_state_machine_as_test
 
@@ -61,6 +63,26 @@ class CheckResult:
         if self.violation is not None:
             out["violation"]["length"] = self.violation.length
         return out
+
+
+class Scoped(ExampleDatabase):
+    """``inner`` with every key under ``scope`` (one database shared by many machines keeps their examples apart)."""
+
+    def __init__(self, inner: ExampleDatabase, scope: bytes) -> None:
+        super().__init__()
+        self.inner, self.scope = inner, scope
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.inner.save(self.scope + key, value)
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        return self.inner.fetch(self.scope + key)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(self.scope + key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.inner.move(self.scope + src, self.scope + dest, value)
 
 
 def counted(machine: type[RuleBasedStateMachine]) -> tuple[type[RuleBasedStateMachine], dict[str, int]]:
@@ -117,17 +139,31 @@ def run_machine(
     settings: Settings,
     seed: int | None = None,
     regression: Callable[[str, list[str]], str] | None = None,
+    *,
+    database: ExampleDatabase | None = None,
 ) -> CheckResult:
-    """Run ``machine`` under ``settings``; return what happened (never raises for a violation)."""
+    """Run ``machine`` under ``settings``; return what happened (never raises for a violation).
+
+    ``database``: where Hypothesis keeps failing examples between runs (``None``: nowhere).
+    """
     result = CheckResult(suite, model, rules)
     counted_machine, counts = counted(machine)
     saved_seed = hypothesis.core.global_force_seed
-    hypothesis.core.global_force_seed = seed  # type: ignore[assignment]
+    saved_random = hypothesis.core.threadlocal._hypothesis_global_random
+    if database is None:
+        hypothesis.core.global_force_seed = seed  # type: ignore[assignment]
+    else:
+        # NOTE: Hypothesis ignores the database when a seed is forced, so with a database the run's randomness
+        # is seeded instead (the same draws for the same seed); failures are kept per suite and model.
+        hypothesis.core.global_force_seed = None
+        hypothesis.core.threadlocal._hypothesis_global_random = None if seed is None else Random(seed)
+        database = Scoped(database, f"{suite}/{model}/".encode())
+        settings = Settings(settings, derandomize=False)
     start = time.perf_counter()
     try:
         run_state_machine_as_test(
             counted_machine,
-            settings=Settings(settings, database=None, print_blob=False, report_multiple_bugs=False),
+            settings=Settings(settings, database=database, print_blob=False, report_multiple_bugs=False),
         )
     except (AssertionError, Exception, Flaky) as err:
         notes = "\n".join(getattr(err, "__notes__", []))
@@ -138,6 +174,7 @@ def run_machine(
         result.violation = Violation(rule, message, steps, program)
     finally:
         hypothesis.core.global_force_seed = saved_seed
+        hypothesis.core.threadlocal._hypothesis_global_random = saved_random
     result.seconds = time.perf_counter() - start
     result.examples = counts["examples"]
     result.steps = max(0, counts["checks"] - counts["examples"])
