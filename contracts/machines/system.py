@@ -36,6 +36,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from kvledger.contracts.adapters.reference_system import ReferenceSystemAdapter
 from kvledger.contracts.adapters.reference_system import build_manager as _build_reference
 from kvledger.contracts.adapters.system import IdleVerdict, SystemAdapter, SystemConfig, SystemSnapshot
+from kvledger.contracts.machines.shared_laws import SHARED_RULES, check_refused, check_shared_laws, check_transition
 from kvledger.impl.memory import MemoryManager
 from kvledger.spec import admission as A
 from kvledger.spec import ledger as L
@@ -64,6 +65,7 @@ RULES = (
     "inv_handles_owned",
     "inv_content",
     "rejected call leaves state unchanged",
+    *SHARED_RULES,
 )
 
 
@@ -126,6 +128,8 @@ def check_snapshot(
             raise _fail("inv_slots_conserved", f"pool {name!r}")
         if not L.inv_single_owner(lg):
             raise _fail("inv_single_owner", f"pool {name!r}")
+    if snap.shared is not None and (broken := check_shared_laws(snap.shared)):
+        raise _fail(*broken[0])
     leaked, differ = owners_differ(snap)
     if verdict is not None:
         itemized = "itemized_leaks" in capabilities and verdict.leaked is not None
@@ -309,10 +313,21 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
 
         @invariant()
         def inv_all_laws(self) -> None:
-            snap = self.last = self.sys.snapshot()
+            before, snap = self.last, self.sys.snapshot()
+            self.last = snap
             verdict = self.sys.idle_check() if self.has("idle_check") else None
             culprit = getattr(self.sys, "provenance", None)
             check_snapshot(snap, verdict, self.caps, culprit)
+            if (
+                before.shared is not None
+                and snap.shared is not None
+                and (broken := check_transition(before.shared, snap.shared))
+            ):
+                raise _fail(*broken[0])
+            take_refused = getattr(self.sys, "take_refused", None)
+            for rid, old, new in take_refused() if take_refused is not None else ():
+                if refused := check_refused(rid, old, new):
+                    raise _fail(*refused[0])
 
     SystemConformance.__name__ = "SystemConformance"
     SystemConformance.__qualname__ = "SystemConformance"

@@ -35,7 +35,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvledger.contracts.adapters.system import RequestView, StepResult, SystemConfig, SystemSnapshot
+from kvledger.contracts.adapters.system import RequestView, SharedBlocks, StepResult, SystemConfig, SystemSnapshot
 from kvledger.contracts.adapters.vllm.cpu_import import import_vllm
 from kvledger.spec.errors import InvalidArgument
 from kvledger.spec.lru import SENTINEL, Links, LruState
@@ -491,17 +491,16 @@ class VLLMAdapter:
         return {"free_block_queue.num_free_blocks": (self._queue().num_free_blocks, len(order))}
 
     def snapshot(self) -> SystemSnapshot:
-        """The protocol's snapshot: the requests only (single-owner ledgers cannot hold shared blocks).
-
-        The shared blocks are in :meth:`shared_snapshot`.
-        """
+        """The protocol's snapshot: the requests and the shared blocks (single-owner ledgers cannot hold them)."""
         views = {
             rid: RequestView(
                 rid, self.status[rid], None, tuple(r.all_token_ids), r.num_computed_tokens, self.prefix[rid], None
             )
             for rid, r in self.requests.items()
         }
-        return SystemSnapshot({}, {}, views, page_size=self.block_size)
+        s = self.shared_snapshot()
+        shared = SharedBlocks(s.pools, s.queues, s.counters, s.problems)
+        return SystemSnapshot({}, {}, views, page_size=self.block_size, shared=shared)
 
     def chunk(self, rid: int) -> StepResult:
         """Not expressed: vLLM caches full blocks inside ``allocate_slots``."""
