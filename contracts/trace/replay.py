@@ -76,6 +76,7 @@ from kvledger.contracts.trace.pools import SparseLedger
 from kvledger.contracts.trace.system_replay import (
     LEDGER_RULES,
     SYSTEM_LAWS,
+    SYSTEM_NEEDS,
     SystemReplayer,
     Violated,
     system_unchecked,
@@ -762,7 +763,11 @@ def unchecked_rules(header: Header, checked: Mapping[str, int] | None = None) ->
     done = checked or {}
     if header.system:
         out = list(system_unchecked())
-        out += [(law, "no event of the trace exercised it") for law in SYSTEM_LAWS if not done.get(law)]
+        out += [
+            (law, SYSTEM_NEEDS.get(law, "no event of the trace exercised it"))
+            for law in SYSTEM_LAWS
+            if not done.get(law)
+        ]
         return tuple(out)
     out = list(NEVER_IN_A_CACHE_TRACE)
     caps = header.capabilities

@@ -77,7 +77,7 @@ SYSTEM_LAWS = (
     LEAKS,
 )
 """What a system replay checks, each when the trace holds its data (the events it needs)."""
-_NEEDS = {
+SYSTEM_NEEDS = {
     ROWS: "no row event (request-table contents) in the trace",
     ROLLBACK: "no rejected admission in the trace",
     COMMIT: "no admitted request in the trace",
@@ -453,14 +453,6 @@ class SystemReplayer:
                 [f"{p} slot {x}" for p, s in got.items() for x in s[:3]],
             )
 
-    def unchecked(self) -> list[tuple[str, str]]:
-        """Each law this replay could not check, with the reason: never in a system trace, or no data for it."""
-        out = list(system_unchecked())
-        for law in SYSTEM_LAWS:
-            if not self.checked[law]:
-                out.append((law, _NEEDS.get(law, "no event of the trace exercised it")))
-        return out
-
 
 def system_unchecked() -> tuple[tuple[str, str], ...]:
     """What a system trace never shows: the cache's internal results, Mamba state references."""
@@ -470,4 +462,4 @@ def system_unchecked() -> tuple[tuple[str, str], ...]:
     )
 
 
-__all__ = ["SYSTEM_LAWS", "SystemReplayer", "Violated", "parse_owner", "system_unchecked"]
+__all__ = ["SYSTEM_LAWS", "SYSTEM_NEEDS", "SystemReplayer", "Violated", "parse_owner", "system_unchecked"]
