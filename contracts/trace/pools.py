@@ -21,12 +21,14 @@ which re-run the spec's decorated transition and compare).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Set
-from typing import cast
+from typing import TypeVar, cast
 
 from kvledger.spec import ledger as L
 from kvledger.spec.errors import LedgerError
 from kvledger.spec.ledger import Ledger, Slots
 from kvledger.spec.types import Owner
+
+_S = TypeVar("_S")
 
 
 class _Free(Set[int]):
@@ -36,7 +38,7 @@ class _Free(Set[int]):
         self._pool = pool
 
     @classmethod
-    def _from_iterable(cls, it: Iterable[int]) -> frozenset[int]:  # ``slots & free``, ``slots - free``: plain sets
+    def _from_iterable(cls, it: Iterable[_S]) -> Set[_S]:  # ``slots & free``, ``slots - free``: plain frozensets
         return frozenset(it)
 
     def __contains__(self, x: object) -> bool:

@@ -332,6 +332,7 @@ class Replayer:
         led.move(src, dst, slots)
         if full is not None:
             if src is None:
+                assert dst is not None
                 want = L.allocate(full, dst, slots)
             elif dst is None:
                 want = L.free(full, src, slots)

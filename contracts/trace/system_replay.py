@@ -51,7 +51,7 @@ live has ended.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvledger.contracts.trace.format import OWNER_RE, Event, Header, TraceFormatError, first_repeat
@@ -215,8 +215,8 @@ class SystemReplayer:
                 if not readers:
                     del self.readers[unit]
         new = old[:start] + [SlotId(x) for x in slots]
-        for x in slots:
-            self.readers.setdefault(x // self.page, Counter())[row] += 1
+        for y in slots:
+            self.readers.setdefault(y // self.page, Counter())[row] += 1
         if new:
             self.rows[row] = new
         else:
@@ -341,7 +341,7 @@ class SystemReplayer:
         kv, rows = self.ledgers.get("kv"), self.ledgers.get("req_to_token")
         if kv is None or rows is None or not call.rows:
             return
-        live: L.Rows = {}
+        live: dict[int, tuple[Owner, Sequence[SlotId]]] = {}
         for r in sorted(call.rows):
             holder = rows.owner_of(r)
             if holder is not None and r in self.rows:
