@@ -157,6 +157,8 @@ _OPTIONAL: dict[str, dict[str, str]] = {
         "error": "str",
     },
 }
+_ALLOWED = {op: frozenset({"step", "op", *fields, *_OPTIONAL.get(op, {})}) for op, fields in _FIELDS.items()}
+_SETS = frozenset({"idset", "coverage", "delta", "evicted", "links", "leaked"})
 OPS = tuple(_FIELDS)
 SYSTEM_OPS = ("call", "own", "row")
 """The events of a system trace (header with ``pools``); the others belong to cache traces."""
@@ -347,9 +349,9 @@ def validate_event(obj: object, line: int, step: int) -> Event:
     if not _is_int(obj.get("step")) or obj["step"] != step:
         raise TraceFormatError(line, f"'step' {step}", _short(obj.get("step")) if "step" in obj else "no 'step'")
     required, optional = _FIELDS[op], _OPTIONAL.get(op, {})
-    for name in obj:
-        if name not in required and name not in optional and name not in ("step", "op"):
-            raise _unknown(line, op, name, ["step", "op", *required, *optional])
+    unknown = obj.keys() - _ALLOWED[op]
+    if unknown:
+        raise _unknown(line, op, min(unknown), _ALLOWED[op])
     for fields, needed in ((required, True), (optional, False)):
         for name, kind in fields.items():
             if name not in obj:
@@ -358,7 +360,7 @@ def validate_event(obj: object, line: int, step: int) -> Event:
                 continue
             if not _valid(kind, obj[name]):
                 raise TraceFormatError(line, f"field {name!r} of {op} to be {_KIND_TEXT[kind]}", _short(obj[name]))
-            again = _repeated(kind, obj[name])
+            again = _repeated(kind, obj[name]) if kind in _SETS else None
             if again is not None:
                 raise TraceFormatError(line, f"field {name!r} of {op} to name each item once", f"{again} twice")
     return obj
@@ -514,15 +516,15 @@ def _bounded_int(text: str) -> int:
 
 
 _LONG_DIGITS = re.compile(r"\d{20}")
+_DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_constant)
+_DECODER_BOUNDED = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_constant, parse_int=_bounded_int)
 
 
 def _loads(text: str, line: int, last: bool) -> object:
     """One JSON line, or :class:`TraceFormatError`: bad JSON, a key twice in one object, NaN/Infinity, an
     integer of more than 19 digits, or nesting deeper than the interpreter's recursion limit."""
     try:
-        if _LONG_DIGITS.search(text) is None:
-            return json.loads(text, object_pairs_hook=_object, parse_constant=_constant)
-        return json.loads(text, object_pairs_hook=_object, parse_constant=_constant, parse_int=_bounded_int)
+        return (_DECODER if _LONG_DIGITS.search(text) is None else _DECODER_BOUNDED).decode(text)
     except _Malformed as err:
         raise TraceFormatError(line, err.expected, err.got) from None
     except RecursionError:

@@ -354,3 +354,11 @@ def test_data_missing_is_reported_not_checked() -> None:
     assert r.ok and "inv_lru_detached" not in r.checked
     assert "no event of the trace carried" in dict(r.unchecked)["inv_lru_detached"]
     assert r.checked["inv_single_owner"] == 1
+
+
+def test_contracts_replay_agrees_with_the_sparse_ledgers(tmp_path: Path) -> None:
+    """``contracts=True`` re-runs each ledger transition on the full spec ledger and compares it with the sparse one."""
+    path = tmp_path / "t.jsonl"
+    record_workload(ReferenceAdapter(CACHE_MODELS["hybrid"]), 60, seed=2, path=path)
+    fast, full = replay_path(path), replay_path(path, contracts=True)
+    assert fast.ok and full.ok and fast.steps == full.steps and fast.checked == full.checked
