@@ -10,7 +10,8 @@ moment: the free list or one :class:`~kvledger.spec.types.Owner`. The laws:
 * ``inv_rows_held`` (KV and the request table together): every slot a live
   request-table row names lies in the KV pool and is held by that row's owner
   (or by the cache, for a prefix the owner borrows from the tree): never free
-  (a use after free), never another request's or session's.
+  (a use after free), never another request's or session's, never at two
+  positions of the row.
 
 Operations are pure functions ``step(state, args) -> state`` over a frozen
 state (DESIGN.md: the form CrossHair can check). Each has a named predicate
@@ -142,6 +143,7 @@ class RowFault(NamedTuple):
     owner: Owner
     holder: Owner | None
     outside: bool  # the slot lies outside the KV pool
+    again: bool = False  # an earlier position of the row names the same slot (two tokens' KV in one slot)
 
 
 def row_faults(kv: Holdings, rows: Rows, page_size: int = 1) -> Iterator[RowFault]:
@@ -153,8 +155,12 @@ def row_faults(kv: Holdings, rows: Rows, page_size: int = 1) -> Iterator[RowFaul
     """
     for row, (owner, slots) in rows.items():
         mine = kv.held.get(owner, frozenset())
+        seen: set[int] = set()
         for pos, x in enumerate(slots):
             unit = x // page_size
+            if x in seen:
+                yield RowFault(row, pos, x, owner, owner, False, True)
+            seen.add(x)
             if not kv.base <= unit < kv.base + kv.capacity:
                 yield RowFault(row, pos, x, owner, None, True)
             elif unit not in mine:
@@ -164,7 +170,8 @@ def row_faults(kv: Holdings, rows: Rows, page_size: int = 1) -> Iterator[RowFaul
 
 
 def inv_rows_held(kv: Holdings, rows: Rows, page_size: int = 1) -> bool:
-    """Every slot a live row names lies in the KV pool and is held by the row's owner or by the cache.
+    """Every slot a live row names lies in the KV pool, is held by the row's owner or by the cache, and is
+    named at one position only.
 
     A request reads its own KV and, before it, a prefix it borrowed (locked) from
     the radix tree (held by tree nodes); a slot that is free, held by another

@@ -44,8 +44,13 @@ and three events instead of the table above:
                  ``call`` (``src`` ``null``: allocated; ``dst`` ``null``: freed);
                  owners are ``"req:3"``, ``"session:1"``, ``"node:5/full"``
 ``row``          ``row, start, slots``: request-table row ``row`` holds ``slots``
-                 (token slot ids) at positions ``start..`` after the last ``call``
+                 (token slot ids) at positions ``start..`` after the last ``call``,
+                 and its live part ends there (``start + len(slots)``, at most the
+                 live length before: what lies past it is stale and names nothing)
 ==============  ==============================================================
+
+A system header's ``pools`` name ``kv`` (pages when ``page_size > 1``) and
+``req_to_token``, optionally ``mamba`` and ``swa``.
 
 ``evicted`` is ``{"full": [keys], "swa": [keys], "mamba": [keys]}``: the pages
 that left the cache, became SWA tombstones, or lost their Mamba state, as
@@ -58,9 +63,17 @@ after the call); on ``lru``: ``cached`` (the nodes holding that component's
 content, which the list must hold).
 Keys are token lists; components are ``"full"``, ``"swa"``, ``"mamba"``.
 
+The header's ``capabilities`` say exactly what the trace holds: ``lru`` (``lru``
+events), ``locks`` (``coverage`` and ``lock_delta``), ``sizes`` (``sizes``);
+data a header with capabilities does not list is malformed.
+
 :class:`TraceWriter` writes a trace line by line; :func:`read_trace` reads one
-as a generator (no whole-file load) and validates each line against the table
-above (the same table as ``trace/schema.json``), raising
+as a generator (no whole-file load) and validates each line strictly against the
+table above (``trace/schema.json`` is built from the same tables): an unknown
+field, a wrong type (``true`` is not an integer), a value out of range (ids and
+counts in ``[0, 2**63)``, tokens in ``[0, 2**31)``, header sizes in ``[1, MAX_POOL]``),
+a repeat in a set-valued list, a key twice in one object, ``NaN``, an integer
+of more than 19 digits or nesting deeper than JSON can be parsed raises
 :class:`TraceFormatError` with the line number and what was expected.
 """
 
@@ -96,7 +109,8 @@ MAX_TOKEN = 2**31 - 1
 """The largest token id (in a key or ``tokens``)."""
 
 MAX_DEPTH = 64
-"""JSON nested deeper than this is malformed (a trace line nests at most 5 deep)."""
+"""How deep a trace line may nest, as stated in messages (a valid line nests at most 5 deep; deeper lines fail
+their field types, and lines too deep to parse fail as such)."""
 
 Event = dict[str, Any]
 """One validated event line: ``step``, ``op`` and the op's fields."""

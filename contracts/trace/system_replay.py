@@ -351,7 +351,9 @@ class SystemReplayer:
         if fault is not None:
             unit = fault.slot // self.page
             what = (
-                "outside the KV pool"
+                "named at an earlier position too (two tokens' KV in one slot)"
+                if fault.again
+                else "outside the KV pool"
                 if fault.outside
                 else ("free (a use after free)" if fault.holder is None else f"held by {fault.holder}")
             )

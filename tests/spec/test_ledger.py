@@ -124,7 +124,7 @@ def _rows_state(draw: st.DrawFn) -> tuple[L.Ledger, dict[int, tuple[Owner, list[
         units = draw(st.sets(st.sampled_from(sorted(s.free)), max_size=3)) if s.free else set()
         if units:
             s = L.allocate(s, owner, frozenset(units))
-        mine = sorted(units) + draw(st.lists(st.sampled_from([1, 2]), max_size=2))
+        mine = sorted(units) + draw(st.lists(st.sampled_from([1, 2]), max_size=2, unique=True))
         rows[r] = (owner, [u * page + draw(st.integers(0, page - 1)) for u in draw(st.permutations(mine))])
     return s, rows, page
 
@@ -171,3 +171,10 @@ def test_rows_held_counts_pages_not_slots() -> None:
     assert L.inv_rows_held(s, {0: (request(1), [8, 9, 10, 11])}, 4)
     assert not L.inv_rows_held(s, {0: (request(1), [8, 12])}, 4)  # page 3 is free
     assert not L.inv_rows_held(s, {0: (request(1), [8, 9])}, 1)  # read as token slots: 8, 9 outside [1, 5)
+
+
+def test_rows_held_fails_on_a_slot_named_twice() -> None:
+    s = L.allocate(L.new_ledger("kv", 4, base=1), request(1), frozenset({1, 2}))
+    assert L.inv_rows_held(s, {0: (request(1), [1, 2])})
+    fault = next(L.row_faults(s, {0: (request(1), [1, 2, 1])}))
+    assert (fault.position, fault.slot, fault.again) == (2, 1, True)

@@ -242,6 +242,8 @@ ADD2 = [
         # a row that names slots outside the KV pool (0 is padding, 99 beyond)
         ([ADD, ADMIT_OK, *GRANT, EXTEND, '{"op":"row","row":0,"start":0,"slots":[0,2,3]}'], "outside the KV pool"),
         ([ADD, ADMIT_OK, *GRANT, EXTEND, '{"op":"row","row":0,"start":3,"slots":[99]}'], "outside the KV pool"),
+        # a row that names one slot at two positions
+        ([ADD, ADMIT_OK, *GRANT, EXTEND, '{"op":"row","row":0,"start":2,"slots":[2]}'], "earlier position"),
         # a row written that nobody holds
         ([ADD, ADMIT_OK, *GRANT, EXTEND, '{"op":"row","row":1,"start":0,"slots":[1]}'], "nobody holds"),
         # a row handed to another owner who does not hold the KV it names
