@@ -125,6 +125,24 @@ def _values(prop: dict[str, Any]) -> list[Any]:
     return out
 
 
+_HAND_CALL_FIELDS = (
+    "name",
+    "ok",
+    "leaked",
+    "error",
+    "component",
+    "handles_before",
+    "handles_after",
+    "committed_len",
+    "tokens",
+    "n",
+    "admitted",
+    "prefix_len",
+    "req",
+    "session",
+)
+
+
 def _replay(lines: list[str]) -> tuple[int, int | None, str]:
     r = replay(io.StringIO("\n".join(lines) + "\n"))  # must return (never raise) whatever the input
     return r.exit_code, r.error.line if r.error is not None else None, str(r.error or r.violation or "")
@@ -179,39 +197,9 @@ def test_every_field_of_every_event_fuzzed(corpus: list[list[str]]) -> None:
     )
 
 
-# Fields no recorder writes in the corpus (cache-level leaks, errors...): fuzzed on hand-written events.
-HAND_MADE_FIELDS = {
-    ("call", "error"),
-    ("call", "leaked"),
-    ("call", "component"),
-    ("call", "handles_before"),
-    ("call", "handles_after"),
-    ("call", "committed_len"),
-    ("call", "tokens"),
-    ("call", "n"),
-    ("call", "ok"),
-    ("call", "admitted"),
-    ("call", "prefix_len"),
-    ("call", "session"),
-    ("call", "req"),
-    ("insert", "dups_freed"),
-    ("mamba_cow", "sizes"),
-    ("mamba_cow", "lock_delta"),
-    ("mamba_cow", "evicted"),
-    ("lru", "cached"),
-    ("match_prefix", "sizes"),
-    ("lock", "sizes"),
-    ("unlock", "sizes"),
-    ("insert", "sizes"),
-    ("evict", "sizes"),
-    ("alloc_mamba", "slot"),
-    ("free_mamba", "slot"),
-    ("free_mamba", "req"),
-    ("alloc_mamba", "req"),
-    ("mamba_cow", "handle"),
-    ("mamba_cow", "req"),
-    ("mamba_cow", "slot"),
-}
+# Fields the short recorded corpus may lack (a call's error, a session's committed length, the cache
+# freeing duplicates itself): fuzzed on hand-written events below.
+HAND_MADE_FIELDS = {("call", name) for name in _HAND_CALL_FIELDS} | {("insert", "dups_freed")}
 
 HAND_HEADER = json.dumps(
     {
@@ -253,6 +241,32 @@ def test_every_optional_field_fuzzed_on_hand_made_events() -> None:
             cases += 1
             assert _replay([HAND_HEADER, json.dumps(bad)])[:2] == (2, 2), bad
     assert cases > 100
+    print(f"fuzzed {len(HAND_CALL)} fields of a hand-made call: {cases} malformed lines, all exit 2 at line 2")
+
+
+def test_dups_freed_fuzzed_on_a_hand_made_insert() -> None:
+    header = json.dumps({"kvledger_trace": 1, "config": {}, "adapter": "hand", "version": "1"})
+    events = [
+        {"op": "alloc_kv", "req": 1, "n": 2, "slots": [1, 2]},
+        {"op": "write_kv", "slots": [1, 2], "tokens": [1, 2], "start": 0},
+        {"op": "insert", "req": 1, "key": [1, 2], "slots": [1, 2], "mamba": None, "prefix_len": 0}
+        | {"dup_slots": [], "dup_mamba": None},
+        {"op": "alloc_kv", "req": 2, "n": 2, "slots": [3, 4]},
+        {"op": "write_kv", "slots": [3, 4], "tokens": [1, 2], "start": 0},
+    ]
+    before = [header, *(json.dumps({"step": i, **e}) for i, e in enumerate(events, 1))]
+    last = {"step": 6, "op": "insert", "req": 2, "key": [1, 2], "slots": [3, 4], "mamba": None, "prefix_len": 2}
+    last |= {"dup_slots": [3, 4], "dup_mamba": None, "dups_freed": [3, 4]}
+    assert _replay([*before, json.dumps(last)])[0] == 0
+    cases = 0
+    for value in _values(BY_OP["insert"].schema["properties"]["dups_freed"]):
+        bad = {**last, "dups_freed": value}
+        if _schema_valid(bad):
+            assert _replay([*before, json.dumps(bad)])[0] in (0, 1, 2)
+            continue
+        cases += 1
+        assert _replay([*before, json.dumps(bad)])[:2] == (2, 7), bad
+    assert cases > 10
 
 
 # ---------------------------------------------------------------- the header
@@ -313,3 +327,4 @@ def test_every_header_field_fuzzed(kind: str, tmp_path: Path) -> None:
         text = json.dumps({**header, "version": "@@RAW@@"}).replace(PLACEHOLDER, raw)
         assert _replay([text, *lines[1:]])[:2] == (2, 1)
     assert cases > 100
+    print(f"fuzzed the {kind} header: {cases} malformed headers, all exit 2 at line 1")
