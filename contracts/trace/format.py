@@ -49,8 +49,9 @@ and three events instead of the table above:
                  live length before: what lies past it is stale and names nothing)
 ==============  ==============================================================
 
-A system header's ``pools`` name ``kv`` (pages when ``page_size > 1``) and
-``req_to_token``, optionally ``mamba`` and ``swa``.
+A system header's ``pools`` include ``kv`` (pages when ``page_size > 1``);
+``req_to_token`` (the request table) is needed by ``row`` events; an event
+naming a pool the header does not list is malformed.
 
 ``evicted`` is ``{"full": [keys], "swa": [keys], "mamba": [keys]}``: the pages
 that left the cache, became SWA tombstones, or lost their Mamba state, as
@@ -193,8 +194,6 @@ CALLS = (
 """The memory-manager calls a system trace names."""
 OWNER_RE = re.compile(r"(req|session):(0|[1-9]\d{0,18})|node:(0|[1-9]\d{0,18})/(full|swa|mamba)")
 COMPONENTS = ("full", "swa", "mamba")
-SYSTEM_POOLS = ("kv", "req_to_token", "mamba", "swa")
-"""The pools a system trace may name (``kv`` in pages when ``page_size > 1``; ``kv`` and ``req_to_token`` required)."""
 HEADER_FIELDS = ("kvledger_trace", "config", "adapter", "version", "capabilities", "faults", "pools", "ledgers")
 """Every field a header may have (any other is malformed)."""
 _KIND_TEXT = {
@@ -487,9 +486,9 @@ def parse_header(obj: object) -> Header:
             raise TraceFormatError(1, f"header {name!r} a string", _short(obj[name]))
     caps = _strings(1, "capabilities", obj["capabilities"]) if "capabilities" in obj else None
     faults = _strings(1, "faults", obj.get("faults", []))
-    pools = _ranges(1, "pools", obj["pools"], SYSTEM_POOLS) if "pools" in obj else None
-    if pools is not None and not {"kv", "req_to_token"} <= set(pools):
-        raise TraceFormatError(1, "header 'pools' with 'kv' and 'req_to_token'", _short(sorted(pools)))
+    pools = _ranges(1, "pools", obj["pools"], None) if "pools" in obj else None
+    if pools is not None and "kv" not in pools:
+        raise TraceFormatError(1, "header 'pools' with a 'kv' pool", _short(sorted(pools)))
     ledgers = _ranges(1, "ledgers", obj["ledgers"], ("kv", "mamba")) if "ledgers" in obj else None
     if pools is not None and ledgers is not None:
         raise TraceFormatError(1, "'pools' (a system trace) or 'ledgers' (a cache trace), not both")

@@ -132,8 +132,8 @@ def build_schema() -> dict[str, Any]:
             "capabilities": {**strings, "description": "exactly the kinds of data the trace holds"},
             "faults": strings,
             "pools": {
-                **_range(list(F.SYSTEM_POOLS)),
-                "required": ["kv", "req_to_token"],
+                **_range(None),
+                "required": ["kv"],
                 "description": "a system trace: pool name -> [base, capacity]",
             },
             "ledgers": {**_range(["kv", "mamba"]), "description": "a cache trace: where kv/mamba slots lie"},

@@ -313,7 +313,7 @@ def test_every_header_field_fuzzed(kind: str, tmp_path: Path) -> None:
             cases += 1
             code, at, why = _replay([json.dumps(bad), *lines[1:]])
             assert (code, at) == (2, 1), (where, value, why)
-        if isinstance(where[-1], str):
+        if isinstance(where[-1], str) and where[:-1] != ("pools",):  # NOTE: pool names are open (an extra one is legal)
             cases += 1
             misspelt = {**header, _misspelt(str(where[-1])): 1} if len(where) == 1 else _set(header, where[:-1], {})
             if len(where) > 1:
