@@ -140,8 +140,13 @@ def _print(console: Console, path: Path, r: ReplayResult) -> None:
             console.print(f"  {subject}:", markup=False, highlight=False)
             for e in events or ["(no earlier event in the trace window)"]:
                 console.print(f"    {e}", markup=False, highlight=False)
+    if r.checked:
+        done = ", ".join(f"{law} ({n}x)" for law, n in sorted(r.checked.items()))
+        console.print(f"checked: {done}", markup=False, highlight=False)
     if r.unchecked:
-        console.print(f"not checkable from this trace: {', '.join(r.unchecked)}", markup=False, highlight=False)
+        console.print("not checked:", markup=False, highlight=False)
+        for law, why in r.unchecked:
+            console.print(f"  {law}: {why}", markup=False, highlight=False)
 
 
 def replay(
