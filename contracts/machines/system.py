@@ -11,8 +11,8 @@ after every step checks on the adapter's snapshot (:func:`check_snapshot`):
   structures reference (a request its row, owned positions and Mamba state, a
   tree node its value and state, a session what its slot records; finished
   requests and closed sessions nothing);
-* ``inv_rows_held``: every slot a live row names is held — the owned
-  positions by the row's holder, the borrowed prefix by the cache;
+* ``inv_rows_held`` (``spec.ledger``): every slot a live row names lies in
+  the pool, is held by the row's holder or by the cache, and is named once;
 * ``leak checker agrees with the ledgers``: the engine's own idle check and
   the ledgers agree (no false positive, no false negative);
 * ``admission rolls back`` / ``admission commits`` (``spec.admission``) on
@@ -97,22 +97,15 @@ def owners_differ(snap: SystemSnapshot) -> tuple[dict[str, set[int]], list[str]]
 
 
 def rows_unheld(snap: SystemSnapshot) -> list[str]:
-    """Row entries naming a KV slot that is not held as the row says: ``inv_rows_held``'s counterexamples."""
+    """``spec.ledger.inv_rows_held``'s counterexamples in the snapshot's request table, one line each."""
     kv = snap.ledgers.get("kv")
     if kv is None:
         return []
+    rows = {row: (view.holder, view.slots) for row, view in snap.rows.items()}
     out = []
-    for row, view in sorted(snap.rows.items()):
-        for pos, slot in enumerate(view.slots):
-            unit = slot // snap.page_size
-            if not kv.base <= unit < kv.base + kv.capacity:
-                out.append(f"row {row} position {pos} names slot {slot}, outside the pool")
-                continue
-            holder = L.owner_of(kv, unit)
-            if pos >= view.owned_from and holder != view.holder:
-                out.append(f"row {row} ({view.holder}) position {pos} names slot {slot}, held by {holder or 'free'}")
-            elif pos < view.owned_from and holder is None:
-                out.append(f"row {row} ({view.holder}) position {pos} borrows slot {slot}, which is free")
+    for f in L.row_faults(kv, rows, snap.page_size):
+        what = "outside the pool" if f.outside else "named twice" if f.again else f"held by {f.holder or 'free'}"
+        out.append(f"row {f.row} ({f.owner}) position {f.position} names slot {f.slot}, {what}")
     return out
 
 
