@@ -258,6 +258,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             running = self.ids("running")
             return running[pick % len(running)] if running else None
 
+        @precondition(lambda self: any(r.status == "running" for r in self.last.requests.values()))
         @rule(pick=st.integers(0, 7), n=st.integers(1, 3), ahead=st.integers(0, 3))
         def extend(self, pick: int, n: int, ahead: int) -> None:
             rid = self._running(pick)
@@ -271,6 +272,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 if after.ledgers != before.ledgers or after.requests.get(rid) != before.requests.get(rid):
                     raise _fail("rejected call leaves state unchanged", f"extend of request {rid}: {err}") from err
 
+        @precondition(lambda self: any(r.status == "running" for r in self.last.requests.values()))
         @rule(pick=st.integers(0, 7), op=st.sampled_from(["finish", "finish", "chunk", "retract", "abort"]))
         def end_or_chunk(self, pick: int, op: str) -> None:
             rid = self._running(pick)
@@ -278,10 +280,11 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 return
             getattr(self.sys, op)(rid)
 
+        @precondition(lambda self: self.has("sessions"))
         @rule(sid=st.sampled_from(SESSIONS))
         def close_session(self, sid: int) -> None:
             slot = self.last.sessions.get(sid)
-            if slot is None or not self.has("sessions"):
+            if slot is None:
                 return
             lender = self.last.requests.get(slot.lent_to) if slot.lent_to is not None else None
             if lender is not None and lender.status == "running":
@@ -292,15 +295,15 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                         self.sys.abort(r)
             self.sys.close_session(sid)
 
+        @precondition(lambda self: self.has("evict"))
         @rule(comp=st.sampled_from([Component.FULL, Component.MAMBA]), n=st.integers(1, 8))
         def evict(self, comp: Component, n: int) -> None:
-            if self.has("evict"):
-                self.sys.evict(comp, n)
+            self.sys.evict(comp, n)
 
+        @precondition(lambda self: self.has("inject_failure"))
         @rule()
         def inject_allocation_failure(self) -> None:
-            if self.has("inject_failure"):
-                self.sys.inject_failure()
+            self.sys.inject_failure()
 
         # ---------------------------------------------------------- laws
 

@@ -35,6 +35,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvledger.contracts.adapters.protocol import Unsupported
 from kvledger.contracts.adapters.system import RequestView, SharedBlocks, StepResult, SystemConfig, SystemSnapshot
 from kvledger.contracts.adapters.vllm.cpu_import import import_vllm
 from kvledger.spec.errors import InvalidArgument
@@ -555,6 +556,8 @@ def _hashable(x: Any) -> Hashable:
 
 def vllm_factory(config: SystemConfig | None = None) -> VLLMAdapter:
     """The adapter for ``--adapter vllm``: full attention (block size ``config.page_size``, 4 when it is 1)."""
+    if getattr(config, "mamba", False):
+        raise Unsupported("vLLM's KV cache manager adapter drives attention groups only, not Mamba state")
     page = int(getattr(config, "page_size", 1))
     block = page if page > 1 else 4
     tokens = int(getattr(config, "kv_tokens", 48))
@@ -563,6 +566,8 @@ def vllm_factory(config: SystemConfig | None = None) -> VLLMAdapter:
 
 def vllm_hybrid_factory(config: SystemConfig | None = None) -> VLLMAdapter:
     """The adapter for ``--adapter vllm-hybrid``: full attention plus a sliding window (two kv-cache groups)."""
+    if getattr(config, "mamba", False):
+        raise Unsupported("vLLM's KV cache manager adapter drives attention groups only, not Mamba state")
     page = int(getattr(config, "page_size", 1))
     block = page if page > 1 else 4
     tokens = int(getattr(config, "kv_tokens", 48))
