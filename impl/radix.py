@@ -43,11 +43,12 @@ from collections.abc import Mapping
 import torch
 
 from kvledger.impl.allocators import SWATokenAllocator
+from kvledger.impl.arguments import check_int
 from kvledger.impl.kvview import KVAllocator
 from kvledger.impl.locks import Counter, LockHandle
 from kvledger.impl.lru import SLOT
 from kvledger.impl.mamba import MambaPool
-from kvledger.impl.owners import node_tag
+from kvledger.impl.owners import encode, node_tag
 from kvledger.impl.slots import Tokens, host_bytes
 from kvledger.impl.tree import (
     FULL,
@@ -158,6 +159,9 @@ class RadixCache(RadixTree):
         """
         op = "insert"
         raw_key, value = key_bytes(op, key), self._as_tokens(op, value)
+        encode(owner, op, self._kv.pool.name)
+        if mamba_slot is not None and type(mamba_slot) is not int:
+            check_int(op, "mamba", "mamba_slot", mamba_slot)
         memo = self._walk_of(raw_key)
         q = array("q", raw_key) if memo is None else memo.key  # NOTE: the match's tokens of this key
         slots = host_bytes(value)
@@ -290,7 +294,9 @@ class RadixCache(RadixTree):
 
     def handles_covering(self, ident: int, comp: Component) -> int:
         """How many live handles cover ``(node ident, comp)``; equals that node's ``lock_ref[comp]``."""
-        return self._locks.covering(NodeId(ident), comp)
+        if type(ident) is not int:
+            raise CacheError(f"handles_covering: node id must be an int, got {type(ident).__name__} {ident!r:.40}")
+        return self._locks.covering(NodeId(ident), self._component("handles_covering", comp))
 
     def evictable_size(self, comp: Component = FULL) -> int:
         """Cached ``comp`` (tokens; MAMBA: states) no live handle covers. Refines ``spec.prefix.evictable_size``."""
@@ -315,7 +321,7 @@ class RadixCache(RadixTree):
         content leaves its LRU lists with its links cleared.
         """
         self._require(comp, "evict")
-        if n <= 0:
+        if (type(n) is not int or n <= 0) and check_int("evict", comp.value, "n", n) == 0:
             return 0
         return self._evict_full(n) if comp is FULL else self._evict_component(comp, n)
 
@@ -362,6 +368,9 @@ class RadixCache(RadixTree):
         ``CacheError`` when the match is stale (its state was evicted).
         """
         pool = self._pool("mamba_copy_on_write")
+        if not isinstance(match, MatchResult):
+            raise CacheError(f"mamba_copy_on_write: expected a MatchResult, got {type(match).__name__}")
+        encode(owner, "mamba_copy_on_write", "mamba")
         src = match.last_node
         if self._nodes.get(src.id) is not src or src.mamba_slot is None or src.mamba_slot != match.mamba_slot:
             raise CacheError(f"mamba_copy_on_write: match at node {src.id} is stale or has no Mamba state")
@@ -386,6 +395,8 @@ class RadixCache(RadixTree):
 
     def verify(self, match: MatchResult, key: torch.Tensor) -> None:
         """Raise ``IntegrityError`` unless the matched slots hold the fingerprints of ``key``'s first tokens."""
+        if not isinstance(match, MatchResult):
+            raise CacheError(f"verify: expected a MatchResult, got {type(match).__name__}")
         if match.length:
             toks = self._as_tokens("verify", key)[: match.length]
             pos = torch.arange(match.length, dtype=torch.int64, device=self.device)
