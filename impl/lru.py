@@ -231,6 +231,9 @@ class LRUList(Generic[N]):
         """``touch`` each of ``nodes`` (distinct members) in turn, the last ending at the head: one call for a whole
         radix path. Nothing changes if one of them is not a member. The same as ``place(nodes[::-1])``.
         """
+        if not isinstance(nodes, list | tuple):
+            why = f"expected a list of nodes, got {type(nodes).__name__}"
+            raise NotInList("lru_touch", self.component.value, -1, why)
         self.place(nodes[::-1])
 
     def place(self, order: list[N]) -> None:

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 import torch
 
 from kvledger.impl.allocators import SWATokenAllocator
-from kvledger.impl.arguments import check_int
+from kvledger.impl.arguments import check_id, check_int
 from kvledger.impl.kvview import KVAllocator
 from kvledger.impl.locks import Counter, LockHandle
 from kvledger.impl.lru import SLOT
@@ -160,8 +160,8 @@ class RadixCache(RadixTree):
         op = "insert"
         raw_key, value = key_bytes(op, key), self._as_tokens(op, value)
         encode(owner, op, self._kv.pool.name)
-        if mamba_slot is not None and type(mamba_slot) is not int:
-            check_int(op, "mamba", "mamba_slot", mamba_slot)
+        if mamba_slot is not None and self.mamba is not None:
+            check_id(op, "mamba", "mamba_slot", mamba_slot, 0, self.mamba.pool.size)
         memo = self._walk_of(raw_key)
         q = array("q", raw_key) if memo is None else memo.key  # NOTE: the match's tokens of this key
         slots = host_bytes(value)
