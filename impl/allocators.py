@@ -93,8 +93,7 @@ class PagedAllocator:
     """
 
     def __init__(self, num_pages: int, page_size: int, *, device: str | torch.device = "cpu", name: str = "kv") -> None:
-        if page_size < 1:
-            raise InvalidArgument("create", name, (), f"page_size {page_size} must be >= 1")
+        check_int("create", name, "page_size", page_size, 1, 1 << 20)
         self.page_size = page_size
         self.pool = SlotPool(name, num_pages, base=1, device=device)
         self.device = self.pool.device

@@ -47,6 +47,16 @@ def check_id(op: str, where: str, name: str, value: object, lo: int, hi: int) ->
     return value
 
 
+def check_device(op: str, where: str, device: object) -> torch.device:
+    """``device`` (a ``torch.device`` or its name) as a ``torch.device``; ``InvalidArgument`` if it names none."""
+    if not isinstance(device, str | torch.device):
+        raise InvalidArgument(op, where, (), f"device must be a str or torch.device, got {_what(device)}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise InvalidArgument(op, where, (), f"device {device!r}: {e}") from None
+
+
 def check_tokens(op: str, where: str, tokens: object, *, empty: bool = True) -> tuple[int, ...]:
     """Token ids as a tuple of ints in ``[0, 2**63)``: a sequence of ints (not a string, not floats).
 

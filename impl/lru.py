@@ -120,6 +120,8 @@ class LRUList(Generic[N]):
     """
 
     def __init__(self, component: Component) -> None:
+        if type(component) is not Component:
+            raise UnknownNode("create", str(component), -1, "an LRU list's component must be a Component")
         self.component = component
         self.slot = SLOT[component]
         self.head = Linked(SENTINEL_ID)

@@ -45,8 +45,13 @@ class MambaPool:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        if ping_pong_size < 0:
-            raise InvalidArgument("create", "mamba", (), f"ping_pong_size {ping_pong_size} must be >= 0")
+        check_int("create", "mamba", "ping_pong_size", ping_pong_size, 0, 1 << 20)
+        check_int("create", "mamba", "size", size, 1, 1 << 24)
+        for name, shape in (("conv_shape", conv_shape), ("temporal_shape", temporal_shape)):
+            if not isinstance(shape, tuple) or any(type(d) is not int or d < 1 for d in shape):
+                raise InvalidArgument("create", "mamba", (), f"{name} must be a tuple of ints >= 1, got {shape!r:.40}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise InvalidArgument("create", "mamba", (), f"dtype must be a floating torch.dtype, got {dtype!r:.40}")
         self.pool = SlotPool("mamba", size, device=device)
         self.device = self.pool.device
         self.ping_pong_size = ping_pong_size

@@ -46,6 +46,13 @@ class MemoryManager:
     """Pools, cache, requests and sessions of one engine instance (token or paged KV; Mamba optional)."""
 
     def __init__(self, cache: RadixCache, rows: ReqToTokenPool, *, debug: bool = False) -> None:
+        if not isinstance(cache, RadixCache) or not isinstance(rows, ReqToTokenPool):
+            got = f"{type(cache).__name__}, {type(rows).__name__}"
+            raise InvalidArgument(
+                "create", "req_to_token", (), f"expected a RadixCache and a ReqToTokenPool, got {got}"
+            )
+        if rows.device != cache.device:
+            raise InvalidArgument("create", "req_to_token", (), f"rows on {rows.device}, the cache on {cache.device}")
         if not isinstance(cache.kv, TokenAllocator | PagedAllocator):
             raise InvalidArgument("create", "kv", (), "the memory manager takes a token or paged KV allocator")
         self.cache = cache

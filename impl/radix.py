@@ -42,7 +42,7 @@ from collections.abc import Mapping
 
 import torch
 
-from kvledger.impl.allocators import SWATokenAllocator
+from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
 from kvledger.impl.arguments import check_id, check_int
 from kvledger.impl.kvview import KVAllocator
 from kvledger.impl.locks import Counter, LockHandle
@@ -99,12 +99,22 @@ class RadixCache(RadixTree):
         swa_window: int | None = None,
         mamba: MambaPool | None = None,
     ) -> None:
+        if not isinstance(kv, TokenAllocator | PagedAllocator | SWATokenAllocator):
+            raise CacheError(f"create: kv must be a token, paged or SWA allocator, got {type(kv).__name__}")
+        if mamba is not None and not isinstance(mamba, MambaPool):
+            raise CacheError(f"create: mamba must be a MambaPool or None, got {type(mamba).__name__}")
+        if mamba is not None and mamba.device != kv.device:
+            raise CacheError(f"create: the Mamba pool is on {mamba.device}, the KV allocator on {kv.device}")
         grain = kv.page_size
         ps = grain if page_size is None else page_size
         if isinstance(ps, bool) or not isinstance(ps, int) or ps < 1 or ps % grain:
-            raise CacheError(f"page_size {page_size!r}: must be a positive multiple of the allocator's {grain}")
-        if swa_window is not None and (not isinstance(kv, SWATokenAllocator) or swa_window < 1):
-            raise CacheError(f"swa_window {swa_window}: needs an SWATokenAllocator (got {type(kv).__name__}) and >= 1")
+            raise CacheError(f"create: page_size {page_size!r} must be a positive multiple of the allocator's {grain}")
+        if swa_window is not None and (
+            not isinstance(kv, SWATokenAllocator) or type(swa_window) is not int or swa_window < 1
+        ):
+            raise CacheError(
+                f"create: swa_window {swa_window!r} needs an SWATokenAllocator (got {type(kv).__name__}) and >= 1"
+            )
         super().__init__(kv, ps, swa_window, mamba)
 
     # ------------------------------------------------------------ match / insert

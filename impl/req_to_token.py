@@ -11,7 +11,7 @@ import torch
 
 from kvledger.impl.arguments import check_id, check_ids_tensor, check_int, check_range
 from kvledger.impl.slots import SlotPool
-from kvledger.spec.errors import InvalidArgument, OutOfRange
+from kvledger.spec.errors import OutOfRange
 from kvledger.spec.types import Owner
 
 
@@ -19,8 +19,8 @@ class ReqToTokenPool:
     """``size`` rows of ``max_context_len`` slot indices each. Rows refine ``spec.ledger``."""
 
     def __init__(self, size: int, max_context_len: int, *, device: str | torch.device = "cpu") -> None:
-        if max_context_len <= 0:
-            raise InvalidArgument("create", "req_to_token", (), f"max_context_len {max_context_len} must be > 0")
+        check_int("create", "req_to_token", "max_context_len", max_context_len, 1, 1 << 24)
+        check_int("create", "req_to_token", "size", size, 1, 1 << 24)
         self.pool = SlotPool("req_to_token", size, device=device)
         self.device = self.pool.device
         self.max_context_len = max_context_len

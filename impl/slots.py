@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvledger.impl.arguments import check_id, check_int
+from kvledger.impl.arguments import check_device, check_id, check_int
 from kvledger.impl.owners import FREE_TAG, RESERVED_TAG, decode, encode
 from kvledger.spec.errors import (
     DoubleFree,
@@ -51,12 +51,14 @@ class SlotPool:
     """
 
     def __init__(self, name: str, capacity: int, *, base: int = 0, device: str | torch.device = "cpu") -> None:
-        if capacity <= 0 or base < 0:
-            raise InvalidArgument("create", name, (), f"capacity {capacity} and base {base} must be > 0 and >= 0")
+        if not isinstance(name, str):
+            raise InvalidArgument("create", "pool", (), f"pool name must be a str, got {type(name).__name__}")
+        check_int("create", name, "capacity", capacity, 1, 1 << 40)
+        check_int("create", name, "base", base, 0, 1 << 40)
         self.name = name
         self.capacity = capacity
         self.base = base
-        self.device = torch.device(device)
+        self.device = check_device("create", name, device)
         self.is_cpu = self.device.type == "cpu"
         self.size = base + capacity
         # owner_tag[s]: FREE_TAG, RESERVED_TAG (s < base) or the encoded owner of slot s.

@@ -560,6 +560,39 @@ ENTRY_POINTS: list[tuple[str, Call, Bad]] = [
     ("rollback", lambda w, x: rollback(w.mm, x), lambda w: [*JUNK, Attempt(other_request(w, w.running))]),
     ("check_leaks", lambda w, x: check_leaks(x), each(JUNK)),
     ("expected_owners", lambda w, x: expected_owners(x), each(JUNK)),
+    # ---- constructors
+    ("SlotPool.__init__ capacity", lambda w, x: SlotPool("p", x), each([*BAD_SIZES, 0])),
+    ("SlotPool.__init__ base", lambda w, x: SlotPool("p", 4, base=x), each(BAD_SIZES)),
+    ("SlotPool.__init__ device", lambda w, x: SlotPool("p", 4, device=x), each([*JUNK[:6], "nope", "cuda:x"])),
+    ("SlotPool.__init__ name", lambda w, x: SlotPool(x, 4), each([None, 1, b"p"])),
+    ("TokenAllocator.__init__ size", lambda w, x: TokenAllocator(x), each(BAD_SIZES)),
+    ("PagedAllocator.__init__ page_size", lambda w, x: PagedAllocator(4, x), each([*BAD_SIZES, 0])),
+    ("SWATokenAllocator.__init__ swa_size", lambda w, x: SWATokenAllocator(4, x), each(BAD_SIZES)),
+    ("ReqToTokenPool.__init__ size", lambda w, x: ReqToTokenPool(x, 8), each(BAD_SIZES)),
+    ("ReqToTokenPool.__init__ max_context_len", lambda w, x: ReqToTokenPool(4, x), each([*BAD_SIZES, 0])),
+    ("MambaPool.__init__ size", lambda w, x: MambaPool(x), each(BAD_SIZES)),
+    ("MambaPool.__init__ ping_pong_size", lambda w, x: MambaPool(4, ping_pong_size=x), each(BAD_SIZES)),
+    ("MambaPool.__init__ conv_shape", lambda w, x: MambaPool(4, conv_shape=x), each([None, 4, (0,), (1.5,), [4]])),
+    ("MambaPool.__init__ dtype", lambda w, x: MambaPool(4, dtype=x), each([None, "float32", torch.int64])),
+    ("RadixCache.__init__ kv", lambda w, x: RadixCache(x), each([*JUNK, SlotPool("p", 4)])),
+    ("RadixCache.__init__ page_size", lambda w, x: RadixCache(TokenAllocator(4), page_size=x), each(BAD_SIZES[1:])),
+    (
+        "RadixCache.__init__ swa_window",
+        lambda w, x: RadixCache(SWATokenAllocator(4, 4), swa_window=x),
+        each(BAD_SIZES[1:]),
+    ),
+    (
+        "RadixCache.__init__ mamba",
+        lambda w, x: RadixCache(TokenAllocator(4), mamba=x),
+        each([*JUNK[1:], MambaPool(2, device="meta")]),
+    ),
+    ("MemoryManager.__init__ cache", lambda w, x: MemoryManager(x, ReqToTokenPool(2, 4)), lambda w: [*JUNK, w.swa]),
+    (
+        "MemoryManager.__init__ rows",
+        lambda w, x: MemoryManager(RadixCache(TokenAllocator(4)), x),
+        each([*JUNK, SlotPool("p", 2)]),
+    ),
+    ("LRUList.__init__", lambda w, x: LRUList(x), each(BAD_COMPONENTS)),
     ("encode", lambda w, x: encode(x), each(BAD_OWNERS)),
     (
         "fingerprint",
@@ -588,6 +621,7 @@ def _op(name: str) -> str:
         "admit": "admit",
         "alloc_mamba": "alloc_mamba",
         "alloc_kv": "alloc",
+        "__init__": "create",
     }.get(method, method)
 
 
