@@ -66,7 +66,7 @@ def _safe(fn: Callable[[], Any]) -> Any:
 
 
 def _top_slice(self: SlotPool, n: Any) -> Any:
-    return _safe(lambda: self._stack[self._top - n : self._top].clone() if 0 < n <= self._top else None)
+    return _safe(lambda: self._stack[self._top - n : self._top].clone() if 0 <= n <= self._top else None)
 
 
 def _as_tensor(indices: Any) -> torch.Tensor:

@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvledger.impl.arguments import check_int
 from kvledger.impl.mamba import MambaAlloc
+from kvledger.impl.owners import MAX_IDENT
 from kvledger.impl.requests import Request, Status
 from kvledger.spec.errors import InvalidArgument
 from kvledger.spec.types import Owner, session
@@ -57,19 +59,28 @@ class Sessions:
         self.slots: dict[int, SessionSlot] = {}
 
     def open(self, sid: int) -> None:
-        """Open session ``sid`` (holding nothing)."""
+        """Open session ``sid`` (an int id in ``[0, MAX_IDENT]``), holding nothing."""
+        check_int("open_session", "session", "session id", sid, 0, MAX_IDENT + 1)
         if sid in self.slots:
             raise InvalidArgument("open_session", "session", (), f"session {sid} is already open")
         self.slots[sid] = SessionSlot(sid)
 
     def _slot(self, op: str, sid: int | None) -> SessionSlot:
-        if sid is None or sid not in self.slots:
+        if type(sid) is not int or sid not in self.slots:
+            if sid is not None:
+                check_int(op, "session", "session id", sid, 0, MAX_IDENT + 1)
             raise InvalidArgument(op, "session", (), f"session {sid} is not open")
         return self.slots[sid]
 
+    def _own_slot(self, op: str, slot: SessionSlot) -> None:
+        if not isinstance(slot, SessionSlot) or self.slots.get(slot.sid) is not slot:
+            raise InvalidArgument(op, "session", (), f"{slot!r:.60} is not one of this manager's open sessions")
+
     def save(self, req: Request) -> None:
         """The turn ended: the session takes the request's row, KV and Mamba state (``save_from_req``)."""
-        mm, slot = self.mm, self._slot("save", req.session)
+        mm, slot = self.mm, self._slot("save", self.mm.own("save", req).session)
+        if slot.lent_to != req.rid or req.row is None:
+            raise InvalidArgument("save", "session", (), f"session {slot.sid} is not lent to request {req.rid}")
         assert req.row is not None and slot.lent_to == req.rid
         mm.rows.transfer(req.row, req.owner, slot.owner)
         if req.alloc_len:
@@ -82,7 +93,7 @@ class Sessions:
 
     def resume(self, req: Request) -> None:
         """Hand the session's memory to ``req`` for its next turn (append-only; tail freed first)."""
-        mm, slot = self.mm, self._slot("resume", req.session)
+        mm, slot = self.mm, self._slot("resume", self.mm.own("resume", req).session)
         if slot.lent_to is not None:
             raise InvalidArgument("resume", "session", (), f"session {slot.sid} is in use by request {slot.lent_to}")
         prefix = min(common_prefix(req.tokens[:-1], slot.tokens), slot.committed_len)
@@ -113,15 +124,18 @@ class Sessions:
 
     def free_tail(self, slot: SessionSlot, start: int) -> None:
         """Free row positions ``[start, alloc_len)`` before the next turn writes over them (B4's fix)."""
+        self._own_slot("free_tail", slot)
+        check_int("free_tail", "session", "start", start)
         if slot.row is not None and slot.alloc_len > start:
             self.mm.kv.free(self.mm.rows.table[slot.row, start : slot.alloc_len].clone(), slot.owner)
         slot.alloc_len = min(slot.alloc_len, start)
 
     def unresume(self, req: Request) -> None:
         """Admission rolled back: give the session back what ``resume`` lent (fresh allocations are freed)."""
-        mm, slot = self.mm, self._slot("unresume", req.session)
+        mm, slot = self.mm, self._slot("unresume", self.mm.own("unresume", req).session)
         fresh_row, fresh_state = slot.lent_fresh
-        assert req.row is not None
+        if slot.lent_to != req.rid or req.row is None:
+            raise InvalidArgument("unresume", "session", (), f"session {slot.sid} is not lent to request {req.rid}")
         if fresh_row:
             mm.rows.free(req.row, req.owner)
         else:
@@ -142,7 +156,9 @@ class Sessions:
     def extend_resumed(self, req: Request) -> None:
         """Allocate and fill the new turn's KV after the resumed prefix."""
         mm = self.mm
-        assert req.row is not None
+        mm.own("extend_resumed", req)
+        if req.row is None or req.session is None:
+            raise InvalidArgument("extend_resumed", "session", (), f"request {req.rid} has not resumed a session")
         need = mm.round_up(len(req.tokens)) - req.alloc_len
         if need > 0:
             got = mm.alloc_kv(req.owner, need)
@@ -165,6 +181,7 @@ class Sessions:
 
     def release_state(self, slot: SessionSlot) -> None:
         """Free the session's Mamba state and track buffers (what B3 forgot)."""
+        self._own_slot("release_state", slot)
         if slot.mamba is not None:
             self.mm.free_mamba(slot.owner, slot.mamba)
             slot.mamba = None

@@ -214,9 +214,10 @@ def can_allocate(s: Ledger, n: int) -> bool:
 
 
 def check_allocate(s: Ledger, owner: Owner, slots: Slots) -> LedgerError | None:
-    """Why giving ``slots`` to ``owner`` is illegal, or ``None``."""
-    if not slots:
-        return InvalidArgument("allocate", s.name, slots, f"empty allocation for {owner}")
+    """Why giving ``slots`` to ``owner`` is illegal, or ``None``.
+
+    Allocating nothing is legal and changes nothing: an engine allocates 0 slots for a fully cached request.
+    """
     err = _check_range("allocate", s, slots)
     if err is not None:
         return err
