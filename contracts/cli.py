@@ -493,28 +493,22 @@ def _print_table(
 # ---------------------------------------------------------------- spec-check
 
 
-def _positive_seconds(value: float) -> float:
-    if not math.isfinite(value) or value <= 0:
-        raise typer.BadParameter(f"expected a positive number of seconds, got {value}")
-    return value
-
-
 @app.command("spec-check")
 def spec_check(
     modules: Annotated[
         list[str] | None, typer.Argument(help="spec modules to check (default: every module of kvledger.spec)")
     ] = None,
-    per_condition_timeout: Annotated[
-        float, typer.Option(callback=_positive_seconds, help="seconds CrossHair spends per condition (> 0)")
-    ] = 4.0,
+    per_condition_timeout: Annotated[float, typer.Option(help="seconds CrossHair spends per condition (> 0)")] = 4.0,
     jobs: Annotated[int, typer.Option(min=0, help="modules checked in parallel (0: one per CPU)")] = 0,
 ) -> None:
-    """Run CrossHair on the spec modules' contracts (exit 1 on a counterexample; 2 if a module named has nothing to check)."""
+    """Run CrossHair on the spec modules' contracts (exit 1 on a counterexample, 2 on a module with no contract)."""
     import os
     import tempfile
     from concurrent.futures import ThreadPoolExecutor, as_completed
     from pathlib import Path
 
+    if not math.isfinite(per_condition_timeout) or per_condition_timeout <= 0:
+        _fail_usage(f"--per-condition-timeout: expected a positive number of seconds, got {per_condition_timeout}")
     from kvledger.contracts.crosshair_check import SPEC_MODULES, checkable, run_crosshair
 
     targets = list(dict.fromkeys(modules or SPEC_MODULES))
@@ -559,11 +553,11 @@ def spec_check(
         running = list(targets)
         futures = [pool.submit(one, m) for m in targets]
         for fut in as_completed(futures):
-            module, code, out, err, seconds = fut.result()
+            module, code, out, errors, seconds = fut.result()
             running.remove(module)
             progress.update(task, advance=1, description=", ".join(m.rsplit(".", 1)[-1] for m in running) or "done")
             typer.echo(out, nl=False)
-            typer.echo(err, nl=False, err=True)
+            typer.echo(errors, nl=False, err=True)
             verdict = "no counterexample" if code == 0 else f"exit {code}"
             typer.echo(f"crosshair {module}: {verdict} ({counts[module]} functions with contracts, {seconds:.0f}s)")
             worst = max(worst, code)

@@ -49,7 +49,7 @@ class _Counting(io.TextIOWrapper):
     """The trace file, counting the events (lines) written and telling ``tick`` now and then."""
 
     def __init__(self, raw: IO[bytes], tick: Callable[[int], None]) -> None:
-        super().__init__(raw, encoding="utf-8", newline="")  # type: ignore[arg-type]
+        super().__init__(raw, encoding="utf-8", newline="")
         self.events, self._next, self._tick = 0, 1024, tick
 
     def write(self, text: str) -> int:
