@@ -31,7 +31,6 @@ from kvledger.contracts.tiers import LEVELS
 if TYPE_CHECKING:
     from hypothesis import settings as Settings
 
-    from kvledger.contracts.adapters.protocol import AdapterFactory, CacheAdapter, CacheConfig
     from kvledger.contracts.machines.runner import CheckResult, Progress
 
 SUITE_NAMES = ("pools", "cache", "system")
@@ -142,7 +141,10 @@ def check(
     ] = None,
     adapter: Annotated[
         str | None,
-        typer.Option(help="check another cache: an alias (reference, sglang...) or package.module:factory"),
+        typer.Option(
+            help="check an engine: a cache adapter (alias: reference, sglang...; or package.module:factory), "
+            "or with --suite system a scheduler's system adapter"
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a machine-readable result")] = False,
 ) -> None:
@@ -163,11 +165,16 @@ def check(
     faults_on = list(dict.fromkeys(f.upper() for f in fault or []))
     for f in faults_on:
         _one_of("--fault", "fault", f, sorted(FAULTS))
-    probe = _Probe(adapter) if adapter is not None else None
-    if probe is not None:
-        if suite and suite != ["cache"]:
-            _fail_usage("--adapter checks a radix cache: only --suite cache applies")
-        suite = ["cache"]
+    probe = None
+    if adapter is not None:
+        from kvledger.contracts.adapters.protocol import ALIASES
+        from kvledger.contracts.adapters.system import SYSTEM_ALIASES
+
+        if suite and suite not in (["cache"], ["system"]):
+            _fail_usage("--adapter checks one suite: --suite cache (a radix cache) or --suite system (a scheduler)")
+        wants_system = suite == ["system"] or (not suite and adapter in SYSTEM_ALIASES and adapter not in ALIASES)
+        suite = ["system" if wants_system else "cache"]
+        probe = _Probe(adapter, wants_system)
     suites = suite or (sorted({s for f in faults_on for s in FAULTS[f].suites}) if faults_on else list(SUITES))
     known_models = list(dict.fromkeys(m for s in suites for m in SUITES[s].models))
     for m in model or []:
@@ -230,6 +237,7 @@ def check(
             "ok": ok,
             "adapter": probe.name if probe is not None else "kvledger-reference",
             "adapter_version": probe.version if probe is not None else "0.1.0",
+            "engine_class": probe.engine_class if probe is not None else "kvledger.impl",
             "profile": profile,
             "seed": seed,
             "contracts": contracts,
@@ -282,20 +290,35 @@ def _where_faults_act(
 
 
 class _Probe:
-    """An ``--adapter`` spec, loaded and checked up front: a spec that cannot give adapters is a usage error."""
+    """An ``--adapter`` spec, loaded and checked up front: a spec that cannot give adapters is a usage error.
 
-    def __init__(self, spec: str) -> None:
-        from kvledger.contracts.adapters.protocol import CacheConfig, load_factory
+    ``system``: the spec names a request-level ``SystemAdapter`` factory (``--suite system``), else a
+    ``CacheAdapter`` factory.
+    """
 
-        self.spec = spec
+    def __init__(self, spec: str, system: bool = False) -> None:
+        self.spec, self.system = spec, system
+        self.suite = "system" if system else "cache"
         try:
-            self.factory: AdapterFactory = load_factory(spec)
+            if system:
+                from kvledger.contracts.adapters.system import load_system_factory
+
+                self.factory: Callable[[Any], Any] = load_system_factory(spec)
+            else:
+                from kvledger.contracts.adapters.protocol import load_factory
+
+                self.factory = load_factory(spec)
         except ValueError as err:
             _fail_usage(f"--adapter: {err}")
-        self.name, self.version, self.runs_reference = spec, "?", False
-        self.default = CacheConfig()
+        self.name, self.version, self.engine_class, self.runs_reference = spec, "?", "?", False
 
-    def build(self, config: CacheConfig, model: str) -> CacheAdapter:
+    def configs(self) -> dict[str, Any]:
+        """The config each model kind of this adapter's suite is built with."""
+        from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_CONFIGS
+
+        return dict(SYSTEM_CONFIGS) if self.system else dict(CACHE_MODELS)
+
+    def build(self, config: Any, model: str) -> Any:
         """One adapter for ``config``; ``Unsupported`` passes through, anything else is a usage error."""
         from kvledger.contracts.adapters.protocol import Unsupported
 
@@ -309,45 +332,51 @@ class _Probe:
                     ": "
                 )
             )
-        missing = _missing_members(made)
+        missing = _missing_members(made, self.system)
         if missing:
+            kind = "system adapter" if self.system else "cache adapter"
+            doc = "docs/own-scheduler.md" if self.system else "docs/own-cache.md"
             _fail_usage(
-                f"--adapter {self.spec}: the factory returned {type(made).__name__!r}, not a cache adapter "
-                f"(missing {', '.join(missing)}; see docs/own-cache.md)"
+                f"--adapter {self.spec}: the factory returned {type(made).__name__!r}, not a {kind} "
+                f"(missing {', '.join(missing)}; see {doc})"
             )
         return made
 
     def validate(self, models: list[str]) -> dict[str, str]:
-        """Build one adapter per model (name, version and whether it runs kvledger's impl come from them).
+        """Build one adapter per model (name, version, engine class and whether it runs kvledger's impl come from them).
 
-        Returns the models the adapter declines (``Unsupported``), with its reason.
+        Returns the models the adapter declines (``Unsupported``), with its reason; declining all is a usage error.
         """
         from kvledger.contracts.adapters.protocol import Unsupported
         from kvledger.contracts.adapters.reference import ReferenceAdapter
-        from kvledger.contracts.machines.suites import CACHE_MODELS
+        from kvledger.contracts.adapters.reference_system import ReferenceSystemAdapter
 
+        configs = self.configs()
         unsupported: dict[str, str] = {}
         for m in models:
             try:
-                made = self.build(CACHE_MODELS[m], m)
+                made = self.build(configs[m], m)
             except Unsupported as err:
                 unsupported[m] = str(err) or "unsupported"
                 continue
             self.name, self.version = str(made.name), str(made.version)
-            self.runs_reference = isinstance(made, ReferenceAdapter)
+            self.engine_class = str(getattr(made, "engine_class", type(made).__qualname__))
+            self.runs_reference = isinstance(made, ReferenceAdapter | ReferenceSystemAdapter)
         if models and len(unsupported) == len(models):
             _fail_usage(
-                f"--adapter {self.spec}: the adapter supports none of the models asked for "
+                f"--adapter {self.spec}: the adapter builds none of the model kinds asked for "
                 f"({'; '.join(f'{m}: {why}' for m, why in unsupported.items())})"
             )
         return unsupported
 
 
-def _missing_members(obj: object) -> list[str]:
-    """The members of the ``CacheAdapter`` protocol ``obj`` lacks."""
+def _missing_members(obj: object, system: bool) -> list[str]:
+    """The members of the adapter protocol (``SystemAdapter`` or ``CacheAdapter``) ``obj`` lacks."""
     from kvledger.contracts.adapters.protocol import CacheAdapter
+    from kvledger.contracts.adapters.system import SystemAdapter
 
-    names = [*getattr(CacheAdapter, "__annotations__", {}), *(n for n in vars(CacheAdapter) if not n.startswith("_"))]
+    proto: type = SystemAdapter if system else CacheAdapter
+    names = [*getattr(proto, "__annotations__", {}), *(n for n in vars(proto) if not n.startswith("_"))]
     return [n for n in dict.fromkeys(names) if not hasattr(obj, n)]
 
 
@@ -360,25 +389,28 @@ def _adapter_run(
     faults_on: list[str],
     progress: Progress,
 ) -> CheckResult:
-    """Run the cache suite's machine for ``model`` on an adapter; unsupported models and capabilities are skipped."""
+    """Run the suite's machine for ``model`` on an adapter; unsupported models and capabilities are skipped."""
     from kvledger.contracts.adapters.protocol import skipped_rules
-    from kvledger.contracts.machines.cache import RULES as CACHE_RULES
+    from kvledger.contracts.adapters.system import skipped_system_rules
     from kvledger.contracts.machines.cache import machine_for_cache
     from kvledger.contracts.machines.regression import render
     from kvledger.contracts.machines.runner import CheckResult, run_machine
-    from kvledger.contracts.machines.suites import CACHE_MODELS
+    from kvledger.contracts.machines.suites import SUITES
+    from kvledger.contracts.machines.system import machine_for_system
 
     if unsupported is not None:
-        return CheckResult("cache", model, [], skipped=[f"model not supported by the adapter: {unsupported}"])
-    config = CACHE_MODELS[model]
+        return CheckResult(probe.suite, model, [], skipped=[f"model not supported by the adapter: {unsupported}"])
+    config = probe.configs()[model]
     caps = probe.build(config, model).capabilities
 
     def regression(rule: str, lines: list[str]) -> str:
-        return render("cache", model, faults_on, rule, lines, adapter=probe.spec)
+        return render(probe.suite, model, faults_on, rule, lines, adapter=probe.spec)
 
-    machine = machine_for_cache(lambda: probe.build(config, model))
-    result = run_machine("cache", model, machine, list(CACHE_RULES), run_settings, seed, regression, progress)
-    result.skipped = skipped_rules(caps)
+    build = machine_for_system if probe.system else machine_for_cache
+    machine = build(lambda: probe.build(config, model))
+    rules = list(SUITES[probe.suite].rules)
+    result = run_machine(probe.suite, model, machine, rules, run_settings, seed, regression, progress)
+    result.skipped = skipped_system_rules(caps) if probe.system else skipped_rules(caps)
     result.rules = [r for r in result.rules if r not in result.skipped]
     return result
 

@@ -56,6 +56,13 @@ def render(suite: str, model: str, faults: list[str], rule: str, lines: list[str
     if adapter is None:
         imports = "from kvledger.contracts.machines.suites import SUITES"
         machine = f"SUITES[{suite!r}].models[{model!r}]()"
+    elif suite == "system":
+        imports = (
+            "from kvledger.contracts.adapters.system import load_system_factory\n"
+            "from kvledger.contracts.machines.suites import SYSTEM_CONFIGS\n"
+            "from kvledger.contracts.machines.system import machine_for_system"
+        )
+        machine = f"machine_for_system(lambda: load_system_factory({adapter!r})(SYSTEM_CONFIGS[{model!r}]))"
     else:
         imports = (
             "from kvledger.contracts.adapters.protocol import load_factory\n"

@@ -18,15 +18,18 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Annotated, cast
+from typing import IO, Annotated, Any, cast
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from kvledger.contracts.adapters.protocol import load_factory
 from kvledger.contracts.adapters.reference import ReferenceAdapter
-from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_MODELS, fault_targets
+from kvledger.contracts.adapters.system import load_system_factory
+from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_CONFIGS, SYSTEM_MODELS, fault_targets
 from kvledger.contracts.machines.system import build_manager
+from kvledger.contracts.trace.adapter_recorder import record_adapter_workload
 from kvledger.contracts.trace.format import TraceFormatError
 from kvledger.contracts.trace.recorder import WorkloadResult, record_workload
 from kvledger.contracts.trace.replay import ReplayResult
@@ -81,8 +84,14 @@ def record(
     system: Annotated[
         bool, typer.Option("--system", help="record the whole memory manager (requests, admission, sessions)")
     ] = False,
+    adapter: Annotated[
+        str | None,
+        typer.Option(
+            help="record an engine: a cache adapter, or with --system a system adapter (alias or module:factory)"
+        ),
+    ] = None,
 ) -> None:
-    """Record a random workload of the reference implementation as a trace."""
+    """Record a random workload of the reference implementation (or of an engine's adapter) as a trace."""
     names = [f.upper() for f in fault or []]
     for f in names:
         if f not in FAULTS:
@@ -109,6 +118,15 @@ def record(
             acts = ", ".join(f"{s}/{m}" for s, m in fault_targets(FAULTS[f]))
             _usage(f"--fault {f} cannot act in {'/'.join(where)}: it acts only in {acts} (pick one with --model)")
     result: WorkloadResult
+    engine: Any = None
+    if adapter is not None:
+        try:
+            if system:
+                engine = load_system_factory(adapter)(SYSTEM_CONFIGS[model])
+            else:
+                engine = load_factory(adapter)(CACHE_MODELS[model])
+        except Exception as err:  # an adapter that cannot start is a usage error, not a crash
+            _usage(str(err) if isinstance(err, ValueError) else f"adapter {adapter!r}: {type(err).__name__}: {err}")
     console = Console(stderr=True, highlight=False)
     with Progress(
         SpinnerColumn(),
@@ -128,7 +146,11 @@ def record(
 
         try:
             with open(output, "wb") as raw, _Counting(raw, tick) as out, faults.injected(*names):
-                if system:
+                if engine is not None and system:
+                    result = record_adapter_workload(engine, ops, seed, out, faults=tuple(names))
+                elif engine is not None:
+                    result = record_workload(engine, ops, seed, out, lru=lru, faults=tuple(names))
+                elif system:
                     result = record_system_workload(
                         build_manager(*SYSTEM_MODELS[model]), ops, seed, out, faults=tuple(names)
                     )

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from kvledger.contracts.adapters.protocol import RULES_NEEDING, CacheConfig, Unsupported
 from kvledger.contracts.adapters.reference import ReferenceAdapter
+from kvledger.contracts.adapters.system import SYSTEM_RULES_NEEDING
 from kvledger.contracts.cli import LAZY_COMMANDS, SUITE_NAMES, app
 from kvledger.contracts.machines.runner import readable
 from kvledger.contracts.machines.suites import RULE_FAMILIES, SUITES, family_of, fault_targets
@@ -94,7 +95,8 @@ SPEC_TYPES = "kvledger.spec.types"
         (("check", "--adapter", f"{M}:raising_factory"), "raised RuntimeError for model 'full': engine not built"),
         (("check", "--adapter", f"{M}:blind_factory", "--model", "swa"), "supports none of the models"),
         (("check", "--adapter", f"{M}:Wrapped", "--fault", "B1"), "no fault can act there"),
-        (("check", "--adapter", "reference", "--suite", "pools"), "only --suite cache applies"),
+        (("check", "--adapter", "reference", "--suite", "pools"), "--adapter checks one suite"),
+        (("check", "--adapter", "builtins:str", "--suite", "system"), "not a system adapter (missing name"),
         (("check", "--fault", "B2", "--suite", "pools"), "--fault B2 cannot act in pools/token"),
         (("check", "--fault", "B5", "--model", "full"), "--fault B5 cannot act in cache/full"),
         (("check", "--fault", "B3", "--suite", "system", "--model", "paged"), "acts only in system/mamba"),
@@ -240,9 +242,8 @@ def test_readable_drops_icontract_internals() -> None:
 
 
 def test_every_law_belongs_to_exactly_one_rule_family() -> None:
-    laws = {r for s in SUITES.values() for r in s.rules} | {
-        r for rules in RULES_NEEDING.values() for r in rules if not r.endswith("(rule)")
-    }
+    needing = [*RULES_NEEDING.values(), *SYSTEM_RULES_NEEDING.values()]
+    laws = {r for s in SUITES.values() for r in s.rules} | {r for rs in needing for r in rs if not r.endswith("(rule)")}
     for law in laws:
         assert sum(law in members for members in RULE_FAMILIES.values()) == 1, law
         assert family_of(law) is not None
@@ -309,3 +310,29 @@ def test_adapter_rules_it_cannot_express_are_reported_skipped() -> None:
     assert "inv_lru_detached" in full["skipped"] and "inv_lock_ref_counts_handles" in full["skipped"]
     assert "inv_lru_detached" not in full["rules"]
     assert swa["skipped"] and "not supported" in swa["skipped"][0] and swa["examples"] == 0
+
+
+def test_an_adapter_that_builds_only_some_model_kinds_is_probed_with_those() -> None:
+    """A factory refusing full attention (a Mamba-only cache) is not a usage error: its kinds are checked."""
+
+    def mamba_only(config: CacheConfig) -> ReferenceAdapter:
+        if not config.mamba:
+            raise Unsupported("needs a Mamba config")
+        return ReferenceAdapter(config)
+
+    import sys
+    import types
+
+    mod = types.ModuleType("kvledger_test_mamba_only")
+    mod.factory = mamba_only  # type: ignore[attr-defined]
+    sys.modules[mod.__name__] = mod
+    try:
+        result = runner.invoke(app, ["check", "--adapter", f"{mod.__name__}:factory", "--examples", "3", "--json"])
+        assert result.exit_code == 0, result.output
+        payload = json.loads(result.output[result.output.index("{") :])
+        checked = {r["model"] for r in payload["results"] if r["rules"]}
+        assert checked == {"mamba", "hybrid"}, payload["results"]
+        refused = runner.invoke(app, ["check", "--adapter", f"{mod.__name__}:factory", "--model", "full"])
+        assert refused.exit_code == 2 and "needs a Mamba config" in refused.output
+    finally:
+        del sys.modules[mod.__name__]
