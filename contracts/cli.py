@@ -49,9 +49,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
 """Subcommands defined elsewhere, imported when they run or show their own help: (``module:function``, short help)."""
 
 NEXT_STEPS = (
-    "next: see a law catch a bug with `kvledger check --fault B1` (list: `kvledger faults`), "
-    "check your own cache with `kvledger check --adapter package.module:factory`, "
-    "search longer with `--profile thorough`; docs: docs/checking.md, docs/own-cache.md"
+    "next: `kvledger check --fault B1` (a law catching a bug; `kvledger faults` lists them), "
+    "`--adapter package.module:factory` (your own cache), `--profile thorough`; docs/checking.md"
 )
 
 

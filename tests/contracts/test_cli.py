@@ -93,7 +93,10 @@ SPEC_TYPES = "kvledger.spec.types"
         (("check", "--adapter", "builtins:str"), "returned 'str', not a cache adapter (missing name"),
         (("check", "--adapter", "builtins:len"), "the factory raised TypeError for model 'full'"),
         (("check", "--adapter", f"{M}:raising_factory"), "raised RuntimeError for model 'full': engine not built"),
-        (("check", "--adapter", f"{M}:blind_factory", "--model", "swa"), "supports none of the models"),
+        (
+            ("check", "--adapter", f"{M}:blind_factory", "--model", "swa"),
+            "builds none of the model kinds asked for (swa",
+        ),
         (("check", "--adapter", f"{M}:Wrapped", "--fault", "B1"), "no fault can act there"),
         (("check", "--adapter", "reference", "--suite", "pools"), "--adapter checks one suite"),
         (("check", "--adapter", "builtins:str", "--suite", "system"), "not a system adapter (missing name"),
