@@ -96,6 +96,7 @@ def _env_profile() -> str | None:
 def pytest_configure(config: pytest.Config) -> None:
     """Attach the contract tier and load the profile asked for; with neither asked, import nothing heavy."""
     _register_markers(config)
+    _check_ini(config)
     level: Level = config.getoption("--kvledger-contracts") or _env_level()
     profile = config.getoption("--kvledger-profile") or _env_profile()
     if level != "off":
@@ -109,6 +110,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
         register_profiles()
         settings.load_profile(profile)
+
+
+def _check_ini(config: pytest.Config) -> None:
+    """The kvledger ini options, checked before any test runs: a bad value is a usage error naming the allowed ones."""
+    examples = str(config.getini("kvledger_conformance_examples")).strip()
+    if not examples.isdigit() or int(examples) < 1:
+        raise pytest.UsageError(f"kvledger_conformance_examples = {examples!r}: expected a whole number, at least 1")
+    model = str(config.getini("kvledger_cache_model")).strip()
+    if model:  # NOTE: only a project that configures the fixture pays for importing the models
+        from kvledger.contracts.machines.suites import CACHE_MODELS
+
+        if model not in CACHE_MODELS:
+            raise pytest.UsageError(
+                f"kvledger_cache_model = {model!r}: unknown model; expected one of {', '.join(CACHE_MODELS)}"
+            )
 
 
 def _installed_level() -> str:

@@ -215,3 +215,19 @@ def test_profile_from_environment_is_loaded(pytester: pytest.Pytester, monkeypat
         "from hypothesis import settings\n\ndef test_x():\n    assert settings.default.max_examples == 1000\n"
     )
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize(
+    ("ini", "message"),
+    [
+        ("kvledger_conformance_examples = ten", "kvledger_conformance_examples = 'ten': expected a whole number"),
+        ("kvledger_conformance_examples = 0", "kvledger_conformance_examples = '0': expected a whole number"),
+        ("kvledger_cache_model = fulll", "kvledger_cache_model = 'fulll': unknown model; expected one of full"),
+    ],
+)
+def test_bad_ini_is_a_usage_error(pytester: pytest.Pytester, ini: str, message: str) -> None:
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile("def test_x():\n    pass\n")
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines([f"ERROR: {message}*"])
