@@ -470,6 +470,7 @@ class _CheckDisplay:
                 f"kvledger check [{self.index}/{self.jobs}] {r.suite}/{r.model}: {verdict} "
                 f"({r.examples} examples, {r.steps} steps, {r.seconds:.1f}s)",
                 markup=False,
+                soft_wrap=True,
             )
 
 
