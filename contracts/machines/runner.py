@@ -10,13 +10,15 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from random import Random
 from typing import Any
 
 import hypothesis.core
 import icontract
 from hypothesis import settings as Settings
+from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
@@ -64,6 +66,26 @@ class CheckResult:
         if self.violation is not None:
             out["violation"]["length"] = self.violation.length
         return out
+
+
+class Scoped(ExampleDatabase):
+    """``inner`` with every key under ``scope`` (one database shared by many machines keeps their examples apart)."""
+
+    def __init__(self, inner: ExampleDatabase, scope: bytes) -> None:
+        super().__init__()
+        self.inner, self.scope = inner, scope
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.inner.save(self.scope + key, value)
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        return self.inner.fetch(self.scope + key)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(self.scope + key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.inner.move(self.scope + src, self.scope + dest, value)
 
 
 Progress = Callable[[int, int, bool], None]
@@ -188,22 +210,34 @@ def run_machine(
     seed: int | None = None,
     regression: Callable[[str, list[str]], str] | None = None,
     progress: Progress | None = None,
+    *,
+    database: ExampleDatabase | None = None,
 ) -> CheckResult:
     """Run ``machine`` under ``settings``; return what happened (never raises for a violation).
 
     ``regression`` turns the violated law and the printed program's lines into
     a pytest module (without it, the program's lines are kept as they are);
-    ``progress`` is told about every example.
+    ``progress`` is told about every example; ``database``: where Hypothesis
+    keeps failing examples between runs (``None``: nowhere).
     """
     result = CheckResult(suite, model, rules)
     counted_machine, counts = counted(machine, progress)
     saved_seed = hypothesis.core.global_force_seed
-    hypothesis.core.global_force_seed = seed  # type: ignore[assignment]
+    saved_random = hypothesis.core.threadlocal._hypothesis_global_random
+    if database is None:
+        hypothesis.core.global_force_seed = seed  # type: ignore[assignment]
+    else:
+        # NOTE: Hypothesis ignores the database when a seed is forced, so with a database the run's randomness
+        # is seeded instead (the same draws for the same seed); failures are kept per suite and model.
+        hypothesis.core.global_force_seed = None
+        hypothesis.core.threadlocal._hypothesis_global_random = None if seed is None else Random(seed)
+        database = Scoped(database, f"{suite}/{model}/".encode())
+        settings = Settings(settings, derandomize=False)
     start = time.perf_counter()
     try:
         run_state_machine_as_test(
             counted_machine,
-            settings=Settings(settings, database=None, print_blob=False, report_multiple_bugs=False),
+            settings=Settings(settings, database=database, print_blob=False, report_multiple_bugs=False),
         )
     except (AssertionError, Exception, Flaky) as err:
         notes = "\n".join(getattr(err, "__notes__", []))
@@ -214,6 +248,7 @@ def run_machine(
         result.violation = Violation(rule, message, steps, program)
     finally:
         hypothesis.core.global_force_seed = saved_seed
+        hypothesis.core.threadlocal._hypothesis_global_random = saved_random
     result.seconds = time.perf_counter() - start
     result.examples = counts["examples"]
     result.steps = counts["steps"]
