@@ -479,14 +479,20 @@ def list_faults() -> None:
     """List the named faults (the historical bugs re-created in the reference implementation)."""
     from rich.table import Table
 
-    from kvledger.contracts.machines.suites import fault_targets
+    from kvledger.contracts.machines.suites import SUITES, fault_targets
     from kvledger.impl.faults import FAULTS
 
     table = Table(title="named faults (kvledger check --fault NAME)")
     for col in ("fault", "upstream fix", "what it breaks", "acts in", "laws expected to catch it"):
         table.add_column(col, overflow="fold")
     for f in FAULTS.values():
-        where = ", ".join(f"{s}/{m}" for s, m in fault_targets(f))
+        targets = fault_targets(f)
+        where = ", ".join(
+            s
+            if all((s, m) in targets for m in SUITES[s].models)
+            else ", ".join(f"{s}/{m}" for t, m in targets if t == s)
+            for s in dict.fromkeys(s for s, _ in targets)
+        )
         table.add_row(f.name, f.upstream, f.title, where, " or ".join(f.laws))
     Console().print(table)
 
