@@ -506,7 +506,7 @@ def _print_table(
     title += f" with fault {', '.join(faults_on)}" if faults_on else ""
     table = Table(title=title)
     for col in ("suite", "model", "rules", "examples", "steps", "time", "verdict"):
-        table.add_column(col, justify="right" if col in ("examples", "steps", "time") else "left")
+        table.add_column(col, justify="right" if col in ("examples", "steps", "time") else "left", overflow="fold")
     for r in results:
         verdict = "[green]holds[/green]" if r.ok else f"[red]VIOLATED[/red] {r.violation.rule if r.violation else ''}"
         if r.skipped:
@@ -521,10 +521,10 @@ def _print_table(
             continue
         v = r.violation
         console.print(f"\n[red bold]{r.suite}/{r.model}: {v.rule}[/red bold]")
-        console.print(v.message, markup=False, highlight=False)
+        console.print(v.message, markup=False, highlight=False, soft_wrap=True)
         console.print(f"shrunk counterexample ({v.length} steps, found after {r.examples} examples):")
         for i, step in enumerate(v.steps, 1):
-            console.print(f"  {i:2d}. {step}", markup=False, highlight=False)
+            console.print(f"  {i:2d}. {step}", markup=False, highlight=False, soft_wrap=True)
         console.print("\nregression test:\n" + v.program, markup=False, highlight=False, soft_wrap=True)
 
 

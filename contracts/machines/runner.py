@@ -158,6 +158,7 @@ def rule_of(message: str) -> str:
 
 
 _VALUE = re.compile(r"^(\w+) was (.*)$")
+_INLINE_VALUE = re.compile(r"^(.*?): (\w+ was .*)$")
 _ICONTRACT_NOISE = re.compile(r"^(OLD was a bunch of OLD values|self was <.*>|\w+:)$")
 
 
@@ -177,7 +178,12 @@ def readable(err: BaseException) -> tuple[str, str]:
         if lines and lines[0].startswith("File ") and ", line " in lines[0]:
             lines = lines[1:]
         head = (lines[0] if lines else "contract violated").rstrip().rstrip(":").strip()
-        law, _, what = head.partition(":")
+        inline = _INLINE_VALUE.match(head)  # NOTE: with one value icontract writes it on the head line
+        if inline:
+            head, lines = inline.group(1), [lines[0], inline.group(2), *lines[1:]]
+        # NOTE: icontract writes "<description>: <condition>"; a condition that is a function's name means nothing
+        description, _, condition = head.rpartition(": ") if ": " in head else (head, "", "")
+        law, _, what = description.partition(":")
         values = []
         for line in lines[1:]:
             if _ICONTRACT_NOISE.match(line.strip()):
@@ -185,7 +191,8 @@ def readable(err: BaseException) -> tuple[str, str]:
             m = _VALUE.match(line.strip())
             values.append(f"  {m.group(1)} = {m.group(2)}" if m else f"    {line.strip()}")
         message = f"{law.strip()}: {what.strip() or 'violated'}"
-        return law.strip()[:120], "\n".join([message, *values])
+        checked = [f"  checked: {condition}"] if condition and not condition.isidentifier() else []
+        return law.strip()[:120], "\n".join([message, *checked, *values])
     if isinstance(err, AssertionError) and text:
         return rule_of(text), text
     if isinstance(err, Flaky):
