@@ -18,15 +18,18 @@ Tiers (``KVLEDGER_CONTRACTS=off|on|slow``, or ``pytest --kvledger-contracts``):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import icontract
 import numpy as np
 import torch
 
 from kvledger.contracts.abstraction import inv_free_stack_matches_tags, ledger_of
+from kvledger.contracts.tiers import ENV_VAR as ENV_VAR  # re-exported: the tiers live in a light module
+from kvledger.contracts.tiers import LEVELS as LEVELS
+from kvledger.contracts.tiers import Level as Level
+from kvledger.contracts.tiers import level_from_env as level_from_env
 from kvledger.impl.allocators import SWATokenAllocator
 from kvledger.impl.owners import FREE_TAG, RESERVED_TAG, encode
 from kvledger.impl.slots import SlotPool
@@ -34,20 +37,8 @@ from kvledger.spec import ledger as spec
 from kvledger.spec.errors import LedgerError
 from kvledger.spec.types import Owner
 
-Level = Literal["off", "on", "slow"]
-LEVELS: tuple[Level, ...] = ("off", "on", "slow")
-ENV_VAR = "KVLEDGER_CONTRACTS"
-
 _originals: dict[tuple[type, str], Any] = {}
 _level: Level = "off"
-
-
-def level_from_env(default: Level = "off") -> Level:
-    """The tier named by ``KVLEDGER_CONTRACTS`` (``default`` when unset)."""
-    raw = os.environ.get(ENV_VAR, default).strip().lower()
-    if raw not in LEVELS:
-        raise ValueError(f"{ENV_VAR}={raw!r}: expected one of {', '.join(LEVELS)}")
-    return raw
 
 
 def current_level() -> Level:

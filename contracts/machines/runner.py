@@ -8,6 +8,7 @@ counterexample (the numbered operations Hypothesis printed).
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -15,15 +16,16 @@ from random import Random
 from typing import Any
 
 import hypothesis.core
+import icontract
 from hypothesis import settings as Settings
 from hypothesis.database import ExampleDatabase
-from hypothesis.errors import Flaky
-from hypothesis.stateful import RuleBasedStateMachine, invariant, run_state_machine_as_test
+from hypothesis.errors import Flaky, HypothesisException
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from kvledger.contracts.machines.regression import program_lines
 
 _STEP = re.compile(r"^(?:\w+ = )?state\.(\w+)\((.*)\)$")
-_NOISE = ("inv_", "teardown")
+_NOISE = ("inv_", "teardown", "check_invariants")
 
 
 @dataclass
@@ -52,6 +54,7 @@ class CheckResult:
     seconds: float = 0.0
     violation: Violation | None = None
     skipped: list[str] = field(default_factory=list)
+    shrink_runs: int = 0
 
     @property
     def ok(self) -> bool:
@@ -85,18 +88,48 @@ class Scoped(ExampleDatabase):
         self.inner.move(self.scope + src, self.scope + dest, value)
 
 
-def counted(machine: type[RuleBasedStateMachine]) -> tuple[type[RuleBasedStateMachine], dict[str, int]]:
-    """A subclass of ``machine`` that counts examples (machines built) and steps (rules run)."""
-    counts = {"examples": 0, "checks": 0}
+Progress = Callable[[int, int, bool], None]
+"""Called after every example: (examples so far, steps so far, shrinking: a violation was found)."""
+
+
+def counted(
+    machine: type[RuleBasedStateMachine], progress: Progress | None = None
+) -> tuple[type[RuleBasedStateMachine], dict[str, int]]:
+    """A subclass of ``machine`` that counts what ``--examples``/``--steps`` promise.
+
+    ``examples``: programs run to their end, plus the first one that broke a
+    law (Hypothesis' invalid examples and its shrinking and replay runs after
+    the violation are not examples: they are counted in ``shrink_runs``).
+    ``steps``: rules those examples ran. The counting overrides Hypothesis'
+    invariant check instead of adding an invariant, so printed programs show
+    only the machine's own calls.
+    """
+    counts = {"examples": 0, "steps": 0, "shrink_runs": 0, "found": 0}
 
     class Counted(machine):  # type: ignore[valid-type,misc]
         def __init__(self) -> None:
-            counts["examples"] += 1
+            self._kvl_checks = 0
+            self._kvl_checking = False
             super().__init__()
 
-        @invariant()
-        def zz_count_step(self) -> None:
-            counts["checks"] += 1
+        def check_invariants(self, *args: Any, **kwargs: Any) -> None:
+            self._kvl_checks += 1  # NOTE: Hypothesis checks once before the first rule, then after each rule
+            self._kvl_checking = True
+            super().check_invariants(*args, **kwargs)
+            self._kvl_checking = False
+
+        def teardown(self) -> None:
+            exc = sys.exc_info()[1]  # teardown runs in Hypothesis' ``finally``: the example's own exception
+            if counts["found"]:
+                counts["shrink_runs"] += 1
+            elif exc is None or (isinstance(exc, Exception) and not isinstance(exc, HypothesisException)):
+                counts["examples"] += 1
+                broke_in_rule = exc is not None and not self._kvl_checking
+                counts["steps"] += max(0, self._kvl_checks - 1) + broke_in_rule
+                counts["found"] = int(exc is not None)
+                if progress is not None:
+                    progress(counts["examples"], counts["steps"], bool(counts["found"]))
+            super().teardown()
 
     Counted.__name__ = machine.__name__
     Counted.__qualname__ = machine.__qualname__
@@ -108,7 +141,7 @@ def parse_counterexample(text: str) -> list[str]:
     steps = []
     for line in text.splitlines():
         m = _STEP.match(line.strip())
-        if m and not m.group(1).startswith(_NOISE) and m.group(1) != "zz_count_step":
+        if m and not m.group(1).startswith(_NOISE):
             steps.append(f"{m.group(1)}({m.group(2)})")
     return steps
 
@@ -122,6 +155,50 @@ def rule_of(message: str) -> str:
     lines = message.strip().splitlines() or ["unknown"]
     first = lines[1] if lines[0].startswith("File ") and len(lines) > 1 else lines[0]
     return first.split(":", 1)[0].strip()[:120]
+
+
+_VALUE = re.compile(r"^(\w+) was (.*)$")
+_INLINE_VALUE = re.compile(r"^(.*?): (\w+ was .*)$")
+_ICONTRACT_NOISE = re.compile(r"^(OLD was a bunch of OLD values|self was <.*>|\w+:)$")
+
+
+def readable(err: BaseException) -> tuple[str, str]:
+    """The violated law and a message an engine author can read, free of icontract's internals.
+
+    A machine's own assertion reads ``law: detail``. An icontract violation
+    (the bindings' postconditions, named ``law: what it checks``) loses its
+    ``File ..., line N in attach`` line, the condition function's name, the
+    ``OLD`` bundle and ``self``'s address; the call's arguments and result stay,
+    one ``name = value`` a line. Anything else is a crash of the
+    implementation (or the adapter): ``crash: TypeError in file.py:12``.
+    """
+    text = str(err).strip()
+    if isinstance(err, icontract.ViolationError):
+        lines = text.splitlines()
+        if lines and lines[0].startswith("File ") and ", line " in lines[0]:
+            lines = lines[1:]
+        head = (lines[0] if lines else "contract violated").rstrip().rstrip(":").strip()
+        inline = _INLINE_VALUE.match(head)  # NOTE: with one value icontract writes it on the head line
+        if inline:
+            head, lines = inline.group(1), [lines[0], inline.group(2), *lines[1:]]
+        # NOTE: icontract writes "<description>: <condition>"; a condition that is a function's name means nothing
+        description, _, condition = head.rpartition(": ") if ": " in head else (head, "", "")
+        law, _, what = description.partition(":")
+        values = []
+        for line in lines[1:]:
+            if _ICONTRACT_NOISE.match(line.strip()):
+                continue
+            m = _VALUE.match(line.strip())
+            values.append(f"  {m.group(1)} = {m.group(2)}" if m else f"    {line.strip()}")
+        message = f"{law.strip()}: {what.strip() or 'violated'}"
+        checked = [f"  checked: {condition}"] if condition and not condition.isidentifier() else []
+        return law.strip()[:120], "\n".join([message, *checked, *values])
+    if isinstance(err, AssertionError) and text:
+        return rule_of(text), text
+    if isinstance(err, Flaky):
+        return "flaky: the implementation does not behave the same on the same program", text
+    where = _where(err)
+    return f"crash: {type(err).__name__} in {where}", f"{type(err).__name__} in {where}: {text or '(no message)'}"
 
 
 def _where(err: BaseException) -> str:
@@ -139,15 +216,19 @@ def run_machine(
     settings: Settings,
     seed: int | None = None,
     regression: Callable[[str, list[str]], str] | None = None,
+    progress: Progress | None = None,
     *,
     database: ExampleDatabase | None = None,
 ) -> CheckResult:
     """Run ``machine`` under ``settings``; return what happened (never raises for a violation).
 
-    ``database``: where Hypothesis keeps failing examples between runs (``None``: nowhere).
+    ``regression`` turns the violated law and the printed program's lines into
+    a pytest module (without it, the program's lines are kept as they are);
+    ``progress`` is told about every example; ``database``: where Hypothesis
+    keeps failing examples between runs (``None``: nowhere).
     """
     result = CheckResult(suite, model, rules)
-    counted_machine, counts = counted(machine)
+    counted_machine, counts = counted(machine, progress)
     saved_seed = hypothesis.core.global_force_seed
     saved_random = hypothesis.core.threadlocal._hypothesis_global_random
     if database is None:
@@ -168,14 +249,15 @@ def run_machine(
     except (AssertionError, Exception, Flaky) as err:
         notes = "\n".join(getattr(err, "__notes__", []))
         steps = parse_counterexample(notes)
-        message = f"{type(err).__name__}: {err}" if not isinstance(err, AssertionError) else str(err)
-        rule = rule_of(str(err)) if str(err).strip() else f"crash: {type(err).__name__} in {_where(err)}"
-        program = regression(rule, program_lines(notes)) if regression else notes
+        rule, message = readable(err)
+        lines = program_lines(notes)
+        program = regression(rule, lines) if regression else "\n".join(lines)
         result.violation = Violation(rule, message, steps, program)
     finally:
         hypothesis.core.global_force_seed = saved_seed
         hypothesis.core.threadlocal._hypothesis_global_random = saved_random
     result.seconds = time.perf_counter() - start
     result.examples = counts["examples"]
-    result.steps = max(0, counts["checks"] - counts["examples"])
+    result.steps = counts["steps"]
+    result.shrink_runs = counts["shrink_runs"]
     return result
