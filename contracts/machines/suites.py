@@ -120,6 +120,12 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "free stack matches tags",
         "leak checker agrees with the ledgers",
         "rejected call leaves state unchanged",
+        "inv_refcount_nonnegative",
+        "inv_refcount_counts_holders",
+        "inv_free_iff_unheld",
+        "inv_sentinel_fixed",
+        "sentinel_count_fixed",
+        "inv_counters_recount",
     ),
     "LRU detachment": ("inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members"),
     "lock pairing": (
@@ -130,12 +136,13 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "inv_locked_cached",
         "inv_sizes",
     ),
-    "data integrity": ("inv_content", "data integrity"),
+    "data integrity": ("inv_content", "data integrity", "inv_index_names_carriers", "inv_keys_match_content"),
     "sessions and admission": (
         "admission rolls back",
         "admission commits",
         "resume is append-only",
         "inv_committed_within_allocated",
+        "admission is a transaction",
     ),
     "refinement": (
         "refinement (abstract == spec model)",

@@ -29,6 +29,7 @@ Laws whose data an adapter cannot observe are skipped (its capabilities).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -44,7 +45,7 @@ from kvledger.spec import locks as K
 from kvledger.spec import session as S
 from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.prefix import fingerprint
-from kvledger.spec.types import Component, HandleId, request
+from kvledger.spec.types import Component, HandleId, SlotId, request
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8))
 SESSIONS = (1, 2)
@@ -101,7 +102,7 @@ def rows_unheld(snap: SystemSnapshot) -> list[str]:
     kv = snap.ledgers.get("kv")
     if kv is None:
         return []
-    rows = {row: (view.holder, view.slots) for row, view in snap.rows.items()}
+    rows = {row: (view.holder, cast("tuple[SlotId, ...]", view.slots)) for row, view in snap.rows.items()}
     out = []
     for f in L.row_faults(kv, rows, snap.page_size):
         what = "outside the pool" if f.outside else "named twice" if f.again else f"held by {f.holder or 'free'}"
