@@ -3,25 +3,120 @@
 Used by ``kvledger check`` and by tests. A run counts its examples and
 steps, times itself, and on failure keeps the violated law and the shrunk
 counterexample (the numbered operations Hypothesis printed).
+
+Every finding is a verdict, never a tool error: a step that runs past the
+watchdog's limit fails as a ``hang`` (Hypothesis shrinks it like any other
+failure), and an untyped exception from inside the implementation (an
+``IndexError``, a numpy or torch error) is reported as ``implementation
+crashed: <type>`` with where it was raised and the shrunk program.
 """
 
 from __future__ import annotations
 
 import re
+import signal
+import sysconfig
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import hypothesis.core
+import icontract
 from hypothesis import settings as Settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, invariant, run_state_machine_as_test
 
 from kvledger.contracts.machines.regression import program_lines
+from kvledger.spec.errors import KVLedgerError
 
 _STEP = re.compile(r"^(?:\w+ = )?state\.(\w+)\((.*)\)$")
 _NOISE = ("inv_", "teardown")
+
+STEP_TIMEOUT = 10.0
+"""Seconds one step (a rule and the laws checked after it) may run before the watchdog calls it a hang."""
+
+HANG = "hang"
+"""The law a step broke when it ran past the watchdog's limit."""
+
+CRASH = "implementation crashed"
+"""The law prefix of an untyped exception raised inside the implementation."""
+
+
+class StepTimeout(Exception):
+    """A step ran past the watchdog's limit (raised in the main thread by the watchdog's alarm)."""
+
+
+_HYPOTHESIS = str(Path(hypothesis.__file__).parent)
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def in_step(frame: FrameType | None) -> bool:
+    """``frame`` runs a machine's own code (a rule, a law, what they call), not Hypothesis' machinery.
+
+    The innermost Hypothesis frame on the stack decides: the code it called (past
+    standard-library frames) is the machine's unless it is Hypothesis' own.
+    """
+    callee: FrameType | None = None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(_HYPOTHESIS):
+            return callee is not None
+        if not name.startswith(_STDLIB):
+            callee = frame
+        frame = frame.f_back
+    return True
+
+
+class Watchdog:
+    """A per-step deadline: ``arm`` before a step, ``disarm`` after the example; ``SIGALRM`` raises ``StepTimeout``.
+
+    Works in the main thread of a POSIX process (where ``kvledger check`` runs);
+    elsewhere it does nothing and a hang is left to the caller's own timeout.
+    After the first hang the limit drops to ``retry`` seconds, so shrinking a
+    hang (each candidate that still hangs runs to the limit) stays short. The
+    alarm repeats every ``retry`` seconds until disarmed, in case one lands
+    where Python cannot raise (a garbage-collector callback swallows it).
+    """
+
+    def __init__(self, limit: float, retry: float = 1.0) -> None:
+        self.limit = limit
+        self.retry = min(retry, limit)
+        self.fired = 0
+        self.usable = (
+            limit > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+        )
+        self._saved: Any = None
+
+    def __enter__(self) -> Watchdog:
+        if self.usable:
+            self._saved = signal.signal(signal.SIGALRM, self._fire)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.usable:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._saved)
+
+    def arm(self) -> None:
+        if self.usable:
+            signal.setitimer(signal.ITIMER_REAL, self.retry if self.fired else self.limit, self.retry)
+
+    def disarm(self) -> None:
+        if self.usable:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _fire(self, signum: int, frame: FrameType | None) -> None:
+        if not in_step(frame):
+            return  # NOTE: Hypothesis' own machinery (a draw, a gc callback): the alarm repeats after ``retry``
+        limit = self.retry if self.fired else self.limit
+        self.fired += 1
+        raise StepTimeout(
+            f"{HANG}: a step ran past {limit:g} s without returning (a walk that never ends, or a lock never released?)"
+        )
 
 
 @dataclass
@@ -63,18 +158,32 @@ class CheckResult:
         return out
 
 
-def counted(machine: type[RuleBasedStateMachine]) -> tuple[type[RuleBasedStateMachine], dict[str, int]]:
-    """A subclass of ``machine`` that counts examples (machines built) and steps (rules run)."""
+def counted(
+    machine: type[RuleBasedStateMachine], watchdog: Watchdog | None = None
+) -> tuple[type[RuleBasedStateMachine], dict[str, int]]:
+    """A subclass of ``machine`` that counts examples (machines built) and steps (rules run).
+
+    With ``watchdog``, each example's construction and each step (rule and laws) runs under its deadline.
+    """
     counts = {"examples": 0, "checks": 0}
 
     class Counted(machine):  # type: ignore[valid-type,misc]
         def __init__(self) -> None:
             counts["examples"] += 1
+            if watchdog is not None:
+                watchdog.arm()
             super().__init__()
 
         @invariant()
         def zz_count_step(self) -> None:
             counts["checks"] += 1
+            if watchdog is not None:
+                watchdog.arm()  # NOTE: the laws run in name order, so this one is last: the next step starts afresh
+
+        def teardown(self) -> None:
+            if watchdog is not None:
+                watchdog.disarm()
+            super().teardown()
 
     Counted.__name__ = machine.__name__
     Counted.__qualname__ = machine.__qualname__
@@ -102,6 +211,21 @@ def rule_of(message: str) -> str:
     return first.split(":", 1)[0].strip()[:120]
 
 
+def law_of(err: BaseException) -> str:
+    """The law a failure broke: a law's own message names it; a hang is ``hang``; any other exception is a crash.
+
+    Laws speak through ``AssertionError`` (the machines), kvledger's typed errors
+    and icontract violations. Anything else raised inside the implementation (an
+    ``IndexError``, a numpy or torch error) is ``implementation crashed: <type>``.
+    """
+    text = str(err).strip()
+    if isinstance(err, StepTimeout):
+        return HANG
+    if isinstance(err, AssertionError | KVLedgerError | icontract.ViolationError | Flaky) and text:
+        return rule_of(text)
+    return f"{CRASH}: {type(err).__name__}"
+
+
 def _where(err: BaseException) -> str:
     tb = err.__traceback__
     while tb is not None and tb.tb_next is not None:
@@ -117,23 +241,31 @@ def run_machine(
     settings: Settings,
     seed: int | None = None,
     regression: Callable[[str, list[str]], str] | None = None,
+    step_timeout: float = STEP_TIMEOUT,
 ) -> CheckResult:
-    """Run ``machine`` under ``settings``; return what happened (never raises for a violation)."""
+    """Run ``machine`` under ``settings``; return what happened (never raises for a violation).
+
+    ``step_timeout``: seconds a step may run before it fails as a hang (0: no watchdog).
+    """
     result = CheckResult(suite, model, rules)
-    counted_machine, counts = counted(machine)
+    watchdog = Watchdog(step_timeout)
+    counted_machine, counts = counted(machine, watchdog)
     saved_seed = hypothesis.core.global_force_seed
     hypothesis.core.global_force_seed = seed  # type: ignore[assignment]
     start = time.perf_counter()
     try:
-        run_state_machine_as_test(
-            counted_machine,
-            settings=Settings(settings, database=None, print_blob=False, report_multiple_bugs=False),
-        )
+        with watchdog:
+            run_state_machine_as_test(
+                counted_machine,
+                settings=Settings(settings, database=None, print_blob=False, report_multiple_bugs=False),
+            )
     except (AssertionError, Exception, Flaky) as err:
         notes = "\n".join(getattr(err, "__notes__", []))
         steps = parse_counterexample(notes)
         message = f"{type(err).__name__}: {err}" if not isinstance(err, AssertionError) else str(err)
-        rule = rule_of(str(err)) if str(err).strip() else f"crash: {type(err).__name__} in {_where(err)}"
+        rule = law_of(err)
+        if rule.startswith(CRASH):
+            message = f"{message} (raised at {_where(err)})"
         program = regression(rule, program_lines(notes)) if regression else notes
         result.violation = Violation(rule, message, steps, program)
     finally:
