@@ -16,13 +16,12 @@ dropped unlinks, frees and rollbacks, swapped owners and off-by-one ranges):
 * ``and-or``: ``and`` / ``or`` swapped.
 
 No mutant touches ``faults.py``, ``__repr__`` or ``__str__``. Each mutant is written into a
-private copy of the package (``spec/`` and ``contracts/`` linked, ``impl/`` copied): the
-worktree is never edited. Then ``kvledger check`` runs at the default profile (``DRIVER``: the
-same machines, profile and contract tier, without shrinking, stopping at the first violation),
-the suite most likely to kill first; a suite that never runs the mutated module is skipped
-(``REACH``). A mutant is *killed* when a suite fails; the law it names is recorded. A survivor
-that ``pytest tests/impl`` kills changes behaviour for sure; the other survivors are judged by
-hand (``EQUIVALENT``, each with its reason).
+private copy of the package: the worktree is never edited. Then ``kvledger check`` runs at the
+default profile (``DRIVER``: the same machines, profile and contract tier, without shrinking,
+stopping at the first violation), the suite most likely to kill first; a suite that never
+runs the mutated module is skipped (``REACH``). A mutant is *killed* when a suite fails; the
+law it names is recorded. A survivor that ``pytest tests/impl`` kills changes behaviour for
+sure; the other survivors are judged by hand (``EQUIVALENT``, each with its reason).
 
 The score is ``killed / (mutants - equivalent)``. Usage (the whole population is large: sample it)::
 
@@ -232,13 +231,13 @@ def mutated_source(m: Mutant) -> str | None:
 
 
 def make_view(root: Path) -> Path:
-    """``root/kvledger``: ``spec`` and ``contracts`` linked to the worktree, ``impl`` a private copy."""
+    """``root/kvledger``: a private copy of ``spec``, ``impl`` and ``contracts`` (edits to the worktree during a
+    run change nothing)."""
     pkg = root / "kvledger"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text('"""Mutation view of kvledger."""\n')
-    for name in ("spec", "contracts"):
-        (pkg / name).symlink_to(ROOT / name, target_is_directory=True)
-    shutil.copytree(IMPL, pkg / "impl", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("spec", "impl", "contracts"):
+        shutil.copytree(ROOT / name, pkg / name, ignore=shutil.ignore_patterns("__pycache__"))
     return root
 
 
