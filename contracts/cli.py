@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from hypothesis import settings as Settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -71,6 +73,9 @@ def check(
         typer.Option(help="check another cache: an alias (reference, sglang...) or package.module:factory"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a machine-readable result")] = False,
+    db: Annotated[
+        Path | None, typer.Option("--db", help="Hypothesis example database: failures found before are replayed first")
+    ] = None,
 ) -> None:
     """Run the conformance machines against the reference implementation (or an engine's adapter)."""
     register_profiles()
@@ -136,6 +141,7 @@ def check(
     if seed is not None:
         overrides["derandomize"] = False
     run_settings = Settings(base, **overrides)  # type: ignore[arg-type]
+    database = DirectoryBasedExampleDatabase(str(db)) if db is not None else None
     bindings.install(contracts)  # type: ignore[arg-type]
     faults.enable(*faults_on)
     jobs = [(s, m) for s in suites for m in SUITES[s].models if not model or m in model]
@@ -167,7 +173,9 @@ def check(
             def regression(rule: str, lines: list[str], s: str = s, m: str = m) -> str:
                 return render(s, m, faults_on, rule, lines)
 
-            results.append(run_machine(s, m, machine, list(SUITES[s].rules), run_settings, seed, regression))
+            results.append(
+                run_machine(s, m, machine, list(SUITES[s].rules), run_settings, seed, regression, database=database)
+            )
             progress.advance(task)
     faults.disable()
     bindings.uninstall()

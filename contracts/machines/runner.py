@@ -27,6 +27,7 @@ from typing import Any
 import hypothesis.core
 import icontract
 from hypothesis import settings as Settings
+from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, invariant, run_state_machine_as_test
 
@@ -242,10 +243,12 @@ def run_machine(
     seed: int | None = None,
     regression: Callable[[str, list[str]], str] | None = None,
     step_timeout: float = STEP_TIMEOUT,
+    database: ExampleDatabase | None = None,
 ) -> CheckResult:
     """Run ``machine`` under ``settings``; return what happened (never raises for a violation).
 
     ``step_timeout``: seconds a step may run before it fails as a hang (0: no watchdog).
+    ``database``: Hypothesis' example database (failures found before are replayed first and new ones kept).
     """
     result = CheckResult(suite, model, rules)
     watchdog = Watchdog(step_timeout)
@@ -257,7 +260,7 @@ def run_machine(
         with watchdog:
             run_state_machine_as_test(
                 counted_machine,
-                settings=Settings(settings, database=None, print_blob=False, report_multiple_bugs=False),
+                settings=Settings(settings, database=database, print_blob=False, report_multiple_bugs=False),
             )
     except (AssertionError, Exception, Flaky) as err:
         notes = "\n".join(getattr(err, "__notes__", []))
