@@ -241,6 +241,9 @@ def install(level: Level) -> None:
     from kvledger.contracts import cache_bindings  # NOTE: here, so pool-only users do not import the cache
 
     cache_bindings.attach(_wrap, slow)
+    from kvledger.contracts import session_bindings
+
+    session_bindings.attach(_wrap)
     if slow:
         for name in ("alloc", "alloc_ids", "free", "transfer", "release"):
             _wrap(SlotPool, name, ens(inv_pool_ledger, "pool obeys the ledger laws"))

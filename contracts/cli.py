@@ -19,6 +19,7 @@ import json
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
@@ -30,6 +31,7 @@ from kvledger.contracts.tiers import LEVELS
 
 if TYPE_CHECKING:
     from hypothesis import settings as Settings
+    from hypothesis.database import ExampleDatabase
 
     from kvledger.contracts.machines.runner import CheckResult, Progress
 
@@ -146,6 +148,16 @@ def check(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a machine-readable result")] = False,
+    db: Annotated[
+        Path | None, typer.Option("--db", help="Hypothesis example database: failures found before are replayed first")
+    ] = None,
+    jobs_n: Annotated[
+        int, typer.Option("--jobs", min=1, help="worker processes (a campaign: jobs spread over them)")
+    ] = 1,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="seeds per suite/model, from --seed (default 0) up")] = 1,
+    for_: Annotated[
+        str | None, typer.Option("--for", help="keep drawing fresh seeds until this time is up (90s, 30m, 1.5h)")
+    ] = None,
 ) -> None:
     """Run the conformance machines against the reference implementation (or an engine's adapter)."""
     _one_of("--profile", "profile", profile, PROFILES)
@@ -194,6 +206,18 @@ def check(
                 f"--fault re-creates bugs in kvledger's reference implementation; adapter {adapter!r} "
                 f"({probe.name}) does not run it, so no fault can act there"
             )
+    budget = None
+    if for_ is not None:
+        from kvledger.contracts.machines.campaign import parse_duration
+
+        try:
+            budget = parse_duration(for_)
+        except ValueError as err:
+            _fail_usage(str(err))
+    if (jobs_n > 1 or seeds > 1 or budget is not None) and probe is not None:
+        _fail_usage("--jobs/--seeds/--for run campaigns of the reference suites; check an adapter without them")
+    if jobs_n > 1 or seeds > 1 or budget is not None:
+        _campaign(jobs, profile, examples, steps, seed, contracts, faults_on, db, jobs_n, seeds, budget, as_json)
     register_profiles()
     overrides: dict[str, object] = {}
     if examples is not None:
@@ -203,6 +227,11 @@ def check(
     if seed is not None:
         overrides["derandomize"] = False
     run_settings = Settings(Settings.get_profile(profile), **overrides)  # type: ignore[arg-type]
+    database = None
+    if db is not None:
+        from hypothesis.database import DirectoryBasedExampleDatabase
+
+        database = DirectoryBasedExampleDatabase(str(db))
     console = Console(stderr=as_json)
     for note in notes:
         Console(stderr=True, highlight=False).print(f"[yellow]note:[/yellow] {note}")
@@ -214,7 +243,7 @@ def check(
             for s, m in jobs:
                 tick = display.start(s, m)
                 if probe is not None:
-                    result = _adapter_run(probe, m, unsupported.get(m), run_settings, seed, faults_on, tick)
+                    result = _adapter_run(probe, m, unsupported.get(m), run_settings, seed, faults_on, tick, database)
                 else:
 
                     def regression(rule: str, lines: list[str], s: str = s, m: str = m) -> str:
@@ -223,7 +252,8 @@ def check(
                         return render(s, m, faults_on, rule, lines)
 
                     machine = SUITES[s].models[m]()
-                    result = run_machine(s, m, machine, list(SUITES[s].rules), run_settings, seed, regression, tick)
+                    rules = list(SUITES[s].rules)
+                    result = run_machine(s, m, machine, rules, run_settings, seed, regression, tick, database=database)
                 results.append(result)
                 display.done(result)
     finally:
@@ -259,6 +289,85 @@ def check(
         _print_table(console, results, faults_on, probe.name if probe is not None else None)
         if ok:
             console.print(NEXT_STEPS, markup=False, highlight=False)
+    raise typer.Exit(0 if ok else 1)
+
+
+def _campaign(
+    pairs: list[tuple[str, str]],
+    profile: str,
+    examples: int | None,
+    steps: int | None,
+    seed: int | None,
+    contracts: str,
+    faults_on: list[str],
+    db: Path | None,
+    workers: int,
+    seeds: int,
+    seconds: float | None,
+    as_json: bool,
+) -> NoReturn:
+    """``--jobs``/``--seeds``/``--for``: every (suite, model) for each seed, over worker processes, merged.
+
+    Stops handing out jobs at the first violation (shrunk in the worker that found it) or when time is up;
+    each (suite, model) row adds up its seeds' examples, steps and time and keeps its first violation.
+    """
+    import random
+
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from kvledger.contracts.machines import campaign as C
+    from kvledger.contracts.machines.runner import CheckResult
+
+    spec = C.RunSpec(profile, examples, steps, contracts, tuple(faults_on), None if db is None else str(db))
+    drawn = C.fresh_seeds(random.Random(seed)) if seconds is not None else iter(C.seeds_for(seed, seeds))
+    console = Console(stderr=True, highlight=False)
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as bar:
+        task = bar.add_task(f"campaign on {workers} worker(s)")
+
+        def shown(p: C.Progress) -> None:
+            text = f"{p.done} jobs, {p.examples} examples, {p.rate:.1f} examples/s, seed {p.seed}"
+            bar.update(task, description=text)
+            if not console.is_terminal and p.last is not None:
+                verdict = "holds" if p.last.ok else f"VIOLATED {p.last.violation.rule if p.last.violation else ''}"
+                console.print(f"{p.last.suite}/{p.last.model}: {verdict} ({p.done} jobs, {p.rate:.1f} examples/s)")
+
+        done = C.run_campaign(spec, C.jobs_for(pairs, drawn), workers, seconds=seconds, on_progress=shown)
+    merged: dict[tuple[str, str], CheckResult] = {}
+    seeds_run: dict[tuple[str, str], list[int]] = {}
+    for job, r in done:
+        key = (job.suite, job.model)
+        seeds_run.setdefault(key, []).append(job.seed)
+        m = merged.setdefault(key, CheckResult(job.suite, job.model, r.rules))
+        m.examples, m.steps, m.seconds = m.examples + r.examples, m.steps + r.steps, m.seconds + r.seconds
+        if m.violation is None and r.violation is not None:
+            m.violation = r.violation
+    results = list(merged.values())
+    ok = all(r.ok for r in results)
+    if as_json:
+        payload = {
+            "ok": ok,
+            "campaign": {"workers": workers, "jobs": len(done), "seconds": seconds},
+            "faults": faults_on,
+            "examples": sum(r.examples for r in results),
+            "violations": [
+                {"suite": r.suite, "model": r.model, "rule": r.violation.rule, "length": r.violation.length}
+                for r in results
+                if r.violation is not None
+            ],
+            "results": [{**r.to_json(), "seeds": seeds_run[(r.suite, r.model)]} for r in results],
+        }
+        typer.echo(json.dumps(payload, indent=2))
+    else:
+        out = Console()
+        _print_table(out, results, faults_on, None)
+        out.print(f"campaign: {len(done)} jobs on {workers} worker(s)", highlight=False)
     raise typer.Exit(0 if ok else 1)
 
 
@@ -387,6 +496,7 @@ def _adapter_run(
     seed: int | None,
     faults_on: list[str],
     progress: Progress,
+    database: ExampleDatabase | None = None,
 ) -> CheckResult:
     """Run the suite's machine for ``model`` on an adapter; unsupported models and capabilities are skipped."""
     from kvledger.contracts.adapters.protocol import skipped_rules
@@ -408,7 +518,9 @@ def _adapter_run(
     build = machine_for_system if probe.system else machine_for_cache
     machine = build(lambda: probe.build(config, model))
     rules = list(SUITES[probe.suite].rules)
-    result = run_machine(probe.suite, model, machine, rules, run_settings, seed, regression, progress)
+    result = run_machine(
+        probe.suite, model, machine, rules, run_settings, seed, regression, progress, database=database
+    )
     result.skipped = skipped_system_rules(caps) if probe.system else skipped_rules(caps)
     result.rules = [r for r in result.rules if r not in result.skipped]
     return result

@@ -154,21 +154,37 @@ class LRUList(Generic[N]):
     def iter_lru(self) -> Iterator[N]:
         """Members from least to most recently used (``spec.lru.lru_eviction_order``).
 
-        The yielded node may be removed before the next step; nothing else may change.
+        The yielded node may be removed before the next step; nothing else may change. A walk that passes
+        more nodes than the list had members raises ``IntegrityError`` (``inv_lru_detached``), never loops.
         """
         i, head = self.slot, self.head
+        left = len(self._members)  # NOTE: a walk longer than the members revisits a node: never walk a cycle
         x = self.tail.prev[i]
         while x is not None and x is not head:
+            left -= 1
+            if left < 0:
+                raise self._revisit("tail", x)
             nxt = x.prev[i]
             yield x  # type: ignore[misc]  # NOTE: every member is an N (a ``cast`` per step costs a call)
             x = nxt
 
+    def _revisit(self, end: str, x: Linked) -> IntegrityError:
+        return IntegrityError(
+            f"inv_lru_detached: {self.component.value} LRU list walked from the {end} passes node {x.id} after "
+            f"{len(self._members)} members (a node linked twice, or a cycle)"
+        )
+
     def order(self) -> list[int]:
-        """Member ids from head (MRU) to tail (LRU), walked through the pointers (``LruState.order``)."""
+        """Member ids from head (MRU) to tail (LRU), walked through the pointers (``LruState.order``).
+
+        ``IntegrityError`` (``inv_lru_detached``) if the walk passes more nodes than the list has members.
+        """
         out: list[int] = []
         i = self.slot
         x = self.head.next[i]
-        while x is not None and x is not self.tail and len(out) <= len(self._members):
+        while x is not None and x is not self.tail:
+            if len(out) >= len(self._members):
+                raise self._revisit("head", x)
             out.append(x.id)
             x = x.next[i]
         return out
@@ -181,13 +197,18 @@ class LRUList(Generic[N]):
             assert x is not None
             nxt = x.next[i]
             if nxt is None or nxt.prev[i] is not x or len(seen) > len(self._members):
-                raise IntegrityError(f"{self.component.value} LRU list: broken or asymmetric link after node {x.id}")
+                raise IntegrityError(
+                    f"inv_lru_links_symmetric: {self.component.value} LRU list: broken or asymmetric link "
+                    f"after node {x.id}"
+                )
             if nxt is not self.tail:
                 seen.append(nxt.id)
             x = nxt
         members = sorted(x.id for x in self._members)
         if sorted(seen) != members:
-            raise IntegrityError(f"{self.component.value} LRU list: walk {seen} differs from members {members}")
+            raise IntegrityError(
+                f"inv_lru_detached: {self.component.value} LRU list: walk {seen} differs from members {members}"
+            )
 
     # ------------------------------------------------------------ transitions
 

@@ -218,10 +218,12 @@ class MemoryManager:
         req.kv_len = end
 
     def _path_slots(self, n: TreeNode) -> torch.Tensor:
-        parts = []
+        parts, most = [], self.cache.node_count()
         while n.parent is not None:
             parts.append(n.value)
             n = n.parent
+            if len(parts) > most:
+                raise self.cache.revisit("chunk", n)
         return torch.cat([self.cache.root.value, *reversed(parts)])
 
     def _release_owned(self, req: Request, start: int) -> None:

@@ -259,7 +259,7 @@ class RadixCache(RadixTree):
         counters = self._raise_full(n)
         if self.swa_window is not None:
             x, lo = n, n.end - self.swa_window
-            while x.parent is not None and x.end > lo:
+            while x.parent is not None and x.end > lo:  # NOTE: ``end`` falls strictly on the way up: bounded
                 if not x.swa_tombstone:
                     counters.append((NodeId(x.id), SWA))
                     self._raise_lock(x, SWA)

@@ -5,7 +5,12 @@ the row of the last request, the KV slots in ``row[0:alloc_len]`` (of which
 ``committed_len`` are final) and its Mamba state with track buffers, all
 tagged ``Owner(SESSION, sid)``. Resuming hands them to the next request after
 freeing the *tail* ``[start, alloc_len)`` with ``start = prefix_len`` rounded
-up to a page; closing frees everything.
+up to a page; closing frees everything. While a turn runs the slot holds
+nothing and claims nothing (``committed_len == 0``): what it lent now belongs
+to the request, and returns only through ``save`` (the turn finished) or
+``unresume`` (admission rolled back). A turn retracted or aborted takes the
+lent memory with it, so the session then holds no committed KV and the next
+turn computes its prompt from scratch (``spec.session.inv_committed_within_allocated``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from kvledger.impl.arguments import check_int
 from kvledger.impl.mamba import MambaAlloc
 from kvledger.impl.owners import MAX_IDENT
 from kvledger.impl.requests import Request, Status
-from kvledger.spec.errors import InvalidArgument
+from kvledger.spec import session as S
+from kvledger.spec.errors import IntegrityError, InvalidArgument
 from kvledger.spec.types import Owner, session
 
 if TYPE_CHECKING:
@@ -120,7 +126,7 @@ class Sessions:
         req.prefix_len, req.own_from, req.kv_len, req.alloc_len = prefix, 0, prefix, start
         slot.lent_to, slot.lent_fresh = req.rid, (fresh_row is not None, fresh_state is not None)
         slot.row, slot.mamba, slot.alloc_len = None, None, 0
-        slot.tokens, slot.committed_len = slot.tokens[:prefix], prefix
+        slot.tokens, slot.committed_len = (), 0  # NOTE: the prefix is the request's now; unresume gives it back
 
     def free_tail(self, slot: SessionSlot, start: int) -> None:
         """Free row positions ``[start, alloc_len)`` before the next turn writes over them (B4's fix)."""
@@ -150,6 +156,8 @@ class Sessions:
                 mm.mamba.transfer(mm._tensor(req.mamba.slots()), req.owner, slot.owner)  # type: ignore[union-attr]
                 slot.mamba = req.mamba
         slot.lent_to = None
+        if slot.row is not None:  # NOTE: the committed prefix comes back with the row that holds its KV
+            slot.tokens, slot.committed_len = req.tokens[: req.prefix_len], req.prefix_len
         req.row, req.mamba = None, None
         req.prefix_len = req.own_from = req.kv_len = req.alloc_len = 0
 
@@ -166,6 +174,33 @@ class Sessions:
             req.alloc_len += need
         mm.write_kv(req, req.prefix_len, len(req.tokens))
         req.kv_len = len(req.tokens)
+
+    def spec_slot(self, slot: SessionSlot) -> S.SessionSlot:
+        """The abstraction of ``slot``: what it holds in spec terms (``-1`` for a position without a row)."""
+        row = slot.row
+        kv = tuple(self.mm.rows.table[row, : slot.alloc_len].tolist()) if row is not None else (-1,) * slot.alloc_len
+        mamba = frozenset(slot.mamba.slots()) if slot.mamba is not None else frozenset()
+        return S.SessionSlot(slot.sid, row, kv, slot.committed_len, mamba)
+
+    def check(self) -> None:
+        """Raise ``IntegrityError`` naming the law and the session unless every open session keeps the session laws.
+
+        ``inv_committed_within_allocated``: a session claims no committed KV it does
+        not hold (a lent slot holds and claims nothing); ``inv_kv_needs_row``; and the
+        recorded tokens are exactly the committed ones.
+        """
+        for slot in self.slots.values():
+            s = self.spec_slot(slot)
+            where = f"session {slot.sid} (row {slot.row}, committed {slot.committed_len}, allocated {slot.alloc_len}"
+            where += f", lent to request {slot.lent_to})" if slot.lent_to is not None else ")"
+            if not S.inv_committed_within_allocated(s):
+                raise IntegrityError(f"inv_committed_within_allocated: {where} claims KV it does not hold")
+            if not S.inv_kv_needs_row(s):
+                raise IntegrityError(f"inv_kv_needs_row: {where} holds KV slots without their row")
+            if len(slot.tokens) != slot.committed_len:
+                raise IntegrityError(
+                    f"inv_committed_within_allocated: {where} records {len(slot.tokens)} committed tokens"
+                )
 
     def close(self, sid: int) -> None:
         """Close: free the row, every KV slot, the Mamba state and its track buffers."""

@@ -25,7 +25,7 @@ from kvledger.impl.lru import SLOT, ByComponent, Linked, LRUList
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.owners import node_tag
 from kvledger.impl.slots import Tokens, host_bytes
-from kvledger.spec.errors import CacheError, ComponentDisabled
+from kvledger.spec.errors import CacheError, ComponentDisabled, IntegrityError
 from kvledger.spec.types import Component, NodeId, Owner, node
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
@@ -284,6 +284,10 @@ class RadixTree:
         """Every live node, the root (id 0) included; walk from ``root`` through ``children`` for the shape."""
         return iter(list(self._nodes.values()))
 
+    def node_count(self) -> int:
+        """How many live nodes there are, the root included (a walk through the tree passes at most this many)."""
+        return len(self._nodes)
+
     def node(self, ident: int) -> TreeNode:
         """The live node ``ident``; ``CacheError`` if it was evicted or never existed."""
         if type(ident) is not int:
@@ -304,11 +308,20 @@ class RadixTree:
         while n.parent is not None:
             parts.append(n.key)
             n = n.parent
+            if len(parts) > len(self._nodes):
+                raise self.revisit("prefix", n)
         toks = array("q")
         for part in reversed(parts):
             toks += part
         out = torch.frombuffer(toks, dtype=torch.int64).clone() if toks else self._empty.cpu()
         return out.to(self.device)
+
+    def revisit(self, op: str, n: TreeNode) -> IntegrityError:
+        """The error of a walk up the parents that passed more nodes than the tree has: it revisits ``n``."""
+        return IntegrityError(
+            f"inv_tree_acyclic: {op}: the walk up from a node passes node {n.id} after {len(self._nodes)} nodes "
+            "(a parent cycle: a node linked under its own descendant?)"
+        )
 
     def holds(self, n: TreeNode, comp: Component) -> bool:
         """``n`` (not the root) holds content of ``comp``: always FULL, SWA unless tombstoned, MAMBA with a state."""
@@ -571,8 +584,14 @@ class RadixTree:
     def _raise_full(self, n: TreeNode) -> list[Counter]:
         """``_raise_lock(x, FULL)`` for ``n`` and each ancestor (not the root), in one pass; their counters."""
         counters: list[Counter] = []
-        moved, x = 0, n
+        moved, x, most = 0, n, len(self._nodes)
         while x.parent is not None:
+            if len(counters) >= most:  # NOTE: a parent cycle: undo the raises (the same walk again), then report
+                y = n
+                for _ in counters:
+                    y.refs[I_FULL] -= 1
+                    y = y.parent  # type: ignore[assignment]
+                raise self.revisit("inc_lock_ref", x)
             counters.append(x.full_site)
             refs = x.refs
             held = refs[I_FULL]

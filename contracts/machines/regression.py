@@ -34,7 +34,7 @@ def program_lines(notes: str) -> list[str]:
 
 def _raises(rule: str, laws: list[str]) -> str:
     """The ``pytest.raises`` call that the failing program must trip: the law's assertion, or the crash."""
-    if rule.startswith(("crash:", "flaky:")):
+    if rule.startswith(("implementation crashed:", "hang", "flaky:")):
         return "pytest.raises(Exception)"
     pattern = "|".join(re.escape(law) for law in laws)
     return f'pytest.raises(AssertionError, match=r"{pattern}")'

@@ -3,16 +3,27 @@
 Used by ``kvledger check`` and by tests. A run counts its examples and
 steps, times itself, and on failure keeps the violated law and the shrunk
 counterexample (the numbered operations Hypothesis printed).
+
+Every finding is a verdict, never a tool error: a step that runs past the
+watchdog's limit fails as a ``hang`` (Hypothesis shrinks it like any other
+failure), and an untyped exception from inside the implementation (an
+``IndexError``, a numpy or torch error) is reported as ``implementation
+crashed: <type>`` with where it was raised and the shrunk program.
 """
 
 from __future__ import annotations
 
 import re
+import signal
 import sys
+import sysconfig
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from random import Random
+from types import FrameType
 from typing import Any
 
 import hypothesis.core
@@ -23,9 +34,92 @@ from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from kvledger.contracts.machines.regression import program_lines
+from kvledger.spec.errors import KVLedgerError
 
 _STEP = re.compile(r"^(?:\w+ = )?state\.(\w+)\((.*)\)$")
 _NOISE = ("inv_", "teardown", "check_invariants")
+
+STEP_TIMEOUT = 10.0
+"""Seconds one step (a rule and the laws checked after it) may run before the watchdog calls it a hang."""
+
+HANG = "hang"
+"""The law a step broke when it ran past the watchdog's limit."""
+
+CRASH = "implementation crashed"
+"""The law prefix of an untyped exception raised inside the implementation."""
+
+
+class StepTimeout(Exception):
+    """A step ran past the watchdog's limit (raised in the main thread by the watchdog's alarm)."""
+
+
+_HYPOTHESIS = str(Path(hypothesis.__file__).parent)
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def in_step(frame: FrameType | None) -> bool:
+    """``frame`` runs a machine's own code (a rule, a law, what they call), not Hypothesis' machinery.
+
+    The innermost Hypothesis frame on the stack decides: the code it called (past
+    standard-library frames) is the machine's unless it is Hypothesis' own.
+    """
+    callee: FrameType | None = None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(_HYPOTHESIS):
+            return callee is not None
+        if not name.startswith(_STDLIB):
+            callee = frame
+        frame = frame.f_back
+    return True
+
+
+class Watchdog:
+    """A per-step deadline: ``arm`` before a step, ``disarm`` after the example; ``SIGALRM`` raises ``StepTimeout``.
+
+    Works in the main thread of a POSIX process (where ``kvledger check`` runs);
+    elsewhere it does nothing and a hang is left to the caller's own timeout.
+    After the first hang the limit drops to ``retry`` seconds, so shrinking a
+    hang (each candidate that still hangs runs to the limit) stays short. The
+    alarm repeats every ``retry`` seconds until disarmed, in case one lands
+    where Python cannot raise (a garbage-collector callback swallows it).
+    """
+
+    def __init__(self, limit: float, retry: float = 1.0) -> None:
+        self.limit = limit
+        self.retry = min(retry, limit)
+        self.fired = 0
+        self.usable = (
+            limit > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+        )
+        self._saved: Any = None
+
+    def __enter__(self) -> Watchdog:
+        if self.usable:
+            self._saved = signal.signal(signal.SIGALRM, self._fire)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.usable:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._saved)
+
+    def arm(self) -> None:
+        if self.usable:
+            signal.setitimer(signal.ITIMER_REAL, self.retry if self.fired else self.limit, self.retry)
+
+    def disarm(self) -> None:
+        if self.usable:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _fire(self, signum: int, frame: FrameType | None) -> None:
+        if not in_step(frame):
+            return  # NOTE: Hypothesis' own machinery (a draw, a gc callback): the alarm repeats after ``retry``
+        limit = self.retry if self.fired else self.limit
+        self.fired += 1
+        raise StepTimeout(
+            f"{HANG}: a step ran past {limit:g} s without returning (a walk that never ends, or a lock never released?)"
+        )
 
 
 @dataclass
@@ -93,7 +187,7 @@ Progress = Callable[[int, int, bool], None]
 
 
 def counted(
-    machine: type[RuleBasedStateMachine], progress: Progress | None = None
+    machine: type[RuleBasedStateMachine], progress: Progress | None = None, watchdog: Watchdog | None = None
 ) -> tuple[type[RuleBasedStateMachine], dict[str, int]]:
     """A subclass of ``machine`` that counts what ``--examples``/``--steps`` promise.
 
@@ -102,7 +196,8 @@ def counted(
     the violation are not examples: they are counted in ``shrink_runs``).
     ``steps``: rules those examples ran. The counting overrides Hypothesis'
     invariant check instead of adding an invariant, so printed programs show
-    only the machine's own calls.
+    only the machine's own calls. With ``watchdog``, each example's
+    construction and each step (a rule and the laws after it) runs under its deadline.
     """
     counts = {"examples": 0, "steps": 0, "shrink_runs": 0, "found": 0}
 
@@ -110,6 +205,8 @@ def counted(
         def __init__(self) -> None:
             self._kvl_checks = 0
             self._kvl_checking = False
+            if watchdog is not None:
+                watchdog.arm()
             super().__init__()
 
         def check_invariants(self, *args: Any, **kwargs: Any) -> None:
@@ -117,8 +214,12 @@ def counted(
             self._kvl_checking = True
             super().check_invariants(*args, **kwargs)
             self._kvl_checking = False
+            if watchdog is not None:
+                watchdog.arm()  # NOTE: the laws of a step held: the next step starts afresh
 
         def teardown(self) -> None:
+            if watchdog is not None:
+                watchdog.disarm()
             exc = sys.exc_info()[1]  # teardown runs in Hypothesis' ``finally``: the example's own exception
             if counts["found"]:
                 counts["shrink_runs"] += 1
@@ -169,8 +270,10 @@ def readable(err: BaseException) -> tuple[str, str]:
     (the bindings' postconditions, named ``law: what it checks``) loses its
     ``File ..., line N in attach`` line, the condition function's name, the
     ``OLD`` bundle and ``self``'s address; the call's arguments and result stay,
-    one ``name = value`` a line. Anything else is a crash of the
-    implementation (or the adapter): ``crash: TypeError in file.py:12``.
+    one ``name = value`` a line. A step past the watchdog's limit is ``hang``; a
+    kvledger typed error names its law; anything else is a crash of the
+    implementation (or the adapter): ``implementation crashed: TypeError``,
+    with where it was raised in the message.
     """
     text = str(err).strip()
     if isinstance(err, icontract.ViolationError):
@@ -193,12 +296,14 @@ def readable(err: BaseException) -> tuple[str, str]:
         message = f"{law.strip()}: {what.strip() or 'violated'}"
         checked = [f"  checked: {condition}"] if condition and not condition.isidentifier() else []
         return law.strip()[:120], "\n".join([message, *checked, *values])
-    if isinstance(err, AssertionError) and text:
-        return rule_of(text), text
+    if isinstance(err, StepTimeout):
+        return HANG, text
+    if isinstance(err, AssertionError | KVLedgerError) and text:
+        return rule_of(text), text if isinstance(err, AssertionError) else f"{type(err).__name__}: {text}"
     if isinstance(err, Flaky):
         return "flaky: the implementation does not behave the same on the same program", text
     where = _where(err)
-    return f"crash: {type(err).__name__} in {where}", f"{type(err).__name__} in {where}: {text or '(no message)'}"
+    return f"{CRASH}: {type(err).__name__}", f"{type(err).__name__}: {text or '(no message)'} (raised at {where})"
 
 
 def _where(err: BaseException) -> str:
@@ -219,16 +324,19 @@ def run_machine(
     progress: Progress | None = None,
     *,
     database: ExampleDatabase | None = None,
+    step_timeout: float = STEP_TIMEOUT,
 ) -> CheckResult:
     """Run ``machine`` under ``settings``; return what happened (never raises for a violation).
 
     ``regression`` turns the violated law and the printed program's lines into
     a pytest module (without it, the program's lines are kept as they are);
     ``progress`` is told about every example; ``database``: where Hypothesis
-    keeps failing examples between runs (``None``: nowhere).
+    keeps failing examples between runs (``None``: nowhere); ``step_timeout``:
+    seconds a step may run before it fails as a hang (0: no watchdog).
     """
     result = CheckResult(suite, model, rules)
-    counted_machine, counts = counted(machine, progress)
+    watchdog = Watchdog(step_timeout)
+    counted_machine, counts = counted(machine, progress, watchdog)
     saved_seed = hypothesis.core.global_force_seed
     saved_random = hypothesis.core.threadlocal._hypothesis_global_random
     if database is None:
@@ -242,10 +350,11 @@ def run_machine(
         settings = Settings(settings, derandomize=False)
     start = time.perf_counter()
     try:
-        run_state_machine_as_test(
-            counted_machine,
-            settings=Settings(settings, database=database, print_blob=False, report_multiple_bugs=False),
-        )
+        with watchdog:
+            run_state_machine_as_test(
+                counted_machine,
+                settings=Settings(settings, database=database, print_blob=False, report_multiple_bugs=False),
+            )
     except (AssertionError, Exception, Flaky) as err:
         notes = "\n".join(getattr(err, "__notes__", []))
         steps = parse_counterexample(notes)

@@ -16,7 +16,12 @@ after every step checks on the adapter's snapshot (:func:`check_snapshot`):
 * ``leak checker agrees with the ledgers``: the engine's own idle check and
   the ledgers agree (no false positive, no false negative);
 * ``admission rolls back`` / ``admission commits`` (``spec.admission``) on
-  every attempt; ``resume is append-only`` and
+  every attempt, and an admitted request holds the KV of its whole prompt,
+  matched or computed, and computes at least its last token;
+  ``admission within budget`` (``spec.admission.fits``): a batch admits no
+  more new tokens than its budget;
+  ``extend commits``: a decode of ``n`` tokens adds exactly ``n`` and keeps
+  the earlier ones; ``resume is append-only`` and
   ``inv_committed_within_allocated`` (``spec.session``);
 * lock pairing (``inv_lock_ref_counts_handles``, ``inv_lock_ref_nonnegative``)
   and ``inv_handles_owned`` (every live handle is held by a running request);
@@ -59,6 +64,8 @@ RULES = (
     "leak checker agrees with the ledgers",
     "admission rolls back",
     "admission commits",
+    "admission within budget",
+    "extend commits",
     "resume is append-only",
     "inv_committed_within_allocated",
     "inv_lock_ref_counts_handles",
@@ -192,6 +199,8 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             self.sys = adapter()
             self.caps = frozenset(self.sys.capabilities)
             self.last = self.sys.snapshot()
+            self.prompts: dict[int, tuple[int, ...]] = {}
+            self.failure_pending = False  # NOTE: one injected failure at a time: they must not pile up
 
         def has(self, cap: str) -> bool:
             return cap in self.caps
@@ -214,26 +223,40 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             if sid is not None and sid not in self.last.sessions:
                 self.sys.open_session(sid)
             rid = self.sys.add_request(PROMPTS[prompt] + tuple(suffix), sid)
+            self.prompts[rid] = PROMPTS[prompt] + tuple(suffix)
             self._admit(rid, sid, budget)
 
         @precondition(lambda self: any(r.status == "waiting" for r in self.last.requests.values()))
-        @rule(pick=st.integers(0, 7), budget=BUDGETS)
-        def admit(self, pick: int, budget: int) -> None:
+        @rule(pick=st.integers(0, 7), budget=BUDGETS, batch=st.booleans())
+        def admit(self, pick: int, budget: int, batch: bool = False) -> None:
+            """One prefill step: try one waiting request, or (``batch``) every waiting one in the engine's order."""
             waiting = self.ids("waiting")
             rid = waiting[pick % len(waiting)]
-            self._admit(rid, self.last.requests[rid].session, budget)
+            self._admit(rid, self.last.requests[rid].session, budget, batch)
 
-        def _admit(self, rid: int, sid: int | None, budget: int) -> None:
+        def _admit(self, rid: int, sid: int | None, budget: int, batch: bool = False) -> None:
             """One admission step trying ``rid`` (its session ``sid``), checked as a transaction per request."""
             before = self.last  # NOTE: taken before ``rid`` was added when it is new: it held nothing then
-            if sid is not None:
-                lent = before.sessions.get(sid)
-                if lent is not None and lent.lent_to is not None:
-                    return  # one turn of a session at a time
             waiting = {r.rid for r in before.requests.values() if r.status == "waiting"} | {rid}
+            busy = {s for s, v in before.sessions.items() if v.lent_to is not None}
+            if sid in busy:
+                return  # one turn of a session at a time
+            turns = [sid] + [before.requests[r].session for r in waiting if r in before.requests and r != rid]
+            named = [t for t in turns if t is not None]
+            if busy & set(named) or len(named) != len(set(named)):
+                batch = False  # NOTE: a batch would try a second turn of a session at once
             attempts = {r: A.begin(request(r), before.ledgers, self._handles(before, r)) for r in waiting}
-            result = self.sys.admit(budget, rid if self.has("targeted_admission") else None)
+            targeted = self.has("targeted_admission") and not batch
+            result = self.sys.admit(budget, rid if targeted else None)
+            self.failure_pending = False
             after = self.last = self.sys.snapshot()
+            left = A.Budget(budget, len(waiting))
+            for r in result.admitted:  # NOTE: in the order the engine admitted them
+                known = before.requests.get(r)
+                new = len(known.tokens if known is not None else self.prompts[r]) - after.requests[r].prefix_len
+                if not A.fits(left, new):
+                    raise _fail("admission within budget", f"request {r} admitted with {new} new tokens, {left} left")
+                left = A.take(left, new)
             for r in result.rejected:
                 if r in attempts and not A.inv_rollback_restores(attempts[r], after.ledgers, self._handles(after, r)):
                     leaked = A.leaked_by_rollback(attempts[r], after.ledgers)
@@ -245,6 +268,23 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 if r in attempts and not A.inv_commit_keeps(attempts[r], after.ledgers):
                     raise _fail("admission commits", f"admitted request {r} lost slots it held")
                 got = after.requests[r]
+                prompt = before.requests[r].tokens if r in before.requests else self.prompts.get(r)
+                if (
+                    prompt is not None
+                    and got.status == "running"
+                    and (got.kv_len != len(prompt) or tuple(got.tokens[: len(prompt)]) != prompt)
+                ):
+                    raise _fail(
+                        "admission commits",
+                        f"admitted request {r} holds the KV of {got.kv_len} tokens {got.tokens[:8]}, "
+                        f"it was admitted with {len(prompt)} tokens {prompt[:8]}",
+                    )
+                if prompt is not None and got.prefix_len >= len(prompt):
+                    raise _fail(
+                        "admission commits",
+                        f"admitted request {r} matched all {len(prompt)} tokens: the last one is always computed "
+                        "(its logits sample the next token)",
+                    )
                 if got.session is not None and got.session in before.sessions:
                     committed = before.sessions[got.session].committed_len
                     if got.prefix_len > committed:
@@ -272,6 +312,20 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 after = self.sys.snapshot()
                 if after.ledgers != before.ledgers or after.requests.get(rid) != before.requests.get(rid):
                     raise _fail("rejected call leaves state unchanged", f"extend of request {rid}: {err}") from err
+                return
+            finally:
+                self.failure_pending = False
+            was, now = before.requests[rid], self.sys.snapshot().requests.get(rid)
+            if (
+                now is not None
+                and now.status == "running"
+                and (now.kv_len != was.kv_len + n or now.tokens[: was.kv_len] != was.tokens[: was.kv_len])
+            ):
+                raise _fail(
+                    "extend commits",
+                    f"request {rid} extended by {n} from {was.kv_len} tokens holds the KV of {now.kv_len} "
+                    "(or its earlier tokens changed)",
+                )
 
         @precondition(lambda self: any(r.status == "running" for r in self.last.requests.values()))
         @rule(pick=st.integers(0, 7), op=st.sampled_from(["finish", "finish", "chunk", "retract", "abort"]))
@@ -301,10 +355,12 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
         def evict(self, comp: Component, n: int) -> None:
             self.sys.evict(comp, n)
 
-        @precondition(lambda self: self.has("inject_failure"))
+        @precondition(lambda self: self.has("inject_failure") and not self.failure_pending)
         @rule()
         def inject_allocation_failure(self) -> None:
+            """The next allocation fails; no second one until an admission or extend has met it."""
             self.sys.inject_failure()
+            self.failure_pending = True
 
         # ---------------------------------------------------------- laws
 

@@ -105,3 +105,21 @@ def test_a_campaign_runs_on_pytest_xdist_workers(tmp_path: Path) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]  # B1 on: the campaign fails, with the law and the program
     assert "inv_lru_detached" in out and "[gw" in out, out[-3000:]  # run on an xdist worker
+
+
+def test_check_runs_a_campaign_from_the_command_line() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvledger.contracts.cli import app
+
+    runner = CliRunner()
+    args = ["check", "--suite", "pools", "--model", "token", "--jobs", "2", "--seeds", "3", "--examples", "2", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output[result.output.index("{") :])
+    assert payload["campaign"]["jobs"] == 3 and sorted(payload["results"][0]["seeds"]) == [0, 1, 2]
+    bad = runner.invoke(app, ["check", "--for", "soon"])
+    assert bad.exit_code == 2 and "positive duration" in bad.output
+    assert runner.invoke(app, ["check", "--adapter", "reference", "--jobs", "2"]).exit_code == 2
