@@ -42,6 +42,7 @@ __all__ = [
     "StubbedGPUModule",
     "TestedRange",
     "import_sglang",
+    "import_sglang_package",
     "installed_version",
     "stubbed_modules",
 ]
@@ -303,6 +304,29 @@ def _stub(name: str) -> None:
     _stubbed.append(base)
 
 
+ON_DEMAND = ("torchvision",)
+"""Stubbed only when ``import sglang`` fails for want of them: from 0.5.10 ``sglang.srt.utils.common`` imports
+``torchvision.io`` at module level (torchvision pulls a CUDA torch and is never installed)."""
+
+
+def import_sglang_package() -> types.ModuleType:
+    """``import sglang``, stubbing a package of :data:`ON_DEMAND` (whole) when, and only when, the import needs it.
+
+    NOTE: a release whose import does not fail keeps the real behaviour of code that probes for the package.
+    """
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    for _ in range(len(ON_DEMAND) + 1):
+        try:
+            return importlib.import_module("sglang")
+        except ModuleNotFoundError as err:
+            missing = (err.name or "").partition(".")[0]
+            if missing not in ON_DEMAND or missing in _finder.packages:
+                raise
+            _stub(missing + ".*")
+    return importlib.import_module("sglang")
+
+
 def import_sglang(tested: TestedRange, modules: Sequence[str] = ()) -> str:
     """Check the SGLang version against ``tested``, install the CPU stubs, import ``modules``; return the version.
 
@@ -317,9 +341,7 @@ def import_sglang(tested: TestedRange, modules: Sequence[str] = ()) -> str:
             f"tested on ({tested.describe()}); install a tested release, e.g. pip install --no-deps "
             f"sglang=={tested.highest}"
         )
-    if _finder not in sys.meta_path:
-        sys.meta_path.insert(0, _finder)
-    importlib.import_module("sglang")
+    import_sglang_package()
     for name in tested.bare_packages:
         parent = name.rpartition(".")[0]
         if parent:
