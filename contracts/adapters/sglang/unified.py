@@ -178,6 +178,34 @@ class UnifiedAdapter:
     version = "0.5.23"
 
     def __init__(self, config: CacheConfig, core: str) -> None:
+        self._setup(config, core, None, KVBuffer())
+        params = self.sg.params.CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.pools.req_pool,
+            token_to_kv_pool_allocator=self.allocator,
+            page_size=self.ps,
+            sliding_window_size=config.window,
+            tree_components=tuple(self.ct[c] for c in self.comps),
+            tree_core_backend=core,
+        )
+        self.cache = self.sg.unified.UnifiedRadixCache(params)
+        got = type(self.cache.tree_core).__name__
+        if got != CORES[core]:
+            raise RuntimeError(f"SGLang built a {got} where the {core} tree core ({CORES[core]}) was asked for")
+
+    @classmethod
+    def observing(cls, cache: Any, pools: UnifiedPools, config: CacheConfig, kv: KVBuffer) -> UnifiedAdapter:
+        """An adapter over a ``UnifiedRadixCache`` built elsewhere (a scheduler's), on ``pools``, Python core.
+
+        Its snapshot reads that cache as this adapter reads its own; the
+        requests' holdings are what the caller records in ``pools``.
+        """
+        self = cls.__new__(cls)
+        self._setup(config, "python", pools, kv)
+        self.cache = cache
+        return self
+
+    def _setup(self, config: CacheConfig, core: str, pools: UnifiedPools | None, kv: KVBuffer) -> None:
         if core not in CORES:
             raise ValueError(f"unknown tree core {core!r}; expected one of {', '.join(CORES)}")
         if (config.window is not None or config.mamba) and config.page_size != 1:
@@ -202,24 +230,11 @@ class UnifiedAdapter:
             caps |= {"locks", "content"} | ({"lru"} if len(self.comps) > 1 else set())
         self.capabilities = frozenset(caps)
         self.ids = NodeIds()
-        self.kv = KVBuffer()
-        self.pools = UnifiedPools(config, self.sg)
+        self.kv = kv
+        self.pools = UnifiedPools(config, self.sg) if pools is None else pools
         self.allocator = self.pools.allocator
         self.locks: dict[HandleId, UnifiedLock] = {}
         self.next_hid = 1
-        params = self.sg.params.CacheInitParams(
-            disable=False,
-            req_to_token_pool=self.pools.req_pool,
-            token_to_kv_pool_allocator=self.allocator,
-            page_size=self.ps,
-            sliding_window_size=config.window,
-            tree_components=tuple(self.ct[c] for c in self.comps),
-            tree_core_backend=core,
-        )
-        self.cache = self.sg.unified.UnifiedRadixCache(params)
-        got = type(self.cache.tree_core).__name__
-        if got != CORES[core]:
-            raise RuntimeError(f"SGLang built a {got} where the {core} tree core ({CORES[core]}) was asked for")
 
     # ------------------------------------------------------------ pools
 
