@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "COMPONENTS",
     "LEGACY",
     "UNIFIED",
     "SGLangUnavailable",
@@ -113,6 +114,13 @@ UNIFIED = TestedRange(
     ("sgl_kernel.*", "tvm_ffi.*", "sglang.srt.utils.hf_transformers_utils", "sglang.srt.utils.hf_transformers.*"),
 )
 """0.5.23: ``UnifiedRadixCache`` with its Python and Rust tree cores."""
+
+COMPONENTS = TestedRange("scheduler components (Scheduler, UnifiedRadixCache)", "0.5.23", "0.5.23", UNIFIED.stubs)
+"""0.5.23: the scheduler assembled from components over a ``UnifiedRadixCache`` (its Python core).
+
+NOTE: 0.5.13 also assembles its scheduler from components, but its ``UnifiedRadixCache`` keeps its nodes
+on the cache (no ``tree_core``; ``mem_cache/unified_cache_components``) and its sessions in a
+``StreamingSession`` wrapper, which the 0.5.23 abstraction this adapter reuses does not read."""
 
 
 _stubbed: list[str] = []

@@ -69,6 +69,7 @@ import torch
 
 from kvledger.contracts.adapters.protocol import CacheConfig
 from kvledger.contracts.adapters.sglang.common import FULL, MAMBA, SWA, KVBuffer
+from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS
 from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
 from kvledger.contracts.adapters.system import IdleVerdict, RequestView, RowView, SessionView, StepResult, SystemConfig
@@ -84,8 +85,6 @@ log = logging.getLogger(__name__)
 EOS = 2
 """The token the oracle emits for a request asked to finish (the model config's ``hf_eos_token_id``)."""
 STRICT = "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"
-MAX_NEW = 1 << 10
-"""``max_new_tokens`` of every request: requests end by EOS (or by the row's length), never by this."""
 
 
 class SchedulerError(KVLedgerError):
@@ -253,7 +252,7 @@ class SchedulerSystemAdapter:
                 "(SWATokenToKVPoolAllocator and MambaComponent without the extra buffer require it)"
             )
         os.environ[STRICT] = "1"
-        self.version, self.sg = _sglang()
+        self.version, self.sg = _sglang(COMPONENTS)
         self.m = _sched_modules()
         self.config = config
         self.name = f"sglang-{self.version}/Scheduler[{config.kind}]"
@@ -281,7 +280,7 @@ class SchedulerSystemAdapter:
             tree_core_backend="python",
         )
         self.cache = self.sg.unified.UnifiedRadixCache(params)
-        self.view = UnifiedAdapter.observing(self.cache, self.pools, self.cache_config, self.kv)
+        self.view = UnifiedAdapter.observing(self.cache, self.pools, self.cache_config, self.kv, COMPONENTS)
         self.oracle = _Oracle(self.kv)
         self.hooks: dict[str, int] = {}
         self.outputs: list[Any] = []
@@ -517,7 +516,9 @@ class SchedulerSystemAdapter:
         m = self.m
         rid = self.next_rid
         self.next_rid += 1
-        sp = m.SamplingParams(max_new_tokens=MAX_NEW)
+        # NOTE: the adder reserves room for each running request's remaining max_new_tokens (times the new-token
+        # ratio): the row length keeps that reservation at the scale of the tiny pools.
+        sp = m.SamplingParams(max_new_tokens=self.config.max_context)
         sp.normalize(None)
         extra: dict[str, Any] = {}
         if session is not None:
@@ -610,10 +611,10 @@ class SchedulerSystemAdapter:
         return self._result(before)
 
     def open_session(self, sid: int) -> None:
-        out = self.s.session_controller.open(
+        out = self.s.open_session(
             self.m.io.OpenSessionReqInput(capacity_of_str_len=1024, session_id=str(sid), streaming=True)
         )
-        if not out.success:
+        if out is None or not out.success:
             raise SchedulerError(f"open_session {sid}: SGLang refused it")
 
     def close_session(self, sid: int) -> None:
@@ -663,6 +664,7 @@ class SchedulerSystemAdapter:
     def snapshot(self) -> SystemSnap:
         live = self._live()
         records = {int(sid): kv for sid, kv in self.cache.session_records().items()}
+        opened = [int(sid) for sid in self.s.session_controller.sessions]
         pools = self.pools
         pools.req_kv = {rid: set(self._row(req.kv)[req.kv.cache_protected_len :]) for rid, req in live.items()}
         pools.req_mamba = {rid: self._mamba(req.kv) for rid, req in self.reqs.items() if self._mamba(req.kv)}
@@ -723,6 +725,8 @@ class SchedulerSystemAdapter:
             )
             for sid, kv in records.items()
         }
+        for sid in opened:  # NOTE: an open session holds no record until its first request
+            sessions.setdefault(sid, SessionView(sid, 0, 0, None))
         slots = [x for view in rows.values() for x in view.slots]
         return SystemSnap(
             ledgers=ledgers,
