@@ -113,8 +113,8 @@ class _NoOp:
     def __enter__(self) -> _NoOp:
         return self
 
-    def __exit__(self, *exc: object) -> bool:
-        return False
+    def __exit__(self, *exc: object) -> None:
+        return None
 
     def __add__(self, other: Any) -> Any:  # NOTE: a counter the sink never had starts from the first increment
         return other
@@ -204,9 +204,9 @@ class _FakeWorker:
 
 def _sched_modules() -> SimpleNamespace:
     import sglang.srt.managers.scheduler as scheduler  # type: ignore[import-not-found]
-    from sglang.srt import runtime_context  # type: ignore[import-not-found]
+    from sglang.srt import runtime_context
     from sglang.srt.disaggregation.utils import DisaggregationMode  # type: ignore[import-not-found]
-    from sglang.srt.managers import io_struct  # type: ignore[import-not-found]
+    from sglang.srt.managers import io_struct
     from sglang.srt.managers.scheduler_components.dp_attn import (  # type: ignore[import-not-found]
         SchedulerDPAttnAdapter,
     )
@@ -305,7 +305,7 @@ class SchedulerSystemAdapter:
         )
         args._mamba_cache_chunk_size = 64  # NOTE: read from the model config otherwise (ENGINES.md)
         m.rc.publish(args, role="scheduler", ranks=m.rc.SpawnRanks(world_rank=0))
-        s = object.__new__(_cpu_scheduler_class(m.scheduler.Scheduler))
+        s: Any = object.__new__(_cpu_scheduler_class(m.scheduler.Scheduler))
         sched = m.rc.get_schedule()
         noop = self._noop
         swa, mamba = cfg.window is not None, cfg.mamba
