@@ -286,6 +286,7 @@ class SchedulerSystemAdapter:
         self.outputs: list[Any] = []
         self.reqs: dict[int, Any] = {}
         self.req_session: dict[int, int] = {}
+        self.aborted: set[int] = set()
         self.next_rid = 1
         self.s = self._build()
 
@@ -395,7 +396,10 @@ class SchedulerSystemAdapter:
             ipc_channels=SimpleNamespace(
                 send_to_detokenizer=SimpleNamespace(
                     send_output=lambda *a, **k: self.outputs.append(a), send_pyobj=self.outputs.append
-                )
+                ),
+                send_to_tokenizer=SimpleNamespace(
+                    send_output=lambda *a, **k: self.outputs.append(a), send_pyobj=self.outputs.append
+                ),
             ),
             grammar_manager=_NoGrammar(),
             tokenizer=None,
@@ -501,7 +505,8 @@ class SchedulerSystemAdapter:
             return "waiting"
         if any(req is r for r in self._batch_reqs()):
             return "running"
-        return "aborted" if type(req.finished_reason).__name__ == "FINISH_ABORT" else "finished"
+        aborted = type(req.finished_reason).__name__ == "FINISH_ABORT" or rid in self.aborted
+        return "aborted" if aborted else "finished"
 
     def _batch_reqs(self) -> list[Any]:
         s = self.s
@@ -603,6 +608,7 @@ class SchedulerSystemAdapter:
 
     def abort(self, rid: int) -> StepResult:
         before = self._statuses()
+        self.aborted.add(rid)  # NOTE: a request aborted while waiting leaves the queue without a finish reason
         self.s.abort_request(self.m.io.AbortReq(rid=_rid(rid)))
         for _ in range(3):  # NOTE: a running request is finished by the steps after the abort, as in the loop
             if self._status(rid) != "running":
