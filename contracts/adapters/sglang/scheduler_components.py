@@ -673,7 +673,12 @@ class SchedulerSystemAdapter:
         opened = [int(sid) for sid in self.s.session_controller.sessions]
         pools = self.pools
         pools.req_kv = {rid: set(self._row(req.kv)[req.kv.cache_protected_len :]) for rid, req in live.items()}
-        pools.req_mamba = {rid: self._mamba(req.kv) for rid, req in self.reqs.items() if self._mamba(req.kv)}
+        lent_records = {id(kv) for kv in records.values()}  # NOTE: a session's record, lent to its running turn
+        pools.req_mamba = {
+            rid: self._mamba(req.kv)
+            for rid, req in self.reqs.items()
+            if self._mamba(req.kv) and id(req.kv) not in lent_records and self._status(rid) in ("waiting", "running")
+        }  # NOTE: an ended request's kv keeps naming the state it handed to the tree (a stale field, not a hold)
         tree = self.view.snapshot()
         ledgers = dict(tree.ledgers)
         sess_kv = {
