@@ -302,6 +302,7 @@ SystemAdapterFactory = Callable[[SystemConfig], SystemAdapter]
 
 SYSTEM_ALIASES: dict[str, str] = {
     "reference": "kvledger.contracts.adapters.reference_system:ReferenceSystemAdapter",
+    "sglang-0.5.23-system": "kvledger.contracts.adapters.sglang.scheduler_components:scheduler_system_factory",
     "vllm": "kvledger.contracts.adapters.vllm.adapter:vllm_factory",
     "vllm-hybrid": "kvledger.contracts.adapters.vllm.adapter:vllm_hybrid_factory",
 }
