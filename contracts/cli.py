@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 from hypothesis import settings as Settings
@@ -19,13 +20,29 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kvledger.contracts import bindings
-from kvledger.contracts.adapters.protocol import AdapterFactory, CacheConfig, Unsupported, load_factory, skipped_rules
+from kvledger.contracts.adapters.protocol import (
+    ALIASES,
+    AdapterFactory,
+    CacheConfig,
+    Unsupported,
+    load_factory,
+    skipped_rules,
+)
+from kvledger.contracts.adapters.system import (
+    SYSTEM_ALIASES,
+    SystemAdapterFactory,
+    SystemConfig,
+    load_system_factory,
+    skipped_system_rules,
+)
 from kvledger.contracts.machines.cache import RULES as CACHE_RULES
 from kvledger.contracts.machines.cache import machine_for_cache
 from kvledger.contracts.machines.profiles import PROFILES, register_profiles
 from kvledger.contracts.machines.regression import render
 from kvledger.contracts.machines.runner import CheckResult, run_machine
-from kvledger.contracts.machines.suites import CACHE_MODELS, SUITES
+from kvledger.contracts.machines.suites import CACHE_MODELS, SUITES, SYSTEM_CONFIGS
+from kvledger.contracts.machines.system import RULES as SYSTEM_RULES
+from kvledger.contracts.machines.system import machine_for_system
 from kvledger.impl import faults
 from kvledger.impl.faults import FAULTS
 
@@ -57,20 +74,39 @@ def check(
 ) -> None:
     """Run the conformance machines against the reference implementation (or an engine's adapter)."""
     register_profiles()
-    factory = None
-    adapter_name, adapter_version = "kvledger-reference", "0.1.0"
+    factory: AdapterFactory | None = None
+    system_factory: SystemAdapterFactory | None = None
+    adapter_name, adapter_version, engine_class = "kvledger-reference", "0.1.0", "kvledger.impl"
     if adapter is not None:
+        wants_system = suite == ["system"] or (suite is None and adapter in SYSTEM_ALIASES and adapter not in ALIASES)
+        if suite and suite not in (["cache"], ["system"]):
+            _fail_usage("--adapter checks one suite: --suite cache (a radix cache) or --suite system (a scheduler)")
+        suite = ["system"] if wants_system else ["cache"]
+        configs: dict[str, CacheConfig] | dict[str, SystemConfig] = SYSTEM_CONFIGS if wants_system else CACHE_MODELS
+        probe, reasons = None, []
         try:
-            factory = load_factory(adapter)
-            probe = factory(CacheConfig())
+            if wants_system:
+                system_factory = load_system_factory(adapter)
+            else:
+                factory = load_factory(adapter)
+            make: Callable[[Any], Any] = system_factory if wants_system else factory  # type: ignore[assignment]
+            # NOTE: probe with the model kinds asked for (else every kind) until one builds: an adapter of a
+            # Mamba-only cache is not refused for lacking full attention.
+            for m in [m for m in configs if not model or m in model]:
+                try:
+                    probe = make(configs[m])
+                    break
+                except Unsupported as err:
+                    reasons.append(f"{m}: {err}")
         except Exception as err:  # an adapter that cannot start is a usage error, not a crash
             _fail_usage(
                 str(err) if isinstance(err, ValueError) else f"adapter {adapter!r}: {type(err).__name__}: {err}"
             )
+        if probe is None:
+            _fail_usage(f"adapter {adapter!r} builds none of the model kinds asked for: {'; '.join(reasons)}")
+            return
         adapter_name, adapter_version = probe.name, probe.version
-        if suite and suite != ["cache"]:
-            _fail_usage("--adapter checks a radix cache: only --suite cache applies")
-        suite = ["cache"]
+        engine_class = getattr(probe, "engine_class", type(probe).__qualname__)
     faults_on = [f.upper() for f in fault or []]
     for f in faults_on:
         if f not in FAULTS:
@@ -117,6 +153,10 @@ def check(
         task = progress.add_task("checking", total=len(jobs))
         for s, m in jobs:
             progress.update(task, description=f"{s}/{m}")
+            if system_factory is not None:
+                results.append(_system_adapter_run(system_factory, m, run_settings, seed))
+                progress.advance(task)
+                continue
             if factory is not None:
                 machine_result = _adapter_run(factory, m, run_settings, seed)
                 results.append(machine_result)
@@ -137,6 +177,7 @@ def check(
             "ok": ok,
             "adapter": adapter_name,
             "adapter_version": adapter_version,
+            "engine_class": engine_class,
             "profile": profile,
             "seed": seed,
             "contracts": contracts,
@@ -153,7 +194,8 @@ def check(
         }
         typer.echo(json.dumps(payload, indent=2))
     else:
-        _print_table(console, results, faults_on, adapter_name if factory is not None else None)
+        shown = adapter_name if factory is not None or system_factory is not None else None
+        _print_table(console, results, faults_on, shown)
     raise typer.Exit(0 if ok else 1)
 
 
@@ -167,6 +209,22 @@ def _adapter_run(factory: AdapterFactory, model: str, run_settings: Settings, se
     machine = machine_for_cache(lambda: factory(config))
     result = run_machine("cache", model, machine, list(CACHE_RULES), run_settings, seed)
     result.skipped = skipped_rules(caps)
+    result.rules = [r for r in result.rules if r not in result.skipped]
+    return result
+
+
+def _system_adapter_run(
+    factory: SystemAdapterFactory, model: str, run_settings: Settings, seed: int | None
+) -> CheckResult:
+    """Run the system suite's machine for ``model`` on a system adapter; what it cannot express is skipped."""
+    config = SYSTEM_CONFIGS[model]
+    try:
+        caps = factory(config).capabilities
+    except Unsupported as err:
+        return CheckResult("system", model, [], skipped=[f"model not supported by the adapter: {err}"])
+    machine = machine_for_system(lambda: factory(config))
+    result = run_machine("system", model, machine, list(SYSTEM_RULES), run_settings, seed)
+    result.skipped = skipped_system_rules(caps)
     result.rules = [r for r in result.rules if r not in result.skipped]
     return result
 

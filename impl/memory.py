@@ -263,7 +263,9 @@ class MemoryManager:
         if req.session is not None and req.session in self.sessions.slots:
             slot = self.sessions.slots[req.session]
             if slot.lent_to == req.rid:
-                slot.lent_to = None  # the turn's memory is returned, not saved: the session holds nothing
+                # NOTE: the turn's memory is returned, not saved: the session holds nothing, so it may not
+                # claim committed KV either (spec.session.inv_committed_within_allocated).
+                slot.lent_to, slot.tokens, slot.committed_len = None, (), 0
         if req.row is not None:
             self._release_owned(req, req.own_from)
             self.rows.free(req.row, req.owner)

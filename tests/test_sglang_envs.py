@@ -44,3 +44,23 @@ def test_sglang_adapter_tests_pass_in_their_venv(version: str) -> None:
     summary = out.strip().splitlines()[-1]
     assert " passed" in summary and "failed" not in summary, summary
     sys.stdout.write(f"SGLang {version}: {summary}\n")
+
+
+@pytest.mark.slow
+def test_the_documented_command_runs_in_an_sglang_venv() -> None:
+    """docs/own-cache.md's ``build/sglang-<version>/bin/kvledger check --adapter ...`` exists and checks SGLang."""
+    version = TESTED[-1]
+    command = _venv(version) / "bin" / "kvledger"
+    if not (_venv(version) / "bin" / "python").exists():
+        pytest.skip(f"no SGLang {version} venv (build it: .ci/sglang_env --build-only)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "KVLEDGER_"))}
+    proc = subprocess.run(
+        [str(command), "check", "--adapter", "sglang", "--model", "full", "--examples", "5", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert '"adapter": "sglang' in proc.stdout

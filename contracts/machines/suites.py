@@ -14,11 +14,13 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from kvledger.contracts.adapters.protocol import CacheConfig
 from kvledger.contracts.adapters.reference import ReferenceAdapter
+from kvledger.contracts.adapters.reference_system import ReferenceSystemAdapter
+from kvledger.contracts.adapters.system import SystemConfig
 from kvledger.contracts.machines.cache import RULES as CACHE_RULES
 from kvledger.contracts.machines.cache import machine_for_cache
 from kvledger.contracts.machines.pool import KINDS, machine_for
 from kvledger.contracts.machines.system import RULES as SYSTEM_RULES
-from kvledger.contracts.machines.system import build_manager, machine_for_system
+from kvledger.contracts.machines.system import machine_for_system
 
 
 @dataclass(frozen=True)
@@ -62,9 +64,14 @@ def _cache_model(config: CacheConfig) -> Callable[[], type[RuleBasedStateMachine
 SYSTEM_MODELS: dict[str, tuple[int, bool]] = {"full": (1, False), "paged": (2, False), "mamba": (1, True)}
 """Model kinds of the memory-manager suite: (KV page size, Mamba pool with track buffers)."""
 
+SYSTEM_CONFIGS: dict[str, SystemConfig] = {
+    name: SystemConfig(page_size=ps, mamba=mamba) for name, (ps, mamba) in SYSTEM_MODELS.items()
+}
+"""The same model kinds as the ``SystemConfig`` a system adapter is built with."""
 
-def _system_model(page_size: int, mamba: bool) -> Callable[[], type[RuleBasedStateMachine]]:
-    return lambda: machine_for_system(lambda: build_manager(page_size, mamba))
+
+def _system_model(config: SystemConfig) -> Callable[[], type[RuleBasedStateMachine]]:
+    return lambda: machine_for_system(lambda: ReferenceSystemAdapter(config))
 
 
 SUITES: dict[str, Suite] = {
@@ -84,6 +91,6 @@ SUITES: dict[str, Suite] = {
         "system",
         "the memory manager: requests, admission, streaming sessions, allocation failures, the leak checker",
         SYSTEM_RULES,
-        {name: _system_model(*m) for name, m in SYSTEM_MODELS.items()},
+        {name: _system_model(cfg) for name, cfg in SYSTEM_CONFIGS.items()},
     ),
 }

@@ -1,25 +1,29 @@
-"""The conformance machine for the whole memory manager: requests, admission, sessions, leak checker.
+"""The conformance machine for a whole memory manager, driven through any ``SystemAdapter``.
 
-Drives :class:`kvledger.impl.memory.MemoryManager` with the paths a scheduler
-takes — add, admit (under tight budgets), extend with speculative
-over-allocation, chunk, finish, retract, abort, open/resume/save/close
-sessions, evict, injected allocation failures — and after every step checks:
+Drives an engine with the paths a scheduler takes — add, admit (under tight
+budgets), extend with speculative over-allocation, chunk, finish, retract,
+abort, open/resume/save/close sessions, evict, injected allocation failures —
+through :class:`~kvledger.contracts.adapters.system.SystemAdapter` only, and
+after every step checks on the adapter's snapshot (:func:`check_snapshot`):
 
 * ``inv_slots_conserved`` / ``inv_single_owner`` on every pool;
-* ``inv_owners_account``: every owner holds exactly the slots its structure
-  references (a request its row and ``row[own_from:alloc_len]`` and Mamba
-  state, a tree node its value and state, a session what its slot records;
-  finished requests and closed sessions nothing) — computed here from the
-  structures, independently of the implementation's leak checker;
-* ``leak checker agrees with the ledgers``: the checker's verdict and its
-  leaked slots equal what the ledgers say (no false positive, no false
-  negative);
+* ``inv_owners_account``: every owner holds exactly the slots its own
+  structures reference (a request its row, owned positions and Mamba state, a
+  tree node its value and state, a session what its slot records; finished
+  requests and closed sessions nothing);
+* ``inv_rows_held``: every slot a live row names is held — the owned
+  positions by the row's holder, the borrowed prefix by the cache;
+* ``leak checker agrees with the ledgers``: the engine's own idle check and
+  the ledgers agree (no false positive, no false negative);
 * ``admission rolls back`` / ``admission commits`` (``spec.admission``) on
-  every attempt; ``resume is append-only`` (``spec.session``);
-* lock pairing on the cache (``inv_lock_ref_counts_handles``,
-  ``inv_lock_ref_nonnegative``) and ``inv_handles_owned`` (every live handle
-  is held by a running request);
-* ``inv_content``: each running request's row holds the KV of its tokens.
+  every attempt; ``resume is append-only`` and
+  ``inv_committed_within_allocated`` (``spec.session``);
+* lock pairing (``inv_lock_ref_counts_handles``, ``inv_lock_ref_nonnegative``)
+  and ``inv_handles_owned`` (every live handle is held by a running request);
+* ``inv_content``: each running request's row holds the KV of its tokens;
+* ``rejected call leaves state unchanged``.
+
+Laws whose data an adapter cannot observe are skipped (its capabilities).
 """
 
 from __future__ import annotations
@@ -29,23 +33,17 @@ from collections.abc import Callable
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvledger.contracts.abstraction import ledger_of
-from kvledger.contracts.adapters.reference import snapshot_of
-from kvledger.impl.admission import Budget, admit
-from kvledger.impl.allocators import PagedAllocator, TokenAllocator
-from kvledger.impl.leaks import check_leaks
-from kvledger.impl.mamba import MambaPool
+from kvledger.contracts.adapters.reference_system import ReferenceSystemAdapter
+from kvledger.contracts.adapters.reference_system import build_manager as _build_reference
+from kvledger.contracts.adapters.system import IdleVerdict, SystemAdapter, SystemConfig, SystemSnapshot
 from kvledger.impl.memory import MemoryManager
-from kvledger.impl.radix import RadixCache
-from kvledger.impl.req_to_token import ReqToTokenPool
-from kvledger.impl.requests import Request, Status
 from kvledger.spec import admission as A
 from kvledger.spec import ledger as L
 from kvledger.spec import locks as K
+from kvledger.spec import session as S
 from kvledger.spec.errors import KVLedgerError
-from kvledger.spec.ledger import Ledger
 from kvledger.spec.prefix import fingerprint
-from kvledger.spec.types import Component, HandleId, Owner, node
+from kvledger.spec.types import Component, HandleId, request
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8))
 SESSIONS = (1, 2)
@@ -55,10 +53,12 @@ RULES = (
     "inv_slots_conserved",
     "inv_single_owner",
     "inv_owners_account",
+    "inv_rows_held",
     "leak checker agrees with the ledgers",
     "admission rolls back",
     "admission commits",
     "resume is append-only",
+    "inv_committed_within_allocated",
     "inv_lock_ref_counts_handles",
     "inv_lock_ref_nonnegative",
     "inv_handles_owned",
@@ -68,58 +68,138 @@ RULES = (
 
 
 def build_manager(page_size: int = 1, mamba: bool = False) -> MemoryManager:
-    """A tiny memory manager (48 KV tokens, 4 rows, 6 Mamba slots with 1 track buffer each)."""
-    kv = TokenAllocator(48) if page_size == 1 else PagedAllocator(48 // page_size, page_size)
-    pool = MambaPool(6, conv_shape=(2,), temporal_shape=(2,), ping_pong_size=1) if mamba else None
-    return MemoryManager(RadixCache(kv, mamba=pool), ReqToTokenPool(4, 24))
+    """A tiny reference memory manager (48 KV tokens, 4 rows of 24, 6 Mamba slots with 1 track buffer each)."""
+    return _build_reference(SystemConfig(page_size=page_size, mamba=mamba))
 
 
 def _fail(law: str, detail: str) -> AssertionError:
     return AssertionError(f"{law}: {detail}")
 
 
-def references(mm: MemoryManager) -> dict[str, dict[Owner, set[int]]]:
-    """The abstraction of the structures: per pool, what each owner references (pages for a paged pool)."""
-    page = mm.page
-    out: dict[str, dict[Owner, set[int]]] = {name: {} for name in mm.pools()}
+def owners_differ(snap: SystemSnapshot) -> tuple[dict[str, set[int]], list[str]]:
+    """Per pool, the slots held beyond what their holder references (leaked), and one line per owner that differs."""
+    leaked: dict[str, set[int]] = {}
+    lines: list[str] = []
+    for name, lg in snap.ledgers.items():
+        refs = snap.references.get(name, {})
+        for o in dict.fromkeys([*lg.held, *refs]):
+            held, want = set(L.held_by(lg, o)), set(refs.get(o, frozenset()))
+            if held != want:
+                if held - want:
+                    leaked.setdefault(name, set()).update(held - want)
+                lines.append(
+                    f"pool {name!r}: {o} holds {sorted(held)} but references {sorted(want)} "
+                    f"(differ at {sorted(held ^ want)[:4]})"
+                )
+    return leaked, lines
 
-    def add(pool: str, owner: Owner, slots: list[int] | tuple[int, ...], unit: int = 1) -> None:
-        if slots:
-            out[pool].setdefault(owner, set()).update(x // unit for x in slots)
 
-    for r in mm.requests.values():
-        if r.row is not None:
-            add("req_to_token", r.owner, [r.row])
-            add("kv", r.owner, mm.rows.table[r.row, r.own_from : r.alloc_len].tolist(), page)
-        if r.mamba is not None:
-            add("mamba", r.owner, r.mamba.slots())
-    for n in mm.cache.nodes():
-        if n is not mm.cache.root:
-            add("kv", node(n.id, Component.FULL), n.value.tolist(), page)
-            if n.mamba_slot is not None:
-                add("mamba", node(n.id, Component.MAMBA), [n.mamba_slot])
-    for s in mm.sessions.slots.values():
-        if s.row is not None:
-            add("req_to_token", s.owner, [s.row])
-            add("kv", s.owner, mm.rows.table[s.row, : s.alloc_len].tolist(), page)
-        if s.mamba is not None:
-            add("mamba", s.owner, s.mamba.slots())
+def rows_unheld(snap: SystemSnapshot) -> list[str]:
+    """Row entries naming a KV slot that is not held as the row says: ``inv_rows_held``'s counterexamples."""
+    kv = snap.ledgers.get("kv")
+    if kv is None:
+        return []
+    out = []
+    for row, view in sorted(snap.rows.items()):
+        for pos, slot in enumerate(view.slots):
+            unit = slot // snap.page_size
+            if not kv.base <= unit < kv.base + kv.capacity:
+                out.append(f"row {row} position {pos} names slot {slot}, outside the pool")
+                continue
+            holder = L.owner_of(kv, unit)
+            if pos >= view.owned_from and holder != view.holder:
+                out.append(f"row {row} ({view.holder}) position {pos} names slot {slot}, held by {holder or 'free'}")
+            elif pos < view.owned_from and holder is None:
+                out.append(f"row {row} ({view.holder}) position {pos} borrows slot {slot}, which is free")
     return out
 
 
-def machine_for_system(make: Callable[[], MemoryManager]) -> type[RuleBasedStateMachine]:
-    """A state machine class checking the memory managers ``make`` builds."""
+def check_snapshot(
+    snap: SystemSnapshot,
+    verdict: IdleVerdict | None,
+    capabilities: frozenset[str],
+    culprit: Callable[[str, int], str] | None = None,
+) -> None:
+    """Every law of one state, in the order that names the most specific broken one; raises ``law: detail``."""
+    for name, lg in snap.ledgers.items():
+        if not L.inv_slots_conserved(lg):
+            raise _fail("inv_slots_conserved", f"pool {name!r}")
+        if not L.inv_single_owner(lg):
+            raise _fail("inv_single_owner", f"pool {name!r}")
+    leaked, differ = owners_differ(snap)
+    if verdict is not None:
+        itemized = "itemized_leaks" in capabilities and verdict.leaked is not None
+        found = {p: set(s) for p, s in (verdict.leaked or {}).items() if s}
+        if verdict.ok != (not leaked) or (itemized and found != leaked):
+            raise _fail(
+                "leak checker agrees with the ledgers",
+                f"checker says ok={verdict.ok} leaked={found if itemized else '?'}; "
+                f"ledgers say leaked={leaked}\n{verdict.message}",
+            )
+    if differ:
+        where = (
+            []
+            if culprit is None
+            else [f"slot {x}: given by {culprit(p, x)}" for p, xs in leaked.items() for x in sorted(xs)[:2]]
+        )
+        raise _fail("inv_owners_account", f"{differ[0]} {where or ''}".rstrip())
+    if "rows" in capabilities and (unheld := rows_unheld(snap)):
+        raise _fail("inv_rows_held", "; ".join(unheld[:3]))
+    if "sessions" in capabilities:
+        for s in snap.sessions.values():
+            if s.lent_to is None and not S.inv_committed_within_allocated(
+                S.SessionSlot(s.sid, s.row, s.slots, s.committed_len)
+            ):
+                raise _fail(
+                    "inv_committed_within_allocated",
+                    f"session {s.sid} records {s.committed_len} committed tokens but holds {s.alloc_len} positions",
+                )
+    if "locks" in capabilities and snap.locks is not None:
+        if not K.inv_lock_ref_nonnegative(snap.locks):
+            raise _fail("inv_lock_ref_nonnegative", "a lock_ref went negative")
+        if not K.inv_lock_ref_counts_handles(snap.locks):
+            raise _fail("inv_lock_ref_counts_handles", "lock_ref differs from the live handles covering it")
+        owned = {r.handle for r in snap.requests.values() if r.handle is not None and r.status == "running"}
+        if set(snap.locks.handles) != owned:
+            raise _fail(
+                "inv_handles_owned",
+                f"live handles {sorted(snap.locks.handles)}, held by running requests {sorted(owned)}",
+            )
+    if "content" in capabilities and "rows" in capabilities:
+        for r in snap.requests.values():
+            if r.status != "running" or r.row is None or not r.kv_len or r.row not in snap.rows:
+                continue
+            slots = snap.rows[r.row].slots[: r.kv_len]
+            got = [snap.content.get(s) for s in slots]
+            expect = [fingerprint(t, i) for i, t in enumerate(r.tokens[: r.kv_len])]
+            if got != expect:
+                bad = next(i for i, (g, w) in enumerate(zip(got, expect, strict=False)) if g != w)
+                raise _fail(
+                    "inv_content",
+                    f"request {r.rid} position {bad} slot {slots[bad]} holds another token's KV (freed while in use?)",
+                )
+
+
+def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> type[RuleBasedStateMachine]:
+    """A state machine class checking the engines ``make`` builds (a ``SystemAdapter``; a bare reference
+    ``MemoryManager`` is wrapped in the reference adapter)."""
+
+    def adapter() -> SystemAdapter:
+        made = make()
+        return ReferenceSystemAdapter(manager=made) if isinstance(made, MemoryManager) else made
 
     class SystemConformance(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.mm = make()
+            self.sys = adapter()
+            self.caps = frozenset(self.sys.capabilities)
+            self.last = self.sys.snapshot()
 
-        def ledgers(self) -> dict[str, Ledger]:
-            return {name: ledger_of(p) for name, p in self.mm.pools().items()}
+        def has(self, cap: str) -> bool:
+            return cap in self.caps
 
-        def live(self, status: Status) -> list[Request]:
-            return [r for r in self.mm.requests.values() if r.status is status]
+        def ids(self, status: str) -> list[int]:
+            return [r.rid for r in self.last.requests.values() if r.status == status]
 
         # ---------------------------------------------------------- rules
 
@@ -131,142 +211,108 @@ def machine_for_system(make: Callable[[], MemoryManager]) -> type[RuleBasedState
         )
         def add_request(self, prompt: int, suffix: list[int], sid: int | None, budget: int) -> None:
             """A request arrives and the scheduler tries to admit it at once (it may be rejected and wait)."""
-            if sid is not None and sid not in self.mm.sessions.slots:
-                self.mm.sessions.open(sid)
-            req = self.mm.add_request(PROMPTS[prompt] + tuple(suffix), sid)
-            self._admit(req, budget)
+            if sid is not None and not self.has("sessions"):
+                sid = None
+            if sid is not None and sid not in self.last.sessions:
+                self.sys.open_session(sid)
+            rid = self.sys.add_request(PROMPTS[prompt] + tuple(suffix), sid)
+            self._admit(rid, sid, budget)
 
-        @precondition(lambda self: any(r.status is Status.WAITING for r in self.mm.requests.values()))
+        @precondition(lambda self: any(r.status == "waiting" for r in self.last.requests.values()))
         @rule(pick=st.integers(0, 7), budget=BUDGETS)
         def admit(self, pick: int, budget: int) -> None:
-            waiting = self.live(Status.WAITING)
-            self._admit(waiting[pick % len(waiting)], budget)
+            waiting = self.ids("waiting")
+            rid = waiting[pick % len(waiting)]
+            self._admit(rid, self.last.requests[rid].session, budget)
 
-        def _admit(self, req: Request, tokens: int) -> None:
-            if req.session is not None and self.mm.sessions.slots[req.session].lent_to is not None:
-                return  # one turn of a session at a time
-            committed = self.mm.sessions.slots[req.session].committed_len if req.session is not None else 0
-            before = self.ledgers()
-            attempt = A.begin(req.owner, before, frozenset())
-            admitted, _, _ = admit(self.mm, [req], Budget(tokens, 1))
-            after = self.ledgers()
-            handles = frozenset({HandleId(req.handle.id)} if req.handle is not None else set())
-            if not admitted and not A.inv_rollback_restores(attempt, after, handles):
-                leaked = A.leaked_by_rollback(attempt, after)
-                raise _fail("admission rolls back", f"rejected request {req.rid} keeps {leaked} handles {set(handles)}")
-            if admitted:
-                if not A.inv_commit_keeps(attempt, after):
-                    raise _fail("admission commits", f"admitted request {req.rid} lost slots it held")
-                if req.session is not None and req.prefix_len > committed:
-                    raise _fail("resume is append-only", f"request {req.rid} resumed {req.prefix_len} > {committed}")
+        def _admit(self, rid: int, sid: int | None, budget: int) -> None:
+            """One admission step trying ``rid`` (its session ``sid``), checked as a transaction per request."""
+            before = self.last  # NOTE: taken before ``rid`` was added when it is new: it held nothing then
+            if sid is not None:
+                lent = before.sessions.get(sid)
+                if lent is not None and lent.lent_to is not None:
+                    return  # one turn of a session at a time
+            waiting = {r.rid for r in before.requests.values() if r.status == "waiting"} | {rid}
+            attempts = {r: A.begin(request(r), before.ledgers, self._handles(before, r)) for r in waiting}
+            result = self.sys.admit(budget, rid if self.has("targeted_admission") else None)
+            after = self.last = self.sys.snapshot()
+            for r in result.rejected:
+                if r in attempts and not A.inv_rollback_restores(attempts[r], after.ledgers, self._handles(after, r)):
+                    leaked = A.leaked_by_rollback(attempts[r], after.ledgers)
+                    raise _fail(
+                        "admission rolls back",
+                        f"rejected request {r} keeps {leaked} handles {set(self._handles(after, r))}",
+                    )
+            for r in result.admitted:
+                if r in attempts and not A.inv_commit_keeps(attempts[r], after.ledgers):
+                    raise _fail("admission commits", f"admitted request {r} lost slots it held")
+                got = after.requests[r]
+                if got.session is not None and got.session in before.sessions:
+                    committed = before.sessions[got.session].committed_len
+                    if got.prefix_len > committed:
+                        raise _fail("resume is append-only", f"request {r} resumed {got.prefix_len} > {committed}")
 
-        def _running(self, pick: int) -> Request | None:
-            running = self.live(Status.RUNNING)
+        @staticmethod
+        def _handles(snap: SystemSnapshot, rid: int) -> frozenset[HandleId]:
+            view = snap.requests.get(rid)
+            return frozenset() if view is None or view.handle is None else frozenset({HandleId(view.handle)})
+
+        def _running(self, pick: int) -> int | None:
+            running = self.ids("running")
             return running[pick % len(running)] if running else None
 
         @rule(pick=st.integers(0, 7), n=st.integers(1, 3), ahead=st.integers(0, 3))
         def extend(self, pick: int, n: int, ahead: int) -> None:
-            req = self._running(pick)
-            if req is None:
+            rid = self._running(pick)
+            if rid is None:
                 return
-            before, fields = self.ledgers(), repr(req)
+            before = self.last
             try:
-                self.mm.extend(req, tuple(range(1, n + 1)), ahead)
+                self.sys.extend(rid, n, ahead if self.has("speculative") else 0)
             except KVLedgerError as err:  # pool exhausted, injected failure, context full: nothing may change
-                if self.ledgers() != before or repr(req) != fields:
-                    raise _fail("rejected call leaves state unchanged", f"extend of request {req.rid}: {err}") from err
+                after = self.sys.snapshot()
+                if after.ledgers != before.ledgers or after.requests.get(rid) != before.requests.get(rid):
+                    raise _fail("rejected call leaves state unchanged", f"extend of request {rid}: {err}") from err
 
         @rule(pick=st.integers(0, 7), op=st.sampled_from(["finish", "finish", "chunk", "retract", "abort"]))
         def end_or_chunk(self, pick: int, op: str) -> None:
-            req = self._running(pick)
-            if req is None:
+            rid = self._running(pick)
+            if rid is None or (op != "finish" and not self.has(op)):
                 return
-            getattr(self.mm, op)(req)
+            getattr(self.sys, op)(rid)
 
         @rule(sid=st.sampled_from(SESSIONS))
         def close_session(self, sid: int) -> None:
-            slot = self.mm.sessions.slots.get(sid)
-            if slot is None:
+            slot = self.last.sessions.get(sid)
+            if slot is None or not self.has("sessions"):
                 return
-            lender = self.mm.requests.get(slot.lent_to) if slot.lent_to is not None else None
-            if lender is not None and lender.status is Status.RUNNING:
+            lender = self.last.requests.get(slot.lent_to) if slot.lent_to is not None else None
+            if lender is not None and lender.status == "running":
                 return
-            for r in self.live(Status.WAITING):
-                if r.session == sid:
-                    self.mm.abort(r)
-            self.mm.sessions.close(sid)
+            if self.has("abort"):
+                for r in self.ids("waiting"):
+                    if self.last.requests[r].session == sid:
+                        self.sys.abort(r)
+            self.sys.close_session(sid)
 
         @rule(comp=st.sampled_from([Component.FULL, Component.MAMBA]), n=st.integers(1, 8))
         def evict(self, comp: Component, n: int) -> None:
-            if comp in self.mm.cache.components:
-                self.mm.cache.evict(comp, n)
+            if self.has("evict"):
+                self.sys.evict(comp, n)
 
         @rule()
         def inject_allocation_failure(self) -> None:
-            self.mm.fail_next += 1
+            if self.has("inject_failure"):
+                self.sys.inject_failure()
 
         # ---------------------------------------------------------- laws
 
         @invariant()
         def inv_all_laws(self) -> None:
-            mm = self.mm
-            led = self.ledgers()
-            for name, lg in led.items():
-                if not L.inv_slots_conserved(lg):
-                    raise _fail("inv_slots_conserved", f"pool {name!r}")
-                if not L.inv_single_owner(lg):
-                    raise _fail("inv_single_owner", f"pool {name!r}")
-            refs = references(mm)
-            truly_leaked: dict[str, set[int]] = {}
-            for name, lg in led.items():
-                owners = set(lg.held) | set(refs[name])
-                for o in owners:
-                    held, want = set(L.held_by(lg, o)), refs[name].get(o, set())
-                    if held != want:
-                        truly_leaked.setdefault(name, set()).update(held - want)
-                        first = sorted(held ^ want)[:4]
-                        culprit = [
-                            f"slot {x}: given by {getattr(mm.events.get(int(mm.pools()[name].origin[x])), 'op', '?')}"
-                            for x in sorted(held - want)[:2]
-                        ]
-                        self._pending = _fail(
-                            "inv_owners_account",
-                            f"pool {name!r}: {o} holds {sorted(held)} but "
-                            f"references {sorted(want)} (differ at {first}) {culprit}",
-                        )
-            report = check_leaks(mm)
-            found = {p: s for p, s in report.leaked().items() if s}
-            if report.ok != (not truly_leaked) or found != truly_leaked:
-                raise _fail(
-                    "leak checker agrees with the ledgers",
-                    f"checker says ok={report.ok} leaked={found}; ledgers say leaked={truly_leaked}\n{report}",
-                )
-            if truly_leaked:
-                raise self._pending
-            snap = snapshot_of(mm.cache)
-            if not K.inv_lock_ref_nonnegative(snap.locks):
-                raise _fail("inv_lock_ref_nonnegative", "a lock_ref went negative")
-            if not K.inv_lock_ref_counts_handles(snap.locks):
-                raise _fail("inv_lock_ref_counts_handles", "lock_ref differs from the live handles covering it")
-            owned = {r.handle.id for r in mm.requests.values() if r.handle is not None and r.status is Status.RUNNING}
-            if set(snap.locks.handles) != owned:
-                raise _fail(
-                    "inv_handles_owned",
-                    f"live handles {sorted(snap.locks.handles)}, held by running requests {sorted(owned)}",
-                )
-            for r in self.live(Status.RUNNING):
-                if r.row is None or not r.kv_len:
-                    continue
-                slots = mm.rows.table[r.row, : r.kv_len]
-                got: list[int] = mm.kv.data[slots].tolist()
-                expect = [fingerprint(t, i) for i, t in enumerate(r.tokens[: r.kv_len])]
-                if got != expect:
-                    bad = next(i for i, (g, w) in enumerate(zip(got, expect, strict=True)) if g != w)
-                    raise _fail(
-                        "inv_content",
-                        f"request {r.rid} position {bad} slot {int(slots[bad])} holds another "
-                        "token's KV (freed while in use?)",
-                    )
+            snap = self.last = self.sys.snapshot()
+            verdict = self.sys.idle_check() if self.has("idle_check") else None
+            culprit = getattr(self.sys, "provenance", None)
+            check_snapshot(snap, verdict, self.caps, culprit)
 
     SystemConformance.__name__ = "SystemConformance"
     SystemConformance.__qualname__ = "SystemConformance"

@@ -15,15 +15,18 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import IO, Annotated, cast
+from typing import IO, Annotated, Any, cast
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvledger.contracts.adapters.protocol import load_factory
 from kvledger.contracts.adapters.reference import ReferenceAdapter
-from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_MODELS
+from kvledger.contracts.adapters.system import load_system_factory
+from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_CONFIGS, SYSTEM_MODELS
 from kvledger.contracts.machines.system import build_manager
+from kvledger.contracts.trace.adapter_recorder import record_adapter_workload
 from kvledger.contracts.trace.format import TraceFormatError
 from kvledger.contracts.trace.recorder import WorkloadResult, record_workload
 from kvledger.contracts.trace.replay import ReplayResult
@@ -59,8 +62,14 @@ def record(
     system: Annotated[
         bool, typer.Option("--system", help="record the whole memory manager (requests, admission, sessions)")
     ] = False,
+    adapter: Annotated[
+        str | None,
+        typer.Option(
+            help="record an engine: a cache adapter, or with --system a system adapter (alias or module:factory)"
+        ),
+    ] = None,
 ) -> None:
-    """Record a random workload of the reference implementation as a trace."""
+    """Record a random workload of the reference implementation (or of an engine's adapter) as a trace."""
     names = [f.upper() for f in fault or []]
     for f in names:
         if f not in FAULTS:
@@ -82,9 +91,22 @@ def record(
             f"unknown {'memory-manager' if system else 'cache'} model {model!r}; expected one of {', '.join(models)}"
         )
     result: WorkloadResult
+    engine: Any = None
+    if adapter is not None:
+        try:
+            if system:
+                engine = load_system_factory(adapter)(SYSTEM_CONFIGS[model])
+            else:
+                engine = load_factory(adapter)(CACHE_MODELS[model])
+        except Exception as err:  # an adapter that cannot start is a usage error, not a crash
+            _usage(str(err) if isinstance(err, ValueError) else f"adapter {adapter!r}: {type(err).__name__}: {err}")
     try:
         with faults.injected(*names):
-            if system:
+            if engine is not None and system:
+                result = record_adapter_workload(engine, ops, seed, output, faults=tuple(names))
+            elif engine is not None:
+                result = record_workload(engine, ops, seed, output, lru=lru, faults=tuple(names))
+            elif system:
                 result = record_system_workload(
                     build_manager(*SYSTEM_MODELS[model]), ops, seed, output, faults=tuple(names)
                 )

@@ -97,3 +97,29 @@ def test_adapter_rules_it_cannot_express_are_reported_skipped() -> None:
     assert "inv_lru_detached" in full["skipped"] and "inv_lock_ref_counts_handles" in full["skipped"]
     assert "inv_lru_detached" not in full["rules"]
     assert swa["skipped"] and "not supported" in swa["skipped"][0] and swa["examples"] == 0
+
+
+def test_an_adapter_that_builds_only_some_model_kinds_is_probed_with_those() -> None:
+    """A factory refusing full attention (a Mamba-only cache) is not a usage error: its kinds are checked."""
+
+    def mamba_only(config: CacheConfig) -> ReferenceAdapter:
+        if not config.mamba:
+            raise Unsupported("needs a Mamba config")
+        return ReferenceAdapter(config)
+
+    import sys
+    import types
+
+    mod = types.ModuleType("kvledger_test_mamba_only")
+    mod.factory = mamba_only  # type: ignore[attr-defined]
+    sys.modules[mod.__name__] = mod
+    try:
+        result = runner.invoke(app, ["check", "--adapter", f"{mod.__name__}:factory", "--examples", "3", "--json"])
+        assert result.exit_code == 0, result.output
+        payload = json.loads(result.output[result.output.index("{") :])
+        checked = {r["model"] for r in payload["results"] if r["rules"]}
+        assert checked == {"mamba", "hybrid"}, payload["results"]
+        refused = runner.invoke(app, ["check", "--adapter", f"{mod.__name__}:factory", "--model", "full"])
+        assert refused.exit_code == 2 and "needs a Mamba config" in refused.output
+    finally:
+        del sys.modules[mod.__name__]

@@ -59,7 +59,7 @@ def test_checker_that_misses_a_leak_is_a_false_negative(monkeypatch: pytest.Monk
             c.waiting += c.capacity - c.accounted
         return report
 
-    monkeypatch.setattr("kvledger.contracts.machines.system.check_leaks", blind)
+    monkeypatch.setattr("kvledger.contracts.adapters.reference_system.check_leaks", blind)
     with faults.injected("B4"):
         result = run("full")
     assert result.violation is not None and result.violation.rule == "leak checker agrees with the ledgers"

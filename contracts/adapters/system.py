@@ -1,0 +1,297 @@
+"""The request-level adapter protocol: how the system machine drives *any* engine's memory manager.
+
+:class:`~kvledger.contracts.adapters.protocol.CacheAdapter` checks a radix
+cache through its own API. Most leaks live above it, in the scheduler: the
+admission step, retraction, abort, streaming sessions, the engine's idle leak
+check. :class:`SystemAdapter` drives that layer by the request lifecycle
+(add, admit, extend, finish, retract, abort, sessions, evict, the idle check)
+and reports, after every call, the whole memory manager in spec terms
+(:class:`SystemSnapshot`): every pool's ledger, what each owner's own
+structures reference, the request table, the requests and sessions, the lock
+state and size counters. The machine in
+:mod:`kvledger.contracts.machines.system` calls nothing else, so the
+reference implementation's adapter
+(:mod:`kvledger.contracts.adapters.reference_system`) and an engine's adapter
+(SGLang's scheduler, vLLM's KV cache manager) are checked by the same laws.
+
+Requests are ints the adapter hands out; it maps them to the engine's own
+request objects. An engine whose scheduler picks for itself (which waiting
+request to admit, which running one to retract) does so, and says what
+happened in the :class:`StepResult`. What an engine cannot express is a
+declared capability; the laws that need it are reported as *skipped*.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from kvledger.spec.ledger import Ledger
+from kvledger.spec.locks import LockState
+from kvledger.spec.types import Component, Owner
+
+SYSTEM_CAPABILITIES = frozenset(
+    {
+        "sessions",
+        "chunk",
+        "retract",
+        "abort",
+        "evict",
+        "idle_check",
+        "itemized_leaks",
+        "locks",
+        "sizes",
+        "content",
+        "rows",
+        "speculative",
+        "inject_failure",
+        "targeted_admission",
+    }
+)
+"""Everything a system adapter may provide.
+
+``sessions``: streaming sessions (open, resume by a request, close).
+``chunk``: chunked prefill (``cache_unfinished_req``) on request.
+``retract`` / ``abort``: preemption and abort of a running request.
+``evict``: explicit eviction from the prefix cache.
+``idle_check``: the engine's own leak check (:meth:`SystemAdapter.idle_check`);
+``itemized_leaks``: its verdict names the leaked slots, not only a count.
+``locks`` / ``sizes``: the cache's lock state / (evictable, protected) counters.
+``content``: the KV each slot holds (fingerprints where the data is fake).
+``rows``: the request-to-token table. ``speculative``: ``extend`` keeps
+``ahead`` slots allocated past the computed tokens. ``inject_failure``: the
+next allocation can be made to fail (:meth:`SystemAdapter.inject_failure`).
+``targeted_admission``: ``admit(budget, rid)`` tries exactly that request.
+"""
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    """The model kind and pool sizes a system run builds the engine with (tiny, so shrinking is readable)."""
+
+    page_size: int = 1
+    window: int | None = None
+    mamba: bool = False
+    kv_tokens: int = 48
+    rows: int = 4
+    max_context: int = 24
+    mamba_slots: int = 6
+    ping_pong: int = 1
+
+    @property
+    def kind(self) -> str:
+        parts = ["full"] + (["swa"] if self.window is not None else []) + (["mamba"] if self.mamba else [])
+        return "+".join(parts) + (f"/page{self.page_size}" if self.page_size > 1 else "")
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """One request the engine knows, as the spec sees it.
+
+    ``tokens``: the tokens whose KV the request holds, in order (prompt and
+    output so far); ``kv_len`` of them are computed. ``prefix_len``: positions
+    matched at admission (from the cache, or resumed from a session).
+    ``handle``: the id of the lock handle it holds on the cache, if any.
+    """
+
+    rid: int
+    status: str  # "waiting" | "running" | "finished" | "aborted"
+    session: int | None
+    tokens: tuple[int, ...]
+    kv_len: int
+    prefix_len: int
+    row: int | None
+    handle: int | None = None
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """One open streaming session: its lengths, its row and slots, and the request it is lent to.
+
+    ``slots``: the KV token slot of each position ``[0, alloc_len)`` as the row
+    records it (empty while the session's memory is lent to a request).
+    """
+
+    sid: int
+    committed_len: int
+    alloc_len: int
+    row: int | None
+    slots: tuple[int, ...] = ()
+    lent_to: int | None = None
+
+
+@dataclass(frozen=True)
+class RowView:
+    """One row of the request-to-token table held by ``holder``.
+
+    ``slots``: the KV token slots of positions ``[0, len(slots))``;
+    ``owned_from``: the first position whose slot ``holder`` owns (the
+    positions before it are borrowed from the prefix cache, under a lock).
+    """
+
+    holder: Owner
+    slots: tuple[int, ...]
+    owned_from: int = 0
+
+
+@dataclass(frozen=True)
+class SystemSnapshot:
+    """The memory manager's state in spec terms (the abstraction function's result).
+
+    ``ledgers``: every pool (``"kv"``: token slots, or pages of a paged pool;
+    ``"req_to_token"``, ``"mamba"``, ``"swa"``, ...), owners ``request(rid)``,
+    ``node(id, component)``, ``session(sid)``. ``references``: per pool, what
+    each owner's own structures name (a request's owned row positions and
+    Mamba state, a tree node's value and state, a session's recorded row and
+    slots), in the ledger's units; the law is held == referenced.
+    ``page_size``: token slots per ledger unit of ``"kv"``.
+    A field the adapter cannot observe is empty and its capability absent.
+    """
+
+    ledgers: Mapping[str, Ledger]
+    references: Mapping[str, Mapping[Owner, frozenset[int]]]
+    requests: Mapping[int, RequestView] = field(default_factory=dict)
+    sessions: Mapping[int, SessionView] = field(default_factory=dict)
+    rows: Mapping[int, RowView] = field(default_factory=dict)
+    locks: LockState | None = None
+    sizes: Mapping[Component, tuple[int, int]] = field(default_factory=dict)
+    content: Mapping[int, int] = field(default_factory=dict)
+    page_size: int = 1
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one call did to the requests (an engine's scheduler may act on others than the one named)."""
+
+    admitted: tuple[int, ...] = ()
+    rejected: tuple[int, ...] = ()
+    finished: tuple[int, ...] = ()
+    retracted: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class IdleVerdict:
+    """The engine's own leak check: ``ok``, the slots it calls leaked per pool (``None``: only a count), its words."""
+
+    ok: bool
+    leaked: Mapping[str, frozenset[int]] | None
+    message: str = ""
+
+
+@runtime_checkable
+class SystemAdapter(Protocol):
+    """Request-level operations the system machine drives, plus ``snapshot``. One instance = one fresh engine."""
+
+    name: str
+    version: str
+    engine_class: str
+    config: SystemConfig
+    capabilities: frozenset[str]
+
+    def add_request(self, tokens: tuple[int, ...], session: int | None = None) -> int:
+        """A new request (waiting, holding nothing); returns its id. ``session`` must be open."""
+        ...
+
+    def admit(self, budget: int, rid: int | None = None) -> StepResult:
+        """One prefill scheduling step with a budget of ``budget`` new tokens.
+
+        With ``targeted_admission`` and a ``rid``, exactly that waiting request
+        is tried; otherwise the engine's policy picks from its waiting queue.
+        """
+        ...
+
+    def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
+        """Decode ``n`` tokens for running request ``rid`` (``ahead``: slots kept allocated past them).
+
+        All or nothing: on failure a ``KVLedgerError`` is raised and nothing changed.
+        """
+        ...
+
+    def finish(self, rid: int) -> StepResult:
+        """The request ends (the model emits EOS): its prefix is cached or saved to its session."""
+        ...
+
+    def chunk(self, rid: int) -> StepResult:
+        """Chunked prefill: cache the request's computed prefix and keep running on it."""
+        ...
+
+    def retract(self, rid: int) -> StepResult:
+        """Preempt running request ``rid`` (the engine may pick its own victims): it waits again, holding nothing."""
+        ...
+
+    def abort(self, rid: int) -> StepResult:
+        """Abort ``rid`` at whatever stage it is: everything it holds is returned."""
+        ...
+
+    def open_session(self, sid: int) -> None:
+        """Open streaming session ``sid`` (holding nothing)."""
+        ...
+
+    def close_session(self, sid: int) -> None:
+        """Close session ``sid``: everything it holds is returned."""
+        ...
+
+    def evict(self, component: Component, n: int) -> int:
+        """Evict at least ``n`` tokens (MAMBA: states) of ``component`` from the prefix cache; how many went."""
+        ...
+
+    def inject_failure(self) -> None:
+        """Make the next allocation fail (``inject_failure`` capability)."""
+        ...
+
+    def idle_check(self) -> IdleVerdict | None:
+        """Run the engine's own leak check (strict mode); ``None`` when it cannot run now (not idle)."""
+        ...
+
+    def snapshot(self) -> SystemSnapshot:
+        """The state in spec terms. Must not change the engine."""
+        ...
+
+
+SYSTEM_RULES_NEEDING: dict[str, tuple[str, ...]] = {
+    "idle_check": ("leak checker agrees with the ledgers",),
+    "locks": ("inv_lock_ref_counts_handles", "inv_lock_ref_nonnegative", "inv_handles_owned"),
+    "content": ("inv_content",),
+    "rows": ("inv_rows_held",),
+    "sessions": ("resume is append-only", "inv_committed_within_allocated", "close_session (rule)"),
+    "chunk": ("chunk (rule)",),
+    "retract": ("retract (rule)",),
+    "abort": ("abort (rule)",),
+    "evict": ("evict (rule)",),
+    "inject_failure": ("inject_allocation_failure (rule)",),
+}
+"""The laws and rules skipped (and reported as skipped) when a system adapter lacks a capability."""
+
+
+def skipped_system_rules(capabilities: frozenset[str]) -> list[str]:
+    """The laws and rules a system adapter with ``capabilities`` cannot be checked for (each once)."""
+    missing = [r for cap, rules in SYSTEM_RULES_NEEDING.items() if cap not in capabilities for r in rules]
+    return list(dict.fromkeys(missing))
+
+
+SystemAdapterFactory = Callable[[SystemConfig], SystemAdapter]
+
+SYSTEM_ALIASES: dict[str, str] = {
+    "reference": "kvledger.contracts.adapters.reference_system:ReferenceSystemAdapter",
+}
+"""Short names for ``kvledger check --suite system --adapter``."""
+
+
+def load_system_factory(spec: str) -> SystemAdapterFactory:
+    """The factory named by ``spec``: an alias, or ``package.module:callable`` taking a ``SystemConfig``."""
+    target = SYSTEM_ALIASES.get(spec, spec)
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(
+            f"system adapter {spec!r}: expected an alias ({', '.join(SYSTEM_ALIASES)}) or package.module:factory"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"system adapter {spec!r}: cannot import {module_name}: {err}") from err
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValueError(f"system adapter {spec!r}: {module_name} has no callable {attr!r}")
+    return factory  # type: ignore[no-any-return]
