@@ -44,6 +44,7 @@ structures only:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import re
@@ -63,6 +64,15 @@ from kvledger.contracts.adapters.sglang.common import (
     node_owner,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import SCHEDULER, import_sglang
+from kvledger.contracts.adapters.system import (
+    IdleVerdict,
+    RequestView,
+    RowView,
+    SessionView,
+    StepResult,
+    SystemConfig,
+    SystemSnapshot,
+)
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.locks import Key, LockSite, LockState
 from kvledger.spec.types import Component, HandleId, Owner, request, session
@@ -120,6 +130,44 @@ def sid_name(sid: int) -> str:
     return f"kvs{sid}"
 
 
+class _CPULaunch:
+    """A Triton kernel's ``kernel[grid](*args)`` launch, run on CPU by ``run(*args)``."""
+
+    def __init__(self, run: Callable[..., None]) -> None:
+        self.run = run
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        return self.run
+
+
+def _alloc_decode_cpu(
+    seq_lens: torch.Tensor, last_loc: torch.Tensor, free_pages: torch.Tensor, out: torch.Tensor, *rest: Any
+) -> None:
+    """``alloc_decode_kernel`` transcribed: each request's next slot continues its page, or starts the next free page."""
+    page_size = int(rest[1])
+    taken = 0
+    for i, seq_len in enumerate(int(x) for x in seq_lens.tolist()):
+        new = (seq_len + page_size - 1) // page_size - (seq_len - 1 + page_size - 1) // page_size
+        if new == 0:
+            out[i] = last_loc[i] + 1
+        else:
+            out[i] = free_pages[taken] * page_size
+            taken += new
+
+
+def _patch_page_kernels(allocator: Any) -> None:
+    """Run the paged allocator's two Triton kernels on CPU (SGLang's own naive extend; the decode one transcribed)."""
+    naive = allocator.alloc_extend_naive
+
+    def extend(
+        prefix_lens: Any, seq_lens: Any, last_loc: Any, free_pages: Any, out: Any, *rest: Any
+    ) -> None:
+        naive(prefix_lens, seq_lens, last_loc, free_pages, out, int(rest[1]), "cpu")
+
+    allocator.alloc_extend_kernel = _CPULaunch(extend)
+    allocator.alloc_decode_kernel = _CPULaunch(_alloc_decode_cpu)
+
+
 def _sglang() -> tuple[str, SimpleNamespace]:
     """Import the scheduler of the installed SGLang (0.5.9 to 0.5.12) on CPU."""
     os.environ["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"
@@ -129,6 +177,9 @@ def _sglang() -> tuple[str, SimpleNamespace]:
     names = {m.rsplit(".", 1)[1]: importlib.import_module(m) for m in MODULES}
     names["base"] = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
     names["envs"] = importlib.import_module("sglang.srt.environ").envs
+    _patch_page_kernels(names["allocator"])
+    # NOTE: the loop logs every test retraction and session open/close at WARNING/INFO: keep runs readable.
+    logging.getLogger("sglang").setLevel(logging.ERROR)
     return version, SimpleNamespace(**names)
 
 
@@ -161,20 +212,6 @@ class Recorder:
         self.sent.append(obj)
 
 
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """The pools of one adapter: tiny, so a counterexample is readable (mirrors the protocol's SystemConfig)."""
-
-    page_size: int = 1
-    window: int | None = None
-    mamba: bool = False
-    kv_tokens: int = 48
-    rows: int = 4
-    max_context: int = 24
-    mamba_slots: int = 6
-    ping_pong: int = 0
-
-
 @dataclass
 class _Req:
     """The adapter's record of one protocol request."""
@@ -183,18 +220,8 @@ class _Req:
     session: int | None
     prompt: tuple[int, ...]
     sg: Any = None
-    status: str = "waiting"
+    status: str = "pending"
     eos: bool = False
-
-
-@dataclass
-class StepOutcome:
-    """What one call did (the protocol's StepResult fields)."""
-
-    admitted: tuple[int, ...] = ()
-    rejected: tuple[int, ...] = ()
-    finished: tuple[int, ...] = ()
-    retracted: tuple[int, ...] = ()
 
 
 @dataclass
@@ -222,9 +249,9 @@ def _names(refs: Mapping[Owner, set[int]], owner: Owner, x: int) -> bool:
 class SchedulerAdapter:
     """SGLang's ``Scheduler`` driven at the request level; see the module docstring."""
 
-    capabilities: frozenset[str] = frozenset({"retract", "abort", "idle_check", "locks", "sizes", "rows"})
+    capabilities: frozenset[str] = frozenset()
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SystemConfig) -> None:
         self.version, self.sg = _sglang()
         self.config = config
         self.ps = config.page_size
@@ -236,9 +263,16 @@ class SchedulerAdapter:
         self.next_rid = 1
         self.holders = _Holders()
         self.idle_step = False
+        self.prefix_lens: dict[int, int] = {}
         self.sched = self._build()
         self.engine_class = f"{type(self.sched).__mro__[1].__module__}.{type(self.sched).__mro__[1].__qualname__}"
         self.name = f"sglang-{self.version}/Scheduler+{self.cache_class}"
+        caps = {"retract", "abort", "evict", "idle_check", "sizes", "rows"}
+        # NOTE: a streaming-session slot keeps its first request's lock on the tree (released at close); the
+        # protocol gives sessions no lock handle, so with streaming sessions (0.5.10+) the lock laws would
+        # blame the session's lock on nobody: locks are reported only where no session can hold one.
+        caps |= {"sessions"} if self.streaming else {"locks"}
+        self.capabilities = frozenset(caps)
 
     # ------------------------------------------------------------ construction
 
@@ -259,7 +293,10 @@ class SchedulerAdapter:
                 dtype=SimpleNamespace(conv=torch.float32, temporal=torch.float32),
                 layers=[0],
             )
-            rows = sg.memory_pool.HybridReqToTokenPool(
+            hybrid = sg.memory_pool.HybridReqToTokenPool
+            extra = {"mamba_layer_ids": [0]} if "mamba_layer_ids" in inspect.signature(hybrid).parameters else {}
+            rows = hybrid(
+                **extra,
                 size=c.rows,
                 mamba_size=c.mamba_slots,
                 mamba_spec_state_size=c.mamba_slots,
@@ -421,8 +458,19 @@ class SchedulerAdapter:
     def _step(self) -> bool:
         """One iteration of ``event_loop_normal`` (no receive); ``False`` when it found no batch (an idle step)."""
         s = self.sched
+        self._flush()
         batch = s.get_next_batch_to_run()
         s.cur_batch = batch
+        if batch and batch.forward_mode.is_extend():
+            for req in batch.reqs:  # NOTE: what admission matched (the cache or the session), before the prefill
+                rid = self.by_name.get(req.rid)
+                if rid is None or rid in self.prefix_lens:
+                    continue
+                resumed = type(req.last_node).__name__ == "_VirtualNode"  # the session layer's match
+                # NOTE: a session request's prefix_len is what it resumed from its session; when the session held
+                # nothing yet it matched the radix tree like any request, and resumed nothing.
+                in_session = self.reqs[rid].session is not None
+                self.prefix_lens[rid] = len(req.prefix_indices) if resumed or not in_session else 0
         if batch:
             result = s.run_batch(batch)
             s.process_batch_result(batch, result)
@@ -433,7 +481,7 @@ class SchedulerAdapter:
     def _status(self, r: _Req) -> str:
         req = r.sg
         if req is None:
-            return r.status
+            return "waiting" if r.status == "pending" else r.status
         if req.finished():
             reason = req.finished_reason
             if type(reason).__name__ == "FINISH_ABORT":
@@ -450,41 +498,74 @@ class SchedulerAdapter:
     def _statuses(self) -> dict[int, str]:
         return {rid: self._status(r) for rid, r in self.reqs.items()}
 
-    def _outcome(self, before: Mapping[int, str], tried: Iterable[int] = ()) -> StepOutcome:
+    def _outcome(self, before: Mapping[int, str], tried: Iterable[int] = ()) -> StepResult:
+        self._flush()
         after = self._statuses()
         for rid, st in after.items():
-            self.reqs[rid].status = st
+            if self.reqs[rid].sg is not None:
+                self.reqs[rid].status = st
         admitted = [r for r, st in before.items() if st == "waiting" and after.get(r) in ("running", "finished")]
         rejected = [r for r in tried if before.get(r) == "waiting" and after.get(r) == "waiting"]
         finished = [r for r, st in after.items() if st in ("finished", "aborted") and before.get(r) not in (st,)]
         retracted = [r for r, st in before.items() if st == "running" and after.get(r) == "waiting"]
         self._observe()
-        return StepOutcome(tuple(admitted), tuple(rejected), tuple(finished), tuple(retracted))
+        return StepResult(tuple(admitted), tuple(rejected), tuple(finished), tuple(retracted))
 
     # ------------------------------------------------------------ the protocol
 
     def add_request(self, tokens: tuple[int, ...], session: int | None = None) -> int:
-        """A request arrives: ``handle_generate_request(TokenizedGenerateReqInput)``; returns its rid."""
-        sg = self.sg
+        """A request arrives: ``handle_generate_request(TokenizedGenerateReqInput)``; returns its rid.
+
+        A streaming session takes one turn at a time (0.5.11 aborts a second concurrent turn; 0.5.10
+        accepts it and then crashes in ``dec_lock_ref`` on the session's virtual node): like a streaming
+        client, the adapter sends a session's next turn once its previous turn has ended; until then the
+        request waits outside the engine, holding nothing.
+        """
         rid = self.next_rid
         self.next_rid += 1
-        name = rid_name(rid)
+        rec = _Req(rid, session, tuple(tokens))
+        self.reqs[rid] = rec
+        self.by_name[rid_name(rid)] = rid
+        if session is not None and session in self.sessions:
+            self.sessions[session].append(rid)
+        if not self._turn_in_flight(rec):
+            self._submit(rec)
+        self._observe()
+        return rid
+
+    def _turn_in_flight(self, rec: _Req) -> bool:
+        if rec.session is None or not self.streaming:
+            return False
+        chain = self.sessions.get(rec.session, [])
+        earlier = chain[: chain.index(rec.rid)] if rec.rid in chain else chain
+        return any(self._status(self.reqs[r]) in ("waiting", "running") for r in earlier)
+
+    def _flush(self) -> None:
+        """Send each session's next turn whose previous turn has ended."""
+        for r in list(self.reqs.values()):
+            if r.sg is None and r.status == "pending" and not self._turn_in_flight(r):
+                self._submit(r)
+
+    def _submit(self, rec: _Req) -> None:
+        sg = self.sg
+        name = rid_name(rec.rid)
         history = 0
         session_params = None
-        if session is not None:
-            chain = self.sessions.get(session, [])
-            last = self.reqs[chain[-1]].sg if chain else None
+        if rec.session is not None:
+            chain = self.sessions.get(rec.session, [])
+            earlier = [r for r in chain[: chain.index(rec.rid)] if self.reqs[r].sg is not None] if chain else []
+            last = self.reqs[earlier[-1]].sg if earlier else None
             if last is not None:
                 history = len(last.origin_input_ids) + len(last.output_ids)
             session_params = sg.io_struct.SessionParams(
-                id=sid_name(session), rid=rid_name(chain[-1]) if chain else None
+                id=sid_name(rec.session), rid=rid_name(earlier[-1]) if earlier else None
             )
-        budget = max(1, self.config.max_context - history - len(tokens))
+        budget = max(1, self.config.max_context - history - len(rec.prompt))
         sp = sg.sampling_params.SamplingParams(max_new_tokens=budget)
         sp.normalize(None)
         recv = sg.io_struct.TokenizedGenerateReqInput(
             input_text="",
-            input_ids=list(tokens),
+            input_ids=list(rec.prompt),
             mm_inputs=None,
             sampling_params=sp,
             return_logprob=False,
@@ -499,26 +580,20 @@ class SchedulerAdapter:
         before = {id(x) for x in self._queued()}
         self.sched.handle_generate_request(recv)
         new = [x for x in self._queued() if id(x) not in before and x.rid == name]
-        rec = _Req(rid, session, tuple(tokens), new[0] if new else None)
+        rec.sg = new[0] if new else None
         rec.status = "waiting" if new else "aborted"
-        self.reqs[rid] = rec
-        self.by_name[name] = rid
-        if session is not None and session in self.sessions:
-            self.sessions[session].append(rid)
-        self._observe()
-        return rid
 
     def _queued(self) -> list[Any]:
         return list(self.sched.waiting_queue)
 
-    def admit(self, budget: int) -> StepOutcome:
-        """One scheduling step with a prefill token budget (``max_prefill_tokens``)."""
+    def admit(self, budget: int, rid: int | None = None) -> StepResult:
+        """One scheduling step with a prefill token budget (``max_prefill_tokens``); SGLang's policy picks."""
         self.sched.max_prefill_tokens = budget
         before = self._statuses()
         self._step()
         return self._outcome(before, [r for r, st in before.items() if st == "waiting"])
 
-    def _steps_until(self, done: Callable[[], bool], limit: int) -> StepOutcome:
+    def _steps_until(self, done: Callable[[], bool], limit: int) -> StepResult:
         before = self._statuses()
         tried = [r for r, st in before.items() if st == "waiting"]
         for _ in range(limit):
@@ -528,7 +603,7 @@ class SchedulerAdapter:
                 break
         return self._outcome(before, tried)
 
-    def extend(self, rid: int, n: int, ahead: int = 0) -> StepOutcome:
+    def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
         """Decode steps until request ``rid`` has ``n`` more tokens (every running request moves with it)."""
         r = self.reqs[rid]
         if self._status(r) != "running":
@@ -536,7 +611,7 @@ class SchedulerAdapter:
         target = len(r.sg.output_ids) + n
         return self._steps_until(lambda: self._status(r) != "running" or len(r.sg.output_ids) >= target, n + 2)
 
-    def finish(self, rid: int) -> StepOutcome:
+    def finish(self, rid: int) -> StepResult:
         """The oracle emits EOS for ``rid`` from now on; step until it has finished."""
         r = self.reqs[rid]
         if self._status(r) not in ("running", "waiting"):
@@ -544,7 +619,7 @@ class SchedulerAdapter:
         r.eos = True
         return self._steps_until(lambda: self._status(r) not in ("running", "waiting"), 3)
 
-    def retract(self, rid: int) -> StepOutcome:
+    def retract(self, rid: int) -> StepResult:
         """SGLang's ``TEST_RETRACT`` hook on for one decode iteration: ``retract_decode`` picks its victims."""
         r = self.reqs[rid]
         before = self._statuses()
@@ -559,10 +634,13 @@ class SchedulerAdapter:
             mod.TEST_RETRACT, mod.TEST_RETRACT_INTERVAL = saved
         return self._outcome(before)
 
-    def abort(self, rid: int) -> StepOutcome:
+    def abort(self, rid: int) -> StepResult:
         """``abort_request(AbortReq(rid))``; a running request then ends in the next step, as in SGLang."""
         r = self.reqs[rid]
         before = self._statuses()
+        if r.sg is None and r.status == "pending":
+            r.status = "aborted"  # NOTE: never sent to the engine (its session's previous turn is in flight)
+            return self._outcome(before)
         self.idle_step = False  # NOTE: a change from outside the loop: the next step may find work
         self.sched.abort_request(self.sg.io_struct.AbortReq(rid=rid_name(rid)))
         if self._status(r) == "running":
@@ -593,7 +671,7 @@ class SchedulerAdapter:
         elif component is MAMBA and self.config.mamba:
             got = int(tree.evict(base.EvictParams(num_tokens=0, mamba_num=n)).mamba_num_evicted)
         else:
-            raise NotExpressible(f"SGLang {self.version} {self.cache_class}: no {component.value} component")
+            return 0  # NOTE: the cache has no such component: nothing of it to evict
         self.idle_step = False
         self._observe()
         return got
@@ -616,11 +694,74 @@ class SchedulerAdapter:
             return False, str(err)
         return True, ""
 
-    def idle_check(self) -> tuple[bool, str] | None:
+    def idle_check(self) -> IdleVerdict | None:
         """SGLang's own idle check (strict: a leak raises), ``None`` while a request is running."""
         if not self._idle():
             return None
-        return self._run_idle_check()
+        ok, message = self._run_idle_check()
+        return IdleVerdict(ok, None, message)
+
+    def chunk(self, rid: int) -> StepResult:
+        raise NotExpressible(f"SGLang {self.version} scheduler adapter: chunked prefill is not driven (no chunk)")
+
+    def inject_failure(self) -> None:
+        raise NotExpressible(f"SGLang {self.version} scheduler adapter: no allocation failure injection")
+
+    # ------------------------------------------------------------ the snapshot
+
+    def snapshot(self) -> SystemSnapshot:
+        """SGLang's state in spec terms (reads only; the adapter's own record of last holders moves on)."""
+        ledgers = self._observe()
+        refs = {pool: {o: frozenset(xs) for o, xs in by.items()} for pool, by in self.refs.items()}
+        table = self.sched.req_to_token_pool.req_to_token
+        handles = self._handle_ids()
+        restored = self._restored()
+        requests: dict[int, RequestView] = {}
+        rows: dict[int, RowView] = {}
+        for rid, r in self.reqs.items():
+            st = self._status(r)
+            req = r.sg
+            if req is None:
+                requests[rid] = RequestView(rid, st, r.session, r.prompt, 0, 0, None)
+                continue
+            live = st in ("waiting", "running")
+            row = int(req.req_pool_idx) if live and req.req_pool_idx is not None else None
+            if rid in restored and st == "waiting":
+                row = None  # NOTE: its session's row, restored for the retry; the session holds it
+            tokens = tuple(int(t) for t in list(req.origin_input_ids) + list(req.output_ids))
+            kv_len = int(req.kv_committed_len) if row is not None else 0
+            requests[rid] = RequestView(
+                rid, st, r.session, tokens, kv_len, self.prefix_lens.get(rid, 0), row, handles.get(request(rid))
+            )
+            if row is not None:
+                n = int(req.kv_allocated_len)
+                rows[row] = RowView(request(rid), tuple(int(x) for x in table[row, :n].tolist()), int(req.cache_protected_len))
+        sessions: dict[int, SessionView] = {}
+        lent = self._lent()
+        slots = self._slots()
+        for sid in self.sessions:
+            slot = slots.get(sid_name(sid))
+            if slot is None or slot.req_pool_idx is None:
+                sessions[sid] = SessionView(sid, 0, 0, None, (), lent.get(sid))
+                continue
+            row = int(slot.req_pool_idx)
+            n = int(slot.kv_allocated_len)
+            names = tuple(int(x) for x in table[row, :n].tolist())
+            if sid in lent:
+                sessions[sid] = SessionView(sid, int(slot.kv_committed_len), n, row, (), lent[sid])
+                continue
+            sessions[sid] = SessionView(sid, int(slot.kv_committed_len), n, row, names, None)
+            rows[row] = RowView(session(sid), names, int(slot.cache_protected_len))
+        return SystemSnapshot(
+            ledgers=ledgers,
+            references=refs,
+            requests=requests,
+            sessions=sessions,
+            rows=rows,
+            locks=self.locks() if "locks" in self.capabilities else None,
+            sizes=self.sizes(),
+            page_size=self.ps,
+        )
 
     # ------------------------------------------------------------ abstraction
 
@@ -634,17 +775,25 @@ class SchedulerAdapter:
             if r.sg is not None and self._status(r) in ("waiting", "running"):
                 yield rid, r.sg
 
-    def _lent(self) -> dict[int, int]:
-        """Session -> the live request its slot's row is lent to (the slot keeps naming it while lent)."""
-        out: dict[int, int] = {}
+    def _restored(self) -> dict[int, tuple[int, str]]:
+        """Request -> (session, status) for each live request whose fields are its session slot's own (restored).
+
+        The session layer's match copies the slot's row, lengths and Mamba state into the request and keeps
+        them in the slot, so a request the adder then rejects can be restored again: while such a request
+        waits it names the session's memory without owning it; once it runs the memory is lent to it.
+        """
+        out: dict[int, tuple[int, str]] = {}
         slots = self._slots()
         for rid, req in self._live():
             sid = self.reqs[rid].session
             slot = slots.get(sid_name(sid)) if sid is not None else None
             if slot is not None and slot.req_pool_idx is not None and req.req_pool_idx == slot.req_pool_idx:
-                if self._status(self.reqs[rid]) in ("running", "waiting"):
-                    out[sid] = rid  # type: ignore[index]
+                out[rid] = (sid, self._status(self.reqs[rid]))  # type: ignore[assignment]
         return out
+
+    def _lent(self) -> dict[int, int]:
+        """Session -> the running request its slot's memory is lent to (the slot keeps naming it while lent)."""
+        return {sid: rid for rid, (sid, st) in self._restored().items() if st == "running"}
 
     def references(self) -> dict[str, dict[Owner, set[int]]]:
         """Per pool, what each owner's own structures name (pages for paged KV)."""
@@ -672,9 +821,12 @@ class SchedulerAdapter:
                 out.extend(int(x) for x in torch.as_tensor(buf).flatten().tolist())
             return out
 
+        restored = self._restored()
         lent = self._lent()
         for rid, req in self._live():
             owner = request(rid)
+            if rid in restored and rid not in lent.values():
+                continue  # NOTE: a waiting request's restored copy of its session's memory: the session's
             if req.req_pool_idx is not None:
                 row = int(req.req_pool_idx)
                 add("req_to_token", owner, [row])
@@ -762,12 +914,26 @@ class SchedulerAdapter:
             mamba = self.config.mamba and getattr(last, "mamba_value", None) is not None
             out[HandleId(hid)] = LegacyLock(HandleId(hid), last, mamba, None, ())  # type: ignore[arg-type]
 
-        for rid, req in self._live():
-            if self._status(self.reqs[rid]) == "running":
-                add(2 * rid, req.last_node)
-        for sid_str, slot in self._slots().items():
-            add(2 * _sid_of(sid_str) + 1, slot.last_node)
+        for owner, (hid, last) in self._lockers().items():
+            add(hid, last)
         return out
+
+    def _lockers(self) -> dict[Owner, tuple[int, Any]]:
+        """Who holds a lock on the tree, with its handle id and node: running requests and session slots."""
+        out: dict[Owner, tuple[int, Any]] = {}
+        for rid, req in self._live():
+            if self._status(self.reqs[rid]) == "running" and req.last_node is not None:
+                out[request(rid)] = (2 * rid, req.last_node)
+        for sid_str, slot in self._slots().items():
+            if slot.last_node is not None:
+                out[session(_sid_of(sid_str))] = (2 * _sid_of(sid_str) + 1, slot.last_node)
+        return out
+
+    def _handle_ids(self) -> dict[Owner, int]:
+        if "locks" not in self.capabilities:
+            return {}
+        view = self._tree_view()
+        return {o: hid for o, (hid, _) in self._lockers().items() if HandleId(hid) in view.locks}
 
     def locks(self) -> LockState:
         view = self._tree_view()
@@ -829,3 +995,8 @@ class _NullContext:
 
 def _null_context(*_: Any, **__: Any) -> _NullContext:
     return _NullContext()
+
+
+def scheduler_factory(config: SystemConfig) -> SchedulerAdapter:
+    """The installed SGLang's (0.5.9 to 0.5.12) real ``Scheduler`` over the cache ``config`` asks for."""
+    return SchedulerAdapter(config)
