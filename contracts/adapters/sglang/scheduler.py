@@ -178,6 +178,10 @@ def _sglang() -> tuple[str, SimpleNamespace]:
     names["base"] = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
     names["envs"] = importlib.import_module("sglang.srt.environ").envs
     _patch_page_kernels(names["allocator"])
+    ps = importlib.import_module("sglang.srt.distributed.parallel_state")
+    if getattr(ps, "_TP", None) is None:
+        # NOTE: the one-process tensor-parallel group (rank 0 of 1): an aborted request asks for its rank to log.
+        ps._TP = SimpleNamespace(rank_in_group=0, world_size=1)
     # NOTE: the loop logs every test retraction and session open/close at WARNING/INFO: keep runs readable.
     logging.getLogger("sglang").setLevel(logging.ERROR)
     return version, SimpleNamespace(**names)
@@ -414,6 +418,7 @@ class SchedulerAdapter:
         s.forward_sleep_time = None
         s.device = "cpu"
         s.max_queued_requests = None
+        s.dllm_manager = SimpleNamespace(any_staging_reqs=lambda: False)  # NOTE: 0.5.11+ asks when idle
         s.is_generation = True
         s.num_generated_tokens = 0
         s.forward_ct_decode = 0
@@ -424,6 +429,7 @@ class SchedulerAdapter:
             has_waiting_grammars=lambda: False,
             process_req_with_grammar=lambda req: False,
             abort_requests=lambda recv: None,
+            grammar_queue=[],
             __len__=lambda: 0,
         )
         s.model_worker = s.tp_worker = OracleWorker(self)
@@ -698,6 +704,12 @@ class SchedulerAdapter:
         """SGLang's own idle check (strict: a leak raises), ``None`` while a request is running."""
         if not self._idle():
             return None
+        if hasattr(type(self.sched), "on_idle") and not self.sched.is_fully_idle():
+            # NOTE: 0.5.11+ on_idle checks only when fully idle, which the loop's next (empty) iteration makes
+            # true: the finished requests leave the running and last batches there.
+            self._step()
+            if not self.sched.is_fully_idle():
+                return None
         ok, message = self._run_idle_check()
         return IdleVerdict(ok, None, message)
 
@@ -949,6 +961,10 @@ class SchedulerAdapter:
                 MAMBA: (int(t.mamba_evictable_size()), int(t.mamba_protected_size())),
             }
         return {FULL: (int(t.evictable_size()), int(t.protected_size()))}
+
+    def oracle_calls(self) -> int:
+        """How many batches the fake model worker ran (prefill and decode)."""
+        return int(self.sched.model_worker.calls)
 
     # ------------------------------------------------------------ oracle
 
