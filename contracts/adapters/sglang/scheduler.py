@@ -47,7 +47,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -74,7 +73,7 @@ from kvledger.contracts.adapters.system import (
     SystemSnapshot,
 )
 from kvledger.spec.ledger import Ledger
-from kvledger.spec.locks import Key, LockSite, LockState
+from kvledger.spec.locks import LockState
 from kvledger.spec.types import Component, HandleId, Owner, request, session
 
 log = logging.getLogger(__name__)
@@ -143,7 +142,7 @@ class _CPULaunch:
 def _alloc_decode_cpu(
     seq_lens: torch.Tensor, last_loc: torch.Tensor, free_pages: torch.Tensor, out: torch.Tensor, *rest: Any
 ) -> None:
-    """``alloc_decode_kernel`` transcribed: each request's next slot continues its page, or starts the next free page."""
+    """``alloc_decode_kernel`` transcribed: each next slot continues its page, or starts the next free page."""
     page_size = int(rest[1])
     taken = 0
     for i, seq_len in enumerate(int(x) for x in seq_lens.tolist()):
@@ -159,9 +158,7 @@ def _patch_page_kernels(allocator: Any) -> None:
     """Run the paged allocator's two Triton kernels on CPU (SGLang's own naive extend; the decode one transcribed)."""
     naive = allocator.alloc_extend_naive
 
-    def extend(
-        prefix_lens: Any, seq_lens: Any, last_loc: Any, free_pages: Any, out: Any, *rest: Any
-    ) -> None:
+    def extend(prefix_lens: Any, seq_lens: Any, last_loc: Any, free_pages: Any, out: Any, *rest: Any) -> None:
         naive(prefix_lens, seq_lens, last_loc, free_pages, out, int(rest[1]), "cpu")
 
     allocator.alloc_extend_kernel = _CPULaunch(extend)
@@ -181,7 +178,7 @@ def _sglang() -> tuple[str, SimpleNamespace]:
     ps = importlib.import_module("sglang.srt.distributed.parallel_state")
     if getattr(ps, "_TP", None) is None:
         # NOTE: the one-process tensor-parallel group (rank 0 of 1): an aborted request asks for its rank to log.
-        ps._TP = SimpleNamespace(rank_in_group=0, world_size=1)
+        ps._TP = SimpleNamespace(rank_in_group=0, world_size=1)  # type: ignore[attr-defined]
     # NOTE: the loop logs every test retraction and session open/close at WARNING/INFO: keep runs readable.
     logging.getLogger("sglang").setLevel(logging.ERROR)
     return version, SimpleNamespace(**names)
@@ -363,7 +360,7 @@ class SchedulerAdapter:
         base = sg.scheduler.Scheduler
         adapter = self
 
-        def __getattr__(obj: Any, name: str) -> Any:  # noqa: N807
+        def __getattr__(obj: Any, name: str) -> Any:
             if name.startswith(FLAG_PREFIXES):
                 adapter.defaulted_flags.append(f"scheduler.{name}")
                 log.info("SGLang Scheduler flag %s was not set: read as False", name)
@@ -372,7 +369,7 @@ class SchedulerAdapter:
             raise AttributeError(f"{type(obj).__name__!s} has no attribute {name!r} (not set by kvledger)")
 
         cls = type("Scheduler", (base,), {"__getattr__": __getattr__, "__module__": __name__})
-        s = object.__new__(cls)
+        s: Any = object.__new__(cls)
         sa = self._server_args()
         sg.server_args.set_global_server_args_for_scheduler(sa)
         s.server_args = sa
@@ -747,7 +744,9 @@ class SchedulerAdapter:
             )
             if row is not None:
                 n = int(req.kv_allocated_len)
-                rows[row] = RowView(request(rid), tuple(int(x) for x in table[row, :n].tolist()), int(req.cache_protected_len))
+                rows[row] = RowView(
+                    request(rid), tuple(int(x) for x in table[row, :n].tolist()), int(req.cache_protected_len)
+                )
         sessions: dict[int, SessionView] = {}
         lent = self._lent()
         slots = self._slots()
@@ -926,7 +925,7 @@ class SchedulerAdapter:
             mamba = self.config.mamba and getattr(last, "mamba_value", None) is not None
             out[HandleId(hid)] = LegacyLock(HandleId(hid), last, mamba, None, ())  # type: ignore[arg-type]
 
-        for owner, (hid, last) in self._lockers().items():
+        for hid, last in self._lockers().values():
             add(hid, last)
         return out
 
@@ -951,7 +950,8 @@ class SchedulerAdapter:
         view = self._tree_view()
         _, end, _ = view._base_snapshot()
         extra = view.mamba_tree()[2] if self.config.mamba else {}
-        return view._locks(end, extra)
+        state: LockState = view._locks(end, extra)
+        return state
 
     def sizes(self) -> dict[Component, tuple[int, int]]:
         t = getattr(self.sched.tree_cache, "inner", self.sched.tree_cache)
@@ -973,7 +973,7 @@ class SchedulerAdapter:
         if r is not None and r.eos:
             return EOS
         seq = list(req.origin_input_ids) + list(req.output_ids)
-        return 2 + (seq[-1] * 7 + len(seq)) % (VOCAB - 2)
+        return 2 + (int(seq[-1]) * 7 + len(seq)) % (VOCAB - 2)
 
 
 class _Flags(SimpleNamespace):
