@@ -374,6 +374,7 @@ class SchedulerAdapter:
         sg.server_args.set_global_server_args_for_scheduler(sa)
         s.server_args = sa
         rows, alloc = self._pools()
+        self.row_base = min(int(x) for x in rows.free_slots)
         s.req_to_token_pool, s.token_to_kv_pool_allocator = rows, alloc
         s.tree_cache = self._cache(rows, alloc)
         s.page_size = self.ps
@@ -408,6 +409,7 @@ class SchedulerAdapter:
         s.max_prefill_tokens = 64
         s.truncation_align_size = None
         s.pp_size = 1
+        s.pp_rank = s.tp_rank = s.attn_cp_rank = 0
         s.tp_size = 1
         s.dp_size = 1
         s.require_mlp_sync = False
@@ -869,9 +871,10 @@ class SchedulerAdapter:
         a = s.token_to_kv_pool_allocator
         kv_free = [int(x) for x in torch.cat((a.free_pages, a.release_pages)).tolist()]
         cap = a.num_pages if self.ps > 1 else a.size
+        # NOTE: the first row is 0 up to 0.5.10 and 1 from 0.5.11 (row 0 reserved): read from the fresh pool
         out = {
             "kv": (cap, 1, kv_free),
-            "req_to_token": (s.req_to_token_pool.size, 0, [int(x) for x in s.req_to_token_pool.free_slots]),
+            "req_to_token": (s.req_to_token_pool.size, self.row_base, [int(x) for x in s.req_to_token_pool.free_slots]),
         }
         if self.config.mamba:
             m = s.req_to_token_pool.mamba_pool
