@@ -113,3 +113,15 @@ def test_sessions_are_declared_only_where_streaming_sessions_exist() -> None:
     a.finish(rid)
     kv = a.snapshot().ledgers["kv"]
     assert kv.capacity == 12 and not any(o.kind.value == "req" for o in kv.held)  # pages, all back with the tree
+
+
+def test_what_is_not_driven_is_refused_by_name() -> None:
+    from kvledger.contracts.adapters.sglang.common import NotExpressible
+    from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
+
+    with pytest.raises(NotExpressible, match=r"ping-pong track buffers \(ping_pong=1\)"):
+        scheduler_factory(SystemConfig(mamba=True, ping_pong=1))
+    with pytest.raises(NotExpressible, match="no sliding-window model"):
+        scheduler_factory(SystemConfig(window=4))
+    with pytest.raises(NotExpressible, match="page size 1 only"):
+        scheduler_factory(SystemConfig(mamba=True, ping_pong=0, page_size=4))
