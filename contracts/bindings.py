@@ -18,15 +18,18 @@ Tiers (``KVLEDGER_CONTRACTS=off|on|slow``, or ``pytest --kvledger-contracts``):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import icontract
 import numpy as np
 import torch
 
 from kvledger.contracts.abstraction import inv_free_stack_matches_tags, ledger_of
+from kvledger.contracts.tiers import ENV_VAR as ENV_VAR  # re-exported: the tiers live in a light module
+from kvledger.contracts.tiers import LEVELS as LEVELS
+from kvledger.contracts.tiers import Level as Level
+from kvledger.contracts.tiers import level_from_env as level_from_env
 from kvledger.impl.allocators import SWATokenAllocator
 from kvledger.impl.owners import FREE_TAG, RESERVED_TAG, encode
 from kvledger.impl.slots import SlotPool
@@ -34,20 +37,8 @@ from kvledger.spec import ledger as spec
 from kvledger.spec.errors import LedgerError
 from kvledger.spec.types import Owner
 
-Level = Literal["off", "on", "slow"]
-LEVELS: tuple[Level, ...] = ("off", "on", "slow")
-ENV_VAR = "KVLEDGER_CONTRACTS"
-
 _originals: dict[tuple[type, str], Any] = {}
 _level: Level = "off"
-
-
-def level_from_env(default: Level = "off") -> Level:
-    """The tier named by ``KVLEDGER_CONTRACTS`` (``default`` when unset)."""
-    raw = os.environ.get(ENV_VAR, default).strip().lower()
-    if raw not in LEVELS:
-        raise ValueError(f"{ENV_VAR}={raw!r}: expected one of {', '.join(LEVELS)}")
-    return raw
 
 
 def current_level() -> Level:
@@ -66,7 +57,7 @@ def _safe(fn: Callable[[], Any]) -> Any:
 
 
 def _top_slice(self: SlotPool, n: Any) -> Any:
-    return _safe(lambda: self._stack[self._top - n : self._top].clone() if 0 < n <= self._top else None)
+    return _safe(lambda: self._stack[self._top - n : self._top].clone() if 0 <= n <= self._top else None)
 
 
 def _as_tensor(indices: Any) -> torch.Tensor:
@@ -250,6 +241,9 @@ def install(level: Level) -> None:
     from kvledger.contracts import cache_bindings  # NOTE: here, so pool-only users do not import the cache
 
     cache_bindings.attach(_wrap, slow)
+    from kvledger.contracts import session_bindings
+
+    session_bindings.attach(_wrap)
     if slow:
         for name in ("alloc", "alloc_ids", "free", "transfer", "release"):
             _wrap(SlotPool, name, ens(inv_pool_ledger, "pool obeys the ledger laws"))

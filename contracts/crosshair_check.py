@@ -10,6 +10,8 @@ The same view serves ``mypy`` (see ``.ci/run``).
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
 import subprocess
 import sys
@@ -28,6 +30,31 @@ SPEC_MODULES = (
     "kvledger.spec.session",
     "kvledger.spec.admission",
 )
+
+
+def checkable(module: str) -> list[str]:
+    """The functions (and methods) defined in ``module`` that carry an icontract contract: what CrossHair checks.
+
+    Imports ``module`` (``ImportError`` if it cannot be). A module where this
+    is empty would be reported by CrossHair as "no counterexample" having
+    checked nothing.
+    """
+    mod = importlib.import_module(module)
+    found: list[str] = []
+
+    def contracted(obj: object) -> bool:
+        return any(getattr(obj, attr, None) for attr in ("__preconditions__", "__postconditions__", "__invariants__"))
+
+    for name, obj in vars(mod).items():
+        if getattr(obj, "__module__", None) != module:
+            continue
+        if inspect.isclass(obj):
+            if contracted(obj):
+                found.append(name)
+            found += [f"{name}.{m}" for m, f in vars(obj).items() if callable(f) and contracted(f)]
+        elif callable(obj) and contracted(obj):
+            found.append(name)
+    return found
 
 
 def build_view(root: Path) -> Path:

@@ -30,31 +30,29 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pytest
-from hypothesis import settings
 
-from kvledger.contracts import bindings
-from kvledger.contracts.adapters.protocol import AdapterFactory, CacheConfig, Snapshot, Unsupported, load_factory
-from kvledger.contracts.adapters.reference import ReferenceAdapter
-from kvledger.contracts.machines.profiles import PROFILES, register_profiles
-from kvledger.contracts.trace.recorder import Recorder
-from kvledger.contracts.trace.replay import replay as replay_trace
-from kvledger.contracts.trace.system_recorder import SystemRecorder
-from kvledger.impl.memory import MemoryManager
-from kvledger.spec import ledger as L
-from kvledger.spec import locks as K
-from kvledger.spec import lru as U
-from kvledger.spec import prefix as P
+from kvledger.contracts.machines.profiles import PROFILES, profile_from_env
+from kvledger.contracts.tiers import LEVELS, Level, level_from_env
+
+if TYPE_CHECKING:  # NOTE: the plugin loads in every pytest run of the venv; it imports torch etc. only when asked
+    from kvledger.contracts.adapters.protocol import AdapterFactory, CacheConfig, Snapshot
+    from kvledger.contracts.adapters.reference import ReferenceAdapter
+    from kvledger.contracts.trace.recorder import Recorder
+    from kvledger.contracts.trace.system_recorder import SystemRecorder
+    from kvledger.impl.memory import MemoryManager
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kvledger")
     group.addoption(
         "--kvledger-contracts",
-        choices=bindings.LEVELS,
+        choices=LEVELS,
         default=None,
         help="attach kvledger contracts to the reference implementation (default: $KVLEDGER_CONTRACTS or off)",
     )
@@ -62,7 +60,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--kvledger-profile",
         choices=PROFILES,
         default=None,
-        help="Hypothesis profile registered by kvledger (ci, thorough, dev)",
+        help=f"kvledger Hypothesis profile: {', '.join(PROFILES)} (default: $KVLEDGER_HYPOTHESIS_PROFILE)",
     )
     group.addoption(
         "--kvledger-adapter",
@@ -74,22 +72,74 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     _addini(parser)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Validate kvledger's environment variables before any conftest reads them: a bad value is a usage error."""
+    _env_level()
+    _env_profile()
+
+
+def _env_level() -> Level:
+    try:
+        return level_from_env()
+    except ValueError as err:
+        raise pytest.UsageError(str(err)) from None
+
+
+def _env_profile() -> str | None:
+    try:
+        return profile_from_env()
+    except ValueError as err:
+        raise pytest.UsageError(str(err)) from None
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    """Attach the contract tier and load the profile asked for; with neither asked, import nothing heavy."""
     _register_markers(config)
-    register_profiles()
-    level = config.getoption("--kvledger-contracts") or bindings.level_from_env()
-    bindings.install(level)
-    profile = config.getoption("--kvledger-profile")
+    _check_ini(config)
+    level: Level = config.getoption("--kvledger-contracts") or _env_level()
+    profile = config.getoption("--kvledger-profile") or _env_profile()
+    if level != "off":
+        from kvledger.contracts import bindings
+
+        bindings.install(level)
     if profile:
+        from hypothesis import settings
+
+        from kvledger.contracts.machines.profiles import register_profiles
+
+        register_profiles()
         settings.load_profile(profile)
 
 
+def _check_ini(config: pytest.Config) -> None:
+    """The kvledger ini options, checked before any test runs: a bad value is a usage error naming the allowed ones."""
+    examples = str(config.getini("kvledger_conformance_examples")).strip()
+    if not examples.isdigit() or int(examples) < 1:
+        raise pytest.UsageError(f"kvledger_conformance_examples = {examples!r}: expected a whole number, at least 1")
+    model = str(config.getini("kvledger_cache_model")).strip()
+    if model:  # NOTE: only a project that configures the fixture pays for importing the models
+        from kvledger.contracts.machines.suites import CACHE_MODELS
+
+        if model not in CACHE_MODELS:
+            raise pytest.UsageError(
+                f"kvledger_cache_model = {model!r}: unknown model; expected one of {', '.join(CACHE_MODELS)}"
+            )
+
+
+def _installed_level() -> str:
+    bindings = sys.modules.get("kvledger.contracts.bindings")  # never imported: nothing was installed
+    return str(bindings.current_level()) if bindings is not None else "off"
+
+
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"kvledger: contracts {bindings.current_level()}"
+    return f"kvledger: contracts {_installed_level()}"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    bindings.uninstall()
+    bindings = sys.modules.get("kvledger.contracts.bindings")
+    if bindings is not None:
+        bindings.uninstall()
 
 
 # ---------------------------------------------------------------- a checked cache, and conformance in the user's suite
@@ -131,6 +181,8 @@ class CheckedCache:
 
     def violations(self) -> list[str]:
         """Every law broken now: the trace replayed against the spec, then the laws on the state itself."""
+        from kvledger.contracts.trace.replay import replay as replay_trace
+
         out: list[str] = []
         self.trace.seek(0)
         r = replay_trace(io.StringIO(self.trace.getvalue()))
@@ -143,6 +195,11 @@ class CheckedCache:
 
 def snapshot_violations(snap: Snapshot) -> list[str]:
     """The laws a single snapshot must obey, as messages for those it breaks (empty: all hold)."""
+    from kvledger.spec import ledger as L
+    from kvledger.spec import locks as K
+    from kvledger.spec import lru as U
+    from kvledger.spec import prefix as P
+
     out = [f"ledger laws of pool {n!r}" for n, led in snap.ledgers.items() if not L.inv_ledger(led)]
     if not P.inv_prefix(snap.prefix):
         out.append("inv_prefix")
@@ -174,6 +231,9 @@ def cache_config_of(request: pytest.FixtureRequest) -> CacheConfig:
 @pytest.fixture
 def kvledger_cache(request: pytest.FixtureRequest) -> Iterator[CheckedCache]:
     """A checked reference cache; after the test, its trace must replay and its state obey every law."""
+    from kvledger.contracts.adapters.reference import ReferenceAdapter
+    from kvledger.contracts.trace.recorder import Recorder
+
     cfg = cache_config_of(request)
     ref = ReferenceAdapter(cfg)
     buf = io.StringIO()
@@ -202,6 +262,8 @@ class CheckedMemory:
 
     def violations(self) -> list[str]:
         """Every law broken now: a final leak check is recorded, then the whole trace replayed."""
+        from kvledger.contracts.trace.replay import replay as replay_trace
+
         self.recorder.leak_check()
         r = replay_trace(io.StringIO(self.trace.getvalue()))
         if r.error is not None:
@@ -216,6 +278,7 @@ def kvledger_memory(request: pytest.FixtureRequest) -> Iterator[CheckedMemory]:
     """A checked reference memory manager; after the test, its system trace must replay."""
     from kvledger.contracts.machines.suites import SYSTEM_MODELS
     from kvledger.contracts.machines.system import build_manager
+    from kvledger.contracts.trace.system_recorder import SystemRecorder
 
     marker = request.node.get_closest_marker("kvledger_memory")
     model = (marker.kwargs.get("model") if marker is not None else None) or "full"
@@ -236,8 +299,10 @@ def conformance_test(
     ``factory``: a ``CacheConfig -> CacheAdapter`` callable or ``package.module:factory``. Models the
     adapter raises :class:`Unsupported` for are skipped. Use ``test_my_cache = conformance_test(make)``.
     """
+    from hypothesis import settings
     from hypothesis.stateful import run_state_machine_as_test
 
+    from kvledger.contracts.adapters.protocol import Unsupported, load_factory
     from kvledger.contracts.machines.cache import machine_for_cache
     from kvledger.contracts.machines.suites import CACHE_MODELS
 
@@ -277,6 +342,8 @@ class ConformanceItem(pytest.Item):
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     for target in config.getoption("--kvledger-adapter") or []:
+        from kvledger.contracts.adapters.protocol import load_factory
+
         try:
             load_factory(target)
         except ValueError as err:

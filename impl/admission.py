@@ -11,14 +11,16 @@ back: the lock released, the Mamba state freed, nothing kept.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
+from kvledger.impl.arguments import check_int
 from kvledger.impl.mamba import MambaAlloc
 from kvledger.impl.memory import MemoryManager
 from kvledger.impl.requests import Request, Status
-from kvledger.spec.errors import OverAllocation
+from kvledger.spec.errors import InvalidArgument, OverAllocation
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,12 @@ class Attempt:
 
 
 def admit(mm: MemoryManager, waiting: list[Request], budget: Budget) -> tuple[list[Request], list[Request], Budget]:
-    """Try to admit ``waiting`` in order; returns (admitted, rejected, budget left)."""
+    """Try to admit ``waiting`` (a sequence of ``mm``'s requests) in order; returns (admitted, rejected, budget left).
+
+    Every argument is checked before anything changes (``InvalidArgument`` naming ``admit``): ``mm`` a
+    memory manager, ``budget`` a ``Budget`` of ints >= 0, each request one of ``mm``'s.
+    """
+    waiting = _check_admit(mm, waiting, budget)
     admitted: list[Request] = []
     rejected: list[Request] = []
     for req in waiting:
@@ -56,6 +63,21 @@ def admit(mm: MemoryManager, waiting: list[Request], budget: Budget) -> tuple[li
         else:
             rejected.append(req)
     return admitted, rejected, budget
+
+
+def _check_admit(mm: MemoryManager, waiting: object, budget: object) -> list[Request]:
+    if not isinstance(mm, MemoryManager):
+        raise InvalidArgument("admit", "req_to_token", (), f"expected a MemoryManager, got {type(mm).__name__}")
+    if not isinstance(budget, Budget):
+        raise InvalidArgument("admit", "budget", (), f"expected a Budget, got {type(budget).__name__} {budget!r:.40}")
+    check_int("admit", "budget", "budget.tokens", budget.tokens)
+    check_int("admit", "budget", "budget.requests", budget.requests)
+    if isinstance(waiting, str | bytes) or not isinstance(waiting, Sequence):
+        raise InvalidArgument("admit", "req_to_token", (), f"waiting must be a list of requests, got {waiting!r:.40}")
+    reqs = list(waiting)
+    for r in reqs:
+        mm.own("admit", r)
+    return reqs
 
 
 def _try_admit(mm: MemoryManager, req: Request, budget: Budget) -> bool:
@@ -126,7 +148,9 @@ def _commit(mm: MemoryManager, a: Attempt) -> None:
 
 def rollback(mm: MemoryManager, a: Attempt) -> None:
     """Return everything the attempt acquired: the request is left holding what it held before."""
-    req = a.req
+    if not isinstance(a, Attempt):
+        raise InvalidArgument("rollback", "req_to_token", (), f"expected an Attempt, got {type(a).__name__}")
+    req = mm.own("rollback", a.req)
     if req.session is not None:
         if a.resumed:
             mm.sessions.unresume(req)

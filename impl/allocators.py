@@ -9,10 +9,29 @@ from __future__ import annotations
 
 import torch
 
+from kvledger.impl.arguments import check_ids_tensor, check_int, check_range
 from kvledger.impl.integrity import fingerprint, verify
 from kvledger.impl.slots import FRESH_MAX, Ids, RecentAllocs, SlotPool
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError
 from kvledger.spec.types import Component, Owner, OwnerKind
+
+
+def check_kv_write(
+    op: str, where: str, slots: object, tokens: object, positions: object, device: torch.device, lo: int, hi: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The arguments of a KV write or verify, checked: 1-D integer tensors on ``device`` of one length, token
+    slots in ``[lo, hi)`` (the padding below ``lo`` is never written), token ids and positions non-negative."""
+    s = check_ids_tensor(op, where, "slots", slots, device)
+    t = check_ids_tensor(op, where, "tokens", tokens, device)
+    p = check_ids_tensor(op, where, "positions", positions, device)
+    if not s.numel() == t.numel() == p.numel():
+        raise InvalidArgument(op, where, (), f"{s.numel()} slots, {t.numel()} tokens, {p.numel()} positions")
+    check_range(op, where, "token slot", s, lo, hi)
+    check_range(op, where, "token id", t, 0, 1 << 62)
+    check_range(op, where, "position", p, 0, 1 << 62)
+    if s.numel() > 1 and torch.unique(s).numel() != s.numel():
+        raise InvalidArgument(op, where, (), "a slot named twice in one write")
+    return s, t, p
 
 
 class TokenAllocator:
@@ -51,12 +70,18 @@ class TokenAllocator:
         self.pool.transfer(indices, src, dst)
 
     def write_fingerprint(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
-        """Write the KV of ``tokens`` at ``positions`` into ``slots`` (as fingerprints)."""
-        self.data[slots] = fingerprint(tokens, positions)
+        """Write the KV of ``tokens`` at ``positions`` into ``slots`` (as fingerprints); the arguments as
+        ``check_kv_write`` takes them (``InvalidArgument`` / ``OutOfRange``, nothing written)."""
+        s, t, p = check_kv_write("write_fingerprint", self.pool.name, slots, tokens, positions, *self._span())
+        self.data[s] = fingerprint(t, p)
 
     def verify(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """Raise ``IntegrityError`` unless ``slots`` hold exactly ``tokens`` at ``positions``."""
-        verify(self.pool.name, self.data, slots, tokens, positions)
+        s, t, p = check_kv_write("verify", self.pool.name, slots, tokens, positions, *self._span())
+        verify(self.pool.name, self.data, s, t, p)
+
+    def _span(self) -> tuple[torch.device, int, int]:
+        return self.device, self.pool.base, self.pool.size
 
 
 class PagedAllocator:
@@ -68,8 +93,7 @@ class PagedAllocator:
     """
 
     def __init__(self, num_pages: int, page_size: int, *, device: str | torch.device = "cpu", name: str = "kv") -> None:
-        if page_size < 1:
-            raise InvalidArgument("create", name, (), f"page_size {page_size} must be >= 1")
+        check_int("create", name, "page_size", page_size, 1, 1 << 20)
         self.page_size = page_size
         self.pool = SlotPool(name, num_pages, base=1, device=device)
         self.device = self.pool.device
@@ -92,30 +116,34 @@ class PagedAllocator:
 
     def pages_for(self, num_tokens: int) -> int:
         """Pages needed to hold ``num_tokens`` tokens."""
-        return -(-num_tokens // self.page_size)
+        return -(-check_int("pages_for", self.pool.name, "num_tokens", num_tokens) // self.page_size)
 
     def tokens_of(self, pages: torch.Tensor) -> torch.Tensor:
-        """Token indices of ``pages``, page by page."""
-        return self._rows.index_select(0, pages).view(-1)
+        """Token indices of ``pages`` (a 1-D integer tensor of pages of the pool), page by page."""
+        p = check_ids_tensor("tokens_of", self.pool.name, "pages", pages, self.device)
+        check_range("tokens_of", self.pool.name, "page", p, self.pool.base, self.pool.size)
+        return self._rows.index_select(0, p).view(-1)
 
     def alloc(self, num_tokens: int, owner: Owner) -> torch.Tensor:
-        """Whole pages for ``num_tokens`` tokens: returns ``pages_for(num_tokens) * page_size`` token indices."""
-        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens <= 0:
-            raise InvalidArgument(
-                "alloc", self.pool.name, (), f"size {num_tokens!r} for {owner} must be a positive int"
-            )
+        """Whole pages for ``num_tokens`` tokens: returns ``pages_for(num_tokens) * page_size`` token indices
+        (none for 0; a negative or non-int size raises ``InvalidArgument``)."""
+        if type(num_tokens) is not int or num_tokens < 0:
+            num_tokens = check_int("alloc", self.pool.name, "size", num_tokens)
+        pages = -(-num_tokens // self.page_size)
         if not self.pool.is_cpu:
-            return self.tokens_of(self.pool.alloc(self.pages_for(num_tokens), owner))
+            return self._rows.index_select(0, self.pool.alloc(pages, owner)).view(-1)
         # NOTE: on the CPU the pages' token ids are gathered with numpy from the host view of the row table
-        ids = self.pool.alloc_ids(self.pages_for(num_tokens), owner, remember=False)
+        ids = self.pool.alloc_ids(pages, owner, remember=False)
         assert self._rows_np is not None
         out = self._rows_np[ids].ravel()
-        if len(out) <= FRESH_MAX:
+        if 0 < len(out) <= FRESH_MAX:
             self._fresh.add(out.tobytes(), ids)
         return torch.from_numpy(out)
 
     def fresh_pages(self, raw: bytes | bytearray) -> Ids | None:
         """The pages of one of the recent ``alloc`` results whose token ids are ``raw`` (int64 bytes), if any."""
+        if not isinstance(raw, bytes | bytearray):
+            raise InvalidArgument("fresh_pages", self.pool.name, (), f"raw must be bytes, got {type(raw).__name__}")
         hit = self._fresh.find(raw)
         return None if hit is None else hit[1]
 
@@ -127,7 +155,7 @@ class PagedAllocator:
         pages are not ruled out: callers check those.
         """
         g = self.page_size
-        if not self.pool.is_cpu or idx.numel() % g:
+        if not self.pool.is_cpu or not isinstance(idx, torch.Tensor) or not_int64_1d(idx) or idx.numel() % g:
             return None
         pages = torch.div(idx[::g], g, rounding_mode="floor")
         try:
@@ -138,7 +166,9 @@ class PagedAllocator:
 
     def pages_of(self, op: str, indices: torch.Tensor) -> torch.Tensor:
         """The pages that ``indices`` cover exactly; raise unless they are whole, distinct pages."""
-        if not isinstance(indices, torch.Tensor) or indices.dim() != 1 or indices.numel() == 0:
+        if not isinstance(indices, torch.Tensor) or indices.layout != torch.strided or indices.is_meta:
+            raise InvalidArgument(op, self.pool.name, (), f"indices must be a dense tensor, got {indices!r:.60}")
+        if indices.dim() != 1 or indices.numel() == 0:
             raise InvalidArgument(op, self.pool.name, (), "indices must be a non-empty 1-D tensor")
         if indices.dtype not in (torch.int64, torch.int32) or indices.device != self.device:
             raise InvalidArgument(op, self.pool.name, (), f"indices {indices.dtype} on {indices.device}")
@@ -178,17 +208,27 @@ class PagedAllocator:
         self.pool.transfer(self.pages_of("transfer", indices), src, dst)
 
     def write_fingerprint(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
-        """Write the KV of ``tokens`` at ``positions`` into token ``slots``."""
-        self.data[slots] = fingerprint(tokens, positions)
+        """Write the KV of ``tokens`` at ``positions`` into token ``slots`` (checked as ``check_kv_write``)."""
+        s, t, p = check_kv_write("write_fingerprint", self.pool.name, slots, tokens, positions, *self._span())
+        self.data[s] = fingerprint(t, p)
 
     def verify(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """Raise ``IntegrityError`` unless token ``slots`` hold exactly ``tokens`` at ``positions``."""
-        verify(self.pool.name, self.data, slots, tokens, positions)
+        s, t, p = check_kv_write("verify", self.pool.name, slots, tokens, positions, *self._span())
+        verify(self.pool.name, self.data, s, t, p)
+
+    def _span(self) -> tuple[torch.device, int, int]:
+        return self.device, self.page_size, self.data.numel()
+
+
+def not_int64_1d(t: torch.Tensor) -> bool:
+    """``t`` is not a dense 1-D int64 tensor."""
+    return t.dtype != torch.int64 or t.layout != torch.strided or t.dim() != 1 or t.is_meta
 
 
 def swa_owner(owner: Owner) -> Owner:
     """Who holds the SWA slots of ``owner``'s full slots: a tree node's SWA component, else the same owner."""
-    if owner.kind is OwnerKind.NODE:
+    if getattr(owner, "kind", None) is OwnerKind.NODE:
         return Owner(owner.kind, owner.ident, Component.SWA)
     return owner
 
@@ -226,8 +266,10 @@ class SWATokenAllocator:
         return out
 
     def translate(self, full_indices: torch.Tensor) -> torch.Tensor:
-        """SWA slots of ``full_indices`` (0 where the SWA slot was freed)."""
-        out: torch.Tensor = self.full_to_swa[full_indices]
+        """SWA slots of ``full_indices`` (a 1-D integer tensor of full slots; 0 where the SWA slot was freed)."""
+        idx = check_ids_tensor("translate", "swa", "full_indices", full_indices, self.device)
+        check_range("translate", "kv", "full slot", idx, self.full.pool.base, self.full.pool.size)
+        out: torch.Tensor = self.full_to_swa[idx]
         return out
 
     def _live_swa(self, idx: torch.Tensor) -> torch.Tensor:
@@ -271,15 +313,17 @@ class SWATokenAllocator:
 
     def write_fingerprint(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """Write KV into the full slots and their SWA slots."""
-        self.full.write_fingerprint(slots, tokens, positions)
-        live = self.full_to_swa[slots]
+        s, t, p = check_kv_write("write_fingerprint", "kv", slots, tokens, positions, *self.full._span())
+        self.full.write_fingerprint(s, t, p)
+        live = self.full_to_swa[s]
         mask = live != 0
-        self.swa.data[live[mask]] = self.full.data[slots[mask]]
+        self.swa.data[live[mask]] = self.full.data[s[mask]]
 
     def verify(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """Verify the full slots (SWA slots where present must match too)."""
-        self.full.verify(slots, tokens, positions)
-        live = self.full_to_swa[slots]
+        s, t, p = check_kv_write("verify", "kv", slots, tokens, positions, *self.full._span())
+        self.full.verify(s, t, p)
+        live = self.full_to_swa[s]
         mask = live != 0
         if bool(mask.any()):
-            verify("swa", self.swa.data, live[mask], tokens[mask], positions[mask])
+            verify("swa", self.swa.data, live[mask], t[mask], p[mask])

@@ -38,6 +38,7 @@ class Fault:
     laws: tuple[str, ...]  # the general laws expected to catch it (any one of them)
     suites: tuple[str, ...]  # where kvledger check looks for it
     patches: tuple[tuple[Any, str, Callable[..., Any]], ...]  # (class or module, attribute, buggy twin)
+    models: tuple[str, ...] = ()  # the models of those suites it can act in (empty: every model)
 
 
 # ---------------------------------------------------------------- B1: LRU node not detached
@@ -122,6 +123,7 @@ FAULTS: dict[str, Fault] = {
             ("admission rolls back", "leak checker agrees with the ledgers", "inv_owners_account"),
             ("system",),
             ((admission, "release_attempt_state", _b2_release_attempt_state),),
+            models=("mamba",),  # it leaks Mamba state: only a model with a Mamba pool has any
         ),
         Fault(
             "B3",
@@ -130,6 +132,7 @@ FAULTS: dict[str, Fault] = {
             ("leak checker agrees with the ledgers", "inv_owners_account"),
             ("system",),
             ((Sessions, "release_state", _b3_release_state), (leaks, "session_mamba_refs", _b3_session_mamba_refs)),
+            models=("mamba",),
         ),
         Fault(
             "B4",
@@ -146,6 +149,7 @@ FAULTS: dict[str, Fault] = {
             ("inv_lock_ref_counts_handles", "inv_lock_ref_nonnegative"),
             ("cache",),  # needs SWA, which only the cache suite's models have
             ((RadixCache, "_release_cow_lock", _b5_release_cow_lock),),
+            models=("hybrid",),  # the Mamba copy-on-write path it lives on, and the SWA locks it over-releases
         ),
     )
 }

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import torch
 
-from kvledger.spec.errors import IntegrityError
+from kvledger.impl.arguments import check_ids_tensor, check_int, check_range
+from kvledger.spec.errors import IntegrityError, InvalidArgument
 
 _M32 = 0xFFFFFFFF
 
 
 def fingerprint(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """:func:`kvledger.spec.prefix.fingerprint`, element-wise on int64 tensors (every intermediate fits)."""
+    """:func:`kvledger.spec.prefix.fingerprint`, element-wise on integer tensors (every intermediate fits)."""
+    for name, t in (("tokens", tokens), ("positions", positions)):
+        if not isinstance(t, torch.Tensor) or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise InvalidArgument("fingerprint", "kv", (), f"{name} must be an integer tensor, got {t!r:.60}")
     x = (tokens.to(torch.int64) * 0x2545F491 + positions.to(torch.int64) * 0x4F6CDD1D + 0x6A09E667) & _M32
     x = x ^ (x >> 16)
     x = (x * 0x045D9F3B) & _M32
@@ -28,12 +32,22 @@ def fingerprint(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 def fingerprint_one(token: int, position: int) -> int:
     """The scalar fingerprint (equal to ``kvledger.spec.prefix.fingerprint``)."""
+    check_int("fingerprint_one", "kv", "token", token)
+    check_int("fingerprint_one", "kv", "position", position)
     return int(fingerprint(torch.tensor([token]), torch.tensor([position]))[0])
 
 
 def verify(what: str, stored: torch.Tensor, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
-    """Raise ``IntegrityError`` naming the first slot whose fingerprint is not ``(token, position)``'s."""
+    """Raise ``IntegrityError`` naming the first slot whose fingerprint is not ``(token, position)``'s.
+
+    ``slots``: a 1-D integer tensor of indices into ``stored``, as many as ``tokens`` and ``positions``.
+    """
+    idx = check_ids_tensor("verify", what, "slots", slots, stored.device)
+    check_range("verify", what, "slot", idx, 0, stored.numel())
     expect = fingerprint(tokens, positions)
+    if not idx.numel() == tokens.numel() == positions.numel():
+        raise InvalidArgument("verify", what, (), f"{idx.numel()} slots for {tokens.numel()} tokens")
+    slots = idx
     got = stored[slots]
     bad = got != expect
     if bool(bad.any()):

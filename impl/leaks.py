@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from kvledger.impl.memory import MemoryManager
 from kvledger.impl.owners import FREE_TAG, decode, encode
 from kvledger.impl.requests import Status
+from kvledger.spec.errors import InvalidArgument
 from kvledger.spec.types import Component, Owner, OwnerKind, node
 
 
@@ -98,8 +99,14 @@ class LeakReport:
         return "\n".join(lines)
 
 
+def _check_mm(op: str, mm: object) -> None:
+    if not isinstance(mm, MemoryManager):
+        raise InvalidArgument(op, "leaks", (), f"expected a MemoryManager, got {type(mm).__name__}")
+
+
 def expected_owners(mm: MemoryManager) -> dict[str, dict[int, Owner]]:
     """Per pool, slot -> the owner whose structure references it (pages for a paged KV pool)."""
+    _check_mm("expected_owners", mm)
     page = mm.page
     out: dict[str, dict[int, Owner]] = {name: {} for name in mm.pools()}
     kv, rows, mam = out["kv"], out["req_to_token"], out.get("mamba")
@@ -139,6 +146,7 @@ def session_mamba_refs(slot: object) -> tuple[int, ...]:
 
 def check_leaks(mm: MemoryManager) -> LeakReport:
     """Compare every pool's tags with the structures' references; report each disagreeing slot."""
+    _check_mm("check_leaks", mm)
     report = LeakReport()
     running = {r.owner for r in mm.requests.values() if r.status is Status.RUNNING}
     expected = expected_owners(mm)

@@ -22,7 +22,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from kvledger.spec.errors import DoubleUnlock, UnknownHandle
+from kvledger.spec.errors import DoubleUnlock, LockError, UnknownHandle
 from kvledger.spec.types import Component, HandleId, NodeId
 
 Counter = tuple[NodeId, Component]
@@ -76,6 +76,10 @@ class LockTable:
 
     def covered(self, op: str, handle: LockHandle) -> list[Counter]:
         """``coverage`` as the table's own list (no copy): read it, do not change it."""
+        if type(handle) is not LockHandle:
+            raise LockError(f"{op}: expected a LockHandle, got {type(handle).__name__} {handle!r:.40}")
+        if type(handle.id) is not int:
+            raise UnknownHandle(op, -1, f"handle id must be an int, got {handle.id!r:.40}")
         if handle.table != self.ident:
             raise UnknownHandle(op, handle.id, f"issued by another cache (table {handle.table}, this is {self.ident})")
         cov = self._live.get(handle.id)
@@ -108,7 +112,9 @@ class LockTable:
         self._index = None
 
     def is_live(self, handle: LockHandle) -> bool:
-        """``handle`` was issued by this table and not yet released."""
+        """``handle`` was issued by this table and not yet released (``LockError`` if it is not a handle)."""
+        if type(handle) is not LockHandle:
+            raise LockError(f"is_live: expected a LockHandle, got {type(handle).__name__} {handle!r:.40}")
         return handle.table == self.ident and handle.id in self._live
 
     def covering(self, node_id: NodeId, component: Component) -> int:

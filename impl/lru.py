@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterator, MutableMapping
 from typing import Generic, TypeVar, cast
 
-from kvledger.spec.errors import AlreadyInList, IntegrityError, NotInList
+from kvledger.spec.errors import AlreadyInList, IntegrityError, NotInList, UnknownNode
 from kvledger.spec.types import Component
 
 SENTINEL_ID = -1
@@ -99,6 +99,18 @@ class Linked:
 N = TypeVar("N", bound=Linked)
 
 
+def _ident(node: object) -> int:
+    """The id to name ``node`` by in an error (``-1`` for something that is not a node)."""
+    ident = getattr(node, "id", -1)
+    return ident if type(ident) is int else -1
+
+
+def _check_node(op: str, component: Component, node: object) -> None:
+    """Raise ``UnknownNode`` unless ``node`` can sit in a list: a ``Linked`` with an int id."""
+    if not isinstance(node, Linked) or type(node.id) is not int:
+        raise UnknownNode(op, component.value, _ident(node), f"not a node: {type(node).__name__} {node!r:.40}")
+
+
 class LRUList(Generic[N]):
     """The LRU list of one component: members between a head (MRU) and a tail (LRU) sentinel.
 
@@ -108,6 +120,8 @@ class LRUList(Generic[N]):
     """
 
     def __init__(self, component: Component) -> None:
+        if type(component) is not Component:
+            raise UnknownNode("create", str(component), -1, "an LRU list's component must be a Component")
         self.component = component
         self.slot = SLOT[component]
         self.head = Linked(SENTINEL_ID)
@@ -130,28 +144,47 @@ class LRUList(Generic[N]):
         return None if x is self.head or x is None else cast(N, x)
 
     def more_recent(self, node: N) -> N | None:
-        """The member just more recently used than ``node`` (towards the head), or ``None``."""
+        """The member just more recently used than member ``node`` (towards the head), or ``None``."""
+        _check_node("more_recent", self.component, node)
+        if node not in self._members:
+            raise NotInList("more_recent", self.component.value, _ident(node), "not in the list")
         x = node.prev[self.slot]
         return None if x is self.head or x is None else cast(N, x)
 
     def iter_lru(self) -> Iterator[N]:
         """Members from least to most recently used (``spec.lru.lru_eviction_order``).
 
-        The yielded node may be removed before the next step; nothing else may change.
+        The yielded node may be removed before the next step; nothing else may change. A walk that passes
+        more nodes than the list had members raises ``IntegrityError`` (``inv_lru_detached``), never loops.
         """
         i, head = self.slot, self.head
+        left = len(self._members)  # NOTE: a walk longer than the members revisits a node: never walk a cycle
         x = self.tail.prev[i]
         while x is not None and x is not head:
+            left -= 1
+            if left < 0:
+                raise self._revisit("tail", x)
             nxt = x.prev[i]
             yield x  # type: ignore[misc]  # NOTE: every member is an N (a ``cast`` per step costs a call)
             x = nxt
 
+    def _revisit(self, end: str, x: Linked) -> IntegrityError:
+        return IntegrityError(
+            f"inv_lru_detached: {self.component.value} LRU list walked from the {end} passes node {x.id} after "
+            f"{len(self._members)} members (a node linked twice, or a cycle)"
+        )
+
     def order(self) -> list[int]:
-        """Member ids from head (MRU) to tail (LRU), walked through the pointers (``LruState.order``)."""
+        """Member ids from head (MRU) to tail (LRU), walked through the pointers (``LruState.order``).
+
+        ``IntegrityError`` (``inv_lru_detached``) if the walk passes more nodes than the list has members.
+        """
         out: list[int] = []
         i = self.slot
         x = self.head.next[i]
-        while x is not None and x is not self.tail and len(out) <= len(self._members):
+        while x is not None and x is not self.tail:
+            if len(out) >= len(self._members):
+                raise self._revisit("head", x)
             out.append(x.id)
             x = x.next[i]
         return out
@@ -164,18 +197,24 @@ class LRUList(Generic[N]):
             assert x is not None
             nxt = x.next[i]
             if nxt is None or nxt.prev[i] is not x or len(seen) > len(self._members):
-                raise IntegrityError(f"{self.component.value} LRU list: broken or asymmetric link after node {x.id}")
+                raise IntegrityError(
+                    f"inv_lru_links_symmetric: {self.component.value} LRU list: broken or asymmetric link "
+                    f"after node {x.id}"
+                )
             if nxt is not self.tail:
                 seen.append(nxt.id)
             x = nxt
         members = sorted(x.id for x in self._members)
         if sorted(seen) != members:
-            raise IntegrityError(f"{self.component.value} LRU list: walk {seen} differs from members {members}")
+            raise IntegrityError(
+                f"inv_lru_detached: {self.component.value} LRU list: walk {seen} differs from members {members}"
+            )
 
     # ------------------------------------------------------------ transitions
 
     def insert_mru(self, node: N) -> None:
         """Put non-member ``node`` at the head. Refines ``spec.lru.lru_insert_mru``."""
+        _check_node("lru_insert_mru", self.component, node)
         if node in self._members:
             raise AlreadyInList("lru_insert_mru", self.component.value, node.id, "already in the list (use touch)")
         self._link_after(self.head, node)
@@ -186,18 +225,21 @@ class LRUList(Generic[N]):
         Abstractly ``lru_insert_mru`` followed by moving ``node`` down to ``anchor``; a
         radix operation that splits also touches the split node before it returns.
         """
+        _check_node("lru_insert", self.component, node)
+        _check_node("lru_insert", self.component, anchor)
         if node in self._members:
             raise AlreadyInList("lru_insert", self.component.value, node.id, "already in the list")
         if anchor not in self._members:
-            raise NotInList("lru_insert", self.component.value, anchor.id, "anchor is not in the list")
+            raise NotInList("lru_insert", self.component.value, _ident(anchor), "anchor is not in the list")
         prev = anchor.prev[self.slot]
         assert prev is not None
         self._link_after(prev, node)
 
     def remove(self, node: N) -> None:
         """Take member ``node`` out: relink its neighbours, clear its own pointers. Refines ``spec.lru.lru_remove``."""
+        _check_node("lru_remove", self.component, node)
         if node not in self._members:
-            raise NotInList("lru_remove", self.component.value, node.id, "not in the list (removed twice?)")
+            raise NotInList("lru_remove", self.component.value, _ident(node), "not in the list (removed twice?)")
         self._unlink(node)
         # NOTE: B1 (SGLang PR #25770): the removed node's own pointers must be cleared too,
         # else evicted neighbours point at each other and only the cycle collector frees them.
@@ -212,6 +254,9 @@ class LRUList(Generic[N]):
         """``touch`` each of ``nodes`` (distinct members) in turn, the last ending at the head: one call for a whole
         radix path. Nothing changes if one of them is not a member. The same as ``place(nodes[::-1])``.
         """
+        if not isinstance(nodes, list | tuple):
+            why = f"expected a list of nodes, got {type(nodes).__name__}"
+            raise NotInList("lru_touch", self.component.value, -1, why)
         self.place(nodes[::-1])
 
     def place(self, order: list[N]) -> None:
@@ -224,6 +269,10 @@ class LRUList(Generic[N]):
         unlinked and linked back as one block, so the cost is per run, not per node. A path placed again
         in the same order moves nothing (an insert right after its match).
         """
+        if type(order) is not list and not isinstance(order, list | tuple):
+            raise NotInList(
+                "lru_touch", self.component.value, -1, f"expected a list of nodes, got {type(order).__name__}"
+            )
         i = self.slot
         pos: Linked = self.head
         j = 0
@@ -236,9 +285,15 @@ class LRUList(Generic[N]):
             return
         rest = order[j:] if j else order
         members = self._members
-        if not members.issuperset(rest):
-            bad = next(node for node in rest if node not in members)
-            raise NotInList("lru_touch", self.component.value, bad.id, "not in the list (evicted node touched?)")
+        try:
+            named = set(rest)
+        except TypeError:  # NOTE: something unhashable: not a node
+            named = set()
+        if not members.issuperset(named) or not named:
+            bad = next(node for node in rest if not isinstance(node, Linked) or node not in members)
+            raise NotInList("lru_touch", self.component.value, _ident(bad), "not in the list (evicted node touched?)")
+        if len(named) != len(rest):
+            raise AlreadyInList("lru_touch", self.component.value, _ident(rest[0]), "a node named twice in one touch")
         first = last = rest[0]
         for node in rest[1:]:
             if last.next[i] is node:
@@ -270,15 +325,17 @@ class LRUList(Generic[N]):
         Abstractly ``lru_insert_mru`` followed by moving ``node`` down behind
         ``anchor``; a radix insert touches the new leaf's path before it returns.
         """
+        _check_node("lru_insert", self.component, node)
+        _check_node("lru_insert", self.component, anchor)
         if node in self._members:
             raise AlreadyInList("lru_insert", self.component.value, node.id, "already in the list")
         if anchor not in self._members:
-            raise NotInList("lru_insert", self.component.value, anchor.id, "anchor is not in the list")
+            raise NotInList("lru_insert", self.component.value, _ident(anchor), "anchor is not in the list")
         self._link_after(anchor, node)
 
     # ------------------------------------------------------------ pointer surgery
 
-    def _link_after(self, prev: Linked, node: Linked) -> None:
+    def _link_after(self, prev: Linked, node: Linked) -> None:  # NOTE: ``node`` checked by the caller
         i = self.slot
         nxt = prev.next[i]
         assert nxt is not None

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvledger.impl.arguments import check_id, check_int
+from kvledger.impl.owners import encode
 from kvledger.impl.slots import SlotPool
 from kvledger.spec.errors import IntegrityError, InvalidArgument
 from kvledger.spec.types import Owner
@@ -43,8 +45,13 @@ class MambaPool:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        if ping_pong_size < 0:
-            raise InvalidArgument("create", "mamba", (), f"ping_pong_size {ping_pong_size} must be >= 0")
+        check_int("create", "mamba", "ping_pong_size", ping_pong_size, 0, 1 << 20)
+        check_int("create", "mamba", "size", size, 1, 1 << 24)
+        for name, shape in (("conv_shape", conv_shape), ("temporal_shape", temporal_shape)):
+            if not isinstance(shape, tuple) or any(type(d) is not int or d < 1 for d in shape):
+                raise InvalidArgument("create", "mamba", (), f"{name} must be a tuple of ints >= 1, got {shape!r:.40}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise InvalidArgument("create", "mamba", (), f"dtype must be a floating torch.dtype, got {dtype!r:.40}")
         self.pool = SlotPool("mamba", size, device=device)
         self.device = self.pool.device
         self.ping_pong_size = ping_pong_size
@@ -74,8 +81,9 @@ class MambaPool:
         self.pool.transfer(indices, src, dst)
 
     def copy_state(self, src: int, dst: int, owner: Owner) -> None:
-        """Copy-on-write: copy slot ``src``'s state into ``owner``'s slot ``dst``."""
-        s, d = self._idx(src), self._idx(dst)
+        """Copy-on-write: copy slot ``src``'s state into ``owner``'s slot ``dst`` (another slot, held by ``owner``)."""
+        s, d = self._idx("copy_state", src, "src"), self._idx("copy_state", dst, "dst")
+        encode(owner, "copy_state", "mamba")
         self.pool.as_index("copy_state", torch.cat((s, d)))
         self.pool.check_held("copy_state", d, owner)
         if int(self.pool.owner_tag[s]) == 0:
@@ -85,17 +93,21 @@ class MambaPool:
         self.data[d] = self.data[s]
 
     def write_fingerprint(self, slot: int, value: int) -> None:
-        """Write a state whose contents are determined by ``value`` (the fingerprint of its prefix)."""
-        s = self._idx(slot)
+        """Write a state whose contents are determined by ``value`` (the fingerprint of its prefix, an int >= 0)."""
+        s = self._idx("write_fingerprint", slot)
+        check_int("write_fingerprint", "mamba", "value", value, 0, 1 << 63)
         self.data[s] = value
         self.conv[s] = float(value % 1000)
         self.temporal[s] = float(value % 997)
 
     def verify(self, slot: int, value: int) -> None:
         """Raise ``IntegrityError`` unless ``slot`` holds the state written for ``value``."""
+        self._idx("verify", slot)
+        check_int("verify", "mamba", "value", value, 0, 1 << 63)
         got = int(self.data[slot])
         if got != value or float(self.conv[slot].flatten()[0]) != float(value % 1000):
             raise IntegrityError(f"mamba: slot {slot} should hold state {value} but holds {got} (use after free?)")
 
-    def _idx(self, slot: int) -> torch.Tensor:
+    def _idx(self, op: str, slot: int, name: str = "slot") -> torch.Tensor:
+        check_id(op, "mamba", name, slot, 0, self.pool.size)
         return torch.tensor([slot], dtype=torch.int64, device=self.device)

@@ -20,13 +20,15 @@ from dataclasses import dataclass
 import torch
 
 from kvledger.impl.allocators import PagedAllocator, TokenAllocator
+from kvledger.impl.arguments import check_int, check_tokens
 from kvledger.impl.mamba import MambaAlloc, MambaPool
+from kvledger.impl.owners import MAX_IDENT, encode
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.req_to_token import ReqToTokenPool
 from kvledger.impl.requests import Request, Status
 from kvledger.impl.slots import SlotPool
 from kvledger.impl.tree import TreeNode
-from kvledger.spec.errors import InvalidArgument, OverAllocation
+from kvledger.spec.errors import ComponentDisabled, InvalidArgument, OverAllocation
 from kvledger.spec.types import Component, Owner
 
 
@@ -44,6 +46,13 @@ class MemoryManager:
     """Pools, cache, requests and sessions of one engine instance (token or paged KV; Mamba optional)."""
 
     def __init__(self, cache: RadixCache, rows: ReqToTokenPool, *, debug: bool = False) -> None:
+        if not isinstance(cache, RadixCache) or not isinstance(rows, ReqToTokenPool):
+            got = f"{type(cache).__name__}, {type(rows).__name__}"
+            raise InvalidArgument(
+                "create", "req_to_token", (), f"expected a RadixCache and a ReqToTokenPool, got {got}"
+            )
+        if rows.device != cache.device:
+            raise InvalidArgument("create", "req_to_token", (), f"rows on {rows.device}, the cache on {cache.device}")
         if not isinstance(cache.kv, TokenAllocator | PagedAllocator):
             raise InvalidArgument("create", "kv", (), "the memory manager takes a token or paged KV allocator")
         self.cache = cache
@@ -93,6 +102,9 @@ class MemoryManager:
         return torch.tensor(list(xs), dtype=torch.int64, device=self.kv.device)
 
     def round_up(self, n: int) -> int:
+        """``n`` tokens rounded up to whole KV pages."""
+        if type(n) is not int or n < 0:
+            n = check_int("round_up", "kv", "n", n)
         return -(-n // self.page) * self.page
 
     def _make_room(self, comp: Component, short: int, what: str) -> None:
@@ -106,7 +118,16 @@ class MemoryManager:
         self.cache.evict(comp, short)
 
     def alloc_kv(self, owner: Owner, n: int) -> torch.Tensor:
-        """``n`` token slots (whole pages) for ``owner``, evicting from the cache if short; all or nothing."""
+        """``n`` token slots (whole pages) for ``owner``, evicting from the cache if short; all or nothing.
+
+        ``n == 0`` gives an empty tensor (a fully cached request allocates nothing; no failure is injected
+        there); a negative or non-int ``n`` or a malformed owner raises ``InvalidArgument`` before anything.
+        """
+        if type(n) is not int or n <= 0:
+            n = check_int("alloc", "kv", "size", n)
+        encode(owner, "alloc", "kv")
+        if n == 0:
+            return self.kv.alloc(0, owner)
         if self.fail_next > 0:
             self.fail_next -= 1
             raise OverAllocation("alloc", "kv", (), f"injected allocation failure ({n} tokens for {owner})")
@@ -115,7 +136,9 @@ class MemoryManager:
 
     def alloc_mamba(self, owner: Owner) -> MambaAlloc:
         """A Mamba state and its track buffers for ``owner``, evicting cached states if short."""
-        assert self.mamba is not None
+        if self.mamba is None:
+            raise ComponentDisabled("alloc_mamba", (), "the memory manager has no Mamba pool")
+        encode(owner, "alloc_mamba", "mamba")
         if self.fail_next > 0:
             self.fail_next -= 1
             raise OverAllocation("alloc", "mamba", (), f"injected allocation failure (state for {owner})")
@@ -126,19 +149,25 @@ class MemoryManager:
 
     def free_mamba(self, owner: Owner, m: MambaAlloc) -> None:
         """Return a request's (or session's) Mamba state and track buffers."""
+        if self.mamba is None:
+            raise ComponentDisabled("free_mamba", (), "the memory manager has no Mamba pool")
+        if not isinstance(m, MambaAlloc):
+            raise InvalidArgument("free_mamba", "mamba", (), f"expected a MambaAlloc, got {type(m).__name__}")
         self._free_mamba_slots(owner, m.slots())
 
     # ------------------------------------------------------------ requests
 
     def add_request(self, tokens: tuple[int, ...], session: int | None = None) -> Request:
-        """A new waiting request (owns nothing yet)."""
-        if not tokens:
-            raise InvalidArgument("add_request", "req_to_token", (), "a request needs at least one token")
+        """A new waiting request (owns nothing yet): ``tokens`` a non-empty sequence of token ids (ints >= 0),
+        ``session`` the id of an open session or ``None``."""
+        tokens = check_tokens("add_request", "req_to_token", tokens, empty=False)
         if len(tokens) > self.rows.max_context_len:
             raise InvalidArgument("add_request", "req_to_token", (), f"{len(tokens)} tokens > max context")
-        if session is not None and session not in self.sessions.slots:
-            raise InvalidArgument("add_request", "session", (), f"session {session} is not open")
-        req = Request(self._next_rid, tuple(tokens), session)
+        if session is not None:
+            check_int("add_request", "session", "session id", session, 0, MAX_IDENT + 1)
+            if session not in self.sessions.slots:
+                raise InvalidArgument("add_request", "session", (), f"session {session} is not open")
+        req = Request(self._next_rid, tokens, session)
         self._next_rid += 1
         self.requests[req.rid] = req
         return req
@@ -147,7 +176,17 @@ class MemoryManager:
         return [r for r in self.requests.values() if r.status is Status.RUNNING]
 
     def write_kv(self, req: Request, start: int, end: int) -> None:
-        """Compute (fingerprint) the KV of ``req``'s tokens ``[start, end)`` into its row's slots."""
+        """Compute (fingerprint) the KV of ``req``'s tokens ``[start, end)`` into its row's slots.
+
+        ``req``: this manager's request holding a row; ``0 <= start <= end <= alloc_len`` and ``end`` within its tokens.
+        """
+        self.own("write_kv", req)
+        start = check_int("write_kv", "kv", "start", start)
+        end = check_int("write_kv", "kv", "end", end)
+        if end > start and (req.row is None or end > min(req.alloc_len, len(req.tokens))):
+            raise InvalidArgument(
+                "write_kv", "kv", (), f"request {req.rid}: positions [{start}, {end}) past its slots or tokens"
+            )
         if end > start:
             assert req.row is not None
             slots = self.rows.table[req.row, start:end]
@@ -158,8 +197,11 @@ class MemoryManager:
         """Decode/extend: append ``new_tokens`` (their KV computed) and keep ``ahead`` extra slots allocated.
 
         ``ahead`` models speculative decoding's over-allocation: the row holds slots
-        past ``kv_len`` that the next step may or may not use. All or nothing.
+        past ``kv_len`` that the next step may or may not use (an int >= 0). All or nothing.
         """
+        self.own("extend", req)
+        new_tokens = check_tokens("extend", "req_to_token", new_tokens)
+        ahead = check_int("extend", "req_to_token", "ahead", ahead)
         if req.status is not Status.RUNNING or req.row is None:
             raise InvalidArgument("extend", "req_to_token", (), f"request {req.rid} is not running")
         end = req.kv_len + len(new_tokens)
@@ -176,10 +218,12 @@ class MemoryManager:
         req.kv_len = end
 
     def _path_slots(self, n: TreeNode) -> torch.Tensor:
-        parts = []
+        parts, most = [], self.cache.node_count()
         while n.parent is not None:
             parts.append(n.value)
             n = n.parent
+            if len(parts) > most:
+                raise self.cache.revisit("chunk", n)
         return torch.cat([self.cache.root.value, *reversed(parts)])
 
     def _release_owned(self, req: Request, start: int) -> None:
@@ -205,6 +249,7 @@ class MemoryManager:
 
     def finish(self, req: Request) -> None:
         """The request ended: cache its prefix (or save it to its session) and release everything else."""
+        self.own("finish", req)
         self._require_running(req, "finish")
         self.event("finish", f"req {req.rid}")
         if req.session is not None:
@@ -232,6 +277,7 @@ class MemoryManager:
 
     def chunk(self, req: Request) -> None:
         """Chunked prefill (``cache_unfinished_req``): cache the computed prefix, keep running on it."""
+        self.own("chunk", req)
         self._require_running(req, "chunk")
         self.event("chunk", f"req {req.rid}")
         if req.session is not None:
@@ -248,13 +294,20 @@ class MemoryManager:
 
     def retract(self, req: Request) -> None:
         """Preempt a running request: it returns everything and waits again, holding nothing."""
+        self.own("retract", req)
         self._require_running(req, "retract")
         self.event("retract", f"req {req.rid}")
         self._release_all(req)
         req.status = Status.WAITING  # it keeps its tokens and will be matched again
 
     def abort(self, req: Request) -> None:
-        """Abort at any point: whatever the request holds is returned and it is gone."""
+        """Abort a waiting or running request: whatever it holds is returned and it is gone.
+
+        A request that already ended (finished or aborted) is refused: ``InvalidArgument``, nothing changes.
+        """
+        self.own("abort", req)
+        if req.status in (Status.FINISHED, Status.ABORTED):
+            raise InvalidArgument("abort", "req_to_token", (), f"request {req.rid} is {req.status.value} already")
         self.event("abort", f"req {req.rid}")
         self._release_all(req)
         req.status = Status.ABORTED
@@ -280,6 +333,16 @@ class MemoryManager:
         if req.handle is not None:
             self.cache.dec_lock_ref(req.handle)
             req.handle = None
+
+    def own(self, op: str, req: Request) -> Request:
+        """``req`` if it is one of this manager's requests; ``InvalidArgument`` naming ``op`` otherwise (not a
+        ``Request``, or another manager's: its id may name one of ours, which must not be touched)."""
+        if type(req) is not Request and not isinstance(req, Request):
+            raise InvalidArgument(op, "req_to_token", (), f"expected a Request, got {type(req).__name__} {req!r:.40}")
+        rid = req.rid
+        if type(rid) is not int or self.requests.get(rid) is not req:
+            raise InvalidArgument(op, "req_to_token", (), f"request {rid!r:.40} is not one of this manager's requests")
+        return req
 
     def _require_running(self, req: Request, op: str) -> None:
         if req.status is not Status.RUNNING:

@@ -8,6 +8,7 @@ abstraction function can decode a whole pool in one pass.
 
 from __future__ import annotations
 
+from kvledger.spec.errors import InvalidArgument
 from kvledger.spec.types import Component, Owner, OwnerKind
 
 FREE_TAG = 0
@@ -27,14 +28,29 @@ _KIND_BY_VALUE = {k._value_: v for k, v in _KIND_CODE.items()}
 _COMP_BY_VALUE = {c._value_: v for c, v in _COMP_CODE.items() if c is not None}
 
 
-def encode(owner: Owner) -> int:
-    """The tag of ``owner`` (always > 0)."""
-    ident = owner.ident
-    if not 0 <= ident <= MAX_IDENT:
-        raise ValueError(f"owner id {ident} of {owner} outside [0, {MAX_IDENT}]")
-    comp = owner.component
-    code = 0 if comp is None else _COMP_BY_VALUE[comp._value_]
-    return (_KIND_BY_VALUE[owner.kind._value_] << 60) | (code << _IDENT_BITS) | ident
+def encode(owner: Owner, op: str = "encode", where: str = "owner") -> int:
+    """The tag of ``owner`` (always > 0); ``InvalidArgument`` naming ``op`` if it is not an owner a tag can hold.
+
+    An owner is an :class:`Owner` of an ``OwnerKind``, an int id in ``[0, MAX_IDENT]`` and a
+    ``Component`` or ``None``: ``None``, another object, a float or bool id, a negative or huge
+    id are refused, so no entry point that encodes its owner first can take one.
+    """
+    try:
+        ident = owner.ident
+        comp = owner.component
+        kind = _KIND_BY_VALUE[owner.kind._value_]
+        code = 0 if comp is None else _COMP_BY_VALUE[comp._value_]
+    except (AttributeError, KeyError, TypeError):
+        raise InvalidArgument(op, where, (), f"owner must be an Owner, got {owner!r}") from None
+    if type(owner) is not Owner and not isinstance(owner, Owner):
+        raise InvalidArgument(op, where, (), f"owner must be an Owner, got {type(owner).__name__} {owner!r}")
+    if type(ident) is not int or not 0 <= ident <= MAX_IDENT:
+        if isinstance(ident, bool) or not isinstance(ident, int):
+            raise InvalidArgument(op, where, (), f"owner {owner!r}: id must be an int, got {type(ident).__name__}")
+        if not 0 <= ident <= MAX_IDENT:
+            raise InvalidArgument(op, where, (), f"owner id {ident} of {owner} outside [0, {MAX_IDENT}]")
+        ident = int(ident)
+    return (kind << 60) | (code << _IDENT_BITS) | ident
 
 
 _NODE_FULL = (_KIND_CODE[OwnerKind.NODE] << 60) | (_COMP_CODE[Component.FULL] << _IDENT_BITS)
@@ -43,7 +59,7 @@ _NODE_FULL = (_KIND_CODE[OwnerKind.NODE] << 60) | (_COMP_CODE[Component.FULL] <<
 def node_tag(ident: int) -> int:
     """``encode(node(ident, FULL))``, the tag of the full KV slots radix node ``ident`` holds, built directly."""
     if not 0 <= ident <= MAX_IDENT:
-        raise ValueError(f"node id {ident} outside [0, {MAX_IDENT}]")
+        raise InvalidArgument("node_tag", "owner", (), f"node id {ident} outside [0, {MAX_IDENT}]")
     return _NODE_FULL | ident
 
 

@@ -42,12 +42,13 @@ from collections.abc import Mapping
 
 import torch
 
-from kvledger.impl.allocators import SWATokenAllocator
+from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
+from kvledger.impl.arguments import check_id, check_int
 from kvledger.impl.kvview import KVAllocator
 from kvledger.impl.locks import Counter, LockHandle
 from kvledger.impl.lru import SLOT
 from kvledger.impl.mamba import MambaPool
-from kvledger.impl.owners import node_tag
+from kvledger.impl.owners import encode, node_tag
 from kvledger.impl.slots import Tokens, host_bytes
 from kvledger.impl.tree import (
     FULL,
@@ -98,12 +99,22 @@ class RadixCache(RadixTree):
         swa_window: int | None = None,
         mamba: MambaPool | None = None,
     ) -> None:
+        if not isinstance(kv, TokenAllocator | PagedAllocator | SWATokenAllocator):
+            raise CacheError(f"create: kv must be a token, paged or SWA allocator, got {type(kv).__name__}")
+        if mamba is not None and not isinstance(mamba, MambaPool):
+            raise CacheError(f"create: mamba must be a MambaPool or None, got {type(mamba).__name__}")
+        if mamba is not None and mamba.device != kv.device:
+            raise CacheError(f"create: the Mamba pool is on {mamba.device}, the KV allocator on {kv.device}")
         grain = kv.page_size
         ps = grain if page_size is None else page_size
         if isinstance(ps, bool) or not isinstance(ps, int) or ps < 1 or ps % grain:
-            raise CacheError(f"page_size {page_size!r}: must be a positive multiple of the allocator's {grain}")
-        if swa_window is not None and (not isinstance(kv, SWATokenAllocator) or swa_window < 1):
-            raise CacheError(f"swa_window {swa_window}: needs an SWATokenAllocator (got {type(kv).__name__}) and >= 1")
+            raise CacheError(f"create: page_size {page_size!r} must be a positive multiple of the allocator's {grain}")
+        if swa_window is not None and (
+            not isinstance(kv, SWATokenAllocator) or type(swa_window) is not int or swa_window < 1
+        ):
+            raise CacheError(
+                f"create: swa_window {swa_window!r} needs an SWATokenAllocator (got {type(kv).__name__}) and >= 1"
+            )
         super().__init__(kv, ps, swa_window, mamba)
 
     # ------------------------------------------------------------ match / insert
@@ -158,6 +169,9 @@ class RadixCache(RadixTree):
         """
         op = "insert"
         raw_key, value = key_bytes(op, key), self._as_tokens(op, value)
+        encode(owner, op, self._kv.pool.name)
+        if mamba_slot is not None and self.mamba is not None:
+            check_id(op, "mamba", "mamba_slot", mamba_slot, 0, self.mamba.pool.size)
         memo = self._walk_of(raw_key)
         q = array("q", raw_key) if memo is None else memo.key  # NOTE: the match's tokens of this key
         slots = host_bytes(value)
@@ -245,7 +259,7 @@ class RadixCache(RadixTree):
         counters = self._raise_full(n)
         if self.swa_window is not None:
             x, lo = n, n.end - self.swa_window
-            while x.parent is not None and x.end > lo:
+            while x.parent is not None and x.end > lo:  # NOTE: ``end`` falls strictly on the way up: bounded
                 if not x.swa_tombstone:
                     counters.append((NodeId(x.id), SWA))
                     self._raise_lock(x, SWA)
@@ -290,7 +304,9 @@ class RadixCache(RadixTree):
 
     def handles_covering(self, ident: int, comp: Component) -> int:
         """How many live handles cover ``(node ident, comp)``; equals that node's ``lock_ref[comp]``."""
-        return self._locks.covering(NodeId(ident), comp)
+        if type(ident) is not int:
+            raise CacheError(f"handles_covering: node id must be an int, got {type(ident).__name__} {ident!r:.40}")
+        return self._locks.covering(NodeId(ident), self._component("handles_covering", comp))
 
     def evictable_size(self, comp: Component = FULL) -> int:
         """Cached ``comp`` (tokens; MAMBA: states) no live handle covers. Refines ``spec.prefix.evictable_size``."""
@@ -315,7 +331,7 @@ class RadixCache(RadixTree):
         content leaves its LRU lists with its links cleared.
         """
         self._require(comp, "evict")
-        if n <= 0:
+        if (type(n) is not int or n <= 0) and check_int("evict", comp.value, "n", n) == 0:
             return 0
         return self._evict_full(n) if comp is FULL else self._evict_component(comp, n)
 
@@ -362,6 +378,9 @@ class RadixCache(RadixTree):
         ``CacheError`` when the match is stale (its state was evicted).
         """
         pool = self._pool("mamba_copy_on_write")
+        if not isinstance(match, MatchResult):
+            raise CacheError(f"mamba_copy_on_write: expected a MatchResult, got {type(match).__name__}")
+        encode(owner, "mamba_copy_on_write", "mamba")
         src = match.last_node
         if self._nodes.get(src.id) is not src or src.mamba_slot is None or src.mamba_slot != match.mamba_slot:
             raise CacheError(f"mamba_copy_on_write: match at node {src.id} is stale or has no Mamba state")
@@ -386,6 +405,8 @@ class RadixCache(RadixTree):
 
     def verify(self, match: MatchResult, key: torch.Tensor) -> None:
         """Raise ``IntegrityError`` unless the matched slots hold the fingerprints of ``key``'s first tokens."""
+        if not isinstance(match, MatchResult):
+            raise CacheError(f"verify: expected a MatchResult, got {type(match).__name__}")
         if match.length:
             toks = self._as_tokens("verify", key)[: match.length]
             pos = torch.arange(match.length, dtype=torch.int64, device=self.device)

@@ -5,7 +5,12 @@ the row of the last request, the KV slots in ``row[0:alloc_len]`` (of which
 ``committed_len`` are final) and its Mamba state with track buffers, all
 tagged ``Owner(SESSION, sid)``. Resuming hands them to the next request after
 freeing the *tail* ``[start, alloc_len)`` with ``start = prefix_len`` rounded
-up to a page; closing frees everything.
+up to a page; closing frees everything. While a turn runs the slot holds
+nothing and claims nothing (``committed_len == 0``): what it lent now belongs
+to the request, and returns only through ``save`` (the turn finished) or
+``unresume`` (admission rolled back). A turn retracted or aborted takes the
+lent memory with it, so the session then holds no committed KV and the next
+turn computes its prompt from scratch (``spec.session.inv_committed_within_allocated``).
 """
 
 from __future__ import annotations
@@ -13,9 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvledger.impl.arguments import check_int
 from kvledger.impl.mamba import MambaAlloc
+from kvledger.impl.owners import MAX_IDENT
 from kvledger.impl.requests import Request, Status
-from kvledger.spec.errors import InvalidArgument
+from kvledger.spec import session as S
+from kvledger.spec.errors import IntegrityError, InvalidArgument
 from kvledger.spec.types import Owner, session
 
 if TYPE_CHECKING:
@@ -57,19 +65,28 @@ class Sessions:
         self.slots: dict[int, SessionSlot] = {}
 
     def open(self, sid: int) -> None:
-        """Open session ``sid`` (holding nothing)."""
+        """Open session ``sid`` (an int id in ``[0, MAX_IDENT]``), holding nothing."""
+        check_int("open_session", "session", "session id", sid, 0, MAX_IDENT + 1)
         if sid in self.slots:
             raise InvalidArgument("open_session", "session", (), f"session {sid} is already open")
         self.slots[sid] = SessionSlot(sid)
 
     def _slot(self, op: str, sid: int | None) -> SessionSlot:
-        if sid is None or sid not in self.slots:
+        if type(sid) is not int or sid not in self.slots:
+            if sid is not None:
+                check_int(op, "session", "session id", sid, 0, MAX_IDENT + 1)
             raise InvalidArgument(op, "session", (), f"session {sid} is not open")
         return self.slots[sid]
 
+    def _own_slot(self, op: str, slot: SessionSlot) -> None:
+        if not isinstance(slot, SessionSlot) or self.slots.get(slot.sid) is not slot:
+            raise InvalidArgument(op, "session", (), f"{slot!r:.60} is not one of this manager's open sessions")
+
     def save(self, req: Request) -> None:
         """The turn ended: the session takes the request's row, KV and Mamba state (``save_from_req``)."""
-        mm, slot = self.mm, self._slot("save", req.session)
+        mm, slot = self.mm, self._slot("save", self.mm.own("save", req).session)
+        if slot.lent_to != req.rid or req.row is None:
+            raise InvalidArgument("save", "session", (), f"session {slot.sid} is not lent to request {req.rid}")
         assert req.row is not None and slot.lent_to == req.rid
         mm.rows.transfer(req.row, req.owner, slot.owner)
         if req.alloc_len:
@@ -82,7 +99,7 @@ class Sessions:
 
     def resume(self, req: Request) -> None:
         """Hand the session's memory to ``req`` for its next turn (append-only; tail freed first)."""
-        mm, slot = self.mm, self._slot("resume", req.session)
+        mm, slot = self.mm, self._slot("resume", self.mm.own("resume", req).session)
         if slot.lent_to is not None:
             raise InvalidArgument("resume", "session", (), f"session {slot.sid} is in use by request {slot.lent_to}")
         prefix = min(common_prefix(req.tokens[:-1], slot.tokens), slot.committed_len)
@@ -109,19 +126,22 @@ class Sessions:
         req.prefix_len, req.own_from, req.kv_len, req.alloc_len = prefix, 0, prefix, start
         slot.lent_to, slot.lent_fresh = req.rid, (fresh_row is not None, fresh_state is not None)
         slot.row, slot.mamba, slot.alloc_len = None, None, 0
-        slot.tokens, slot.committed_len = slot.tokens[:prefix], prefix
+        slot.tokens, slot.committed_len = (), 0  # NOTE: the prefix is the request's now; unresume gives it back
 
     def free_tail(self, slot: SessionSlot, start: int) -> None:
         """Free row positions ``[start, alloc_len)`` before the next turn writes over them (B4's fix)."""
+        self._own_slot("free_tail", slot)
+        check_int("free_tail", "session", "start", start)
         if slot.row is not None and slot.alloc_len > start:
             self.mm.kv.free(self.mm.rows.table[slot.row, start : slot.alloc_len].clone(), slot.owner)
         slot.alloc_len = min(slot.alloc_len, start)
 
     def unresume(self, req: Request) -> None:
         """Admission rolled back: give the session back what ``resume`` lent (fresh allocations are freed)."""
-        mm, slot = self.mm, self._slot("unresume", req.session)
+        mm, slot = self.mm, self._slot("unresume", self.mm.own("unresume", req).session)
         fresh_row, fresh_state = slot.lent_fresh
-        assert req.row is not None
+        if slot.lent_to != req.rid or req.row is None:
+            raise InvalidArgument("unresume", "session", (), f"session {slot.sid} is not lent to request {req.rid}")
         if fresh_row:
             mm.rows.free(req.row, req.owner)
         else:
@@ -136,13 +156,17 @@ class Sessions:
                 mm.mamba.transfer(mm._tensor(req.mamba.slots()), req.owner, slot.owner)  # type: ignore[union-attr]
                 slot.mamba = req.mamba
         slot.lent_to = None
+        if slot.row is not None:  # NOTE: the committed prefix comes back with the row that holds its KV
+            slot.tokens, slot.committed_len = req.tokens[: req.prefix_len], req.prefix_len
         req.row, req.mamba = None, None
         req.prefix_len = req.own_from = req.kv_len = req.alloc_len = 0
 
     def extend_resumed(self, req: Request) -> None:
         """Allocate and fill the new turn's KV after the resumed prefix."""
         mm = self.mm
-        assert req.row is not None
+        mm.own("extend_resumed", req)
+        if req.row is None or req.session is None:
+            raise InvalidArgument("extend_resumed", "session", (), f"request {req.rid} has not resumed a session")
         need = mm.round_up(len(req.tokens)) - req.alloc_len
         if need > 0:
             got = mm.alloc_kv(req.owner, need)
@@ -150,6 +174,33 @@ class Sessions:
             req.alloc_len += need
         mm.write_kv(req, req.prefix_len, len(req.tokens))
         req.kv_len = len(req.tokens)
+
+    def spec_slot(self, slot: SessionSlot) -> S.SessionSlot:
+        """The abstraction of ``slot``: what it holds in spec terms (``-1`` for a position without a row)."""
+        row = slot.row
+        kv = tuple(self.mm.rows.table[row, : slot.alloc_len].tolist()) if row is not None else (-1,) * slot.alloc_len
+        mamba = frozenset(slot.mamba.slots()) if slot.mamba is not None else frozenset()
+        return S.SessionSlot(slot.sid, row, kv, slot.committed_len, mamba)
+
+    def check(self) -> None:
+        """Raise ``IntegrityError`` naming the law and the session unless every open session keeps the session laws.
+
+        ``inv_committed_within_allocated``: a session claims no committed KV it does
+        not hold (a lent slot holds and claims nothing); ``inv_kv_needs_row``; and the
+        recorded tokens are exactly the committed ones.
+        """
+        for slot in self.slots.values():
+            s = self.spec_slot(slot)
+            where = f"session {slot.sid} (row {slot.row}, committed {slot.committed_len}, allocated {slot.alloc_len}"
+            where += f", lent to request {slot.lent_to})" if slot.lent_to is not None else ")"
+            if not S.inv_committed_within_allocated(s):
+                raise IntegrityError(f"inv_committed_within_allocated: {where} claims KV it does not hold")
+            if not S.inv_kv_needs_row(s):
+                raise IntegrityError(f"inv_kv_needs_row: {where} holds KV slots without their row")
+            if len(slot.tokens) != slot.committed_len:
+                raise IntegrityError(
+                    f"inv_committed_within_allocated: {where} records {len(slot.tokens)} committed tokens"
+                )
 
     def close(self, sid: int) -> None:
         """Close: free the row, every KV slot, the Mamba state and its track buffers."""
@@ -165,6 +216,7 @@ class Sessions:
 
     def release_state(self, slot: SessionSlot) -> None:
         """Free the session's Mamba state and track buffers (what B3 forgot)."""
+        self._own_slot("release_state", slot)
         if slot.mamba is not None:
             self.mm.free_mamba(slot.owner, slot.mamba)
             slot.mamba = None

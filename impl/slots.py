@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from kvledger.impl.arguments import check_device, check_id, check_int
 from kvledger.impl.owners import FREE_TAG, RESERVED_TAG, decode, encode
 from kvledger.spec.errors import (
     DoubleFree,
@@ -50,12 +51,14 @@ class SlotPool:
     """
 
     def __init__(self, name: str, capacity: int, *, base: int = 0, device: str | torch.device = "cpu") -> None:
-        if capacity <= 0 or base < 0:
-            raise InvalidArgument("create", name, (), f"capacity {capacity} and base {base} must be > 0 and >= 0")
+        if not isinstance(name, str):
+            raise InvalidArgument("create", "pool", (), f"pool name must be a str, got {type(name).__name__}")
+        check_int("create", name, "capacity", capacity, 1, 1 << 40)
+        check_int("create", name, "base", base, 0, 1 << 40)
         self.name = name
         self.capacity = capacity
         self.base = base
-        self.device = torch.device(device)
+        self.device = check_device("create", name, device)
         self.is_cpu = self.device.type == "cpu"
         self.size = base + capacity
         # owner_tag[s]: FREE_TAG, RESERVED_TAG (s < base) or the encoded owner of slot s.
@@ -130,7 +133,7 @@ class SlotPool:
 
     def owner_of(self, slot: int) -> Owner | None:
         """The owner tagged on ``slot`` (``None`` when free or reserved)."""
-        return decode(int(self.owner_tag[slot]))
+        return decode(int(self.owner_tag[check_id("owner_of", self.name, "slot", slot, 0, self.size)]))
 
     # ------------------------------------------------------------ validation
 
@@ -138,6 +141,10 @@ class SlotPool:
         """Check that ``indices`` is a non-empty 1-D integer tensor of distinct in-range slots on our device."""
         if not isinstance(indices, torch.Tensor):
             raise InvalidArgument(op, self.name, (), f"indices must be a torch.Tensor, got {type(indices).__name__}")
+        if indices.layout != torch.strided or indices.is_meta:
+            raise InvalidArgument(
+                op, self.name, (), f"indices must be a dense tensor, got {indices.layout} on {indices.device}"
+            )
         if indices.dtype not in INDEX_DTYPES:
             raise InvalidArgument(
                 op, self.name, (), f"index dtype {indices.dtype}, expected torch.int64 or torch.int32"
@@ -178,7 +185,15 @@ class SlotPool:
             return back.numpy().tobytes() != self._iota_bytes[: 8 * k]
         return not torch.equal(back, pos)
 
-    def claim(self, idx: torch.Tensor | Ids, owner: Owner, code: int | None = None, *, distinct: bool = False) -> bool:
+    def claim(
+        self,
+        idx: torch.Tensor | Ids,
+        owner: Owner,
+        code: int | None = None,
+        *,
+        distinct: bool = False,
+        op: str = "claim",
+    ) -> bool:
         """On the CPU, a check (and hand-over) in one pass: whether ``idx`` are distinct slots all tagged ``owner``.
 
         ``idx``: a tensor, or int64 ids on the host (``Ids``). If they are and
@@ -202,7 +217,7 @@ class SlotPool:
         if tags is None:
             return False
         if isinstance(idx, torch.Tensor):
-            if not (idx.dtype == torch.int64 and idx.is_cpu and idx.dim() == 1):
+            if not (idx.dtype == torch.int64 and idx.is_cpu and idx.dim() == 1 and idx.layout == torch.strided):
                 return False
             ids: Ids = idx.numpy()
         elif isinstance(idx, np.ndarray) and idx.dtype == I64 and idx.ndim == 1:
@@ -216,7 +231,7 @@ class SlotPool:
             got = tags[ids]
         except IndexError:
             return False
-        held = encode(owner)
+        held = encode(owner, op, self.name)
         if got.tobytes() != _tag_bytes(held, k):
             return False
         scattered = k > 1 and not distinct
@@ -261,7 +276,7 @@ class SlotPool:
 
     def check_held(self, op: str, idx: torch.Tensor, owner: Owner) -> None:
         """Raise unless every slot of ``idx`` (already validated) is tagged ``owner``."""
-        code = encode(owner)
+        code = encode(owner, op, self.name)
         idx = _long(idx)
         tags = self.owner_tag.index_select(0, idx)
         if not torch.equal(tags, torch.full_like(tags, code)):
@@ -277,10 +292,10 @@ class SlotPool:
         return NotOwner(op, self.name, slots.tolist(), f"slot {first} is held by {holder}, not by {owner}")
 
     def check_alloc(self, n: int, owner: Owner) -> int:
-        """Raise unless ``n`` slots can be given to ``owner``; return ``owner``'s tag."""
-        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-            raise InvalidArgument("alloc", self.name, (), f"size {n!r} for {owner} must be a positive int")
-        code = encode(owner)
+        """Raise unless ``n`` slots can be given to ``owner``; return ``owner``'s tag. ``n == 0`` is legal (nothing)."""
+        if type(n) is not int or n < 0:
+            n = check_int("alloc", self.name, "size", n)
+        code = encode(owner, "alloc", self.name)
         if n > self._top:
             raise OverAllocation("alloc", self.name, (), f"{n} requested by {owner}, {self._top} free")
         return code
@@ -291,8 +306,10 @@ class SlotPool:
         """Give ``n`` free slots to ``owner``; all or nothing. Refines ``spec.ledger.allocate``.
 
         Returns a new int64 tensor of slot ids owned by ``owner`` until it frees
-        or transfers them. Raises ``OverAllocation`` (pool unchanged) when fewer
-        than ``n`` are free.
+        or transfers them; empty for ``n == 0`` (a fully cached request allocates
+        nothing, and engines return an empty tensor). Raises ``OverAllocation``
+        (pool unchanged) when fewer than ``n`` are free, ``InvalidArgument`` for
+        a negative or non-int ``n`` or a malformed owner.
         """
         if self._free_np is not None:
             return torch.from_numpy(self._pop_ids(n, owner, True))
@@ -319,7 +336,7 @@ class SlotPool:
         ids = self._free_np[top - n : top][::-1].copy()  # NOTE: a copy: the caller's ids must not see later pushes
         self._top = top - n
         self._mark_owned(ids, code)
-        if remember and n <= FRESH_MAX:
+        if remember and 0 < n <= FRESH_MAX:
             self._fresh.add(ids.tobytes(), None)
         return ids
 
@@ -329,7 +346,7 @@ class SlotPool:
         Raises ``DoubleFree`` / ``NotOwner`` / ``OutOfRange`` / ``InvalidArgument``
         with the pool unchanged.
         """
-        self.release(indices if self.claim(indices, owner) else self._held_index("free", indices, owner))
+        self.release(indices if self.claim(indices, owner, op="free") else self._held_index("free", indices, owner))
 
     def release(self, idx: torch.Tensor | Ids) -> None:
         """Push already-validated slots back on the free stack (no checks: callers validate first).
@@ -355,8 +372,8 @@ class SlotPool:
         if src == dst:
             idx = self.as_index("transfer", indices)
             raise InvalidArgument("transfer", self.name, idx.tolist(), f"source and destination are both {src}")
-        code = encode(dst)
-        if self.claim(indices, src, code):
+        code = encode(dst, "transfer", self.name)
+        if self.claim(indices, src, code, op="transfer"):
             return
         self.retag_code(self._held_index("transfer", indices, src), code)
 
@@ -388,14 +405,14 @@ class SlotPool:
 
     def free_all_of(self, owner: Owner) -> torch.Tensor:
         """Free every slot tagged ``owner`` (a whole-pool scan: for teardown paths) and return them."""
-        idx = torch.nonzero(self.owner_tag == encode(owner)).flatten()
+        idx = torch.nonzero(self.owner_tag == encode(owner, "free_all_of", self.name)).flatten()
         if idx.numel():
             self.release(idx)
         return idx
 
     def held_by(self, owner: Owner) -> torch.Tensor:
         """Every slot tagged ``owner`` (a whole-pool scan)."""
-        return torch.nonzero(self.owner_tag == encode(owner)).flatten()
+        return torch.nonzero(self.owner_tag == encode(owner, "held_by", self.name)).flatten()
 
 
 def host_bytes(t: torch.Tensor) -> bytes | bytearray:

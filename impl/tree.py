@@ -18,13 +18,14 @@ from typing import NamedTuple
 
 import torch
 
+from kvledger.impl.arguments import not_ids
 from kvledger.impl.kvview import KVAllocator, KVView
 from kvledger.impl.locks import Counter, LockTable
 from kvledger.impl.lru import SLOT, ByComponent, Linked, LRUList
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.owners import node_tag
 from kvledger.impl.slots import Tokens, host_bytes
-from kvledger.spec.errors import CacheError, ComponentDisabled
+from kvledger.spec.errors import CacheError, ComponentDisabled, IntegrityError
 from kvledger.spec.types import Component, NodeId, Owner, node
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
@@ -67,18 +68,6 @@ def key_bytes(op: str, t: Key) -> bytes | bytearray:
         return array("q", t).tobytes()  # NOTE: refuses floats, bools pass as ints (as torch.tensor does)
     except (TypeError, OverflowError) as e:
         raise CacheError(f"{op}: token ids must be int64 integers ({e})") from None
-
-
-def not_ids(t: torch.Tensor) -> str | None:
-    """Why tensor ``t`` cannot be read as 1-D int64 ids (a key or slot ids), or ``None`` if it can."""
-    if t.layout != torch.strided or t.is_meta or t.is_quantized:
-        return f"a {t.layout} tensor" if t.layout != torch.strided else "a meta or quantized tensor"
-    dt = t.dtype
-    if t.dim() != 1 or dt.is_floating_point or dt.is_complex or dt == torch.bool:
-        return f"{dt} of {t.dim()} dimensions"
-    if dt == torch.uint64 and t.numel() and int(t.view(torch.int64).min()) < 0:
-        return "uint64 values past int64"
-    return None
 
 
 class Walk(NamedTuple):
@@ -295,8 +284,14 @@ class RadixTree:
         """Every live node, the root (id 0) included; walk from ``root`` through ``children`` for the shape."""
         return iter(list(self._nodes.values()))
 
+    def node_count(self) -> int:
+        """How many live nodes there are, the root included (a walk through the tree passes at most this many)."""
+        return len(self._nodes)
+
     def node(self, ident: int) -> TreeNode:
         """The live node ``ident``; ``CacheError`` if it was evicted or never existed."""
+        if type(ident) is not int:
+            raise CacheError(f"node: node id must be an int, got {type(ident).__name__} {ident!r:.40}")
         got = self._nodes.get(ident)
         if got is None:
             raise CacheError(f"node {ident}: no such live node (evicted?)")
@@ -308,18 +303,30 @@ class RadixTree:
 
     def prefix(self, n: TreeNode) -> torch.Tensor:
         """The tokens from the root to the end of ``n`` (``n``'s key in spec terms), a new int64 tensor."""
+        self._check_live("prefix", n)
         parts = []
         while n.parent is not None:
             parts.append(n.key)
             n = n.parent
+            if len(parts) > len(self._nodes):
+                raise self.revisit("prefix", n)
         toks = array("q")
         for part in reversed(parts):
             toks += part
         out = torch.frombuffer(toks, dtype=torch.int64).clone() if toks else self._empty.cpu()
         return out.to(self.device)
 
+    def revisit(self, op: str, n: TreeNode) -> IntegrityError:
+        """The error of a walk up the parents that passed more nodes than the tree has: it revisits ``n``."""
+        return IntegrityError(
+            f"inv_tree_acyclic: {op}: the walk up from a node passes node {n.id} after {len(self._nodes)} nodes "
+            "(a parent cycle: a node linked under its own descendant?)"
+        )
+
     def holds(self, n: TreeNode, comp: Component) -> bool:
         """``n`` (not the root) holds content of ``comp``: always FULL, SWA unless tombstoned, MAMBA with a state."""
+        self._check_live("holds", n)
+        self._component("holds", comp)
         return comp is FULL or (comp is SWA and not n.swa_tombstone) or (comp is MAMBA and n.mamba_slot is not None)
 
     def sizes(self) -> Sizes:
@@ -577,8 +584,14 @@ class RadixTree:
     def _raise_full(self, n: TreeNode) -> list[Counter]:
         """``_raise_lock(x, FULL)`` for ``n`` and each ancestor (not the root), in one pass; their counters."""
         counters: list[Counter] = []
-        moved, x = 0, n
+        moved, x, most = 0, n, len(self._nodes)
         while x.parent is not None:
+            if len(counters) >= most:  # NOTE: a parent cycle: undo the raises (the same walk again), then report
+                y = n
+                for _ in counters:
+                    y.refs[I_FULL] -= 1
+                    y = y.parent  # type: ignore[assignment]
+                raise self.revisit("inc_lock_ref", x)
             counters.append(x.full_site)
             refs = x.refs
             held = refs[I_FULL]
@@ -609,8 +622,16 @@ class RadixTree:
             self._protected[i] -= size
             self._evictable[i] += size
 
+    def _component(self, op: str, comp: Component) -> Component:
+        if type(comp) is not Component:
+            raise CacheError(
+                f"{op}: component must be a Component (FULL, SWA, MAMBA), got {type(comp).__name__} {comp!r:.40}"
+            )
+        return comp
+
     def _require(self, comp: Component, op: str) -> Component:
         if comp not in self.components:
+            self._component(op, comp)
             on = ", ".join(c.value for c in self.components)
             raise ComponentDisabled(op, (), f"the cache has no {comp.value} component (it has {on})")
         return comp
@@ -621,6 +642,8 @@ class RadixTree:
         return self.mamba
 
     def _check_live(self, op: str, n: TreeNode) -> None:
+        if type(n) is not TreeNode:
+            raise CacheError(f"{op}: expected a TreeNode of this cache, got {type(n).__name__} {n!r:.40}")
         if self._nodes.get(n.id) is not n:
             raise CacheError(f"{op}: node {n.id} is not a live node of this cache (evicted, or another cache's)")
 

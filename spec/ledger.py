@@ -6,7 +6,12 @@ moment: the free list or one :class:`~kvledger.spec.types.Owner`. The laws:
 
 * ``inv_slots_conserved``: ``len(free) + sum(len(held[o])) == capacity``;
 * ``inv_single_owner``: the free list and the owners' sets are pairwise
-  disjoint and together cover exactly the pool's slots.
+  disjoint and together cover exactly the pool's slots;
+* ``inv_rows_held`` (KV and the request table together): every slot a live
+  request-table row names lies in the KV pool and is held by that row's owner
+  (or by the cache, for a prefix the owner borrows from the tree): never free
+  (a use after free), never another request's or session's, never at two
+  positions of the row.
 
 Operations are pure functions ``step(state, args) -> state`` over a frozen
 state (DESIGN.md: the form CrossHair can check). Each has a named predicate
@@ -27,8 +32,9 @@ kvledger.spec.errors.NotOwner: free on pool 'kv' slots [0]: slot 0 is held by re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
 
 import icontract
 
@@ -41,7 +47,7 @@ from kvledger.spec.errors import (
     OverAllocation,
     must,
 )
-from kvledger.spec.types import Owner
+from kvledger.spec.types import Owner, OwnerKind, SlotId
 
 Slots = frozenset[int]
 
@@ -111,6 +117,70 @@ def inv_ledger(s: Ledger) -> bool:
     return inv_slots_conserved(s) and inv_single_owner(s)
 
 
+class Holdings(Protocol):
+    """What :func:`inv_rows_held` reads of a pool: its range and who holds what (a :class:`Ledger` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def base(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def held(self) -> Mapping[Owner, Set[int]]: ...
+
+
+Rows = Mapping[int, tuple[Owner, Sequence[SlotId]]]
+"""Request-table rows: row id -> (the row's owner, the KV token slot of each live position, in order)."""
+
+
+class RowFault(NamedTuple):
+    """One live row position that names KV its owner may not read: ``holder`` is who holds it (``None``: free)."""
+
+    row: int
+    position: int
+    slot: int
+    owner: Owner
+    holder: Owner | None
+    outside: bool  # the slot lies outside the KV pool
+    again: bool = False  # an earlier position of the row names the same slot (two tokens' KV in one slot)
+
+
+def row_faults(kv: Holdings, rows: Rows, page_size: int = 1) -> Iterator[RowFault]:
+    """Each live row position whose KV slot breaks :func:`inv_rows_held`, row by row, in position order.
+
+    ``kv`` is the KV ledger; its units are pages when ``page_size > 1`` (slot
+    ``x`` lies in unit ``x // page_size``). Cost: the positions named, plus one
+    scan of the holders per fault reported.
+    """
+    for row, (owner, slots) in rows.items():
+        mine = kv.held.get(owner, frozenset())
+        seen: set[int] = set()
+        for pos, x in enumerate(slots):
+            unit = x // page_size
+            if x in seen:
+                yield RowFault(row, pos, x, owner, owner, False, True)
+            seen.add(x)
+            if not kv.base <= unit < kv.base + kv.capacity:
+                yield RowFault(row, pos, x, owner, None, True)
+            elif unit not in mine:
+                holder = next((o for o, held in kv.held.items() if unit in held), None)
+                if holder is None or holder.kind is not OwnerKind.NODE:
+                    yield RowFault(row, pos, x, owner, holder, False)
+
+
+def inv_rows_held(kv: Holdings, rows: Rows, page_size: int = 1) -> bool:
+    """Every slot a live row names lies in the KV pool, is held by the row's owner or by the cache, and is
+    named at one position only.
+
+    A request reads its own KV and, before it, a prefix it borrowed (locked) from
+    the radix tree (held by tree nodes); a slot that is free, held by another
+    request or session, or outside the pool is a use after free (or a
+    corruption) waiting for the next kernel to read it.
+    """
+    return next(row_faults(kv, rows, page_size), None) is None
+
+
 # ---------------------------------------------------------------- predicates
 
 
@@ -144,9 +214,10 @@ def can_allocate(s: Ledger, n: int) -> bool:
 
 
 def check_allocate(s: Ledger, owner: Owner, slots: Slots) -> LedgerError | None:
-    """Why giving ``slots`` to ``owner`` is illegal, or ``None``."""
-    if not slots:
-        return InvalidArgument("allocate", s.name, slots, f"empty allocation for {owner}")
+    """Why giving ``slots`` to ``owner`` is illegal, or ``None``.
+
+    Allocating nothing is legal and changes nothing: an engine allocates 0 slots for a fully cached request.
+    """
     err = _check_range("allocate", s, slots)
     if err is not None:
         return err

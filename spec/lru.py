@@ -8,7 +8,8 @@ holds for this list. The laws:
 
 * ``inv_lru_detached``: the members are ``order`` without duplicates, each
   member's pointers are its neighbours in ``order`` (``None`` at the ends),
-  and a node outside the list holds no pointer of it: ``(None, None)``.
+  and a node outside the list holds no pointer of it: ``(None, None)``
+  (``spec.tree.detached``: the detachment law, stated once for every structure).
   B1 (SGLang PR #25770) broke this: ``_remove_node`` relinked the neighbours
   but left the removed node's own ``prev`` / ``next`` pointing into the list.
 * ``inv_lru_links_symmetric``: ``p.next is n`` whenever ``n.prev is p``, and
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING
 import icontract
 
 from kvledger.spec.errors import AlreadyInList, LruError, NodeExists, NotInList, UnknownNode, must
+from kvledger.spec.tree import detached
 from kvledger.spec.types import Component
 
 if TYPE_CHECKING:
@@ -107,7 +109,7 @@ def inv_lru_detached(s: LruState) -> bool:
     members = set(s.order)
     if not all(s.links[n] == _expected_links(s.order, i) for i, n in enumerate(s.order)):
         return False
-    return all(links == DETACHED for n, links in s.links.items() if n not in members)
+    return all(detached(links) for n, links in s.links.items() if n not in members)
 
 
 def inv_lru_links_symmetric(s: LruState) -> bool:

@@ -25,15 +25,17 @@ from kvledger.spec.ledger import Ledger
 from kvledger.spec.locks import LockState
 from kvledger.spec.lru import LruState
 from kvledger.spec.prefix import PrefixCache
+from kvledger.spec.tree import TreeLinks
 from kvledger.spec.types import Component, NodeId
 
 CAPABILITIES = frozenset(
-    {"lru", "locks", "ledgers", "content", "sizes", "mamba_cow", "rejects_double_unlock", "stateless_insert"}
+    {"lru", "tree", "locks", "ledgers", "content", "sizes", "mamba_cow", "rejects_double_unlock", "stateless_insert"}
 )
 """Everything a snapshot or an adapter may provide; an adapter lists what it has.
 
 ``lru``: the snapshot reports the implementation's LRU lists (those it has:
-SGLang 0.5.23 keeps them for SWA and Mamba only). ``rejects_double_unlock``:
+SGLang 0.5.23 keeps them for SWA and Mamba only). ``tree``: the snapshot
+reports the tree's pointers (``Snapshot.tree``). ``rejects_double_unlock``:
 a second ``unlock`` of one handle is refused and changes nothing.
 ``stateless_insert``: ``insert`` accepts ``mamba=None`` (a cache without a
 Mamba component has it trivially; SGLang's Mamba caches require a state, so a
@@ -96,7 +98,9 @@ class Snapshot:
     ``content``: the fingerprint each cached full slot holds. ``sizes``: the
     implementation's own ``(evictable, protected)`` counters per component.
     ``cached_nodes``: per component, the nodes holding its content (what its
-    LRU list must contain).
+    LRU list must contain). ``tree``: the tree's pointers (parent, children,
+    index, cursors) of every node the adapter has seen, alive or evicted
+    (capability ``tree``).
     A field the adapter cannot observe is empty and its capability absent.
     """
 
@@ -107,6 +111,7 @@ class Snapshot:
     content: Mapping[int, int] = field(default_factory=dict)
     sizes: Mapping[Component, tuple[int, int]] = field(default_factory=dict)
     cached_nodes: Mapping[Component, frozenset[NodeId]] = field(default_factory=dict)
+    tree: TreeLinks | None = None
 
 
 @runtime_checkable
@@ -186,6 +191,7 @@ class Unsupported(Exception):
 RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "ledgers": ("inv_slots_conserved", "inv_single_owner", "inv_owners_account"),
     "lru": ("inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members"),
+    "tree": ("inv_tree_detached", "inv_tree_links_symmetric", "inv_tree_acyclic", "inv_tree_index"),
     "locks": (
         "inv_lock_ref_counts_handles",
         "inv_lock_ref_nonnegative",

@@ -4,7 +4,8 @@
 walks the tree once and states what it holds as spec values — cached pages
 (``spec.prefix.PrefixCache``), lock counters and live handles expanded from
 nodes to the pages they cover (``spec.locks.LockState``), the LRU lists with
-the links of every node ever seen (``spec.lru.LruState``), and the pools'
+the links of every node ever seen (``spec.lru.LruState``), the tree's own
+pointers of every node seen (``spec.tree.TreeLinks``), and the pools'
 ledgers. It is a whole-tree pass: used after each step of a conformance run,
 never on a hot path.
 """
@@ -24,10 +25,11 @@ from kvledger.impl.lru import SENTINEL_ID, Linked
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.tree import MatchResult, TreeNode
-from kvledger.spec.errors import OverAllocation
+from kvledger.spec.errors import IntegrityError, OverAllocation
 from kvledger.spec.locks import Coverage, Key, LockSite, LockState
 from kvledger.spec.lru import DETACHED, SENTINEL, LruState
 from kvledger.spec.prefix import PrefixCache
+from kvledger.spec.tree import TreeLinks
 from kvledger.spec.types import Component, HandleId, NodeId, request
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
@@ -63,8 +65,12 @@ def snapshot_of(cache: RadixCache, seen: dict[int, TreeNode] | None = None) -> S
     pages_of: dict[int, list[Key]] = {}
     end_key: dict[int, Key] = {}
     stack: list[tuple[TreeNode, tuple[int, ...]]] = [(c, ()) for c in cache.root.children.values()]
+    walked: set[int] = set()
     while stack:
         n, above = stack.pop()
+        if n.id in walked:  # NOTE: a node reached twice: never walk a cycle of children
+            raise IntegrityError(f"inv_tree_acyclic: node {n.id} is reached twice from the root through children")
+        walked.add(n.id)
         toks = above + tuple(n.key.tolist())
         vals = n.value.tolist()
         keys = [toks[: len(above) + i + ps] for i in range(0, len(n), ps)]
@@ -113,7 +119,25 @@ def snapshot_of(cache: RadixCache, seen: dict[int, TreeNode] | None = None) -> S
     slots = [x for xs in full.values() for x in xs]
     content = dict(zip(slots, data[torch.tensor(slots, dtype=torch.int64)].tolist(), strict=True)) if slots else {}
     cached = {c: cached_node_ids(cache, c) for c in cache.components}
-    return Snapshot(prefix, locks, lru, ledgers, content, cache.sizes(), cached)
+    return Snapshot(prefix, locks, lru, ledgers, content, cache.sizes(), cached, tree_links(cache, nodes.values()))
+
+
+def tree_links(cache: RadixCache, nodes: Iterable[TreeNode]) -> TreeLinks:
+    """The tree's pointers (``spec.tree.TreeLinks``) of the root and of ``nodes`` (live and evicted ones)."""
+    parent: dict[NodeId, NodeId | None] = {}
+    children: dict[NodeId, frozenset[NodeId]] = {}
+    for n in [cache.root, *nodes]:
+        parent[NodeId(n.id)] = NodeId(n.parent.id) if n.parent is not None else None
+        children[NodeId(n.id)] = frozenset(NodeId(c.id) for c in n.children.values())
+    memo = cache._walked  # NOTE: the cache's cursor: the last match's walk, reused by the next match of its key
+    cursors = frozenset(NodeId(n.id) for n in memo.path) if memo is not None else frozenset()
+    index = frozenset(NodeId(n.id) for n in cache.nodes())
+    return TreeLinks(NodeId(cache.root.id), parent, children, index, cursors)
+
+
+def tree_detached(n: TreeNode) -> bool:
+    """Evicted node ``n`` holds no tree pointer (``spec.tree.detached``)."""
+    return n.parent is None and not n.children
 
 
 def cached_node_ids(cache: RadixCache, comp: Component) -> frozenset[NodeId]:
@@ -141,7 +165,8 @@ class ReferenceAdapter:
     name = "kvledger-reference"
     version = "0.1.0"
     capabilities = frozenset(
-        {"lru", "locks", "ledgers", "content", "sizes", "mamba_cow", "rejects_double_unlock", "stateless_insert"}
+        {"lru", "tree", "locks", "ledgers", "content", "sizes", "mamba_cow"}
+        | {"rejects_double_unlock", "stateless_insert"}
     )
 
     def __init__(self, config: CacheConfig, device: str = "cpu") -> None:
@@ -217,7 +242,8 @@ class ReferenceAdapter:
         # NOTE: an evicted node seen detached in every list has shown all it can (it is never
         # relinked), so it is forgotten; one that keeps a link stays, so each snapshot shows it.
         for i in [i for i in self._seen if i not in alive]:
-            if all(lst.links.get(NodeId(i), DETACHED) == DETACHED for lst in snap.lru.values()):
+            lists_ok = all(lst.links.get(NodeId(i), DETACHED) == DETACHED for lst in snap.lru.values())
+            if lists_ok and tree_detached(self._seen[i]):
                 del self._seen[i]
         self._seen.update(alive)
         return snap

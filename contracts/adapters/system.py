@@ -30,6 +30,8 @@ from typing import Protocol, runtime_checkable
 
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.locks import LockState
+from kvledger.spec.lru import LruState
+from kvledger.spec.shared import SharedPool
 from kvledger.spec.types import Component, Owner
 
 SYSTEM_CAPABILITIES = frozenset(
@@ -137,6 +139,25 @@ class RowView:
 
 
 @dataclass(frozen=True)
+class SharedBlocks:
+    """Pools whose blocks several requests may hold at once (a reference count per block), as ``spec.shared`` sees them.
+
+    ``pools``: name -> :class:`~kvledger.spec.shared.SharedPool` (holders, counts,
+    the free queue's members, sentinels, the hash index). ``queues``: each pool's
+    free queue as an intrusive list (``spec.lru``). ``counters``: every counter the
+    engine keeps, as (kept, recounted). ``problems``: laws the abstraction
+    function itself found broken (a queue walk that loops or leaves the pool).
+    Single ownership is the special case of one holder per block
+    (:func:`kvledger.spec.shared.from_ledger`).
+    """
+
+    pools: Mapping[str, SharedPool]
+    queues: Mapping[str, LruState] = field(default_factory=dict)
+    counters: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    problems: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class SystemSnapshot:
     """The memory manager's state in spec terms (the abstraction function's result).
 
@@ -147,7 +168,9 @@ class SystemSnapshot:
     Mamba state, a tree node's value and state, a session's recorded row and
     slots), in the ledger's units; the law is held == referenced.
     ``page_size``: token slots per ledger unit of ``"kv"``.
-    A field the adapter cannot observe is empty and its capability absent.
+    ``shared``: pools with shared blocks (vLLM's ``ref_cnt``), checked by the
+    shared-block laws. A field the adapter cannot observe is empty and its
+    capability absent.
     """
 
     ledgers: Mapping[str, Ledger]
@@ -159,6 +182,7 @@ class SystemSnapshot:
     sizes: Mapping[Component, tuple[int, int]] = field(default_factory=dict)
     content: Mapping[int, int] = field(default_factory=dict)
     page_size: int = 1
+    shared: SharedBlocks | None = None
 
 
 @dataclass(frozen=True)
@@ -249,6 +273,9 @@ class SystemAdapter(Protocol):
         """The state in spec terms. Must not change the engine."""
         ...
 
+    # NOTE: optional: ``take_refused() -> list[(rid, SharedPool before, SharedPool after)]``, the refused
+    # admissions since the last call (an engine whose admission folds matching and allocating into one call).
+
 
 SYSTEM_RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "idle_check": ("leak checker agrees with the ledgers",),
@@ -275,6 +302,9 @@ SystemAdapterFactory = Callable[[SystemConfig], SystemAdapter]
 
 SYSTEM_ALIASES: dict[str, str] = {
     "reference": "kvledger.contracts.adapters.reference_system:ReferenceSystemAdapter",
+    "sglang-0.5.23-system": "kvledger.contracts.adapters.sglang.scheduler_components:scheduler_system_factory",
+    "vllm": "kvledger.contracts.adapters.vllm.adapter:vllm_factory",
+    "vllm-hybrid": "kvledger.contracts.adapters.vllm.adapter:vllm_hybrid_factory",
 }
 """Short names for ``kvledger check --suite system --adapter``."""
 

@@ -19,7 +19,10 @@ implementation (the abstraction function) is checked against every law:
 * refinement: the abstract cache equals the spec model (``inv_refines_prefix``)
   and obeys ``inv_prefix``;
 * LRU detachment: ``inv_lru_detached``, ``inv_lru_links_symmetric``,
-  ``inv_lru_members``;
+  ``inv_lru_members``; and the same law for the tree itself
+  (:mod:`kvledger.spec.tree`): ``inv_tree_detached`` (an evicted node keeps no
+  parent or child), ``inv_tree_links_symmetric``, ``inv_tree_acyclic``,
+  ``inv_tree_index`` (the cache's index and cursors name only live nodes);
 * lock pairing: ``inv_lock_ref_counts_handles``, ``inv_lock_ref_nonnegative``,
   ``inv_handles_match``, ``inv_locked_cached``, ``inv_sizes``;
 * data integrity: ``inv_content``.
@@ -42,6 +45,7 @@ from kvledger.spec import ledger as L
 from kvledger.spec import locks as K
 from kvledger.spec import lru as U
 from kvledger.spec import prefix as P
+from kvledger.spec import tree as T
 from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.types import Component, HandleId, OwnerKind, request
@@ -73,6 +77,10 @@ RULES = (
     "inv_lru_detached",
     "inv_lru_links_symmetric",
     "inv_lru_members",
+    "inv_tree_detached",
+    "inv_tree_links_symmetric",
+    "inv_tree_acyclic",
+    "inv_tree_index",
     "inv_lock_ref_counts_handles",
     "inv_lock_ref_nonnegative",
     "inv_handles_match",
@@ -336,6 +344,8 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                 raise _fail("inv_prefix", "the abstract cache breaks a prefix law")
             if "lru" in self.caps:
                 self._check_lru(snap)
+            if "tree" in self.caps and snap.tree is not None:
+                self._check_tree(snap.tree)
             if "locks" in self.caps:
                 self._check_locks(snap)
             if "content" in self.caps and not P.inv_content(snap.prefix, snap.content):  # type: ignore[arg-type]
@@ -412,6 +422,28 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                 cached = snap.cached_nodes.get(comp, frozenset())
                 if not U.inv_lru_members(lst, cached):
                     raise _fail("inv_lru_members", f"{comp.value} list {sorted(lst.order)} vs holders {sorted(cached)}")
+
+        def _check_tree(self, tree: T.TreeLinks) -> None:
+            live = tree.live
+            if not T.inv_tree_detached(tree):
+                kept = [
+                    (n, tree.parent.get(n), sorted(tree.children.get(n, ())))
+                    for n in sorted(tree.parent.keys() - live)
+                    if not T.detached([tree.parent.get(n), *tree.children.get(n, ())])
+                ]
+                raise _fail(
+                    "inv_tree_detached",
+                    f"evicted nodes keep tree links (node, parent, children) {kept[:3]}"
+                    if kept
+                    else "a node in the tree points at an evicted node",
+                )
+            if not T.inv_tree_links_symmetric(tree):
+                raise _fail("inv_tree_links_symmetric", "a child and its parent do not name each other")
+            if not T.inv_tree_acyclic(tree):
+                raise _fail("inv_tree_acyclic", "a node's parents do not lead to the root")
+            if not T.inv_tree_index(tree):
+                stale = sorted(((tree.index or live) ^ live) | (tree.cursors - live))
+                raise _fail("inv_tree_index", f"the cache's index or cursors name nodes {stale[:4]} outside the tree")
 
         def _check_locks(self, snap: Snapshot) -> None:
             locks = snap.locks

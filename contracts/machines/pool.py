@@ -245,11 +245,23 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 expected = PageAlignmentError
             self._expect_rejected(lambda: _free(self.pool, idx, chunk.owner), expected)
 
-        @rule(chunk=chunks, bad_n=st.sampled_from([0, -1]))
+        @rule(chunk=chunks, bad_n=st.sampled_from([-1, -(2**40)]))
         def bad_size(self, chunk: Chunk, bad_n: int) -> None:
             if isinstance(self.pool, ReqToTokenPool):
                 return
             self._expect_rejected(lambda: _alloc(self.pool, bad_n, chunk.owner), InvalidArgument)
+
+        @rule(owner=st.sampled_from(OWNERS))
+        def allocate_nothing(self, owner: Owner) -> None:
+            """alloc(0) is legal and changes nothing (an engine allocates nothing for a fully cached request)."""
+            if isinstance(self.pool, ReqToTokenPool):
+                return
+            before = abstract(self.pool)
+            got = _alloc(self.pool, 0, owner)
+            assert got.numel() == 0, f"alloc(0) handed out {got.tolist()}"
+            assert abstract(self.pool) == before, "alloc(0) changed the pool"
+            for led in self.model.values():
+                assert spec.allocate(led, owner, frozenset()) == led, "spec.allocate of no slots changes nothing"
 
         @rule(chunk=chunks)
         def split_page_free(self, chunk: Chunk) -> None:

@@ -3,17 +3,38 @@
 * ``ci`` — quick and derandomised (the same examples every run), no deadline.
 * ``thorough`` — many more examples and longer programs, random seeds.
 * ``dev`` — Hypothesis' defaults without a deadline.
+
+The names and :func:`profile_from_env` import nothing but the standard
+library, so the pytest plugin can validate ``KVLEDGER_HYPOTHESIS_PROFILE``
+without importing Hypothesis; :func:`register_profiles` imports it.
 """
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+import os
 
 PROFILES = ("ci", "thorough", "dev")
+ENV_VAR = "KVLEDGER_HYPOTHESIS_PROFILE"
+
+
+def profile_from_env(default: str | None = None) -> str | None:
+    """The profile ``KVLEDGER_HYPOTHESIS_PROFILE`` names (``default`` when unset or empty).
+
+    An unknown name raises ``ValueError`` naming the known profiles: a typo
+    never silently falls back to another profile.
+    """
+    raw = os.environ.get(ENV_VAR, "").strip()
+    if not raw:
+        return default
+    if raw not in PROFILES:
+        raise ValueError(f"{ENV_VAR}={raw!r}: unknown Hypothesis profile; expected one of {', '.join(PROFILES)}")
+    return raw
 
 
 def register_profiles() -> None:
     """Register the kvledger profiles with Hypothesis (idempotent)."""
+    from hypothesis import HealthCheck, settings
+
     base = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     settings.register_profile("ci", base, max_examples=60, stateful_step_count=30, derandomize=True)
     settings.register_profile("thorough", base, max_examples=1000, stateful_step_count=60)

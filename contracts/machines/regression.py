@@ -1,8 +1,11 @@
 """Turn a shrunk counterexample into a ready-to-paste pytest regression module.
 
 The module replays the exact program Hypothesis printed against the same
-suite and model: one test shows it fails with the fault on (naming the law),
-one that it passes with the fault off.
+suite and model, on the reference implementation or on the adapter that was
+checked (``kvledger check --adapter``): the same file either way. With
+faults on, one test shows the program fails with them (naming the law) and
+one that it passes without; with none, a single test replays the program and
+fails until the law holds again.
 """
 
 from __future__ import annotations
@@ -22,8 +25,6 @@ def program_lines(notes: str) -> list[str]:
         if _MACHINE_LINE.match(line):
             inside = True
             continue
-        if "zz_count_step" in line:
-            continue
         if inside and (line.startswith("state.") or re.match(r"^\w+ = state\.", line)):
             out.append(line)
             if line == "state.teardown()":
@@ -31,24 +32,63 @@ def program_lines(notes: str) -> list[str]:
     return out
 
 
-def render(suite: str, model: str, faults: list[str], rule: str, lines: list[str]) -> str:
-    """Source of a pytest module that replays ``lines`` on ``suite``/``model`` with and without ``faults``."""
-    tag = "_".join(f.lower() for f in faults) or "found"
-    name = f"{tag}_{suite}_{model}".replace("-", "_")
+def _raises(rule: str, laws: list[str]) -> str:
+    """The ``pytest.raises`` call that the failing program must trip: the law's assertion, or the crash."""
+    if rule.startswith(("implementation crashed:", "hang", "flaky:")):
+        return "pytest.raises(Exception)"
+    pattern = "|".join(re.escape(law) for law in laws)
+    return f'pytest.raises(AssertionError, match=r"{pattern}")'
+
+
+def render(suite: str, model: str, faults: list[str], rule: str, lines: list[str], adapter: str | None = None) -> str:
+    """Source of a pytest module that replays ``lines`` on ``suite``/``model`` (with and without ``faults``).
+
+    ``adapter``: the ``--adapter`` spec the program ran on (``None``: the reference implementation).
+    """
+    tag = "_".join(f.lower() for f in faults) or re.sub(r"\W+", "_", rule).strip("_").lower()[:40] or "found"
+    name = re.sub(r"\W", "_", f"{tag}_{suite}_{model}")
     body = textwrap.indent("\n".join(lines) or "pass", "    ")
-    fault_args = ", ".join(repr(f) for f in faults)
-    # NOTE: with contracts on, an incremental contract may name a sibling law of the same family first.
     from kvledger.impl.faults import FAULTS
 
-    laws = dict.fromkeys([rule, *(law for f in faults if f in FAULTS for law in FAULTS[f].laws)])
-    pattern = "|".join(laws)  # law names are words, spaces and underscores: no regex metacharacters
-    flag = " ".join(f"--fault {f}" for f in faults)
-    return f'''"""Regression from `kvledger check --suite {suite} --model {model} {flag}`: {rule}."""
+    # NOTE: with contracts on, an incremental contract may name a sibling law of the same family first.
+    laws = list(dict.fromkeys([rule, *(law for f in faults if f in FAULTS for law in FAULTS[f].laws)]))
+    flags = "".join(f" --fault {f}" for f in faults) + (f" --adapter {adapter}" if adapter else "")
+    if adapter is None:
+        imports = "from kvledger.contracts.machines.suites import SUITES"
+        machine = f"SUITES[{suite!r}].models[{model!r}]()"
+    elif suite == "system":
+        imports = (
+            "from kvledger.contracts.adapters.system import load_system_factory\n"
+            "from kvledger.contracts.machines.suites import SYSTEM_CONFIGS\n"
+            "from kvledger.contracts.machines.system import machine_for_system"
+        )
+        machine = f"machine_for_system(lambda: load_system_factory({adapter!r})(SYSTEM_CONFIGS[{model!r}]))"
+    else:
+        imports = (
+            "from kvledger.contracts.adapters.protocol import load_factory\n"
+            "from kvledger.contracts.machines.cache import machine_for_cache\n"
+            "from kvledger.contracts.machines.suites import CACHE_MODELS"
+        )
+        machine = f"machine_for_cache(lambda: load_factory({adapter!r})(CACHE_MODELS[{model!r}]))"
+    if faults:
+        fault_args = ", ".join(repr(f) for f in faults)
+        tests = f"""def test_{name}_fails_with_fault() -> None:
+    with faults.injected({fault_args}), {_raises(rule, laws)}:
+        program({machine}())
 
-import pytest
 
-from kvledger.contracts.machines.suites import SUITES
-from kvledger.impl import faults
+def test_{name}_passes_without_fault() -> None:
+    program({machine}())
+"""
+        imports = f"import pytest\n\n{imports}\nfrom kvledger.impl import faults"
+    else:
+        tests = f'''def test_{name}() -> None:
+    """Fails until the law holds again: {rule}."""
+    program({machine}())
+'''
+    return f'''"""Regression from `kvledger check --suite {suite} --model {model}{flags}`: {rule}."""
+
+{imports}
 from kvledger.spec.types import Component, Owner, OwnerKind  # noqa: F401  (names the printout may use)
 
 
@@ -56,11 +96,4 @@ def program(state) -> None:  # type: ignore[no-untyped-def]
 {body}
 
 
-def test_{name}_fails_with_fault() -> None:
-    with faults.injected({fault_args}), pytest.raises(AssertionError, match=r"{pattern}"):
-        program(SUITES[{suite!r}].models[{model!r}]()())
-
-
-def test_{name}_passes_without_fault() -> None:
-    program(SUITES[{suite!r}].models[{model!r}]()())
-'''
+{tests}'''

@@ -3,25 +3,123 @@
 Used by ``kvledger check`` and by tests. A run counts its examples and
 steps, times itself, and on failure keeps the violated law and the shrunk
 counterexample (the numbered operations Hypothesis printed).
+
+Every finding is a verdict, never a tool error: a step that runs past the
+watchdog's limit fails as a ``hang`` (Hypothesis shrinks it like any other
+failure), and an untyped exception from inside the implementation (an
+``IndexError``, a numpy or torch error) is reported as ``implementation
+crashed: <type>`` with where it was raised and the shrunk program.
 """
 
 from __future__ import annotations
 
 import re
+import signal
+import sys
+import sysconfig
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from random import Random
+from types import FrameType
 from typing import Any
 
 import hypothesis.core
+import icontract
 from hypothesis import settings as Settings
-from hypothesis.errors import Flaky
-from hypothesis.stateful import RuleBasedStateMachine, invariant, run_state_machine_as_test
+from hypothesis.database import ExampleDatabase
+from hypothesis.errors import Flaky, HypothesisException
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from kvledger.contracts.machines.regression import program_lines
+from kvledger.spec.errors import KVLedgerError
 
 _STEP = re.compile(r"^(?:\w+ = )?state\.(\w+)\((.*)\)$")
-_NOISE = ("inv_", "teardown")
+_NOISE = ("inv_", "teardown", "check_invariants")
+
+STEP_TIMEOUT = 10.0
+"""Seconds one step (a rule and the laws checked after it) may run before the watchdog calls it a hang."""
+
+HANG = "hang"
+"""The law a step broke when it ran past the watchdog's limit."""
+
+CRASH = "implementation crashed"
+"""The law prefix of an untyped exception raised inside the implementation."""
+
+
+class StepTimeout(Exception):
+    """A step ran past the watchdog's limit (raised in the main thread by the watchdog's alarm)."""
+
+
+_HYPOTHESIS = str(Path(hypothesis.__file__).parent)
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def in_step(frame: FrameType | None) -> bool:
+    """``frame`` runs a machine's own code (a rule, a law, what they call), not Hypothesis' machinery.
+
+    The innermost Hypothesis frame on the stack decides: the code it called (past
+    standard-library frames) is the machine's unless it is Hypothesis' own.
+    """
+    callee: FrameType | None = None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(_HYPOTHESIS):
+            return callee is not None
+        if not name.startswith(_STDLIB):
+            callee = frame
+        frame = frame.f_back
+    return True
+
+
+class Watchdog:
+    """A per-step deadline: ``arm`` before a step, ``disarm`` after the example; ``SIGALRM`` raises ``StepTimeout``.
+
+    Works in the main thread of a POSIX process (where ``kvledger check`` runs);
+    elsewhere it does nothing and a hang is left to the caller's own timeout.
+    After the first hang the limit drops to ``retry`` seconds, so shrinking a
+    hang (each candidate that still hangs runs to the limit) stays short. The
+    alarm repeats every ``retry`` seconds until disarmed, in case one lands
+    where Python cannot raise (a garbage-collector callback swallows it).
+    """
+
+    def __init__(self, limit: float, retry: float = 1.0) -> None:
+        self.limit = limit
+        self.retry = min(retry, limit)
+        self.fired = 0
+        self.usable = (
+            limit > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+        )
+        self._saved: Any = None
+
+    def __enter__(self) -> Watchdog:
+        if self.usable:
+            self._saved = signal.signal(signal.SIGALRM, self._fire)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.usable:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._saved)
+
+    def arm(self) -> None:
+        if self.usable:
+            signal.setitimer(signal.ITIMER_REAL, self.retry if self.fired else self.limit, self.retry)
+
+    def disarm(self) -> None:
+        if self.usable:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _fire(self, signum: int, frame: FrameType | None) -> None:
+        if not in_step(frame):
+            return  # NOTE: Hypothesis' own machinery (a draw, a gc callback): the alarm repeats after ``retry``
+        limit = self.retry if self.fired else self.limit
+        self.fired += 1
+        raise StepTimeout(
+            f"{HANG}: a step ran past {limit:g} s without returning (a walk that never ends, or a lock never released?)"
+        )
 
 
 @dataclass
@@ -50,6 +148,7 @@ class CheckResult:
     seconds: float = 0.0
     violation: Violation | None = None
     skipped: list[str] = field(default_factory=list)
+    shrink_runs: int = 0
 
     @property
     def ok(self) -> bool:
@@ -63,18 +162,75 @@ class CheckResult:
         return out
 
 
-def counted(machine: type[RuleBasedStateMachine]) -> tuple[type[RuleBasedStateMachine], dict[str, int]]:
-    """A subclass of ``machine`` that counts examples (machines built) and steps (rules run)."""
-    counts = {"examples": 0, "checks": 0}
+class Scoped(ExampleDatabase):
+    """``inner`` with every key under ``scope`` (one database shared by many machines keeps their examples apart)."""
+
+    def __init__(self, inner: ExampleDatabase, scope: bytes) -> None:
+        super().__init__()
+        self.inner, self.scope = inner, scope
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.inner.save(self.scope + key, value)
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        return self.inner.fetch(self.scope + key)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(self.scope + key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.inner.move(self.scope + src, self.scope + dest, value)
+
+
+Progress = Callable[[int, int, bool], None]
+"""Called after every example: (examples so far, steps so far, shrinking: a violation was found)."""
+
+
+def counted(
+    machine: type[RuleBasedStateMachine], progress: Progress | None = None, watchdog: Watchdog | None = None
+) -> tuple[type[RuleBasedStateMachine], dict[str, int]]:
+    """A subclass of ``machine`` that counts what ``--examples``/``--steps`` promise.
+
+    ``examples``: programs run to their end, plus the first one that broke a
+    law (Hypothesis' invalid examples and its shrinking and replay runs after
+    the violation are not examples: they are counted in ``shrink_runs``).
+    ``steps``: rules those examples ran. The counting overrides Hypothesis'
+    invariant check instead of adding an invariant, so printed programs show
+    only the machine's own calls. With ``watchdog``, each example's
+    construction and each step (a rule and the laws after it) runs under its deadline.
+    """
+    counts = {"examples": 0, "steps": 0, "shrink_runs": 0, "found": 0}
 
     class Counted(machine):  # type: ignore[valid-type,misc]
         def __init__(self) -> None:
-            counts["examples"] += 1
+            self._kvl_checks = 0
+            self._kvl_checking = False
+            if watchdog is not None:
+                watchdog.arm()
             super().__init__()
 
-        @invariant()
-        def zz_count_step(self) -> None:
-            counts["checks"] += 1
+        def check_invariants(self, *args: Any, **kwargs: Any) -> None:
+            self._kvl_checks += 1  # NOTE: Hypothesis checks once before the first rule, then after each rule
+            self._kvl_checking = True
+            super().check_invariants(*args, **kwargs)
+            self._kvl_checking = False
+            if watchdog is not None:
+                watchdog.arm()  # NOTE: the laws of a step held: the next step starts afresh
+
+        def teardown(self) -> None:
+            if watchdog is not None:
+                watchdog.disarm()
+            exc = sys.exc_info()[1]  # teardown runs in Hypothesis' ``finally``: the example's own exception
+            if counts["found"]:
+                counts["shrink_runs"] += 1
+            elif exc is None or (isinstance(exc, Exception) and not isinstance(exc, HypothesisException)):
+                counts["examples"] += 1
+                broke_in_rule = exc is not None and not self._kvl_checking
+                counts["steps"] += max(0, self._kvl_checks - 1) + broke_in_rule
+                counts["found"] = int(exc is not None)
+                if progress is not None:
+                    progress(counts["examples"], counts["steps"], bool(counts["found"]))
+            super().teardown()
 
     Counted.__name__ = machine.__name__
     Counted.__qualname__ = machine.__qualname__
@@ -86,7 +242,7 @@ def parse_counterexample(text: str) -> list[str]:
     steps = []
     for line in text.splitlines():
         m = _STEP.match(line.strip())
-        if m and not m.group(1).startswith(_NOISE) and m.group(1) != "zz_count_step":
+        if m and not m.group(1).startswith(_NOISE):
             steps.append(f"{m.group(1)}({m.group(2)})")
     return steps
 
@@ -100,6 +256,54 @@ def rule_of(message: str) -> str:
     lines = message.strip().splitlines() or ["unknown"]
     first = lines[1] if lines[0].startswith("File ") and len(lines) > 1 else lines[0]
     return first.split(":", 1)[0].strip()[:120]
+
+
+_VALUE = re.compile(r"^(\w+) was (.*)$")
+_INLINE_VALUE = re.compile(r"^(.*?): (\w+ was .*)$")
+_ICONTRACT_NOISE = re.compile(r"^(OLD was a bunch of OLD values|self was <.*>|\w+:)$")
+
+
+def readable(err: BaseException) -> tuple[str, str]:
+    """The violated law and a message an engine author can read, free of icontract's internals.
+
+    A machine's own assertion reads ``law: detail``. An icontract violation
+    (the bindings' postconditions, named ``law: what it checks``) loses its
+    ``File ..., line N in attach`` line, the condition function's name, the
+    ``OLD`` bundle and ``self``'s address; the call's arguments and result stay,
+    one ``name = value`` a line. A step past the watchdog's limit is ``hang``; a
+    kvledger typed error names its law; anything else is a crash of the
+    implementation (or the adapter): ``implementation crashed: TypeError``,
+    with where it was raised in the message.
+    """
+    text = str(err).strip()
+    if isinstance(err, icontract.ViolationError):
+        lines = text.splitlines()
+        if lines and lines[0].startswith("File ") and ", line " in lines[0]:
+            lines = lines[1:]
+        head = (lines[0] if lines else "contract violated").rstrip().rstrip(":").strip()
+        inline = _INLINE_VALUE.match(head)  # NOTE: with one value icontract writes it on the head line
+        if inline:
+            head, lines = inline.group(1), [lines[0], inline.group(2), *lines[1:]]
+        # NOTE: icontract writes "<description>: <condition>"; a condition that is a function's name means nothing
+        description, _, condition = head.rpartition(": ") if ": " in head else (head, "", "")
+        law, _, what = description.partition(":")
+        values = []
+        for line in lines[1:]:
+            if _ICONTRACT_NOISE.match(line.strip()):
+                continue
+            m = _VALUE.match(line.strip())
+            values.append(f"  {m.group(1)} = {m.group(2)}" if m else f"    {line.strip()}")
+        message = f"{law.strip()}: {what.strip() or 'violated'}"
+        checked = [f"  checked: {condition}"] if condition and not condition.isidentifier() else []
+        return law.strip()[:120], "\n".join([message, *checked, *values])
+    if isinstance(err, StepTimeout):
+        return HANG, text
+    if isinstance(err, AssertionError | KVLedgerError) and text:
+        return rule_of(text), text if isinstance(err, AssertionError) else f"{type(err).__name__}: {text}"
+    if isinstance(err, Flaky):
+        return "flaky: the implementation does not behave the same on the same program", text
+    where = _where(err)
+    return f"{CRASH}: {type(err).__name__}", f"{type(err).__name__}: {text or '(no message)'} (raised at {where})"
 
 
 def _where(err: BaseException) -> str:
@@ -117,28 +321,52 @@ def run_machine(
     settings: Settings,
     seed: int | None = None,
     regression: Callable[[str, list[str]], str] | None = None,
+    progress: Progress | None = None,
+    *,
+    database: ExampleDatabase | None = None,
+    step_timeout: float = STEP_TIMEOUT,
 ) -> CheckResult:
-    """Run ``machine`` under ``settings``; return what happened (never raises for a violation)."""
+    """Run ``machine`` under ``settings``; return what happened (never raises for a violation).
+
+    ``regression`` turns the violated law and the printed program's lines into
+    a pytest module (without it, the program's lines are kept as they are);
+    ``progress`` is told about every example; ``database``: where Hypothesis
+    keeps failing examples between runs (``None``: nowhere); ``step_timeout``:
+    seconds a step may run before it fails as a hang (0: no watchdog).
+    """
     result = CheckResult(suite, model, rules)
-    counted_machine, counts = counted(machine)
+    watchdog = Watchdog(step_timeout)
+    counted_machine, counts = counted(machine, progress, watchdog)
     saved_seed = hypothesis.core.global_force_seed
-    hypothesis.core.global_force_seed = seed  # type: ignore[assignment]
+    saved_random = hypothesis.core.threadlocal._hypothesis_global_random
+    if database is None:
+        hypothesis.core.global_force_seed = seed  # type: ignore[assignment]
+    else:
+        # NOTE: Hypothesis ignores the database when a seed is forced, so with a database the run's randomness
+        # is seeded instead (the same draws for the same seed); failures are kept per suite and model.
+        hypothesis.core.global_force_seed = None
+        hypothesis.core.threadlocal._hypothesis_global_random = None if seed is None else Random(seed)
+        database = Scoped(database, f"{suite}/{model}/".encode())
+        settings = Settings(settings, derandomize=False)
     start = time.perf_counter()
     try:
-        run_state_machine_as_test(
-            counted_machine,
-            settings=Settings(settings, database=None, print_blob=False, report_multiple_bugs=False),
-        )
+        with watchdog:
+            run_state_machine_as_test(
+                counted_machine,
+                settings=Settings(settings, database=database, print_blob=False, report_multiple_bugs=False),
+            )
     except (AssertionError, Exception, Flaky) as err:
         notes = "\n".join(getattr(err, "__notes__", []))
         steps = parse_counterexample(notes)
-        message = f"{type(err).__name__}: {err}" if not isinstance(err, AssertionError) else str(err)
-        rule = rule_of(str(err)) if str(err).strip() else f"crash: {type(err).__name__} in {_where(err)}"
-        program = regression(rule, program_lines(notes)) if regression else notes
+        rule, message = readable(err)
+        lines = program_lines(notes)
+        program = regression(rule, lines) if regression else "\n".join(lines)
         result.violation = Violation(rule, message, steps, program)
     finally:
         hypothesis.core.global_force_seed = saved_seed
+        hypothesis.core.threadlocal._hypothesis_global_random = saved_random
     result.seconds = time.perf_counter() - start
     result.examples = counts["examples"]
-    result.steps = max(0, counts["checks"] - counts["examples"])
+    result.steps = counts["steps"]
+    result.shrink_runs = counts["shrink_runs"]
     return result

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hypothesis.stateful import RuleBasedStateMachine
 
@@ -21,6 +22,9 @@ from kvledger.contracts.machines.cache import machine_for_cache
 from kvledger.contracts.machines.pool import KINDS, machine_for
 from kvledger.contracts.machines.system import RULES as SYSTEM_RULES
 from kvledger.contracts.machines.system import machine_for_system
+
+if TYPE_CHECKING:
+    from kvledger.impl.faults import Fault
 
 
 @dataclass(frozen=True)
@@ -94,3 +98,63 @@ SUITES: dict[str, Suite] = {
         {name: _system_model(cfg) for name, cfg in SYSTEM_CONFIGS.items()},
     ),
 }
+
+
+def fault_targets(fault: Fault) -> list[tuple[str, str]]:
+    """The (suite, model) pairs where ``fault`` can act: its ``suites``, narrowed to its ``models`` when it names any.
+
+    ``Fault.models`` holds model names (of any of its suites) or ``"suite/model"``.
+    """
+    pairs = [(s, m) for s in fault.suites if s in SUITES for m in SUITES[s].models]
+    if not fault.models:
+        return pairs
+    return [(s, m) for s, m in pairs if m in fault.models or f"{s}/{m}" in fault.models]
+
+
+RULE_FAMILIES: dict[str, tuple[str, ...]] = {
+    "pool conservation / single ownership": (
+        "inv_slots_conserved",
+        "inv_single_owner",
+        "inv_owners_account",
+        "inv_rows_held",
+        "free stack matches tags",
+        "leak checker agrees with the ledgers",
+        "rejected call leaves state unchanged",
+        "inv_refcount_nonnegative",
+        "inv_refcount_counts_holders",
+        "inv_free_iff_unheld",
+        "inv_sentinel_fixed",
+        "sentinel_count_fixed",
+        "inv_counters_recount",
+    ),
+    "LRU detachment": ("inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members"),
+    "lock pairing": (
+        "inv_lock_ref_counts_handles",
+        "inv_lock_ref_nonnegative",
+        "inv_handles_match",
+        "inv_handles_owned",
+        "inv_locked_cached",
+        "inv_sizes",
+    ),
+    "data integrity": ("inv_content", "data integrity", "inv_index_names_carriers", "inv_keys_match_content"),
+    "sessions and admission": (
+        "admission rolls back",
+        "admission commits",
+        "resume is append-only",
+        "inv_committed_within_allocated",
+        "admission is a transaction",
+    ),
+    "refinement": (
+        "refinement (abstract == spec model)",
+        "inv_refines_prefix",
+        "inv_prefix",
+        "results equal the spec's",
+    ),
+}
+"""The README's four rules (and the laws sessions, admission and refinement add) as the law names
+that ``kvledger check``'s table and ``--json`` report. Every law of every suite is in exactly one family."""
+
+
+def family_of(law: str) -> str | None:
+    """The rule family ``law`` belongs to (``None`` for a name no suite checks, e.g. a crash)."""
+    return next((family for family, laws in RULE_FAMILIES.items() if law in laws), None)

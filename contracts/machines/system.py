@@ -11,12 +11,17 @@ after every step checks on the adapter's snapshot (:func:`check_snapshot`):
   structures reference (a request its row, owned positions and Mamba state, a
   tree node its value and state, a session what its slot records; finished
   requests and closed sessions nothing);
-* ``inv_rows_held``: every slot a live row names is held — the owned
-  positions by the row's holder, the borrowed prefix by the cache;
+* ``inv_rows_held`` (``spec.ledger``): every slot a live row names lies in
+  the pool, is held by the row's holder or by the cache, and is named once;
 * ``leak checker agrees with the ledgers``: the engine's own idle check and
   the ledgers agree (no false positive, no false negative);
 * ``admission rolls back`` / ``admission commits`` (``spec.admission``) on
-  every attempt; ``resume is append-only`` and
+  every attempt, and an admitted request holds the KV of its whole prompt,
+  matched or computed, and computes at least its last token;
+  ``admission within budget`` (``spec.admission.fits``): a batch admits no
+  more new tokens than its budget;
+  ``extend commits``: a decode of ``n`` tokens adds exactly ``n`` and keeps
+  the earlier ones; ``resume is append-only`` and
   ``inv_committed_within_allocated`` (``spec.session``);
 * lock pairing (``inv_lock_ref_counts_handles``, ``inv_lock_ref_nonnegative``)
   and ``inv_handles_owned`` (every live handle is held by a running request);
@@ -29,6 +34,7 @@ Laws whose data an adapter cannot observe are skipped (its capabilities).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -36,6 +42,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from kvledger.contracts.adapters.reference_system import ReferenceSystemAdapter
 from kvledger.contracts.adapters.reference_system import build_manager as _build_reference
 from kvledger.contracts.adapters.system import IdleVerdict, SystemAdapter, SystemConfig, SystemSnapshot
+from kvledger.contracts.machines.shared_laws import SHARED_RULES, check_refused, check_shared_laws, check_transition
 from kvledger.impl.memory import MemoryManager
 from kvledger.spec import admission as A
 from kvledger.spec import ledger as L
@@ -43,7 +50,7 @@ from kvledger.spec import locks as K
 from kvledger.spec import session as S
 from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.prefix import fingerprint
-from kvledger.spec.types import Component, HandleId, request
+from kvledger.spec.types import Component, HandleId, SlotId, request
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8))
 SESSIONS = (1, 2)
@@ -57,6 +64,8 @@ RULES = (
     "leak checker agrees with the ledgers",
     "admission rolls back",
     "admission commits",
+    "admission within budget",
+    "extend commits",
     "resume is append-only",
     "inv_committed_within_allocated",
     "inv_lock_ref_counts_handles",
@@ -64,6 +73,7 @@ RULES = (
     "inv_handles_owned",
     "inv_content",
     "rejected call leaves state unchanged",
+    *SHARED_RULES,
 )
 
 
@@ -95,22 +105,15 @@ def owners_differ(snap: SystemSnapshot) -> tuple[dict[str, set[int]], list[str]]
 
 
 def rows_unheld(snap: SystemSnapshot) -> list[str]:
-    """Row entries naming a KV slot that is not held as the row says: ``inv_rows_held``'s counterexamples."""
+    """``spec.ledger.inv_rows_held``'s counterexamples in the snapshot's request table, one line each."""
     kv = snap.ledgers.get("kv")
     if kv is None:
         return []
+    rows = {row: (view.holder, cast("tuple[SlotId, ...]", view.slots)) for row, view in snap.rows.items()}
     out = []
-    for row, view in sorted(snap.rows.items()):
-        for pos, slot in enumerate(view.slots):
-            unit = slot // snap.page_size
-            if not kv.base <= unit < kv.base + kv.capacity:
-                out.append(f"row {row} position {pos} names slot {slot}, outside the pool")
-                continue
-            holder = L.owner_of(kv, unit)
-            if pos >= view.owned_from and holder != view.holder:
-                out.append(f"row {row} ({view.holder}) position {pos} names slot {slot}, held by {holder or 'free'}")
-            elif pos < view.owned_from and holder is None:
-                out.append(f"row {row} ({view.holder}) position {pos} borrows slot {slot}, which is free")
+    for f in L.row_faults(kv, rows, snap.page_size):
+        what = "outside the pool" if f.outside else "named twice" if f.again else f"held by {f.holder or 'free'}"
+        out.append(f"row {f.row} ({f.owner}) position {f.position} names slot {f.slot}, {what}")
     return out
 
 
@@ -126,6 +129,8 @@ def check_snapshot(
             raise _fail("inv_slots_conserved", f"pool {name!r}")
         if not L.inv_single_owner(lg):
             raise _fail("inv_single_owner", f"pool {name!r}")
+    if snap.shared is not None and (broken := check_shared_laws(snap.shared)):
+        raise _fail(*broken[0])
     leaked, differ = owners_differ(snap)
     if verdict is not None:
         itemized = "itemized_leaks" in capabilities and verdict.leaked is not None
@@ -194,6 +199,8 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             self.sys = adapter()
             self.caps = frozenset(self.sys.capabilities)
             self.last = self.sys.snapshot()
+            self.prompts: dict[int, tuple[int, ...]] = {}
+            self.failure_pending = False  # NOTE: one injected failure at a time: they must not pile up
 
         def has(self, cap: str) -> bool:
             return cap in self.caps
@@ -216,26 +223,40 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             if sid is not None and sid not in self.last.sessions:
                 self.sys.open_session(sid)
             rid = self.sys.add_request(PROMPTS[prompt] + tuple(suffix), sid)
+            self.prompts[rid] = PROMPTS[prompt] + tuple(suffix)
             self._admit(rid, sid, budget)
 
         @precondition(lambda self: any(r.status == "waiting" for r in self.last.requests.values()))
-        @rule(pick=st.integers(0, 7), budget=BUDGETS)
-        def admit(self, pick: int, budget: int) -> None:
+        @rule(pick=st.integers(0, 7), budget=BUDGETS, batch=st.booleans())
+        def admit(self, pick: int, budget: int, batch: bool = False) -> None:
+            """One prefill step: try one waiting request, or (``batch``) every waiting one in the engine's order."""
             waiting = self.ids("waiting")
             rid = waiting[pick % len(waiting)]
-            self._admit(rid, self.last.requests[rid].session, budget)
+            self._admit(rid, self.last.requests[rid].session, budget, batch)
 
-        def _admit(self, rid: int, sid: int | None, budget: int) -> None:
+        def _admit(self, rid: int, sid: int | None, budget: int, batch: bool = False) -> None:
             """One admission step trying ``rid`` (its session ``sid``), checked as a transaction per request."""
             before = self.last  # NOTE: taken before ``rid`` was added when it is new: it held nothing then
-            if sid is not None:
-                lent = before.sessions.get(sid)
-                if lent is not None and lent.lent_to is not None:
-                    return  # one turn of a session at a time
             waiting = {r.rid for r in before.requests.values() if r.status == "waiting"} | {rid}
+            busy = {s for s, v in before.sessions.items() if v.lent_to is not None}
+            if sid in busy:
+                return  # one turn of a session at a time
+            turns = [sid] + [before.requests[r].session for r in waiting if r in before.requests and r != rid]
+            named = [t for t in turns if t is not None]
+            if busy & set(named) or len(named) != len(set(named)):
+                batch = False  # NOTE: a batch would try a second turn of a session at once
             attempts = {r: A.begin(request(r), before.ledgers, self._handles(before, r)) for r in waiting}
-            result = self.sys.admit(budget, rid if self.has("targeted_admission") else None)
+            targeted = self.has("targeted_admission") and not batch
+            result = self.sys.admit(budget, rid if targeted else None)
+            self.failure_pending = False
             after = self.last = self.sys.snapshot()
+            left = A.Budget(budget, len(waiting))
+            for r in result.admitted:  # NOTE: in the order the engine admitted them
+                known = before.requests.get(r)
+                new = len(known.tokens if known is not None else self.prompts[r]) - after.requests[r].prefix_len
+                if not A.fits(left, new):
+                    raise _fail("admission within budget", f"request {r} admitted with {new} new tokens, {left} left")
+                left = A.take(left, new)
             for r in result.rejected:
                 if r in attempts and not A.inv_rollback_restores(attempts[r], after.ledgers, self._handles(after, r)):
                     leaked = A.leaked_by_rollback(attempts[r], after.ledgers)
@@ -247,6 +268,23 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 if r in attempts and not A.inv_commit_keeps(attempts[r], after.ledgers):
                     raise _fail("admission commits", f"admitted request {r} lost slots it held")
                 got = after.requests[r]
+                prompt = before.requests[r].tokens if r in before.requests else self.prompts.get(r)
+                if (
+                    prompt is not None
+                    and got.status == "running"
+                    and (got.kv_len != len(prompt) or tuple(got.tokens[: len(prompt)]) != prompt)
+                ):
+                    raise _fail(
+                        "admission commits",
+                        f"admitted request {r} holds the KV of {got.kv_len} tokens {got.tokens[:8]}, "
+                        f"it was admitted with {len(prompt)} tokens {prompt[:8]}",
+                    )
+                if prompt is not None and got.prefix_len >= len(prompt):
+                    raise _fail(
+                        "admission commits",
+                        f"admitted request {r} matched all {len(prompt)} tokens: the last one is always computed "
+                        "(its logits sample the next token)",
+                    )
                 if got.session is not None and got.session in before.sessions:
                     committed = before.sessions[got.session].committed_len
                     if got.prefix_len > committed:
@@ -261,6 +299,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             running = self.ids("running")
             return running[pick % len(running)] if running else None
 
+        @precondition(lambda self: any(r.status == "running" for r in self.last.requests.values()))
         @rule(pick=st.integers(0, 7), n=st.integers(1, 3), ahead=st.integers(0, 3))
         def extend(self, pick: int, n: int, ahead: int) -> None:
             rid = self._running(pick)
@@ -273,7 +312,22 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 after = self.sys.snapshot()
                 if after.ledgers != before.ledgers or after.requests.get(rid) != before.requests.get(rid):
                     raise _fail("rejected call leaves state unchanged", f"extend of request {rid}: {err}") from err
+                return
+            finally:
+                self.failure_pending = False
+            was, now = before.requests[rid], self.sys.snapshot().requests.get(rid)
+            if (
+                now is not None
+                and now.status == "running"
+                and (now.kv_len != was.kv_len + n or now.tokens[: was.kv_len] != was.tokens[: was.kv_len])
+            ):
+                raise _fail(
+                    "extend commits",
+                    f"request {rid} extended by {n} from {was.kv_len} tokens holds the KV of {now.kv_len} "
+                    "(or its earlier tokens changed)",
+                )
 
+        @precondition(lambda self: any(r.status == "running" for r in self.last.requests.values()))
         @rule(pick=st.integers(0, 7), op=st.sampled_from(["finish", "finish", "chunk", "retract", "abort"]))
         def end_or_chunk(self, pick: int, op: str) -> None:
             rid = self._running(pick)
@@ -281,10 +335,11 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 return
             getattr(self.sys, op)(rid)
 
+        @precondition(lambda self: self.has("sessions"))
         @rule(sid=st.sampled_from(SESSIONS))
         def close_session(self, sid: int) -> None:
             slot = self.last.sessions.get(sid)
-            if slot is None or not self.has("sessions"):
+            if slot is None:
                 return
             lender = self.last.requests.get(slot.lent_to) if slot.lent_to is not None else None
             if lender is not None and lender.status == "running":
@@ -295,24 +350,37 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                         self.sys.abort(r)
             self.sys.close_session(sid)
 
+        @precondition(lambda self: self.has("evict"))
         @rule(comp=st.sampled_from([Component.FULL, Component.MAMBA]), n=st.integers(1, 8))
         def evict(self, comp: Component, n: int) -> None:
-            if self.has("evict"):
-                self.sys.evict(comp, n)
+            self.sys.evict(comp, n)
 
+        @precondition(lambda self: self.has("inject_failure") and not self.failure_pending)
         @rule()
         def inject_allocation_failure(self) -> None:
-            if self.has("inject_failure"):
-                self.sys.inject_failure()
+            """The next allocation fails; no second one until an admission or extend has met it."""
+            self.sys.inject_failure()
+            self.failure_pending = True
 
         # ---------------------------------------------------------- laws
 
         @invariant()
         def inv_all_laws(self) -> None:
-            snap = self.last = self.sys.snapshot()
+            before, snap = self.last, self.sys.snapshot()
+            self.last = snap
             verdict = self.sys.idle_check() if self.has("idle_check") else None
             culprit = getattr(self.sys, "provenance", None)
             check_snapshot(snap, verdict, self.caps, culprit)
+            if (
+                before.shared is not None
+                and snap.shared is not None
+                and (broken := check_transition(before.shared, snap.shared))
+            ):
+                raise _fail(*broken[0])
+            take_refused = getattr(self.sys, "take_refused", None)
+            for rid, old, new in take_refused() if take_refused is not None else ():
+                if refused := check_refused(rid, old, new):
+                    raise _fail(*refused[0])
 
     SystemConformance.__name__ = "SystemConformance"
     SystemConformance.__qualname__ = "SystemConformance"

@@ -11,20 +11,23 @@ Exit codes: 0 holds, 1 violation, 2 malformed input or bad arguments.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Annotated, Any, cast
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from kvledger.contracts.adapters.protocol import load_factory
 from kvledger.contracts.adapters.reference import ReferenceAdapter
 from kvledger.contracts.adapters.system import load_system_factory
-from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_CONFIGS, SYSTEM_MODELS
+from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_CONFIGS, SYSTEM_MODELS, fault_targets
 from kvledger.contracts.machines.system import build_manager
 from kvledger.contracts.trace.adapter_recorder import record_adapter_workload
 from kvledger.contracts.trace.format import TraceFormatError
@@ -37,12 +40,31 @@ from kvledger.impl.faults import FAULTS
 
 
 def _usage(message: str) -> None:
-    Console(stderr=True).print(f"[red]error:[/red] {message}")
+    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {message}")
     raise typer.Exit(2)
 
 
+MAX_OPS = 10_000_000
+"""``record --ops`` at most: about an hour of recording and a few GB of trace; more is a usage error (exit 2)."""
+
+
+class _Counting(io.TextIOWrapper):
+    """The trace file, counting the events (lines) written and telling ``tick`` now and then."""
+
+    def __init__(self, raw: IO[bytes], tick: Callable[[int], None]) -> None:
+        super().__init__(raw, encoding="utf-8", newline="")
+        self.events, self._next, self._tick = 0, 1024, tick
+
+    def write(self, text: str) -> int:
+        self.events += text.count("\n")
+        if self.events >= self._next:
+            self._next = self.events + 1024
+            self._tick(self.events)
+        return super().write(text)
+
+
 def record(
-    ops: Annotated[int, typer.Option(min=1, help="random operations to drive")] = 1000,
+    ops: Annotated[int, typer.Option(min=1, max=MAX_OPS, help=f"random operations to drive (1 to {MAX_OPS:,})")] = 1000,
     seed: Annotated[int, typer.Option(help="random seed of the workload")] = 0,
     output: Annotated[Path, typer.Option("--output", "-o", help="trace file to write (JSON lines)")] = Path(
         "trace.jsonl"
@@ -90,6 +112,11 @@ def record(
         _usage(
             f"unknown {'memory-manager' if system else 'cache'} model {model!r}; expected one of {', '.join(models)}"
         )
+    where = ("system" if system else "cache", model)
+    for f in names:
+        if where not in fault_targets(FAULTS[f]):
+            acts = ", ".join(f"{s}/{m}" for s, m in fault_targets(FAULTS[f]))
+            _usage(f"--fault {f} cannot act in {'/'.join(where)}: it acts only in {acts} (pick one with --model)")
     result: WorkloadResult
     engine: Any = None
     if adapter is not None:
@@ -100,23 +127,40 @@ def record(
                 engine = load_factory(adapter)(CACHE_MODELS[model])
         except Exception as err:  # an adapter that cannot start is a usage error, not a crash
             _usage(str(err) if isinstance(err, ValueError) else f"adapter {adapter!r}: {type(err).__name__}: {err}")
-    try:
-        with faults.injected(*names):
-            if engine is not None and system:
-                result = record_adapter_workload(engine, ops, seed, output, faults=tuple(names))
-            elif engine is not None:
-                result = record_workload(engine, ops, seed, output, lru=lru, faults=tuple(names))
-            elif system:
-                result = record_system_workload(
-                    build_manager(*SYSTEM_MODELS[model]), ops, seed, output, faults=tuple(names)
-                )
-            else:
-                result = record_workload(
-                    ReferenceAdapter(CACHE_MODELS[model]), ops, seed, output, lru=lru, faults=tuple(names)
-                )
-    except OSError as err:
-        _usage(f"cannot write {output}: {err.strerror}")
-        return
+    console = Console(stderr=True, highlight=False)
+    with Progress(
+        SpinnerColumn(),
+        TextColumn(f"[bold]record[/bold] {model} {'memory manager' if system else 'cache'}, {ops:,} operations:"),
+        TextColumn("{task.fields[events]:,} events, {task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as progress:
+        task = progress.add_task("record", events=0, rate="")
+        start = time.perf_counter()
+
+        def tick(events: int) -> None:
+            rate = events / max(time.perf_counter() - start, 1e-9)
+            progress.update(task, events=events, rate=f"{rate:,.0f} events/s")
+
+        try:
+            with open(output, "wb") as raw, _Counting(raw, tick) as out, faults.injected(*names):
+                if engine is not None and system:
+                    result = record_adapter_workload(engine, ops, seed, out, faults=tuple(names))
+                elif engine is not None:
+                    result = record_workload(engine, ops, seed, out, lru=lru, faults=tuple(names))
+                elif system:
+                    result = record_system_workload(
+                        build_manager(*SYSTEM_MODELS[model]), ops, seed, out, faults=tuple(names)
+                    )
+                else:
+                    result = record_workload(
+                        ReferenceAdapter(CACHE_MODELS[model]), ops, seed, out, lru=lru, faults=tuple(names)
+                    )
+        except OSError as err:
+            _usage(f"cannot write {output}: {err.strerror}")
+            return
     what = "memory manager" if system else "cache"
     typer.echo(f"recorded {result.ops} operations ({result.events} events) of the {model} {what} to {output}")
     if result.stopped_by:
@@ -140,8 +184,13 @@ def _print(console: Console, path: Path, r: ReplayResult) -> None:
             console.print(f"  {subject}:", markup=False, highlight=False)
             for e in events or ["(no earlier event in the trace window)"]:
                 console.print(f"    {e}", markup=False, highlight=False)
+    if r.checked:
+        done = ", ".join(f"{law} ({n}x)" for law, n in sorted(r.checked.items()))
+        console.print(f"checked: {done}", markup=False, highlight=False)
     if r.unchecked:
-        console.print(f"not checkable from this trace: {', '.join(r.unchecked)}", markup=False, highlight=False)
+        console.print("not checked:", markup=False, highlight=False)
+        for law, why in r.unchecked:
+            console.print(f"  {law}: {why}", markup=False, highlight=False)
 
 
 def replay(

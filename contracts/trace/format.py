@@ -44,8 +44,14 @@ and three events instead of the table above:
                  ``call`` (``src`` ``null``: allocated; ``dst`` ``null``: freed);
                  owners are ``"req:3"``, ``"session:1"``, ``"node:5/full"``
 ``row``          ``row, start, slots``: request-table row ``row`` holds ``slots``
-                 (token slot ids) at positions ``start..`` after the last ``call``
+                 (token slot ids) at positions ``start..`` after the last ``call``,
+                 and its live part ends there (``start + len(slots)``, at most the
+                 live length before: what lies past it is stale and names nothing)
 ==============  ==============================================================
+
+A system header's ``pools`` include ``kv`` (pages when ``page_size > 1``);
+``req_to_token`` (the request table) is needed by ``row`` events; an event
+naming a pool the header does not list is malformed.
 
 ``evicted`` is ``{"full": [keys], "swa": [keys], "mamba": [keys]}``: the pages
 that left the cache, became SWA tombstones, or lost their Mamba state, as
@@ -58,18 +64,27 @@ after the call); on ``lru``: ``cached`` (the nodes holding that component's
 content, which the list must hold).
 Keys are token lists; components are ``"full"``, ``"swa"``, ``"mamba"``.
 
+The header's ``capabilities`` say exactly what the trace holds: ``lru`` (``lru``
+events), ``locks`` (``coverage`` and ``lock_delta``), ``sizes`` (``sizes``);
+data a header with capabilities does not list is malformed.
+
 :class:`TraceWriter` writes a trace line by line; :func:`read_trace` reads one
-as a generator (no whole-file load) and validates each line against the table
-above (the same table as ``trace/schema.json``), raising
+as a generator (no whole-file load) and validates each line strictly against the
+table above (``trace/schema.json`` is built from the same tables): an unknown
+field, a wrong type (``true`` is not an integer), a value out of range (ids and
+counts in ``[0, 2**63)``, tokens in ``[0, 2**31)``, header sizes in ``[1, MAX_POOL]``),
+a repeat in a set-valued list, a key twice in one object, ``NaN``, an integer
+of more than 19 digits or nesting deeper than JSON can be parsed raises
 :class:`TraceFormatError` with the line number and what was expected.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -80,63 +95,85 @@ from kvledger.contracts.adapters.protocol import CacheConfig
 TRACE_VERSION = 1
 """The only schema version this module reads and writes."""
 
-MAX_POOL = 2**26
-"""The largest pool (tokens or states) a replay accepts: the spec ledger holds one entry per slot."""
+MAX_POOL = 2**31
+"""The most slots a header may declare for one pool (``base + capacity``): slot ids fit in int32, the
+index type engines' request tables use (SGLang's ``req_to_token`` is int32). A replay stores only
+held slots, so what a header declares costs nothing until events use it."""
+
+MAX_PAGE = 2**16
+"""The largest page size a header may declare."""
+
+MAX_INT = 2**63 - 1
+"""The largest integer any field may hold (ids and counts are int64); ``-MAX_INT - 1`` the smallest."""
+
+MAX_TOKEN = 2**31 - 1
+"""The largest token id (in a key or ``tokens``)."""
+
+MAX_DEPTH = 64
+"""How deep a trace line may nest, as stated in messages (a valid line nests at most 5 deep; deeper lines fail
+their field types, and lines too deep to parse fail as such)."""
 
 Event = dict[str, Any]
 """One validated event line: ``step``, ``op`` and the op's fields."""
 
-# Field kinds: "int", "int?" (int or null), "ints" (list of int), "ints?" (list or null), "str",
-# "comp" (component name), "coverage", "delta", "evicted", "links".
+# Field kinds. "id": an integer in [0, MAX_INT] (slot, request, handle, row ids and counts); "int": any
+# integer in int64; "ids"/"ids?": a list of ids (or null); "idset": a list of distinct ids (a set: a
+# duplicate is malformed); "key"/"tokens": a list of token ids in [0, MAX_TOKEN]; "str", "bool", "comp"
+# (component name), "call" (call name), "owner?", "coverage", "delta", "evicted", "links", "leaked",
+# "sizes": as _KIND_TEXT says. Lists an implementation returned or accepted ("ids") may repeat an id in
+# a trace: the replay reports that as a violation of the law the repeat breaks (a slot freed twice, a
+# list holding a node twice), never merges it.
 _FIELDS: dict[str, dict[str, str]] = {
-    "alloc_kv": {"req": "int", "n": "int", "slots": "ints?"},
-    "free_kv": {"req": "int", "slots": "ints"},
-    "alloc_mamba": {"req": "int", "slot": "int?"},
-    "free_mamba": {"req": "int", "slot": "int"},
-    "write_kv": {"slots": "ints", "tokens": "ints", "start": "int"},
-    "match_prefix": {"key": "ints", "length": "int", "slots": "ints", "mamba": "int?"},
-    "lock": {"key": "ints", "handle": "int", "length": "int", "slots": "ints", "mamba": "int?"},
-    "unlock": {"handle": "int"},
+    "alloc_kv": {"req": "id", "n": "id", "slots": "ids?"},
+    "free_kv": {"req": "id", "slots": "ids"},
+    "alloc_mamba": {"req": "id", "slot": "id?"},
+    "free_mamba": {"req": "id", "slot": "id"},
+    "write_kv": {"slots": "ids", "tokens": "tokens", "start": "id"},
+    "match_prefix": {"key": "key", "length": "id", "slots": "ids", "mamba": "id?"},
+    "lock": {"key": "key", "handle": "id", "length": "id", "slots": "ids", "mamba": "id?"},
+    "unlock": {"handle": "id"},
     "insert": {
-        "req": "int",
-        "key": "ints",
-        "slots": "ints",
-        "mamba": "int?",
-        "prefix_len": "int",
-        "dup_slots": "ints",
-        "dup_mamba": "int?",
+        "req": "id",
+        "key": "key",
+        "slots": "ids",
+        "mamba": "id?",
+        "prefix_len": "id",
+        "dup_slots": "ids",
+        "dup_mamba": "id?",
     },
-    "evict": {"component": "comp", "n": "int", "freed": "int", "evicted": "evicted"},
-    "mamba_cow": {"handle": "int", "req": "int", "slot": "int?"},
-    "lru": {"component": "comp", "order": "ints", "links": "links"},
+    "evict": {"component": "comp", "n": "id", "freed": "id", "evicted": "evicted"},
+    "mamba_cow": {"handle": "id", "req": "id", "slot": "id?"},
+    "lru": {"component": "comp", "order": "ids", "links": "links"},
     "call": {"name": "call"},
-    "own": {"pool": "str", "slots": "ints", "src": "owner?", "dst": "owner?"},
-    "row": {"row": "int", "start": "int", "slots": "ints"},
+    "own": {"pool": "str", "slots": "idset", "src": "owner?", "dst": "owner?"},
+    "row": {"row": "id", "start": "id", "slots": "ids"},
 }
 _OPTIONAL: dict[str, dict[str, str]] = {
     "lock": {"coverage": "coverage", "lock_delta": "delta", "sizes": "sizes"},
     "unlock": {"lock_delta": "delta", "sizes": "sizes"},
     "mamba_cow": {"evicted": "evicted", "lock_delta": "delta", "sizes": "sizes"},
     "match_prefix": {"sizes": "sizes"},
-    "insert": {"sizes": "sizes", "dups_freed": "ints"},
+    "insert": {"sizes": "sizes", "dups_freed": "ids"},
     "evict": {"sizes": "sizes"},
-    "lru": {"cached": "ints"},
+    "lru": {"cached": "ids"},
     "call": {
-        "req": "int",
-        "session": "int",
-        "tokens": "ints",
-        "n": "int",
+        "req": "id",
+        "session": "id",
+        "tokens": "tokens",
+        "n": "id",
         "component": "comp",
         "admitted": "bool",
-        "prefix_len": "int",
-        "handles_before": "ints",
-        "handles_after": "ints",
-        "committed_len": "int",
+        "prefix_len": "id",
+        "handles_before": "idset",
+        "handles_after": "idset",
+        "committed_len": "id",
         "ok": "bool",
         "leaked": "leaked",
         "error": "str",
     },
 }
+_ALLOWED = {op: frozenset({"step", "op", *fields, *_OPTIONAL.get(op, {})}) for op, fields in _FIELDS.items()}
+_SETS = frozenset({"idset", "coverage", "delta", "evicted", "links", "leaked"})
 OPS = tuple(_FIELDS)
 SYSTEM_OPS = ("call", "own", "row")
 """The events of a system trace (header with ``pools``); the others belong to cache traces."""
@@ -155,24 +192,30 @@ CALLS = (
     "leak_check",
 )
 """The memory-manager calls a system trace names."""
-OWNER_RE = re.compile(r"(req|session):(\d+)|node:(\d+)/(full|swa|mamba)")
+OWNER_RE = re.compile(r"(req|session):(0|[1-9]\d{0,18})|node:(0|[1-9]\d{0,18})/(full|swa|mamba)")
 COMPONENTS = ("full", "swa", "mamba")
+HEADER_FIELDS = ("kvledger_trace", "config", "adapter", "version", "capabilities", "faults", "pools", "ledgers")
+"""Every field a header may have (any other is malformed)."""
 _KIND_TEXT = {
-    "int": "an integer",
-    "int?": "an integer or null",
-    "ints": "a list of integers",
-    "ints?": "a list of integers or null",
+    "id": f"an integer in [0, {MAX_INT}]",
+    "id?": f"an integer in [0, {MAX_INT}] or null",
+    "int": "an int64 integer",
+    "ids": f"a list of integers in [0, {MAX_INT}]",
+    "ids?": f"a list of integers in [0, {MAX_INT}] or null",
+    "idset": f"a list of distinct integers in [0, {MAX_INT}]",
+    "key": f"a list of token ids in [0, {MAX_TOKEN}]",
+    "tokens": f"a list of token ids in [0, {MAX_TOKEN}]",
     "str": "a string",
     "comp": "one of 'full', 'swa', 'mamba'",
-    "coverage": "a list of [key, component] pairs",
-    "delta": "a list of [key, component, integer] triples",
-    "evicted": "an object {full, swa, mamba} of key lists",
-    "links": "a list of [node, prev, next] triples (integers or null)",
+    "coverage": "a list of distinct [key, component] pairs",
+    "delta": "a list of [key, component, integer] triples, one per (key, component)",
+    "evicted": "an object {full, swa, mamba} of lists of distinct keys",
+    "links": "a list of [node, prev, next] triples (node ids >= 0 distinct; prev/next >= -1 or null)",
     "bool": "true or false",
     "call": "one of " + ", ".join(CALLS),
     "owner?": "an owner ('req:3', 'session:1', 'node:5/full') or null",
-    "leaked": "an object {pool: [slots]}",
-    "sizes": "an object {component: [evictable, protected]}",
+    "leaked": f"an object {{pool: [distinct slots in [0, {MAX_INT}]]}}",
+    "sizes": "an object {component: [evictable, protected]} of integers >= 0",
 }
 
 
@@ -189,98 +232,174 @@ class TraceFormatError(Exception):
         return {"line": self.line, "expected": self.expected, "got": self.got}
 
 
+def _is_id(x: object) -> bool:
+    return type(x) is int and 0 <= x <= MAX_INT
+
+
 def _is_int(x: object) -> bool:
-    return type(x) is int
+    return type(x) is int and -MAX_INT - 1 <= x <= MAX_INT
 
 
-def _is_ints(x: object) -> bool:
-    return type(x) is list and all(type(v) is int for v in x)
+def _is_ids(x: object) -> bool:
+    return type(x) is list and all(type(v) is int and 0 <= v <= MAX_INT for v in x)
 
 
-def _is_key_comp(x: object, n: int) -> bool:
-    return isinstance(x, list) and len(x) == n and _is_ints(x[0]) and x[1] in COMPONENTS and (n == 2 or _is_int(x[2]))
+def _is_key(x: object) -> bool:
+    return type(x) is list and all(type(v) is int and 0 <= v <= MAX_TOKEN for v in x)
+
+
+def _is_link(x: object) -> bool:
+    return x is None or (type(x) is int and -1 <= x <= MAX_INT)
+
+
+def _is_site(x: object, n: int) -> bool:
+    return (
+        type(x) is list
+        and len(x) == n
+        and _is_key(x[0])
+        and type(x[1]) is str
+        and x[1] in COMPONENTS
+        and (n == 2 or _is_int(x[2]))
+    )
 
 
 def _valid(kind: str, x: object) -> bool:
+    if kind == "id":
+        return _is_id(x)
+    if kind == "id?":
+        return x is None or _is_id(x)
     if kind == "int":
         return _is_int(x)
-    if kind == "int?":
-        return x is None or _is_int(x)
-    if kind == "ints":
-        return _is_ints(x)
-    if kind == "ints?":
-        return x is None or _is_ints(x)
+    if kind in ("ids", "idset"):
+        return _is_ids(x)
+    if kind == "ids?":
+        return x is None or _is_ids(x)
+    if kind in ("key", "tokens"):
+        return _is_key(x)
     if kind == "str":
-        return isinstance(x, str)
+        return type(x) is str
     if kind == "comp":
-        return isinstance(x, str) and x in COMPONENTS
+        return type(x) is str and x in COMPONENTS
     if kind == "coverage":
-        return isinstance(x, list) and all(_is_key_comp(v, 2) for v in x)
+        return type(x) is list and all(_is_site(v, 2) for v in x)
     if kind == "delta":
-        return isinstance(x, list) and all(_is_key_comp(v, 3) for v in x)
+        return type(x) is list and all(_is_site(v, 3) for v in x)
     if kind == "evicted":
         return (
-            isinstance(x, dict)
+            type(x) is dict
             and set(x) <= set(COMPONENTS)
-            and all(isinstance(v, list) and all(_is_ints(k) for k in v) for v in x.values())
+            and all(type(v) is list and all(_is_key(k) for k in v) for v in x.values())
         )
     if kind == "bool":
         return type(x) is bool
     if kind == "call":
-        return isinstance(x, str) and x in CALLS
+        return type(x) is str and x in CALLS
     if kind == "owner?":
-        return x is None or (isinstance(x, str) and OWNER_RE.fullmatch(x) is not None)
+        return x is None or (type(x) is str and OWNER_RE.fullmatch(x) is not None)
     if kind == "leaked":
-        return isinstance(x, dict) and all(isinstance(k, str) and _is_ints(v) for k, v in x.items())
+        return type(x) is dict and all(_is_ids(v) for v in x.values())
     if kind == "sizes":
-        return (
-            isinstance(x, dict) and set(x) <= set(COMPONENTS) and all(_is_ints(v) and len(v) == 2 for v in x.values())
-        )
+        return type(x) is dict and set(x) <= set(COMPONENTS) and all(_is_ids(v) and len(v) == 2 for v in x.values())
     if kind == "links":
-        return isinstance(x, list) and all(
-            isinstance(v, list) and len(v) == 3 and _is_int(v[0]) and all(p is None or _is_int(p) for p in v[1:])
-            for v in x
+        return type(x) is list and all(
+            type(v) is list and len(v) == 3 and _is_id(v[0]) and _is_link(v[1]) and _is_link(v[2]) for v in x
         )
     raise AssertionError(kind)
 
 
+def _repeated(kind: str, x: Any) -> object | None:
+    """The first item a set-valued field (``idset``, ``coverage``, ``delta``, ``evicted``, ``links``,
+    ``leaked``) names twice, or ``None``: a set written as a list must not repeat (nothing is merged)."""
+    if kind == "idset":
+        return first_repeat(x)
+    if kind in ("coverage", "delta"):
+        return first_repeat((tuple(v[0]), v[1]) for v in x)
+    if kind == "links":
+        return first_repeat(v[0] for v in x)
+    if kind == "evicted":
+        return next((r for v in x.values() if (r := first_repeat(tuple(k) for k in v)) is not None), None)
+    if kind == "leaked":
+        return next((r for v in x.values() if (r := first_repeat(v)) is not None), None)
+    return None
+
+
+def first_repeat(items: Iterable[Hashable]) -> Hashable | None:
+    """The first item of ``items`` seen before (``None`` when all are distinct)."""
+    seen: set[Hashable] = set()
+    for x in items:
+        if x in seen:
+            return x
+        seen.add(x)
+    return None
+
+
 def _short(x: object) -> str:
-    text = json.dumps(x) if not isinstance(x, str) else repr(x)
+    try:
+        text = json.dumps(x) if not isinstance(x, str) else repr(x)
+    except (RecursionError, ValueError):
+        return "(a value nested too deep to show)"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _unknown(line: int, where: str, name: str, known: Iterable[str]) -> TraceFormatError:
+    names = sorted(known)
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return TraceFormatError(line, f"fields of {where} among {', '.join(names)}", f"unknown field {name!r}{hint}")
+
+
 def validate_event(obj: object, line: int, step: int) -> Event:
-    """``obj`` as an event of step ``step`` at ``line``, or :class:`TraceFormatError` naming what is wrong."""
-    if not isinstance(obj, dict):
+    """``obj`` as an event of step ``step`` at ``line``, or :class:`TraceFormatError` naming what is wrong.
+
+    Strict: every required field present, no unknown field, every value of its
+    kind and range, no repeat in a set-valued field.
+    """
+    if type(obj) is not dict:
         raise TraceFormatError(line, "a JSON object (one event)", _short(obj))
     op = obj.get("op")
-    if not isinstance(op, str) or op not in _FIELDS:
+    if type(op) is not str or op not in _FIELDS:
         raise TraceFormatError(line, f"'op' one of {', '.join(OPS)}", _short(op) if "op" in obj else "no 'op'")
-    if obj.get("step") != step or not _is_int(obj.get("step")):
+    if not _is_int(obj.get("step")) or obj["step"] != step:
         raise TraceFormatError(line, f"'step' {step}", _short(obj.get("step")) if "step" in obj else "no 'step'")
-    for name, kind in _FIELDS[op].items():
-        if name not in obj:
-            raise TraceFormatError(line, f"field {name!r} ({_KIND_TEXT[kind]}) in {op}", "nothing")
-        if not _valid(kind, obj[name]):
-            raise TraceFormatError(line, f"field {name!r} of {op} to be {_KIND_TEXT[kind]}", _short(obj[name]))
-    for name, kind in _OPTIONAL.get(op, {}).items():
-        if name in obj and not _valid(kind, obj[name]):
-            raise TraceFormatError(line, f"field {name!r} of {op} to be {_KIND_TEXT[kind]}", _short(obj[name]))
+    required, optional = _FIELDS[op], _OPTIONAL.get(op, {})
+    unknown = obj.keys() - _ALLOWED[op]
+    if unknown:
+        raise _unknown(line, op, min(unknown), _ALLOWED[op])
+    for fields, needed in ((required, True), (optional, False)):
+        for name, kind in fields.items():
+            if name not in obj:
+                if needed:
+                    raise TraceFormatError(line, f"field {name!r} ({_KIND_TEXT[kind]}) in {op}", "nothing")
+                continue
+            if not _valid(kind, obj[name]):
+                raise TraceFormatError(line, f"field {name!r} of {op} to be {_KIND_TEXT[kind]}", _short(obj[name]))
+            again = _repeated(kind, obj[name]) if kind in _SETS else None
+            if again is not None:
+                raise TraceFormatError(line, f"field {name!r} of {op} to name each item once", f"{again} twice")
     return obj
 
 
+_CONFIG_LIMITS = {"page_size": MAX_PAGE, "kv_tokens": MAX_POOL, "swa_tokens": MAX_POOL, "mamba_slots": MAX_POOL}
+
+
 def config_from_json(obj: object, line: int = 1) -> CacheConfig:
-    """The :class:`CacheConfig` a header's ``config`` names (unknown or mistyped fields are a format error)."""
-    if not isinstance(obj, dict):
+    """The :class:`CacheConfig` a header's ``config`` names (unknown, mistyped or out-of-range fields are a
+    format error: sizes and ``window`` in ``[1, limit]``, ``window`` may be null, ``mamba`` a boolean)."""
+    if type(obj) is not dict:
         raise TraceFormatError(line, "'config' an object of CacheConfig fields", _short(obj))
     names = {f.name for f in dataclasses.fields(CacheConfig)}
     for k, v in obj.items():
         if k not in names:
-            raise TraceFormatError(line, f"config fields among {', '.join(sorted(names))}", repr(k))
-        ok = (k == "mamba" and isinstance(v, bool)) or (k == "window" and (v is None or _is_int(v)))
-        ok = ok or (k not in ("mamba", "window") and _is_int(v) and 0 < v <= MAX_POOL)
+            raise _unknown(line, "the header's config", k, names)
+        if k == "mamba":
+            ok, want = type(v) is bool, "true or false"
+        elif k == "window":
+            ok, want = v is None or (type(v) is int and 1 <= v <= MAX_POOL), f"null or an integer in [1, {MAX_POOL}]"
+        else:
+            limit = _CONFIG_LIMITS[k]
+            ok, want = type(v) is int and 1 <= v <= limit, f"an integer in [1, {limit}]"
         if not ok:
-            raise TraceFormatError(line, f"config field {k!r} of the right type (sizes in [1, {MAX_POOL}])", _short(v))
+            raise TraceFormatError(line, f"config field {k!r} to be {want}", _short(v))
     return CacheConfig(**obj)
 
 
@@ -320,56 +439,115 @@ class Header:
 
 
 def _is_range(v: object) -> bool:
-    """``[base, capacity]`` of a pool: integers, ``0 <= base`` and ``0 < capacity``, both at most ``MAX_POOL``."""
-    return (
-        isinstance(v, list)
-        and len(v) == 2
-        and _is_int(v[0])
-        and _is_int(v[1])
-        and 0 <= v[0] <= MAX_POOL
-        and 0 < v[1] <= MAX_POOL
-    )
+    """``[base, capacity]`` of a pool: integers, ``0 <= base``, ``1 <= capacity``, ``base + capacity <= MAX_POOL``."""
+    return type(v) is list and len(v) == 2 and _is_id(v[0]) and _is_id(v[1]) and v[1] >= 1 and v[0] + v[1] <= MAX_POOL
+
+
+def _strings(line: int, name: str, value: object) -> tuple[str, ...]:
+    if type(value) is not list or not all(type(c) is str for c in value):
+        raise TraceFormatError(line, f"header {name!r} a list of strings", _short(value))
+    again = first_repeat(value)
+    if again is not None:
+        raise TraceFormatError(line, f"header {name!r} to name each item once", f"{again!r} twice")
+    return tuple(value)
+
+
+def _ranges(line: int, name: str, value: object, allowed: tuple[str, ...] | None) -> dict[str, tuple[int, int]]:
+    if type(value) is not dict:
+        raise TraceFormatError(line, f"header {name!r} an object {{pool: [base, capacity]}}", _short(value))
+    for k, v in value.items():
+        if allowed is not None and k not in allowed:
+            raise TraceFormatError(line, f"header {name!r} pools among {', '.join(allowed)}", repr(k))
+        if not _is_range(v):
+            raise TraceFormatError(
+                line,
+                f"header {name!r}: pool {k!r} as [base, capacity], integers with base >= 0, capacity >= 1 and "
+                f"base + capacity <= {MAX_POOL}",
+                _short(v),
+            )
+    return {k: (v[0], v[1]) for k, v in value.items()}
 
 
 def parse_header(obj: object) -> Header:
-    """The header on line 1, or :class:`TraceFormatError`."""
-    if not isinstance(obj, dict) or "kvledger_trace" not in obj:
+    """The header on line 1, or :class:`TraceFormatError` (strict: unknown fields, wrong types, out of range)."""
+    if type(obj) is not dict or "kvledger_trace" not in obj:
         raise TraceFormatError(1, 'a header {"kvledger_trace": 1, "config": ..., "adapter": ..., "version": ...}')
-    if obj["kvledger_trace"] != TRACE_VERSION:
-        raise TraceFormatError(1, f"schema version {TRACE_VERSION}", _short(obj["kvledger_trace"]))
+    version = obj["kvledger_trace"]
+    if type(version) is not int or version != TRACE_VERSION:
+        raise TraceFormatError(1, f"'kvledger_trace' schema version {TRACE_VERSION} (an integer)", _short(version))
+    for name in obj:
+        if name not in HEADER_FIELDS:
+            raise _unknown(1, "the header", name, HEADER_FIELDS)
     for name in ("config", "adapter", "version"):
         if name not in obj:
             raise TraceFormatError(1, f"header field {name!r}", "nothing")
-    if not isinstance(obj["adapter"], str) or not isinstance(obj["version"], str):
-        raise TraceFormatError(1, "header 'adapter' and 'version' to be strings")
-    caps = obj.get("capabilities")
-    if caps is not None and not (isinstance(caps, list) and all(isinstance(c, str) for c in caps)):
-        raise TraceFormatError(1, "header 'capabilities' a list of strings", _short(caps))
-    faults = obj.get("faults", [])
-    if not (isinstance(faults, list) and all(isinstance(c, str) for c in faults)):
-        raise TraceFormatError(1, "header 'faults' a list of strings", _short(faults))
-    pools, ledgers = obj.get("pools"), obj.get("ledgers")
-    for name, value in (("pools", pools), ("ledgers", ledgers)):
-        if value is not None and not (isinstance(value, dict) and all(_is_range(v) for v in value.values())):
-            raise TraceFormatError(1, f"header {name!r} an object {{name: [base, capacity]}} (sizes <= {MAX_POOL})")
+    for name in ("adapter", "version"):
+        if type(obj[name]) is not str:
+            raise TraceFormatError(1, f"header {name!r} a string", _short(obj[name]))
+    caps = _strings(1, "capabilities", obj["capabilities"]) if "capabilities" in obj else None
+    faults = _strings(1, "faults", obj.get("faults", []))
+    pools = _ranges(1, "pools", obj["pools"], None) if "pools" in obj else None
+    if pools is not None and "kv" not in pools:
+        raise TraceFormatError(1, "header 'pools' with a 'kv' pool", _short(sorted(pools)))
+    ledgers = _ranges(1, "ledgers", obj["ledgers"], ("kv", "mamba")) if "ledgers" in obj else None
+    if pools is not None and ledgers is not None:
+        raise TraceFormatError(1, "'pools' (a system trace) or 'ledgers' (a cache trace), not both")
     return Header(
         config_from_json(obj["config"]),
         obj["adapter"],
         obj["version"],
         frozenset(caps) if caps is not None else None,
-        tuple(faults),
-        None if pools is None else {k: (v[0], v[1]) for k, v in pools.items()},
-        None if ledgers is None else {k: (v[0], v[1]) for k, v in ledgers.items()},
+        faults,
+        pools,
+        ledgers,
     )
 
 
+class _Malformed(Exception):
+    """Raised by the JSON hooks below (caught in :func:`_loads`, never escapes)."""
+
+    def __init__(self, expected: str, got: str) -> None:
+        self.expected, self.got = expected, got
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        again = first_repeat(k for k, _ in pairs)
+        raise _Malformed("each field of an object once", f"{again!r} twice")
+    return out
+
+
+def _constant(name: str) -> Any:
+    raise _Malformed("JSON numbers (no NaN or Infinity)", name)
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > 20:  # NOTE: before int() runs: a long digit string costs quadratic time to convert
+        raise _Malformed("integers in int64 (at most 19 digits)", f"{len(text.lstrip('-'))} digits")
+    return int(text)
+
+
+_LONG_DIGITS = re.compile(r"\d{20}")
+_DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_constant)
+_DECODER_BOUNDED = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_constant, parse_int=_bounded_int)
+
+
 def _loads(text: str, line: int, last: bool) -> object:
+    """One JSON line, or :class:`TraceFormatError`: bad JSON, a key twice in one object, NaN/Infinity, an
+    integer of more than 19 digits, or nesting deeper than the interpreter's recursion limit."""
     try:
-        return json.loads(text)
+        return (_DECODER if _LONG_DIGITS.search(text) is None else _DECODER_BOUNDED).decode(text)
+    except _Malformed as err:
+        raise TraceFormatError(line, err.expected, err.got) from None
+    except RecursionError:
+        raise TraceFormatError(line, f"JSON nested at most {MAX_DEPTH} deep", "deeper") from None
     except json.JSONDecodeError as err:
         if last:
             raise TraceFormatError(line, "a complete JSON line (the last line is truncated)", _short(text)) from None
         raise TraceFormatError(line, f"valid JSON ({err.msg} at column {err.colno})", _short(text)) from None
+    except ValueError as err:  # e.g. a number json cannot convert
+        raise TraceFormatError(line, "valid JSON numbers", str(err)[:60]) from None
 
 
 def iter_lines(stream: IO[str]) -> Iterator[tuple[int, str, bool]]:

@@ -88,15 +88,20 @@ class Recorder:
         if "kv" in pools and cfg.page_size > 1 and cfg.window is None:  # a paged pool's ledger counts pages
             base, cap = pools["kv"]
             pools["kv"] = (base * cfg.page_size, cap * cfg.page_size)
-        header = Header(adapter.config, adapter.name, adapter.version, adapter.capabilities, faults, ledgers=pools)
-        self.writer = TraceWriter(out, header)
         self._locks = "locks" in adapter.capabilities
         self._lru = lru and "lru" in adapter.capabilities
+        self._sizes = {"sizes", "locks"} <= adapter.capabilities  # sizes derive from the lock state
+        # NOTE: the header lists what this trace holds, not what the adapter could have recorded: a replay
+        # reports a law as checked only when its data is here (and rejects data the header does not list).
+        unrecorded = {"lru"} - ({"lru"} if self._lru else set()) | ({"sizes"} - ({"sizes"} if self._sizes else set()))
+        header = Header(
+            adapter.config, adapter.name, adapter.version, adapter.capabilities - unrecorded, faults, ledgers=pools
+        )
+        self.writer = TraceWriter(out, header)
         self._snap: Snapshot | None = None  # the adapter's state after the last call, when taken
         self._lru_order: dict[Component, tuple[int, ...]] = {}
         self._lru_links: dict[Component, dict[int, tuple[int | None, int | None]]] = {}
         self._lru_cached: dict[Component, list[int] | None] = {}
-        self._sizes = {"sizes", "locks"} <= adapter.capabilities  # sizes derive from the lock state
 
     # ------------------------------------------------------------ helpers
 

@@ -65,14 +65,22 @@ highest seen that is not live counts as released).
 from __future__ import annotations
 
 import inspect
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from kvledger.contracts.trace.format import SYSTEM_OPS, Event, Header, TraceFormatError, read_trace
-from kvledger.contracts.trace.system_replay import LEDGER_RULES, SystemReplayer, Violated, system_unchecked
+from kvledger.contracts.trace.format import SYSTEM_OPS, Event, Header, TraceFormatError, first_repeat, read_trace
+from kvledger.contracts.trace.pools import SparseLedger
+from kvledger.contracts.trace.system_replay import (
+    LEDGER_RULES,
+    SYSTEM_LAWS,
+    SYSTEM_NEEDS,
+    SystemReplayer,
+    Violated,
+    system_unchecked,
+)
 from kvledger.spec import ledger as L
 from kvledger.spec import locks as K
 from kvledger.spec import lru as U
@@ -87,6 +95,43 @@ TREE_MAMBA: Owner = node(0, MAMBA)
 RESULTS = "results equal the spec's"
 EVICT_ENOUGH = "eviction frees what was asked (or all it can)"
 LOCKS = "inv_lock_ref_counts_handles"
+EVICTIONS = "evictions legal (spec evict_*)"
+REFUSAL = "allocation refused only when short"
+COVERAGE = "lock coverage beyond required_coverage"
+DELTA = "lock_delta (counters moved by each operation)"
+LRU_LAWS = ("inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members")
+CACHE_LAWS = (
+    "inv_single_owner",
+    "inv_slots_conserved",
+    RESULTS,
+    "inv_content",
+    "inv_slots_distinct",
+    LOCKS,
+    "inv_locked_cached",
+    EVICTIONS,
+    EVICT_ENOUGH,
+    REFUSAL,
+    COVERAGE,
+    DELTA,
+    *LRU_LAWS,
+    "inv_sizes",
+)
+"""What a cache replay checks, each when the trace holds its data."""
+_DATA: dict[str, tuple[str | None, str]] = {
+    "inv_lru_detached": ("lru", "LRU links (lru events)"),
+    "inv_lru_links_symmetric": ("lru", "LRU links (lru events)"),
+    "inv_lru_members": ("lru", "LRU members (lru events with 'cached')"),
+    "inv_sizes": ("sizes", "size counters ('sizes' fields)"),
+    COVERAGE: ("locks", "lock coverage ('coverage' on lock events)"),
+    DELTA: ("locks", "lock counters ('lock_delta' fields)"),
+    EVICT_ENOUGH: ("locks", "an evict with the lock coverage recorded"),
+    REFUSAL: (None, "a refused alloc_kv in a model without SWA (with SWA, its pool may be what is short)"),
+}
+"""Per optional law: the capability a recording lists when it holds the law's data, and what that data is."""
+NEVER_IN_A_CACHE_TRACE = (
+    ("eviction order (LRU)", "a trace names no node's pages, so which node is least recently used is unknown"),
+    ("SWA pool accounting", "an SWA pool's slots are not in a cache trace"),
+)
 
 _RULE_OF_ERROR = {
     **LEDGER_RULES,
@@ -96,9 +141,9 @@ _RULE_OF_ERROR = {
     "HandleReused": LOCKS,
     "BadCoverage": LOCKS,
     "EvictLockedError": "inv_locked_cached",
-    "NotCached": "evictions legal (spec evict_*)",
-    "EvictInteriorError": "evictions legal (spec evict_*)",
-    "EvictHoldsStateError": "evictions legal (spec evict_*)",
+    "NotCached": EVICTIONS,
+    "EvictInteriorError": EVICTIONS,
+    "EvictHoldsStateError": EVICTIONS,
     "ComponentDisabled": RESULTS,
     "SlotConflict": "inv_slots_distinct",
     "LengthMismatch": RESULTS,
@@ -107,9 +152,6 @@ _RULE_OF_ERROR = {
 
 
 _CHECKS: dict[Callable[..., Any], Callable[..., Any]] = {
-    L.allocate: L.check_allocate,
-    L.free: L.check_free,
-    L.transfer: L.check_transfer,
     P.insert: P.check_insert,
     P.evict_full: P.check_evict_full,
     P.evict_swa: P.check_evict_swa,
@@ -175,7 +217,8 @@ class ReplayResult:
     steps: int
     violation: Violation | None = None
     error: TraceFormatError | None = None
-    unchecked: tuple[str, ...] = ()
+    unchecked: tuple[tuple[str, str], ...] = ()  # (law, why this trace could not check it)
+    checked: dict[str, int] = field(default_factory=dict)  # law -> how many times it was checked
 
     @property
     def ok(self) -> bool:
@@ -193,7 +236,8 @@ class ReplayResult:
             "model": self.header.config.kind if self.header else None,
             "violation": self.violation.to_json() if self.violation else None,
             "error": self.error.to_json() if self.error else None,
-            "unchecked": list(self.unchecked),
+            "checked": dict(self.checked),
+            "unchecked": [{"law": law, "reason": why} for law, why in self.unchecked],
         }
 
 
@@ -232,9 +276,9 @@ class Replayer:
         self.locks = K.new_lock_state()
         where = header.ledgers or {}
         kv_base, kv_cap = where.get("kv", (cfg.page_size, cfg.kv_tokens - cfg.kv_tokens % cfg.page_size))
-        self.kv = L.new_ledger("kv", kv_cap, base=kv_base)
+        self.kv = SparseLedger("kv", kv_cap, base=kv_base)
         m_base, m_cap = where.get("mamba", (0, cfg.mamba_slots))
-        self.mamba = L.new_ledger("mamba", m_cap, base=m_base) if cfg.mamba else None
+        self.mamba = SparseLedger("mamba", m_cap, base=m_base) if cfg.mamba else None
         self.content: dict[int, int] = {}
         self.handle_match: dict[int, tuple[Key, int, int | None]] = {}
         self.released: deque[int] = deque(maxlen=released_window)
@@ -243,6 +287,7 @@ class Replayer:
         self.max_req = -1
         self.lru: dict[Component, tuple[tuple[NodeId, ...], dict[NodeId, U.Links]]] = {}
         self.history = history if history is not None else History()
+        self.checked: Counter[str] = Counter()  # law -> how many times this replay checked it
         self.step = 0
         self.line = 1
         self.op = ""
@@ -269,11 +314,46 @@ class Replayer:
             raise err
         return _BARE[fn](*args)
 
+    def _own(
+        self, led: SparseLedger, src: Owner | None, dst: Owner | None, slots: frozenset[int], subjects: Iterable[str]
+    ) -> None:
+        """``spec.ledger`` allocate (``src`` None), free (``dst`` None) or transfer of ``slots`` on ``led``.
+
+        The spec's ``check_*`` on the sparse ledger's view decides (its typed error names the rule); with
+        ``contracts``, the decorated spec transition also runs on the full ledger (every pre- and
+        postcondition, O(capacity)) and must agree with the sparse one.
+        """
+        full = led.to_ledger() if self.contracts else None
+        self.checked["inv_single_owner"] += 1
+        self.checked["inv_slots_conserved"] += 1
+        err = led.check(src, dst, slots)
+        if err is not None:
+            rule = _RULE_OF_ERROR.get(type(err).__name__, RESULTS)
+            raise _Violated(rule, f"the spec forbids it: {type(err).__name__}: {err}", subjects)
+        led.move(src, dst, slots)
+        if full is not None:
+            if src is None:
+                assert dst is not None
+                want = L.allocate(full, dst, slots)
+            elif dst is None:
+                want = L.free(full, src, slots)
+            else:
+                want = L.transfer(full, src, dst, slots)
+            assert led.to_ledger() == want, f"sparse ledger {led.name!r} disagrees with spec.ledger"
+        if led.name == "kv" and dst is None:
+            for x in slots:
+                self.content.pop(x, None)  # freed: what it held means nothing now (memory ~ slots in use)
+
+    def _distinct(self, slots: list[int], rule: str, what: str, subjects: Iterable[str]) -> None:
+        again = first_repeat(slots)
+        if again is not None:
+            raise _Violated(rule, f"{what} names slot {again} twice", [*subjects, f"{self.op} slot {again}"])
+
     def _req_seen(self, req: int, line: int) -> None:
         if req > self.max_req:
             raise TraceFormatError(line, "a request that allocated earlier in the trace", f"request {req}")
 
-    def _slots_in(self, led: L.Ledger, slots: Iterable[int], line: int) -> frozenset[int]:
+    def _slots_in(self, led: SparseLedger, slots: Iterable[int], line: int) -> frozenset[int]:
         out = frozenset(slots)
         bad = [x for x in out if not led.base <= x < led.base + led.capacity]
         if bad:
@@ -282,7 +362,7 @@ class Replayer:
             )
         return out
 
-    def _pool_mamba(self, line: int) -> L.Ledger:
+    def _pool_mamba(self, line: int) -> SparseLedger:
         if self.mamba is None:
             raise TraceFormatError(line, "no Mamba event: the header's config has mamba false")
         return self.mamba
@@ -297,6 +377,7 @@ class Replayer:
     def _check_delta(self, op: str, ev: Event, want: dict[LockSite, int], subjects: list[str]) -> None:
         if "lock_delta" not in ev:
             return
+        self.checked[DELTA] += 1
         got = {_site(x): x[2] for x in ev["lock_delta"]}
         if got != want:
             moved = sorted(set(got) | set(want), key=_order)
@@ -314,7 +395,8 @@ class Replayer:
 
     def _compare_match(self, ev: Event) -> P.MatchResult:
         key = _key(ev["key"])
-        want: P.MatchResult = self._t(P.match_prefix, self.prefix, key)
+        want: P.MatchResult = self._spec(lambda: self._t(P.match_prefix, self.prefix, key), [_ks(key)])
+        self.checked[RESULTS] += 1
         got = (ev["length"], tuple(ev["slots"]), ev["mamba"])
         if got != (want.length, tuple(want.slots), want.mamba):
             raise _Violated(
@@ -334,7 +416,7 @@ class Replayer:
             mam = self._pool_mamba(self.line)
             subj = [_ks(k) for k in sorted(gone_m)]
             self.prefix, freed = self._spec(lambda: self._t(P.evict_mamba, self.prefix, gone_m, self.locks), subj)
-            self.mamba = self._spec(lambda: self._t(L.free, mam, TREE_MAMBA, frozenset(freed)), subj)
+            self._own(mam, TREE_MAMBA, None, frozenset(freed), subj)
             for k in gone_m:
                 self._note(_ks(k), f"{op}: Mamba state evicted")
             for x in freed:
@@ -342,7 +424,7 @@ class Replayer:
         if gone:
             subj = [_ks(k) for k in sorted(gone)]
             self.prefix, freed = self._spec(lambda: self._t(P.evict_full, self.prefix, gone, self.locks), subj)
-            self.kv = self._spec(lambda: self._t(L.free, self.kv, TREE_KV, frozenset(freed)), subj)
+            self._own(self.kv, TREE_KV, None, frozenset(freed), subj)
             for k in gone:
                 self._note(_ks(k), f"{op}: evicted (full)")
             for x in freed:
@@ -355,16 +437,32 @@ class Replayer:
 
     # ------------------------------------------------------------ events
 
+    def _claimed(self, line: int, ev: Event) -> None:
+        """The header lists what the trace holds: data its capabilities deny is malformed (the header lies)."""
+        if self.caps is None:
+            return
+        for data, cap in (("op:lru", "lru"), ("sizes", "sizes"), ("coverage", "locks"), ("lock_delta", "locks")):
+            here = ev["op"] == "lru" if data == "op:lru" else data in ev
+            if here and cap not in self.caps:
+                what = "an lru event" if data == "op:lru" else f"field {data!r}"
+                raise TraceFormatError(
+                    line,
+                    f"only what the header's capabilities list ({', '.join(sorted(self.caps))})",
+                    f"{what}, but no capability {cap!r}",
+                )
+
     def apply(self, line: int, ev: Event) -> None:
         """Apply one event; raises ``_Violated`` (a spec rule) or :class:`TraceFormatError` (bad input)."""
         self.step, self.line, self.op = ev["step"], line, ev["op"]
         if ev["op"] in SYSTEM_OPS:
             raise TraceFormatError(line, "an event of a cache trace (the header has no 'pools')", repr(ev["op"]))
+        self._claimed(line, ev)
         getattr(self, "_on_" + ev["op"])(line, ev)
         if "sizes" in ev:
             self._check_sizes(ev["sizes"])
 
     def _check_sizes(self, sizes: dict[str, list[int]]) -> None:
+        self.checked["inv_sizes"] += 1
         for name, got in sizes.items():
             comp = Component(name)
             want = [P.evictable_size(self.prefix, self.locks, comp), P.protected_size(self.prefix, self.locks, comp)]
@@ -381,19 +479,21 @@ class Replayer:
         req, n, slots = ev["req"], ev["n"], ev["slots"]
         self.max_req = max(self.max_req, req)
         if slots is None:
-            if self.cfg.window is None and n <= len(self.kv.free):
+            self.checked[REFUSAL] += self.cfg.window is None
+            if self.cfg.window is None and n <= self.kv.num_free:
                 raise _Violated(
                     "allocation refused only when short",
-                    f"alloc_kv of {n} for request {req} refused with {len(self.kv.free)} slots free",
+                    f"alloc_kv of {n} for request {req} refused with {self.kv.num_free} slots free",
                     [f"req {req}"],
                 )
             self._note(f"req {req}", f"alloc_kv {n}: refused")
             return
         got = self._slots_in(self.kv, slots, line)
         subj = [f"req {req}", *(f"kv slot {x}" for x in sorted(got))]
-        if len(slots) != n or len(got) != n:
+        self._distinct(slots, "inv_single_owner", f"alloc_kv of {n} for request {req} returned {slots}: it", subj)
+        if len(slots) != n:
             raise _Violated(RESULTS, f"alloc_kv of {n} for request {req} returned {len(slots)} slots {slots}", subj)
-        self.kv = self._spec(lambda: self._t(L.allocate, self.kv, request(req), got), subj)
+        self._own(self.kv, None, request(req), got, subj)
         for x in got:
             self.content.pop(x, None)
             self._note(f"kv slot {x}", f"alloc_kv -> req {req}")
@@ -404,7 +504,8 @@ class Replayer:
         self._req_seen(req, line)
         got = self._slots_in(self.kv, ev["slots"], line)
         subj = [f"req {req}", *(f"kv slot {x}" for x in sorted(got))]
-        self.kv = self._spec(lambda: self._t(L.free, self.kv, request(req), got), subj)
+        self._distinct(ev["slots"], "inv_single_owner", f"free_kv by request {req} (a double free)", subj)
+        self._own(self.kv, request(req), None, got, subj)
         for x in got:
             self._note(f"kv slot {x}", f"free_kv by req {req} -> free")
         self._note(f"req {req}", f"free_kv {ev['slots']}")
@@ -418,7 +519,7 @@ class Replayer:
             return
         got = self._slots_in(mam, [slot], line)
         subj = [f"req {req}", f"mamba slot {slot}"]
-        self.mamba = self._spec(lambda: self._t(L.allocate, mam, request(req), got), subj)
+        self._own(mam, None, request(req), got, subj)
         self._note(f"mamba slot {slot}", f"alloc_mamba -> req {req}")
         self._note(f"req {req}", f"alloc_mamba -> {slot}")
 
@@ -428,7 +529,7 @@ class Replayer:
         self._req_seen(req, line)
         got = self._slots_in(mam, [slot], line)
         subj = [f"req {req}", f"mamba slot {slot}"]
-        self.mamba = self._spec(lambda: self._t(L.free, mam, request(req), got), subj)
+        self._own(mam, request(req), None, got, subj)
         self._note(f"mamba slot {slot}", f"free_mamba by req {req} -> free")
         self._note(f"req {req}", f"free_mamba {slot}")
 
@@ -437,7 +538,9 @@ class Replayer:
         if len(slots) != len(tokens):
             raise TraceFormatError(line, "write_kv with as many slots as tokens", f"{len(slots)} and {len(tokens)}")
         got = self._slots_in(self.kv, slots, line)
-        loose = sorted(got & self.kv.free)
+        self._distinct(slots, "inv_content", "write_kv (two tokens' KV into one slot)", [])
+        loose = sorted(x for x in got if self.kv.owner_of(x) is None)
+        self.checked["inv_content"] += 1
         if loose:
             raise _Violated("inv_content", f"write_kv into free slots {loose[:6]}", [f"kv slot {x}" for x in loose])
         for i, (x, t) in enumerate(zip(slots, tokens, strict=True), start):
@@ -457,6 +560,9 @@ class Replayer:
             raise _Violated(LOCKS, f"lock returned handle {hid}, an id already issued", subj)
         need = K.required_coverage(key[: m.length], self.cfg.window, self.cfg.mamba, self.cfg.page_size)
         cov: Coverage = frozenset(_site(x) for x in ev["coverage"]) if "coverage" in ev else need
+        self.checked[COVERAGE] += "coverage" in ev
+        self.checked[LOCKS] += 1
+        self.checked["inv_locked_cached"] += 1
         if not K.covers_required(cov, need):
             missing = sorted(need - cov, key=_order)[:3]
             raise _Violated(
@@ -484,6 +590,7 @@ class Replayer:
         self._handle(hid, line, "unlock")
         cov = self.locks.handles[HandleId(hid)]
         subj = [f"handle {hid}"]
+        self.checked[LOCKS] += 1
         self.locks = self._spec(lambda: self._t(K.dec_lock_ref, self.locks, HandleId(hid)), subj)
         self.locks = K.LockState(self.locks.handles, self.locks.lock_ref, frozenset())  # bounded: see released
         self._check_delta("unlock", ev, dict.fromkeys(cov, -1), subj)
@@ -502,6 +609,9 @@ class Replayer:
         if mamba is not None:
             self._pool_mamba(line)
         want = self._spec(lambda: self._t(P.insert, self.prefix, key, slots, mamba), subj)
+        self.checked[RESULTS] += 1
+        self.checked["inv_slots_distinct"] += 1
+        self.checked["inv_content"] += 1
         got = (ev["prefix_len"], sorted(ev["dup_slots"]), ev["dup_mamba"])
         if got != (want.prefix_len, sorted(want.dup_slots), want.dup_mamba):
             raise _Violated(
@@ -523,7 +633,8 @@ class Replayer:
                         [f"kv slot {x}", _ks(k), f"req {req}"],
                     )
         if taken:
-            self.kv = self._spec(lambda: self._t(L.transfer, self.kv, request(req), TREE_KV, taken), subj)
+            self._own(self.kv, request(req), TREE_KV, taken, subj)
+        self._distinct(ev.get("dups_freed", []), "inv_single_owner", "insert's dups_freed (a double free)", subj)
         freed = frozenset(ev.get("dups_freed", ()))
         if freed:
             if not freed <= set(want.dup_slots):
@@ -532,15 +643,11 @@ class Replayer:
                     f"insert({list(key)}) freed {sorted(freed - set(want.dup_slots))} itself, not duplicates",
                     subj,
                 )
-            self.kv = self._spec(lambda: self._t(L.free, self.kv, request(req), freed), subj)
+            self._own(self.kv, request(req), None, freed, subj)
             for x in freed:
                 self._note(f"kv slot {x}", f"insert: duplicate freed by the cache (req {req})")
         if mamba is not None and key not in self.prefix.mamba_state and self.mamba is not None:
-            mam = self.mamba
-            self.mamba = self._spec(
-                lambda: self._t(L.transfer, mam, request(req), TREE_MAMBA, frozenset({mamba})),
-                [f"req {req}", f"mamba slot {mamba}"],
-            )
+            self._own(self.mamba, request(req), TREE_MAMBA, frozenset({mamba}), [f"req {req}", f"mamba slot {mamba}"])
             self._note(f"mamba slot {mamba}", f"insert: req {req} -> tree at {list(key)}")
         self.prefix = want.state
         for x in taken:
@@ -558,6 +665,8 @@ class Replayer:
         # NOTE: what is evictable depends on the real locks: known only when the trace records them.
         could = P.evictable_size(self.prefix, self.locks, comp) if self._locks_known else 0
         before = self._amount(comp)
+        self.checked[EVICTIONS] += 1
+        self.checked[EVICT_ENOUGH] += self._locks_known
         self._evicted(ev["evicted"], f"evict {comp.value}")
         removed = before - self._amount(comp)
         if removed < min(n, could) or freed != removed:
@@ -589,7 +698,7 @@ class Replayer:
         if slot is not None:
             mam = self._pool_mamba(line)  # after the evictions above
             got = self._slots_in(mam, [slot], line)
-            self.mamba = self._spec(lambda: self._t(L.allocate, mam, request(req), got), [*subj, f"mamba slot {slot}"])
+            self._own(mam, None, request(req), got, [*subj, f"mamba slot {slot}"])
             self._note(f"mamba slot {slot}", f"mamba_cow of handle {hid} -> req {req}")
         self._check_delta("mamba_cow", ev, {}, subj)
         self._note(f"handle {hid}", f"mamba_cow -> req {req} slot {slot}")
@@ -607,6 +716,15 @@ class Replayer:
         for n in order:
             links.setdefault(n, U.DETACHED)  # a delta leaves out links equal to the default (none, none)
         lst = U.LruState(order, links, comp)
+        self.checked["inv_lru_detached"] += 1
+        self.checked["inv_lru_links_symmetric"] += 1
+        again = first_repeat(order)
+        if again is not None:
+            raise _Violated(
+                "inv_lru_detached",
+                f"{comp.value} list {[int(n) for n in order]} holds node {again} twice",
+                [f"lru node {again}"],
+            )
         if not U.inv_lru_detached(lst):
             stale = [(int(n), ln) for n, ln in links.items() if n not in members and ln != U.DETACHED][:3]
             raise _Violated(
@@ -618,6 +736,15 @@ class Replayer:
             )
         if not U.inv_lru_links_symmetric(lst):
             raise _Violated("inv_lru_links_symmetric", f"{comp.value} list {[int(n) for n in order]}")
+        if "cached" in ev:
+            self.checked["inv_lru_members"] += 1
+            again = first_repeat(ev["cached"])
+            if again is not None:
+                raise _Violated(
+                    "inv_lru_members",
+                    f"{comp.value} nodes holding content (the implementation's account) name node {again} twice",
+                    [f"lru node {again}"],
+                )
         if "cached" in ev and set(ev["cached"]) != members:
             extra, missing = sorted(members - set(ev["cached"])), sorted(set(ev["cached"]) - members)
             raise _Violated(
@@ -632,18 +759,28 @@ class Replayer:
             )
 
 
-def unchecked_rules(header: Header) -> tuple[str, ...]:
-    """What a replay of this trace cannot check (no capability in the recording, or never in a trace)."""
+def unchecked_rules(header: Header, checked: Mapping[str, int] | None = None) -> tuple[tuple[str, str], ...]:
+    """Each law a replay of this trace did not check, with the reason (never in a trace, not recorded, or no
+    event carried its data); ``checked``: how often the replay checked each law (``None``: before any event)."""
+    done = checked or {}
     if header.system:
-        return system_unchecked()
-    out = ["eviction order (LRU)", "SWA pool accounting"]
+        out = list(system_unchecked())
+        out += [
+            (law, SYSTEM_NEEDS.get(law, "no event of the trace exercised it"))
+            for law in SYSTEM_LAWS
+            if not done.get(law)
+        ]
+        return tuple(out)
+    out = list(NEVER_IN_A_CACHE_TRACE)
     caps = header.capabilities
-    if caps is not None and "lru" not in caps:
-        out += ["inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members"]
-    if caps is not None and not {"sizes", "locks"} <= caps:
-        out += ["inv_sizes"]
-    if caps is not None and "locks" not in caps:
-        out += ["lock coverage beyond required_coverage", "lock_delta (counters moved by each operation)"]
+    for law in CACHE_LAWS:
+        if done.get(law):
+            continue
+        cap, data = _DATA.get(law, (None, ""))
+        if caps is not None and cap is not None and cap not in caps:
+            out.append((law, f"not recorded: the header's capabilities lack {cap!r} ({data})"))
+        else:
+            out.append((law, f"no event of the trace carried {data}" if data else "no event of the trace exercised it"))
     return tuple(out)
 
 
@@ -672,18 +809,22 @@ def replay(
                 progress(steps)
         rep.finish()
     except TraceFormatError as err:
-        return ReplayResult(header, steps, error=err, unchecked=unchecked_rules(header) if header else ())
+        checked = {law: n for law, n in rep.checked.items() if n} if rep is not None else {}
+        unchecked = unchecked_rules(header, checked) if header else ()
+        return ReplayResult(header, steps, error=err, unchecked=unchecked, checked=checked)
     except UnicodeDecodeError as err:
         return ReplayResult(header, steps, error=TraceFormatError(line + 1, "UTF-8 text", str(err)[:60]))
     except _Violated as v:
         assert rep is not None
         hist = {s: history.of(s) for s in dict.fromkeys(v.subjects)}
         viol = Violation(rep.step, rep.line, rep.op, v.rule, v.message, hist)
-        return ReplayResult(header, steps, viol, unchecked=unchecked_rules(rep.header))
+        checked = {law: n for law, n in rep.checked.items() if n}
+        return ReplayResult(header, steps, viol, unchecked=unchecked_rules(rep.header, checked), checked=checked)
     if progress is not None:
         progress(steps)
-    assert header is not None
-    return ReplayResult(header, steps, unchecked=unchecked_rules(header))
+    assert header is not None and rep is not None
+    checked = {law: n for law, n in rep.checked.items() if n}
+    return ReplayResult(header, steps, unchecked=unchecked_rules(header, checked), checked=checked)
 
 
 def replay_path(

@@ -37,7 +37,7 @@ from kvledger.impl.memory import MemoryManager
 from kvledger.impl.owners import FREE_TAG, decode
 from kvledger.impl.requests import Request, Status
 from kvledger.spec.errors import KVLedgerError
-from kvledger.spec.types import Component, Owner, request, session
+from kvledger.spec.types import Component, Owner, OwnerKind, request, session
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8))
 SESSIONS = (1, 2)
@@ -98,7 +98,17 @@ class SystemRecorder:
             prev[changed] = tags[changed]
         self._emit_rows(touched_rows, involved)
 
+    def _live_len(self, tag: int) -> int:
+        """How many positions of a row its holder's KV fills (``alloc_len``): the rest is stale."""
+        owner = decode(tag)
+        if owner is not None and owner.kind is OwnerKind.REQUEST and owner.ident in self.mm.requests:
+            return self.mm.requests[owner.ident].alloc_len
+        if owner is not None and owner.kind is OwnerKind.SESSION and owner.ident in self.mm.sessions.slots:
+            return self.mm.sessions.slots[owner.ident].alloc_len
+        return 0
+
     def _emit_rows(self, touched: set[int], involved: set[Owner]) -> None:
+        """A ``row`` event per row whose live part changed: from the first change to its (new) live end."""
         rows = self.mm.rows
         tags = rows.pool.owner_tag
         for x in [x for x in self._rows if int(tags[x]) == FREE_TAG]:
@@ -107,17 +117,19 @@ class SystemRecorder:
         for o in involved:
             candidates.update(rows.pool.held_by(o).tolist())
         for r in sorted(candidates):
-            if int(tags[r]) == FREE_TAG:
+            tag = int(tags[r])
+            if tag == FREE_TAG:
                 continue
-            now = rows.table[r].clone()
+            now = rows.table[r, : self._live_len(tag)].clone()
             old = self._rows.get(r)
             if old is None or r in touched:
                 self.writer.event("row", row=r, start=0, slots=now.tolist())
             else:
-                diff = torch.nonzero(now != old).flatten()
-                if diff.numel():
-                    lo, hi = int(diff[0]), int(diff[-1]) + 1
-                    self.writer.event("row", row=r, start=lo, slots=now[lo:hi].tolist())
+                common = min(len(old), len(now))
+                diff = torch.nonzero(now[:common] != old[:common]).flatten()
+                lo = int(diff[0]) if diff.numel() else common
+                if lo < len(now) or len(now) != len(old):
+                    self.writer.event("row", row=r, start=lo, slots=now[lo:].tolist())
             self._rows[r] = now
 
     def _run(self, name: str, fields: dict[str, Any], involved: set[Owner], call: Any) -> Any:

@@ -14,6 +14,13 @@ links) is recorded and replayed too; with ``--system N``, a system trace of N
 random scheduler steps of the reference memory manager (Mamba model:
 ``record_system_workload``), with its recording speed. ``--contracts`` replays with the spec's
 full contracts (postconditions re-checked each step).
+
+``--capacities 48 1048576 2097152`` replays the same recorded traces (a
+system trace of ``--system`` steps, default 600, and a cache trace of
+``--recorded`` ops, default 300) with their headers rewritten to declare a KV
+pool of each capacity: replay time and memory must not grow with what a header
+declares, only with what the events name. A header alone declaring ``2**26``
+slots is replayed too.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 CHILD = """
 import json, os, sys, time
@@ -53,12 +61,31 @@ def run_child(path: Path, contracts: bool) -> dict[str, float]:
     return got
 
 
+def _header_declaring(header: dict[str, Any], capacity: int) -> dict[str, Any]:
+    """``header`` with its KV pool (system: ``pools``; cache: ``ledgers`` and ``config``) ``capacity`` slots."""
+    out = dict(header)
+    if "pools" in out:
+        out["pools"] = {**out["pools"], "kv": [out["pools"]["kv"][0], capacity]}
+    else:
+        cfg = out["config"]
+        out["ledgers"] = {**out.get("ledgers", {}), "kv": [cfg.get("page_size", 1), capacity]}
+    return out
+
+
+def _declaring(path: Path, capacity: int) -> Path:
+    head, rest = path.read_text().split("\n", 1)
+    out = path.with_name(f"{path.stem}-{capacity}.jsonl")
+    out.write_text(json.dumps(_header_declaring(json.loads(head), capacity)) + "\n" + rest)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000])
     ap.add_argument("--recorded", type=int, default=0, help="also record and replay N random reference operations")
     ap.add_argument("--system", type=int, default=0, help="also record and replay N memory-manager steps")
     ap.add_argument("--contracts", action="store_true")
+    ap.add_argument("--capacities", type=int, nargs="*", default=[], help="KV pool sizes to declare (see above)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from kvledger.contracts.adapters.reference import ReferenceAdapter
@@ -66,6 +93,10 @@ def main() -> None:
     from kvledger.contracts.trace.recorder import record_workload, write_synthetic
 
     rows = []
+    if args.capacities:
+        args.sizes = []
+        args.system = args.system or 600
+        args.recorded = args.recorded or 300
     with tempfile.TemporaryDirectory() as tmp:
         jobs: list[tuple[str, Path]] = []
         for n in args.sizes:
@@ -92,6 +123,15 @@ def main() -> None:
                 flush=True,
             )
             jobs.append((f"system mamba {args.system} steps", path))
+        if args.capacities:
+            jobs = [
+                (f"{name} declaring {cap} KV slots", _declaring(path, cap))
+                for name, path in jobs
+                for cap in args.capacities
+            ]
+            bare = Path(tmp) / "header-only.jsonl"
+            bare.write_text(json.dumps(_header_declaring(json.loads(jobs[0][1].read_text().split("\n", 1)[0]), 2**26)))
+            jobs.append((f"a header alone declaring {2**26} KV slots ({bare.stat().st_size} bytes)", bare))
         for name, path in jobs:
             got = run_child(path, args.contracts)
             row = {

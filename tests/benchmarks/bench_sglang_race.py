@@ -14,7 +14,19 @@ also timed with ``bindings.install("on")``.
 SGLang 0.5.9 and 0.5.23 cannot share an environment, so each implementation
 runs in a subprocess of the venv that has it (``.ci/sglang_env`` builds
 ``build/sglang-0.5.9`` and ``build/sglang-0.5.23``); kvledger runs in the
-0.5.23 one. Ratios are taken within one run of this script. On a shared
+0.5.23 one.
+
+vLLM 0.33.0's ``KVCacheManager`` (full attention, prefix caching on) runs at
+page size 16 only, as block size 16, in ``build/vllm-0.33.0``
+(``.ci/vllm_env``); it is skipped when that venv is absent. Its loop is
+vLLM's own: ``get_computed_blocks`` -> ``allocate_slots`` -> ``free`` (vLLM
+has no separate lock, evict or insert: the request's blocks stay cached and
+evictable on the free queue, and allocation evicts from its head). Its
+sha256 block hashing runs when each ``Request`` is made and is timed apart
+(``hash s``), outside the loop; its evicted tokens count the cached blocks
+allocation took back, 16 tokens each. vLLM never reports a whole prompt as
+a hit (its last token is recomputed for the logits), so a fully cached
+request hits one block fewer than in the radix caches. Ratios are taken within one run of this script. On a shared
 machine, ``--rounds N`` runs every variant N times, the variants taking
 turns, and keeps each one's best loop and best match pass (the rounds go to
 the JSON lines too).
@@ -40,7 +52,10 @@ VARIANTS = {
     "sglang 0.5.9 RadixCache": "0.5.9",
     "sglang 0.5.23 unified (python core)": "0.5.23",
     "sglang 0.5.23 unified (rust core)": "0.5.23",
+    "vllm 0.33.0 KVCacheManager": "vllm-0.33.0",
 }
+VLLM_PAGE = 16
+"""The only page (block) size vLLM races at: its default block size."""
 
 
 def make_trace(requests: int, seed: int = 0) -> list[list[int]]:
@@ -215,6 +230,49 @@ class Unified523Ops(_SGLangOps):
         )
 
 
+def run_vllm_trace(trace: list[list[int]], pool: int, page: int) -> dict[str, float]:
+    """vLLM's own per-request loop (``get_computed_blocks`` -> ``allocate_slots`` -> ``free``); hashing timed apart."""
+    from kvledger.contracts.adapters.vllm.adapter import VLLMAdapter
+
+    a = VLLMAdapter(block_size=page, num_blocks=pool // page, max_model_len=4096)
+    mgr, pool_ = a.mgr, a.pool
+    evicted = [0]
+    inner = pool_._maybe_evict_cached_block
+
+    def counting(block: Any) -> bool:  # NOTE: a measurement hook: counts, then does exactly what vLLM does
+        gone = bool(inner(block))
+        evicted[0] += page if gone else 0
+        return gone
+
+    pool_._maybe_evict_cached_block = counting
+    toks = [t[: len(t) - len(t) % page] for t in trace]
+    start = time.perf_counter()
+    reqs = [a._make_request(r, tuple(t)) for r, t in enumerate(toks)]  # sha256 block hashes made here
+    hash_seconds = time.perf_counter() - start
+    hit = 0
+    start = time.perf_counter()
+    for req in reqs:
+        blocks, n_hit = mgr.get_computed_blocks(req)[:2]
+        if mgr.allocate_slots(req, req.num_tokens - n_hit, n_hit, blocks) is None:
+            raise RuntimeError(f"vLLM request {req.request_id}: not admitted")
+        mgr.free(req)
+        hit += n_hit
+    seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    for req in reqs:
+        mgr.get_computed_blocks(req)
+    match_seconds = time.perf_counter() - start
+    return {
+        "seconds": seconds,
+        "requests": len(reqs),
+        "tokens": sum(len(t) for t in toks),
+        "hit_tokens": hit,
+        "evicted_tokens": evicted[0],
+        "match_seconds": match_seconds,
+        "hash_seconds": hash_seconds,
+    }
+
+
 def build(variant: str, pool: int, page: int) -> Any:
     if variant.startswith("kvledger"):
         from kvledger.contracts import bindings
@@ -264,13 +322,16 @@ def run_trace(ops: Any, trace: list[list[int]], page: int) -> dict[str, float]:
 
 def worker(variant: str, requests: int, pool: int, page: int) -> None:
     trace = make_trace(requests)
-    ops = build(variant, pool, page)
-    result = run_trace(ops, trace, page)
+    if variant.startswith("vllm"):
+        result = run_vllm_trace(trace, pool, page)
+    else:
+        result = run_trace(build(variant, pool, page), trace, page)
     print("RESULT " + json.dumps({"variant": variant, "page": page, **result}))
 
 
 def python_of(version: str, venvs: dict[str, Path]) -> str:
-    return str(venvs[version] / "bin" / "python")
+    venv = ROOT / "build" / version if version.startswith("vllm-") else venvs[version]
+    return str(venv / "bin" / "python")
 
 
 def main() -> None:
@@ -296,6 +357,8 @@ def main() -> None:
     for page in (int(p) for p in args.pages.split(",")):
         for round_ in range(1, args.rounds + 1):
             for variant, version in VARIANTS.items():
+                if version.startswith("vllm-") and (page != VLLM_PAGE or not Path(python_of(version, venvs)).exists()):
+                    continue
                 cmd = [python_of(version, venvs), __file__, "--worker", variant, "--page", str(page)]
                 cmd += ["--requests", str(args.requests), "--pool", str(args.pool)]
                 proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
@@ -325,6 +388,8 @@ def best_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             sys.exit(f"{key}: rounds disagree on hits or evictions, the trace is not deterministic")
         b["seconds"] = min(b["seconds"], r["seconds"])
         b["match_seconds"] = min(b["match_seconds"], r["match_seconds"])
+        if "hash_seconds" in r:
+            b["hash_seconds"] = min(b["hash_seconds"], r["hash_seconds"])
     return list(best.values())
 
 
@@ -338,7 +403,7 @@ def report(results: list[dict[str, Any]]) -> None:
         rounds = rows["kvledger"].get("rounds", 1)
         best = f"best of {rounds} rounds" if rounds > 1 else "one run"
         table = Table(title=f"race, page size {page}: {rows['kvledger']['requests']} requests, {best}")
-        cols = ["implementation", "requests/s", "match calls/s", "tokens/s", "hit rate", "evicted tokens"]
+        cols = ["implementation", "requests/s", "match calls/s", "tokens/s", "hit rate", "evicted tokens", "hash s"]
         cols += [f"× {v.replace('sglang ', '')}" for v in sglang]
         for c in cols:
             table.add_column(c, justify="left" if c == "implementation" else "right")
@@ -352,6 +417,7 @@ def report(results: list[dict[str, Any]]) -> None:
                 f"{r['tokens'] / r['seconds']:,.0f}",
                 f"{r['hit_tokens'] / r['tokens']:.4f}",
                 f"{r['evicted_tokens']:,}",
+                f"{r['hash_seconds']:.2f}" if "hash_seconds" in r else "",
                 *ratios,
             )
         Console(width=220).print(table)

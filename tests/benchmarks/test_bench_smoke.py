@@ -93,3 +93,15 @@ def test_fault_targets_cover_every_fault() -> None:
         pairs = bench.targets(fault)
         assert pairs, f"{fault.name}: no (suite, model) to run it on"
         assert all(suite in fault.suites for suite, _ in pairs)
+
+
+def test_mutation_operators_make_compiling_mutants() -> None:
+    mut = load("mutation")
+    population = list(mut.mutants())
+    ids = {m.id for m in population}
+    assert len(population) > 100 and set(mut.EQUIVALENT) <= ids  # every mutant set aside by hand still exists
+    for op in sorted({m.op for m in population}):
+        m = next(x for x in population if x.op == op)
+        src = mut.mutated_source(m)
+        assert src is not None and src != (mut.ROOT / m.file).read_text()
+        compile(src, m.file, "exec")  # a mutant is a program, not a syntax error

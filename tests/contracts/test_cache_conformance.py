@@ -127,3 +127,33 @@ def test_lock_that_skips_ancestors_is_caught(monkeypatch: pytest.MonkeyPatch) ->
     result = run("full")
     assert result.violation is not None
     assert result.violation.rule in ("inv_lock_ref_counts_handles", "inv_sizes"), result.violation
+
+
+def test_eviction_that_leaves_the_parent_pointer_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def make(orig: Callable[..., int]) -> Callable[..., int]:
+        def delete_leaf(self: RadixTree, n: Any, freed: list[Any]) -> int:
+            parent = n.parent
+            size = orig(self, n, freed)
+            n.parent = parent  # BUG: the evicted leaf still points at its old parent
+            return size
+
+        return delete_leaf
+
+    broken(monkeypatch, RadixTree, "_delete_leaf", make)
+    result = run("full")
+    assert result.violation is not None and result.violation.rule == "inv_tree_detached", result.violation
+
+
+def test_eviction_that_keeps_a_cursor_on_the_evicted_node_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def make(orig: Callable[..., int]) -> Callable[..., int]:
+        def delete_leaf(self: RadixTree, n: Any, freed: list[Any]) -> int:
+            memo = self._walked
+            size = orig(self, n, freed)
+            self._walked = memo  # BUG: the memoised walk still names the evicted node
+            return size
+
+        return delete_leaf
+
+    broken(monkeypatch, RadixTree, "_delete_leaf", make)
+    result = run("full")
+    assert result.violation is not None and result.violation.rule == "inv_tree_index", result.violation

@@ -76,7 +76,7 @@ def test_data_overwrite_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
         out = original(self, n, owner)  # type: ignore[arg-type]
         held = torch.nonzero(self.owner_tag > 0).flatten()
         held = held[~torch.isin(held, out)]
-        if held.numel():  # BUG: also give away someone else's slot
+        if held.numel() and out.numel():  # BUG: give away someone else's slot in place of one of its own
             out = torch.cat((out[:-1], held[:1]))
             self.owner_tag[out] = int(self.owner_tag[out[0]])
         return out

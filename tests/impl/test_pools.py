@@ -64,7 +64,7 @@ def test_token_allocator_typed_errors() -> None:
     rejected(a, lambda: a.free(x[1:].reshape(1, -1), R1), InvalidArgument)
     rejected(a, lambda: a.free(torch.cat((x[1:], x[1:2])), R1), InvalidArgument)
     rejected(a, lambda: a.free(x[1:].tolist(), R1), InvalidArgument)  # type: ignore[arg-type]
-    rejected(a, lambda: a.alloc(0, R1), InvalidArgument)
+    rejected(a, lambda: a.alloc(-1, R1), InvalidArgument)
     rejected(a, lambda: a.alloc(-2, R1), InvalidArgument)
     rejected(a, lambda: a.transfer(x[1:], R2, session(1)), NotOwner)
 

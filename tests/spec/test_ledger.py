@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from kvledger.spec import ledger as L
 from kvledger.spec.errors import DoubleFree, InvalidArgument, NotOwner, OutOfRange, OverAllocation
-from kvledger.spec.types import Component, node, request, session
+from kvledger.spec.types import Component, Owner, node, request, session
 
 OWNERS = [request(1), request(2), node(3), node(3, Component.SWA), session(4)]
 
@@ -107,3 +107,74 @@ def test_postcondition_catches_a_broken_transition() -> None:
     s = L.allocate(L.new_ledger("kv", 4), request(1), frozenset({0, 1}))
     with pytest.raises(icontract.ViolationError, match="slots conserved"):
         leaky_free(s, request(1), frozenset({0}))
+
+
+# ---------------------------------------------------------------- inv_rows_held: rows name only KV their owner may read
+
+
+@st.composite
+def _rows_state(draw: st.DrawFn) -> tuple[L.Ledger, dict[int, tuple[Owner, list[int]]], int]:
+    """A KV ledger (units: pages of ``page`` slots) with some owners, and rows naming only what they may read."""
+    page = draw(st.sampled_from([1, 2, 4]))
+    s = L.new_ledger("kv", 12, base=1)
+    rows: dict[int, tuple[Owner, list[int]]] = {}
+    tree = node(7)
+    s = L.allocate(s, tree, frozenset({1, 2}))  # a cached prefix any row may borrow
+    for r, owner in enumerate([request(1), request(2), session(4)]):
+        units = draw(st.sets(st.sampled_from(sorted(s.free)), max_size=3)) if s.free else set()
+        if units:
+            s = L.allocate(s, owner, frozenset(units))
+        mine = sorted(units) + draw(st.lists(st.sampled_from([1, 2]), max_size=2, unique=True))
+        rows[r] = (owner, [u * page + draw(st.integers(0, page - 1)) for u in draw(st.permutations(mine))])
+    return s, rows, page
+
+
+@given(_rows_state())
+def test_rows_naming_their_owners_kv_or_the_cache_hold(
+    state: tuple[L.Ledger, dict[int, tuple[Owner, list[int]]], int],
+) -> None:
+    s, rows, page = state
+    assert L.inv_rows_held(s, rows, page), list(L.row_faults(s, rows, page))
+
+
+@given(_rows_state(), st.sampled_from(["free", "other", "outside", "below"]), st.data())
+def test_rows_held_fails_on_a_broken_row(
+    state: tuple[L.Ledger, dict[int, tuple[Owner, list[int]]], int], how: str, data: st.DataObject
+) -> None:
+    """A row naming free KV (use after free), another owner's KV, or a slot outside the pool breaks the law,
+    and the fault names the row, the position, the slot and who holds it."""
+    s, rows, page = state
+    row = data.draw(st.sampled_from(sorted(rows)))
+    owner, slots = rows[row]
+    if how == "free":
+        if not s.free:
+            return
+        unit, holder = data.draw(st.sampled_from(sorted(s.free))), None
+    elif how == "other":
+        others = [(o, u) for o, us in s.held.items() for u in us if o != owner and o.kind.value != "node"]
+        if not others:
+            return
+        holder, unit = data.draw(st.sampled_from(others))
+    else:
+        unit, holder = (s.base + s.capacity if how == "outside" else 0), None
+    pos = data.draw(st.integers(0, len(slots)))
+    broken = {**rows, row: (owner, [*slots[:pos], unit * page, *slots[pos:]])}
+    assert not L.inv_rows_held(s, broken, page)
+    fault = next(L.row_faults(s, broken, page))
+    assert (fault.row, fault.position, fault.slot, fault.holder) == (row, pos, unit * page, holder)
+    assert fault.outside is (how in ("outside", "below"))
+
+
+def test_rows_held_counts_pages_not_slots() -> None:
+    """With pages of 4 token slots, a row names token slots: slot 9 lies in page 2."""
+    s = L.allocate(L.new_ledger("kv", 4, base=1), request(1), frozenset({2}))
+    assert L.inv_rows_held(s, {0: (request(1), [8, 9, 10, 11])}, 4)
+    assert not L.inv_rows_held(s, {0: (request(1), [8, 12])}, 4)  # page 3 is free
+    assert not L.inv_rows_held(s, {0: (request(1), [8, 9])}, 1)  # read as token slots: 8, 9 outside [1, 5)
+
+
+def test_rows_held_fails_on_a_slot_named_twice() -> None:
+    s = L.allocate(L.new_ledger("kv", 4, base=1), request(1), frozenset({1, 2}))
+    assert L.inv_rows_held(s, {0: (request(1), [1, 2])})
+    fault = next(L.row_faults(s, {0: (request(1), [1, 2, 1])}))
+    assert (fault.position, fault.slot, fault.again) == (2, 1, True)

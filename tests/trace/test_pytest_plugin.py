@@ -155,3 +155,79 @@ def test_memory_fixture_checks_the_system_trace(pytester: pytest.Pytester) -> No
     res.assert_outcomes(passed=2, errors=2)
     res.stdout.fnmatch_lines(["*kvledger_memory laws broken*", "*inv_owners_account*close_session*"])
     res.stdout.fnmatch_lines(["*unknown model 'nope'*"])
+
+
+# ---------------------------------------------------------------- inactive: costs nothing; bad settings: usage errors
+
+HEAVY = ("torch", "hypothesis", "icontract", "numpy")
+
+REPORT_MODULES = f"""
+import sys
+
+def pytest_sessionfinish(session):
+    heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)
+    print("\\nHEAVY=" + ",".join(heavy))
+"""
+
+
+def test_inactive_plugin_imports_nothing_heavy(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KVLEDGER_CONTRACTS", raising=False)
+    monkeypatch.delenv("KVLEDGER_HYPOTHESIS_PROFILE", raising=False)
+    pytester.makeconftest(REPORT_MODULES)
+    pytester.makepyfile("def test_x():\n    pass\n")
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s")
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines(["kvledger: contracts off", "HEAVY="])
+    on = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", "--kvledger-contracts=on")
+    on.stdout.fnmatch_lines(["kvledger: contracts on", "HEAVY=*torch*"])  # the same probe sees them when asked
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "message"),
+    [
+        (
+            "KVLEDGER_CONTRACTS",
+            "bogus",
+            "KVLEDGER_CONTRACTS='bogus': unknown contract tier; expected one of off, on, slow",
+        ),
+        (
+            "KVLEDGER_HYPOTHESIS_PROFILE",
+            "thorogh",
+            "KVLEDGER_HYPOTHESIS_PROFILE='thorogh': unknown Hypothesis profile; expected one of ci, thorough, dev",
+        ),
+    ],
+)
+def test_bad_environment_is_a_usage_error(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, env: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(env, value)
+    pytester.makepyfile("def test_x():\n    pass\n")
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines([f"ERROR: {message}"])
+    assert "INTERNALERROR" not in res.stdout.str() + res.stderr.str()
+    assert "Traceback" not in res.stdout.str() + res.stderr.str()
+
+
+def test_profile_from_environment_is_loaded(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVLEDGER_HYPOTHESIS_PROFILE", "thorough")
+    pytester.makepyfile(
+        "from hypothesis import settings\n\ndef test_x():\n    assert settings.default.max_examples == 1000\n"
+    )
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize(
+    ("ini", "message"),
+    [
+        ("kvledger_conformance_examples = ten", "kvledger_conformance_examples = 'ten': expected a whole number"),
+        ("kvledger_conformance_examples = 0", "kvledger_conformance_examples = '0': expected a whole number"),
+        ("kvledger_cache_model = fulll", "kvledger_cache_model = 'fulll': unknown model; expected one of full"),
+    ],
+)
+def test_bad_ini_is_a_usage_error(pytester: pytest.Pytester, ini: str, message: str) -> None:
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile("def test_x():\n    pass\n")
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines([f"ERROR: {message}*"])

@@ -109,14 +109,14 @@ def test_a_well_formed_turn_holds() -> None:
     [
         # a finished request that still holds its row
         ([ADD, ADMIT_OK, *GRANT, '{"op":"call","name":"finish","req":1}', RETURN[0]], "inv_owners_account", "still"),
-        # the row is overwritten while the request still holds the slots it pointed at
+        # the row is cut short while the request still holds the slots it pointed at
         (
             [
                 ADD,
                 ADMIT_OK,
                 *GRANT,
                 '{"op":"call","name":"extend","req":1,"n":1}',
-                '{"op":"row","row":0,"start":1,"slots":[9,9]}',
+                '{"op":"row","row":0,"start":1,"slots":[]}',
             ],
             "inv_owners_account",
             "no row it holds references",
@@ -220,10 +220,106 @@ def test_each_rule_fails_on_a_broken_trace(events: list[str], rule: str, says: s
     assert says in message
 
 
+EXTEND = '{"op":"call","name":"extend","req":1,"n":1}'
+ADD2 = [
+    '{"op":"call","name":"add_request","req":2,"tokens":[4,5]}',
+    '{"op":"call","name":"admit","req":2,"admitted":true,"prefix_len":0}',
+    '{"op":"own","pool":"kv","slots":[5,6],"src":null,"dst":"req:2"}',
+    '{"op":"own","pool":"req_to_token","slots":[1],"src":null,"dst":"req:2"}',
+    '{"op":"row","row":1,"start":0,"slots":[5,6]}',
+]
+
+
+@pytest.mark.parametrize(
+    ("events", "says"),
+    [
+        # a row that points at free KV: a use after free waiting for the next kernel
+        ([ADD, ADMIT_OK, *GRANT, EXTEND, '{"op":"row","row":0,"start":3,"slots":[4]}'], "which is free"),
+        # the KV a row names is freed, and the row is left as it was (no row event in that call)
+        ([ADD, ADMIT_OK, *GRANT, EXTEND, '{"op":"own","pool":"kv","slots":[3],"src":"req:1","dst":null}'], "free"),
+        # a row that names another request's KV
+        ([ADD, ADMIT_OK, *GRANT, *ADD2, EXTEND, '{"op":"row","row":0,"start":3,"slots":[5]}'], "held by req:2"),
+        # a row that names slots outside the KV pool (0 is padding, 99 beyond)
+        ([ADD, ADMIT_OK, *GRANT, EXTEND, '{"op":"row","row":0,"start":0,"slots":[0,2,3]}'], "outside the KV pool"),
+        ([ADD, ADMIT_OK, *GRANT, EXTEND, '{"op":"row","row":0,"start":3,"slots":[99]}'], "outside the KV pool"),
+        # a row that names one slot at two positions
+        ([ADD, ADMIT_OK, *GRANT, EXTEND, '{"op":"row","row":0,"start":2,"slots":[2]}'], "earlier position"),
+        # a row written that nobody holds
+        ([ADD, ADMIT_OK, *GRANT, EXTEND, '{"op":"row","row":1,"start":0,"slots":[1]}'], "nobody holds"),
+        # a row handed to another owner who does not hold the KV it names
+        (
+            [
+                ADD,
+                ADMIT_OK,
+                *GRANT,
+                '{"op":"call","name":"open_session","session":1}',
+                EXTEND,
+                '{"op":"own","pool":"req_to_token","slots":[0],"src":"req:1","dst":"session:1"}',
+            ],
+            "held by req:1",
+        ),
+    ],
+)
+def test_rows_name_only_kv_their_owner_holds(events: list[str], says: str) -> None:
+    """``inv_rows_held``: checked on every row event and wherever a row or the KV it names changes owner."""
+    code, rule, message = _run(*events)
+    assert (code, rule) == (1, "inv_rows_held"), message
+    assert says in message
+
+
+def test_rows_law_on_a_paged_pool() -> None:
+    """Rows name token slots; the KV ledger counts pages (slot // page_size)."""
+    header = json.dumps(
+        {
+            "kvledger_trace": 1,
+            "config": {"page_size": 4},
+            "adapter": "hand",
+            "version": "1",
+            "pools": {"kv": [1, 8], "req_to_token": [0, 2]},
+        }
+    )
+    grant = [
+        ADD,
+        ADMIT_OK,
+        '{"op":"own","pool":"kv","slots":[2],"src":null,"dst":"req:1"}',
+        '{"op":"own","pool":"req_to_token","slots":[0],"src":null,"dst":"req:1"}',
+    ]
+
+    def run(row: str) -> int:
+        lines = [header]
+        for i, e in enumerate([*grant, row], 1):
+            lines.append(json.dumps({"step": i, **json.loads(e)}))
+        r = replay(io.StringIO("\n".join(lines) + "\n"))
+        assert r.error is None, r.error
+        return r.exit_code
+
+    assert run('{"op":"row","row":0,"start":0,"slots":[8,9,10]}') == 0  # page 2, held
+    assert run('{"op":"row","row":0,"start":0,"slots":[8,12]}') == 1  # slot 12 lies in page 3: free
+
+
+def test_round_trip_reports_what_it_checked(tmp_path: Path) -> None:
+    """A recorded trace checks the row law (and says so); a trace with no row event says it could not."""
+    path = tmp_path / "t.jsonl"
+    record_system_workload(build_manager(*SYSTEM_MODELS["paged"]), 120, 0, path)
+    r = replay_path(path)
+    assert r.ok and r.checked.get("inv_rows_held", 0) > 0
+    assert "inv_rows_held" not in dict(r.unchecked)
+    bare = replay(io.StringIO(HEADER + "\n" + json.dumps({"step": 1, **json.loads(ADD)}) + "\n"))
+    assert (
+        bare.ok and "inv_rows_held" in dict(bare.unchecked) and "no row event" in dict(bare.unchecked)["inv_rows_held"]
+    )
+    assert "leak checker agrees with the ledgers" in dict(bare.unchecked)
+
+
 @pytest.mark.parametrize(
     ("events", "expected"),
     [
         (['{"op":"own","pool":"kv","slots":[1],"src":null,"dst":"req:1"}'], "a call before"),
+        ([ADD, ADMIT_OK, '{"op":"own","pool":"kv","slots":[1,2,1],"src":null,"dst":"req:1"}'], "each item once"),
+        ([ADD, '{"op":"call","name":"admit","req":1,"admitted":false,"handles_after":[4,4]}'], "each item once"),
+        ([ADD, '{"op":"call","name":"leak_check","ok":true,"leaked":{"kv":[1,1]}}'], "each item once"),
+        ([ADD, '{"op":"call","name":"leak_check","ok":true,"leaked":{"gpu":[1]}}'], "a pool of the header"),
+        ([ADD, ADMIT_OK, *GRANT, '{"op":"row","row":0,"start":5,"slots":[1]}'], "within the row's live part"),
         ([ADD, '{"op":"call","name":"admit","req":2,"admitted":true}'], "a request added earlier"),
         ([ADD, ADMIT_OK, '{"op":"own","pool":"gpu","slots":[1],"src":null,"dst":"req:1"}'], "a pool of the header"),
         ([ADD, ADMIT_OK, '{"op":"own","pool":"kv","slots":[99],"src":null,"dst":"req:1"}'], "slots of pool 'kv'"),

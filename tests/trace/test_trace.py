@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from kvledger.contracts.cli import app
 from kvledger.contracts.machines.suites import CACHE_MODELS
 from kvledger.contracts.trace.format import OPS
 from kvledger.contracts.trace.recorder import record_workload, write_synthetic
-from kvledger.contracts.trace.replay import replay_path
+from kvledger.contracts.trace.replay import replay, replay_path
 from kvledger.impl import faults
 from kvledger.impl.faults import FAULTS
 
@@ -91,6 +92,34 @@ ALLOC = '{"step":1,"op":"alloc_kv","req":1,"n":2,"slots":[1,2]}'
         ([HEADER, ALLOC, '{"step":2,"op":"free_kv","req":1,"slots":[4000]}'], 3, "slots of pool 'kv'"),
         ([HEADER, '{"step":1,"op":"alloc_mamba","req":1,"slot":0}'], 2, "no Mamba event"),
         ([HEADER.replace("{}", '{"page_size": "x"}')], 1, "config field"),
+        # strict: the samples of issue 17 item 5, one per class
+        ([HEADER, ALLOC.replace('"slots"', '"slts"')], 2, "unknown field 'slts' (did you mean 'slots'?)"),
+        ([HEADER, ALLOC.replace("}", ',"lock_detla":[]}')], 2, "unknown field 'lock_detla'"),
+        ([HEADER.replace("{}", '{"window": 0}')], 1, "config field 'window'"),
+        ([HEADER.replace("{}", '{"window": -3}')], 1, "config field 'window'"),
+        ([HEADER.replace("{}", '{"page_size": 1, "paeg_size": 2}')], 1, "unknown field 'paeg_size'"),
+        ([HEADER.replace('"kvledger_trace": 1', '"kvledger_trace": true'), ALLOC], 1, "schema version"),
+        ([HEADER.replace('"kvledger_trace": 1', '"kvledger_trace": 1.0'), ALLOC], 1, "schema version"),
+        ([HEADER.replace('"version"', '"verison": "1", "version"'), ALLOC], 1, "unknown field 'verison'"),
+        ([HEADER, ALLOC.replace('"req":1', '"req":' + "7" * 5000)], 2, "at most 19 digits"),
+        ([HEADER, ALLOC.replace('"req":1', '"req":' + "[" * 100_000 + "]" * 100_000)], 2, "nested"),
+        ([HEADER, ALLOC.replace('"req":1', '"req":9223372036854775808')], 2, "field 'req'"),
+        ([HEADER, ALLOC.replace('"req":1', '"req":true')], 2, "field 'req'"),
+        ([HEADER, ALLOC.replace('"req":1', '"req":NaN')], 2, "NaN"),
+        ([HEADER, ALLOC.replace('"req":1', '"req":1,"req":2')], 2, "'req' twice"),
+        ([HEADER.replace("{}", '{"kv_tokens": 2147483649}')], 1, "config field 'kv_tokens'"),
+        (
+            [HEADER.replace('"version": "1"', '"version": "1", "ledgers": {"kv": [1, 2147483648]}')],
+            1,
+            "base + capacity",
+        ),
+        ([HEADER.replace('"version": "1"', '"version": "1", "capabilities": ["lru", "lru"]')], 1, "'lru' twice"),
+        # a set written as a list must not repeat: malformed where the recorder builds it
+        (
+            [HEADER, '{"step":1,"op":"evict","component":"full","n":1,"freed":0,"evicted":{"full":[[1],[1]]}}'],
+            2,
+            "each item once",
+        ),
     ],
 )
 def test_malformed_input_exits_2_with_line(lines: list[str], line: int, expected: str, tmp_path: Path) -> None:
@@ -125,7 +154,7 @@ def test_schema_names_every_op() -> None:
 
 CHILD = """
 import json, os, sys
-from kvledger.contracts.trace.replay import replay_path
+from kvledger.contracts.trace.replay import replay, replay_path
 page = os.sysconf("SC_PAGE_SIZE")
 samples = []
 def rss(n):
@@ -222,3 +251,114 @@ def test_duplicates_freed_by_the_cache(tmp_path: Path) -> None:
     assert run(ins + "}", '{"step":7,"op":"free_kv","req":2,"slots":[3,4]}') is None
     assert run(ins + ',"dups_freed":[3,4]}', '{"step":7,"op":"free_kv","req":2,"slots":[3,4]}') == "inv_single_owner"
     assert run(ins + ',"dups_freed":[1]}') == "results equal the spec's"
+
+
+def _hand(*events: str, header: str = HEADER) -> tuple[int, str]:
+    lines = [header, *(json.dumps({"step": i, **json.loads(e)}) for i, e in enumerate(events, 1))]
+    r = replay(io.StringIO("\n".join(lines) + "\n"))
+    if r.error is not None:
+        return 2, str(r.error)
+    return (1, r.violation.rule) if r.violation is not None else (0, "")
+
+
+A12 = '{"op":"alloc_kv","req":1,"n":2,"slots":[1,2]}'
+W12 = '{"op":"write_kv","slots":[1,2],"tokens":[1,2],"start":0}'
+I12 = '{"op":"insert","req":1,"key":[1,2],"slots":[1,2],"mamba":null,"prefix_len":0,"dup_slots":[],"dup_mamba":null}'
+LOCK = (
+    '{"op":"lock","key":[1,2],"handle":1,"length":2,"slots":[1,2],"mamba":null,'
+    '"coverage":[[[1],"full"],[[1,2],"full"]],"lock_delta":[[[1],"full",1],[[1,2],"full",1]]}'
+)
+
+
+@pytest.mark.parametrize(
+    ("events", "want"),
+    [
+        # what the implementation did or returned, naming a slot twice: the law the repeat breaks (exit 1)
+        ([A12, '{"op":"free_kv","req":1,"slots":[1,1]}'], (1, "inv_single_owner")),
+        (['{"op":"alloc_kv","req":1,"n":2,"slots":[1,1]}'], (1, "inv_single_owner")),
+        ([A12, '{"op":"write_kv","slots":[1,1],"tokens":[1,2],"start":0}'], (1, "inv_content")),
+        ([A12, W12, I12.replace('"slots":[1,2]', '"slots":[1,1]')], (1, "inv_slots_distinct")),
+        (
+            [A12, W12, I12, '{"op":"lru","component":"full","order":[1,1],"links":[[1,null,null]]}'],
+            (1, "inv_lru_detached"),
+        ),
+        (
+            [A12, W12, I12, '{"op":"lru","component":"full","order":[1],"links":[],"cached":[1,1]}'],
+            (1, "inv_lru_members"),
+        ),
+        # what a recorder writes as a set, naming an item twice: malformed (exit 2)
+        ([A12, W12, I12, LOCK.replace('[[1,2],"full"]]', '[[1,2],"full"],[[1],"full"]]')], (2, "each item once")),
+        ([A12, W12, I12, LOCK.replace('[[1,2],"full",1]]', '[[1,2],"full",1],[[1],"full",1]]')], (2, "each item once")),
+        (
+            [A12, W12, I12, '{"op":"lru","component":"full","order":[1],"links":[[1,null,null],[1,null,null]]}'],
+            (2, "once"),
+        ),
+        ([A12, W12, I12, LOCK], (0, "")),
+    ],
+)
+def test_repeats_are_never_merged(events: list[str], want: tuple[int, str]) -> None:
+    code, what = _hand(*events)
+    assert code == want[0] and want[1] in what, what
+
+
+def test_dups_freed_twice_is_a_double_free() -> None:
+    base = [
+        A12,
+        W12,
+        I12,
+        '{"op":"alloc_kv","req":2,"n":2,"slots":[3,4]}',
+        '{"op":"write_kv","slots":[3,4],"tokens":[1,2],"start":0}',
+    ]
+    ins = (
+        '{"op":"insert","req":2,"key":[1,2],"slots":[3,4],"mamba":null,"prefix_len":2,"dup_slots":[3,4],'
+        '"dup_mamba":null,"dups_freed":%s}'
+    )
+    assert _hand(*base, ins % "[3,4]") == (0, "")
+    assert _hand(*base, ins % "[3,3]") == (1, "inv_single_owner")
+
+
+def test_header_says_exactly_what_was_recorded(tmp_path: Path) -> None:
+    """``--no-lru``: the header drops 'lru', replay lists the LRU laws as not checked (with the reason)
+    and never as checked; an lru event under a header without 'lru' is malformed (the header lies)."""
+    path = tmp_path / "t.jsonl"
+    res = runner.invoke(app, ["record", "--ops", "60", "-o", str(path), "--fault", "B1", "--model", "full", "--no-lru"])
+    assert res.exit_code == 0, res.output
+    header = json.loads(path.read_text().splitlines()[0])
+    assert "lru" not in header["capabilities"]
+    assert not any(json.loads(x)["op"] == "lru" for x in path.read_text().splitlines()[1:])
+    res = runner.invoke(app, ["replay", str(path), "--json"])
+    out = json.loads(res.stdout)
+    skipped = {u["law"]: u["reason"] for u in out["unchecked"]}
+    for law in ("inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members"):
+        assert law not in out["checked"] and "lack 'lru'" in skipped[law]
+    human = runner.invoke(app, ["replay", str(path)])
+    assert "not checked" in human.output and "inv_lru_detached: not recorded" in human.output
+    # with LRU links recorded: the laws are checked (and counted)
+    full = tmp_path / "full.jsonl"
+    assert runner.invoke(app, ["record", "--ops", "60", "-o", str(full), "--model", "full"]).exit_code == 0
+    out = json.loads(runner.invoke(app, ["replay", str(full), "--json"]).stdout)
+    assert out["checked"]["inv_lru_detached"] > 0 and "inv_lru_detached" not in {u["law"] for u in out["unchecked"]}
+    # a header that lists no 'lru' above an lru event: malformed at that line
+    lines = full.read_text().splitlines()
+    head = json.loads(lines[0])
+    head["capabilities"] = [c for c in head["capabilities"] if c != "lru"]
+    at = next(i for i, x in enumerate(lines) if json.loads(x).get("op") == "lru")
+    r = replay(io.StringIO("\n".join([json.dumps(head), *lines[1:]]) + "\n"))
+    assert r.error is not None and r.error.line == at + 1 and "'lru'" in str(r.error)
+
+
+def test_data_missing_is_reported_not_checked() -> None:
+    """A header that claims 'lru' over a trace with no lru event: the LRU laws are not counted as checked."""
+    header = json.dumps({"kvledger_trace": 1, "config": {}, "adapter": "x", "version": "1", "capabilities": ["lru"]})
+    r = replay(io.StringIO(header + "\n" + json.dumps({"step": 1, **json.loads(A12)}) + "\n"))
+    assert r.ok and "inv_lru_detached" not in r.checked
+    assert "no event of the trace carried" in dict(r.unchecked)["inv_lru_detached"]
+    assert r.checked["inv_single_owner"] == 1
+
+
+def test_contracts_replay_agrees_with_the_sparse_ledgers(tmp_path: Path) -> None:
+    """``contracts=True`` re-runs each ledger transition on the full spec ledger and compares it with the sparse one."""
+    path = tmp_path / "t.jsonl"
+    record_workload(ReferenceAdapter(CACHE_MODELS["hybrid"]), 60, seed=2, path=path)
+    fast, full = replay_path(path), replay_path(path, contracts=True)
+    assert fast.ok and full.ok and fast.steps == full.steps and fast.checked == full.checked

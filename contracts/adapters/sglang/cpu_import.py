@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "COMPONENTS",
     "LEGACY",
     "SCHEDULER",
     "UNIFIED",
@@ -43,6 +44,7 @@ __all__ = [
     "StubbedGPUModule",
     "TestedRange",
     "import_sglang",
+    "import_sglang_package",
     "installed_version",
     "stubbed_modules",
 ]
@@ -126,6 +128,13 @@ UNIFIED = TestedRange(
     ("sgl_kernel.*", "tvm_ffi.*", "sglang.srt.utils.hf_transformers_utils", "sglang.srt.utils.hf_transformers.*"),
 )
 """0.5.23: ``UnifiedRadixCache`` with its Python and Rust tree cores."""
+
+COMPONENTS = TestedRange("scheduler components (Scheduler, UnifiedRadixCache)", "0.5.23", "0.5.23", UNIFIED.stubs)
+"""0.5.23: the scheduler assembled from components over a ``UnifiedRadixCache`` (its Python core).
+
+NOTE: 0.5.13 also assembles its scheduler from components, but its ``UnifiedRadixCache`` keeps its nodes
+on the cache (no ``tree_core``; ``mem_cache/unified_cache_components``) and its sessions in a
+``StreamingSession`` wrapper, which the 0.5.23 abstraction this adapter reuses does not read."""
 
 
 _stubbed: list[str] = []
@@ -317,6 +326,29 @@ def _stub(name: str) -> None:
     _stubbed.append(base)
 
 
+ON_DEMAND = ("torchvision",)
+"""Stubbed only when ``import sglang`` fails for want of them: from 0.5.10 ``sglang.srt.utils.common`` imports
+``torchvision.io`` at module level (torchvision pulls a CUDA torch and is never installed)."""
+
+
+def import_sglang_package() -> types.ModuleType:
+    """``import sglang``, stubbing a package of :data:`ON_DEMAND` (whole) when, and only when, the import needs it.
+
+    NOTE: a release whose import does not fail keeps the real behaviour of code that probes for the package.
+    """
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    for _ in range(len(ON_DEMAND) + 1):
+        try:
+            return importlib.import_module("sglang")
+        except ModuleNotFoundError as err:
+            missing = (err.name or "").partition(".")[0]
+            if missing not in ON_DEMAND or missing in _finder.packages:
+                raise
+            _stub(missing + ".*")
+    return importlib.import_module("sglang")
+
+
 def import_sglang(tested: TestedRange, modules: Sequence[str] = ()) -> str:
     """Check the SGLang version against ``tested``, install the CPU stubs, import ``modules``; return the version.
 
@@ -335,7 +367,7 @@ def import_sglang(tested: TestedRange, modules: Sequence[str] = ()) -> str:
         sys.meta_path.insert(0, _finder)
     for name in tested.pre_stubs:
         _stub(name)
-    importlib.import_module("sglang")
+    import_sglang_package()
     for name in tested.bare_packages:
         parent = name.rpartition(".")[0]
         if parent:

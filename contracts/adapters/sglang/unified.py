@@ -102,7 +102,7 @@ from kvledger.contracts.adapters.sglang.common import (
     lru_state,
     node_owner,
 )
-from kvledger.contracts.adapters.sglang.cpu_import import UNIFIED, import_sglang
+from kvledger.contracts.adapters.sglang.cpu_import import UNIFIED, TestedRange, import_sglang
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
 from kvledger.spec.locks import Key, LockSite, LockState
 from kvledger.spec.lru import LruState
@@ -122,10 +122,10 @@ CORES = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}
 _context_ready = False
 
 
-def _sglang() -> tuple[str, SimpleNamespace]:
+def _sglang(tested: TestedRange = UNIFIED) -> tuple[str, SimpleNamespace]:
     """Import 0.5.23's memory manager on CPU (once: also publishes the CPU server args the caches read)."""
     global _context_ready
-    version = import_sglang(UNIFIED, MODULES)
+    version = import_sglang(tested, MODULES)
     import sglang.srt.mem_cache.allocator as allocator  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.allocator.swa as swa_allocator  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.base_prefix_cache as base  # type: ignore[import-not-found]
@@ -178,6 +178,38 @@ class UnifiedAdapter:
     version = "0.5.23"
 
     def __init__(self, config: CacheConfig, core: str) -> None:
+        self._setup(config, core, None, KVBuffer())
+        params = self.sg.params.CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.pools.req_pool,
+            token_to_kv_pool_allocator=self.allocator,
+            page_size=self.ps,
+            sliding_window_size=config.window,
+            tree_components=tuple(self.ct[c] for c in self.comps),
+            tree_core_backend=core,
+        )
+        self.cache = self.sg.unified.UnifiedRadixCache(params)
+        got = type(self.cache.tree_core).__name__
+        if got != CORES[core]:
+            raise RuntimeError(f"SGLang built a {got} where the {core} tree core ({CORES[core]}) was asked for")
+
+    @classmethod
+    def observing(
+        cls, cache: Any, pools: UnifiedPools, config: CacheConfig, kv: KVBuffer, tested: TestedRange = UNIFIED
+    ) -> UnifiedAdapter:
+        """An adapter over a ``UnifiedRadixCache`` built elsewhere (a scheduler's), on ``pools``, Python core.
+
+        Its snapshot reads that cache as this adapter reads its own; the
+        requests' holdings are what the caller records in ``pools``.
+        """
+        self = cls.__new__(cls)
+        self._setup(config, "python", pools, kv, tested)
+        self.cache = cache
+        return self
+
+    def _setup(
+        self, config: CacheConfig, core: str, pools: UnifiedPools | None, kv: KVBuffer, tested: TestedRange = UNIFIED
+    ) -> None:
         if core not in CORES:
             raise ValueError(f"unknown tree core {core!r}; expected one of {', '.join(CORES)}")
         if (config.window is not None or config.mamba) and config.page_size != 1:
@@ -185,7 +217,7 @@ class UnifiedAdapter:
                 f"the SGLang 0.5.23 adapter wires SWA and Mamba at page size 1 only (config {config.kind}): "
                 "SWATokenToKVPoolAllocator.alloc and MambaComponent without the extra buffer require it"
             )
-        self.version, self.sg = _sglang()
+        self.version, self.sg = _sglang(tested)
         self.core = core
         self.config = config
         self.ps = config.page_size
@@ -202,24 +234,11 @@ class UnifiedAdapter:
             caps |= {"locks", "content"} | ({"lru"} if len(self.comps) > 1 else set())
         self.capabilities = frozenset(caps)
         self.ids = NodeIds()
-        self.kv = KVBuffer()
-        self.pools = UnifiedPools(config, self.sg)
+        self.kv = kv
+        self.pools = UnifiedPools(config, self.sg) if pools is None else pools
         self.allocator = self.pools.allocator
         self.locks: dict[HandleId, UnifiedLock] = {}
         self.next_hid = 1
-        params = self.sg.params.CacheInitParams(
-            disable=False,
-            req_to_token_pool=self.pools.req_pool,
-            token_to_kv_pool_allocator=self.allocator,
-            page_size=self.ps,
-            sliding_window_size=config.window,
-            tree_components=tuple(self.ct[c] for c in self.comps),
-            tree_core_backend=core,
-        )
-        self.cache = self.sg.unified.UnifiedRadixCache(params)
-        got = type(self.cache.tree_core).__name__
-        if got != CORES[core]:
-            raise RuntimeError(f"SGLang built a {got} where the {core} tree core ({CORES[core]}) was asked for")
 
     # ------------------------------------------------------------ pools
 

@@ -1,0 +1,778 @@
+"""SGLang's real scheduler (0.5.23; assembled from components) behind the ``SystemAdapter`` protocol.
+
+What runs for real (SGLang's own code, on CPU):
+
+* requests enter through ``Scheduler.handle_generate_request`` with a
+  ``TokenizedGenerateReqInput`` whose ``SamplingParams`` were normalized as
+  the tokenizer manager does; sessions through ``open_session`` /
+  ``close_session`` (streaming sessions); aborts through ``abort_request``;
+* one scheduling step is the event loop's body: ``get_next_batch_to_run``
+  (``_get_new_batch_prefill_raw`` with ``PrefillAdder`` and ``SchedulePolicy``,
+  ``ScheduleBatch.prepare_for_extend`` → ``alloc_for_extend``,
+  ``update_running_batch`` → ``retract_decode`` / ``prepare_for_decode`` →
+  ``alloc_for_decode``), ``run_batch`` and ``process_batch_result``
+  (``SchedulerBatchResultProcessor``: ``check_finished``, ``release_kv_cache``,
+  ``cache_finished_req`` / ``cache_unfinished_req``); with no batch, the
+  scheduler's ``on_idle``;
+* the components the loop reads are SGLang's own, built by the scheduler's
+  own ``init_*`` methods: ``init_running_status`` (queues,
+  ``SessionController``), ``init_schedule_policy``,
+  ``init_pool_stats_observer``, ``init_invariant_checker``
+  (``SchedulerInvariantChecker``), ``init_output_streamer``,
+  ``init_batch_result_processor``, ``init_deterministic_inference_config``;
+  the DP-attention adapter and ``FutureMap`` too;
+* the cache is a ``UnifiedRadixCache`` (FULL, + SWA, + MAMBA) over the pools
+  of :mod:`~kvledger.contracts.adapters.sglang.unified_pools`.
+
+What is replaced: the model worker (``forward_batch_generation`` returns the
+oracle's token ids: a request asked to finish gets EOS, the others a
+non-EOS token; it writes each computed token's fingerprint into a stand-in
+KV buffer at the slots the batch allocated), the output sender (a recorder),
+the grammar manager (never queues), metrics, profiling, load publishing and
+health-check hooks (no-ops; every call is counted in ``hooks``), the
+tokenizer (none: token ids come in). The scheduler is built with
+``object.__new__`` and the attributes its ``__init__`` would set from server
+args; an ``enable_*`` / ``is_*`` / ``use_*`` flag the adapter did not set
+reads as False and is logged in ``defaulted``.
+
+Retraction uses SGLang's own test hook (``scheduler.TEST_RETRACT`` for one
+iteration: the real ``retract_decode`` picks the victims). The idle check is
+the scheduler's own ``on_idle`` with ``SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE``
+set, so ``SchedulerInvariantChecker`` raises on a leak; its verdict is what
+:meth:`SchedulerSystemAdapter.idle_check` returns.
+
+The snapshot reuses the 0.5.23 cache adapter's abstraction
+(:meth:`~kvledger.contracts.adapters.sglang.unified.UnifiedAdapter.observing`):
+tree holdings per node and component, free lists and size counters; what
+each request holds is read from its ``ReqKvInfo`` (``req_to_token`` row
+positions ``[cache_protected_len, kv_allocated_len)``, ``mamba_pool_idx``),
+what each session holds from ``tree_cache.session_records()``.
+
+Not expressible here (capabilities absent, laws reported skipped):
+``targeted_admission`` (the policy picks from the waiting queue),
+``speculative`` (no draft worker), ``chunk`` (chunked prefill is off),
+``locks`` (the scheduler's tree locks live in its requests, not in handles
+the adapter holds), ``inject_failure``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from kvledger.contracts.adapters.protocol import CacheConfig
+from kvledger.contracts.adapters.sglang.common import FULL, MAMBA, SWA, KVBuffer
+from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS
+from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang
+from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
+from kvledger.contracts.adapters.system import IdleVerdict, RequestView, RowView, SessionView, StepResult, SystemConfig
+from kvledger.contracts.adapters.system import SystemSnapshot as SystemSnap
+from kvledger.spec.errors import KVLedgerError
+from kvledger.spec.ledger import Ledger
+from kvledger.spec.types import Component, Owner, request, session
+
+__all__ = ["SchedulerError", "SchedulerSystemAdapter", "scheduler_system_factory"]
+
+log = logging.getLogger(__name__)
+
+EOS = 2
+"""The token the oracle emits for a request asked to finish (the model config's ``hf_eos_token_id``)."""
+STRICT = "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"
+
+
+class SchedulerError(KVLedgerError):
+    """The scheduler refused or could not do what the protocol asked (names the operation and the request)."""
+
+
+class _NoOp:
+    """A metrics / publishing sink: any attribute is a callable returning a falsy sink; calls are counted."""
+
+    def __init__(self, name: str, calls: dict[str, int]) -> None:
+        self._name = name
+        self._calls = calls
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _NoOp(f"{self._name}.{attr}", self._calls)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._calls[self._name] = self._calls.get(self._name, 0) + 1
+        return _NoOp(f"{self._name}()", self._calls)
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __enter__(self) -> _NoOp:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __add__(self, other: Any) -> Any:  # NOTE: a counter the sink never had starts from the first increment
+        return other
+
+    __radd__ = __add__
+
+
+class _Flags(SimpleNamespace):
+    """A namespace whose unset ``enable_*`` / ``is_*`` / ``use_*`` flags read as False (logged)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith(("enable_", "is_", "use_")):
+            self.__dict__.setdefault("_defaulted", []).append(name)
+            return False
+        raise AttributeError(f"model_config.{name}")
+
+
+class _NoGrammar:
+    """No constrained decoding: nothing ever waits for a grammar."""
+
+    def __init__(self) -> None:
+        self.grammar_queue: list[Any] = []
+
+    def process_req_with_grammar(self, req: Any) -> bool:
+        return False
+
+    def has_waiting_grammars(self) -> bool:
+        return False
+
+    def clear(self) -> None:
+        return None
+
+    def abort_requests(self, recv_req: Any) -> None:
+        return None
+
+
+class _PassThrough:
+    """No n-gram embeddings: the batch goes to the forward as it is."""
+
+    def prepare_for_forward(self, batch: Any, *, chunked_req: Any) -> Any:
+        return batch
+
+
+@dataclass
+class _Oracle:
+    """The fake model: token ids for each request, EOS for those asked to finish, KV fingerprints written."""
+
+    kv: KVBuffer
+    finishing: set[str] = field(default_factory=set)
+    forwards: int = 0
+    prefix: dict[str, int] = field(default_factory=dict)
+    """Per request, the prefix its last prefill started from (matched in the cache or resumed from its session)."""
+
+    def token(self, req: Any) -> int:
+        if req.rid in self.finishing:
+            return EOS
+        return 100 + (len(req.origin_input_ids) + len(req.output_ids)) % 50
+
+
+class _FakeWorker:
+    """``forward_batch_generation`` without a model: the oracle's ids; KV fingerprints at ``out_cache_loc``."""
+
+    def __init__(self, oracle: _Oracle, sg: Any) -> None:
+        self.oracle = oracle
+        self.sg = sg
+        self.model_runner = SimpleNamespace(attn_backend=SimpleNamespace(), prefill_aware_swa=False)
+
+    def forward_batch_generation(self, batch: Any, **kwargs: Any) -> Any:
+        self.oracle.forwards += 1
+        locs = [int(x) for x in batch.out_cache_loc.tolist()] if batch.out_cache_loc is not None else []
+        pos = 0
+        for i, r in enumerate(batch.reqs):
+            seq = list(r.origin_input_ids) + list(r.output_ids)
+            if batch.forward_mode.is_extend():
+                start = int(batch.prefix_lens[i])
+                self.oracle.prefix[r.rid] = start
+                toks = seq[start : start + int(batch.extend_lens[i])]
+            else:
+                start = len(seq) - 1
+                toks = seq[-1:]
+            n = len(toks)
+            self.oracle.kv.write(locs[pos : pos + n], toks, start)
+            pos += n
+        ids = [self.oracle.token(r) for r in batch.reqs]
+        return self.sg.GenerationBatchResult(next_token_ids=torch.tensor(ids, dtype=torch.int64))
+
+
+def _sched_modules() -> SimpleNamespace:
+    import sglang.srt.managers.scheduler as scheduler  # type: ignore[import-not-found]
+    from sglang.srt import runtime_context
+    from sglang.srt.disaggregation.utils import DisaggregationMode  # type: ignore[import-not-found]
+    from sglang.srt.managers import io_struct
+    from sglang.srt.managers.scheduler_components.dp_attn import (  # type: ignore[import-not-found]
+        SchedulerDPAttnAdapter,
+    )
+    from sglang.srt.managers.utils import GenerationBatchResult  # type: ignore[import-not-found]
+    from sglang.srt.sampling.sampling_params import SamplingParams  # type: ignore[import-not-found]
+    from sglang.srt.server_args import ServerArgs  # type: ignore[import-not-found]
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # type: ignore[import-not-found]
+
+    return SimpleNamespace(
+        scheduler=scheduler,
+        rc=runtime_context,
+        io=io_struct,
+        DisaggregationMode=DisaggregationMode,
+        DPAttn=SchedulerDPAttnAdapter,
+        GenerationBatchResult=GenerationBatchResult,
+        SamplingParams=SamplingParams,
+        ServerArgs=ServerArgs,
+        SpeculativeAlgorithm=SpeculativeAlgorithm,
+    )
+
+
+def _cpu_scheduler_class(base: type) -> type:
+    """The real ``Scheduler`` with one addition: unset ``enable_*`` / ``is_*`` / ``use_*`` flags read False (logged)."""
+
+    def __getattr__(self: Any, name: str) -> Any:
+        if name.startswith(("enable_", "is_", "use_")):
+            self.__dict__.setdefault("defaulted", []).append(name)
+            return False
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (not set by the kvledger adapter)")
+
+    return type("CPUScheduler", (base,), {"__getattr__": __getattr__, "__module__": __name__})
+
+
+class SchedulerSystemAdapter:
+    """SGLang's ``Scheduler`` driven by request lifecycle; observed in spec terms."""
+
+    engine_class = "sglang.srt.managers.scheduler.Scheduler"
+
+    def __init__(self, config: SystemConfig) -> None:
+        if (config.window is not None or config.mamba) and config.page_size != 1:
+            raise SchedulerError(
+                f"SGLang scheduler adapter: {config.kind}: SWA and Mamba are wired at page size 1 only "
+                "(SWATokenToKVPoolAllocator and MambaComponent without the extra buffer require it)"
+            )
+        os.environ[STRICT] = "1"
+        self.version, self.sg = _sglang(COMPONENTS)
+        self.m = _sched_modules()
+        self.config = config
+        self.name = f"sglang-{self.version}/Scheduler[{config.kind}]"
+        caps = {"sessions", "retract", "abort", "evict", "idle_check", "sizes", "rows", "content"}
+        self.capabilities = frozenset(caps)
+        self.cache_config = CacheConfig(
+            page_size=config.page_size,
+            window=config.window,
+            mamba=config.mamba,
+            kv_tokens=config.kv_tokens,
+            swa_tokens=config.kv_tokens,
+            mamba_slots=config.mamba_slots,
+        )
+        self.kv = KVBuffer()
+        self.pools = UnifiedPools(self.cache_config, self.sg)
+        ct = self.sg.ComponentType
+        comps = (ct.FULL, *([ct.SWA] if config.window is not None else []), *([ct.MAMBA] if config.mamba else []))
+        params = self.sg.params.CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.pools.req_pool,
+            token_to_kv_pool_allocator=self.pools.allocator,
+            page_size=config.page_size,
+            sliding_window_size=config.window,
+            tree_components=comps,
+            tree_core_backend="python",
+        )
+        self.cache = self.sg.unified.UnifiedRadixCache(params)
+        self.view = UnifiedAdapter.observing(self.cache, self.pools, self.cache_config, self.kv, COMPONENTS)
+        self.oracle = _Oracle(self.kv)
+        self.hooks: dict[str, int] = {}
+        self.outputs: list[Any] = []
+        self.reqs: dict[int, Any] = {}
+        self.req_session: dict[int, int] = {}
+        self.aborted: set[int] = set()
+        self.next_rid = 1
+        self.s = self._build()
+
+    # ------------------------------------------------------------ building
+
+    def _build(self) -> Any:
+        m, cfg = self.m, self.config
+        args = m.ServerArgs(
+            model_path="dummy",
+            device="cpu",
+            attention_backend="torch_native",
+            disable_overlap_schedule=True,
+            page_size=cfg.page_size,
+            pp_max_micro_batch_size=cfg.rows,
+            max_running_requests=cfg.rows,
+            enable_streaming_session=True,
+        )
+        args._mamba_cache_chunk_size = 64  # NOTE: read from the model config otherwise (ENGINES.md)
+        m.rc.publish(args, role="scheduler", ranks=m.rc.SpawnRanks(world_rank=0))
+        s: Any = object.__new__(_cpu_scheduler_class(m.scheduler.Scheduler))
+        sched = m.rc.get_schedule()
+        noop = self._noop
+        swa, mamba = cfg.window is not None, cfg.mamba
+        s.__dict__.update(
+            server_args=args,
+            forward_ct=0,
+            processed_tokens_counter=0,
+            cur_batch_for_debug=None,
+            is_initializing=False,
+            schedule_policy=sched.schedule_policy,
+            enable_priority_scheduling=sched.enable_priority_scheduling,
+            abort_on_priority_when_disabled=sched.abort_on_priority_when_disabled,
+            schedule_low_priority_values_first=sched.schedule_low_priority_values_first,
+            priority_scheduling_preemption_threshold=sched.priority_scheduling_preemption_threshold,
+            enable_lora=False,
+            enable_lora_overlap_loading=False,
+            max_loras_per_batch=0,
+            enable_overlap=False,
+            enable_overlap_mlx=False,
+            enable_pdmux=False,
+            skip_tokenizer_init=True,
+            stream_interval=1,
+            spec_algorithm=m.SpeculativeAlgorithm.from_string(None),
+            page_size=cfg.page_size,
+            enable_hierarchical_cache=False,
+            enable_lmcache=False,
+            enable_session_radix_cache=False,
+            enable_hicache_storage=False,
+            enable_unified_cache_external_linker=False,
+            enable_decode_hicache=False,
+            enable_hisparse=False,
+            enable_unified_memory=False,
+            attn_dp_enabled=False,
+            max_recv_per_poll=100,
+            max_new_tokens_limit=None,
+            model_config=_Flags(
+                vocab_size=1000,
+                hf_eos_token_id={EOS},
+                context_len=64,
+                is_multimodal=False,
+                is_generation=True,
+                is_encoder_decoder=False,
+                self_opened_think_start_ids=None,
+                think_end_ids=None,
+            ),
+            tree_cache=self.cache,
+            req_to_token_pool=self.pools.req_pool,
+            token_to_kv_pool_allocator=self.pools.allocator,
+            is_hybrid_swa=swa,
+            is_hybrid_ssm=mamba,
+            sliding_window_size=cfg.window,
+            full_tokens_per_layer=cfg.kv_tokens if swa else None,
+            swa_tokens_per_layer=cfg.kv_tokens if swa else None,
+            max_total_num_tokens=cfg.kv_tokens,
+            max_prefill_tokens=64,
+            max_running_requests=cfg.rows,
+            max_queued_requests=None,
+            max_req_len=64,
+            max_req_input_len=60,
+            random_seed=0,
+            device="cpu",
+            disable_radix_cache=False,
+            draft_worker=None,
+            decode_offload_manager=None,
+            disaggregation_mode=m.DisaggregationMode.NULL,
+            chunked_prefill_size=None,
+            prefill_decode_interval=0,
+            _prefill_decode_interval_remaining=0,
+            prefill_decode_interval_min_bs=0,
+            chunked_req=None,
+            _pending_chunked_abort_req=None,
+            is_mixed_chunk=False,
+            dynamic_chunk_sizer=None,
+            metrics_collector=noop("metrics_collector"),
+            metrics_reporter=noop("metrics_reporter"),
+            scheduler_stage_metrics=noop("scheduler_stage_metrics"),
+            kv_events_publisher=noop("kv_events_publisher"),
+            load_publisher=noop("load_publisher"),
+            load_inquirer=noop("load_inquirer"),
+            profiler_manager=noop("profiler_manager"),
+            dllm_manager=noop("dllm_manager"),
+            hisparse_coordinator=None,
+            rust_server=None,
+            dllm_config=None,
+            is_generation=True,
+            scripted_scheduler_hook=None,
+            ipc_channels=SimpleNamespace(
+                send_to_detokenizer=SimpleNamespace(
+                    send_output=lambda *a, **k: self.outputs.append(a), send_pyobj=self.outputs.append
+                ),
+                send_to_tokenizer=SimpleNamespace(
+                    send_output=lambda *a, **k: self.outputs.append(a), send_pyobj=self.outputs.append
+                ),
+            ),
+            grammar_manager=_NoGrammar(),
+            tokenizer=None,
+            pad_input_ids_func=None,
+            transfer_backend=None,
+            disagg_metadata_buffers=None,
+            _sched_idled=False,
+            disagg_decode_prealloc_queue=None,
+            disagg_decode_transfer_queue=None,
+            disagg_prefill_bootstrap_queue=None,
+            disagg_prefill_inflight_queue=None,
+            req_to_metadata_buffer_idx_allocator=None,
+            require_mlp_sync=False,
+            enable_fpm=False,
+            forward_stream=None,
+            forward_stream_ctx=None,
+            schedule_stream=None,
+            load_snapshot_writer=None,
+            lora_drainer=None,
+            min_free_slots_delayer=None,
+            mm_receiver=None,
+            ngram_embedding_manager=_PassThrough(),
+            pp_group=None,
+            device_module=torch.get_device_module("cpu"),
+            _confidence_budget_prepare=None,
+        )
+        worker = _FakeWorker(self.oracle, self.m)
+        s.tp_worker = s.model_worker = worker
+        s.future_map = s.spec_algorithm.create_future_map(
+            "cpu", self.pools.req_pool, needs_cpu_seq_lens=False, needs_confidence_relay=False
+        )
+        # NOTE: metrics, load-publishing and health-check hooks of the scheduler itself: no-ops, counted.
+        for hook in ("_record_step_counters", "maybe_send_health_check_signal", "maybe_sleep_on_idle"):
+            setattr(s, hook, noop(hook))
+        s.publish_load_snapshot = noop("publish_load_snapshot")
+        for init in (
+            "init_running_status",
+            "init_schedule_policy",
+            "init_pool_stats_observer",
+            "init_invariant_checker",
+            "init_output_streamer",
+            "init_batch_result_processor",
+            "init_deterministic_inference_config",
+        ):
+            getattr(s, init)()
+        s.dp_attn_adapter = m.DPAttn(
+            model_runner=worker.model_runner,
+            req_to_token_pool=self.pools.req_pool,
+            token_to_kv_pool_allocator=self.pools.allocator,
+            tree_cache=self.cache,
+            offload_tags=set(),
+            model_config=s.model_config,
+            enable_overlap=False,
+            spec_algorithm=s.spec_algorithm,
+            get_require_mlp_sync=lambda: False,
+        )
+        return s
+
+    def _noop(self, name: str) -> _NoOp:
+        return _NoOp(name, self.hooks)
+
+    @property
+    def defaulted(self) -> list[str]:
+        """The ``enable_*`` / ``is_*`` / ``use_*`` flags SGLang read that the adapter did not set (read as False)."""
+        return sorted(set(self.s.__dict__.get("defaulted", []) + self.s.model_config.__dict__.get("_defaulted", [])))
+
+    # ------------------------------------------------------------ the loop
+
+    def _step(self) -> Any:
+        """One iteration of ``event_loop_normal``'s body (without receiving): the batch it ran, or None (idle)."""
+        s = self.s
+        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+        s.running_batch = plan.running_batch
+        batch = plan.batch_to_run
+        s.cur_batch_for_debug = batch
+        if batch:
+            result = s.run_batch(batch)
+            s.process_batch_result(batch, result)
+        s.last_batch = batch
+        return batch
+
+    def _statuses(self) -> dict[int, str]:
+        return {rid: self._status(rid) for rid in self.reqs}
+
+    def _result(self, before: dict[int, str]) -> StepResult:
+        after = self._statuses()
+        moved = [(r, before.get(r, "waiting"), a) for r, a in after.items() if before.get(r, "waiting") != a]
+        return StepResult(
+            admitted=tuple(r for r, b, a in moved if b == "waiting" and a == "running"),
+            rejected=tuple(r for r, a in after.items() if a == "waiting" and before.get(r, "waiting") == "waiting"),
+            finished=tuple(r for r, b, a in moved if a in ("finished", "aborted")),
+            retracted=tuple(r for r, b, a in moved if b == "running" and a == "waiting"),
+        )
+
+    def _status(self, rid: int) -> str:
+        req = self.reqs[rid]
+        s = self.s
+        if req.finished():
+            live = any(req is r for r in self._batch_reqs())
+            if not live:
+                return "aborted" if type(req.finished_reason).__name__ == "FINISH_ABORT" else "finished"
+        if any(req is r for r in s.waiting_queue):
+            return "waiting"
+        if any(req is r for r in self._batch_reqs()):
+            return "running"
+        aborted = type(req.finished_reason).__name__ == "FINISH_ABORT" or rid in self.aborted
+        return "aborted" if aborted else "finished"
+
+    def _batch_reqs(self) -> list[Any]:
+        s = self.s
+        out = list(s.running_batch.reqs)
+        if s.last_batch is not None:
+            out += [r for r in s.last_batch.reqs if not any(r is x for x in out)]
+        return out
+
+    # ------------------------------------------------------------ protocol
+
+    def add_request(self, tokens: tuple[int, ...], session: int | None = None) -> int:
+        m = self.m
+        rid = self.next_rid
+        self.next_rid += 1
+        # NOTE: the adder reserves room for each running request's remaining max_new_tokens (times the new-token
+        # ratio): the row length keeps that reservation at the scale of the tiny pools.
+        sp = m.SamplingParams(max_new_tokens=self.config.max_context)
+        sp.normalize(None)
+        extra: dict[str, Any] = {}
+        if session is not None:
+            extra["session_params"] = m.io.SessionParams(id=str(session))
+        recv = m.io.TokenizedGenerateReqInput(
+            rid=_rid(rid),
+            input_text=None,
+            input_ids=array("q", tokens),
+            input_embeds=None,
+            mm_inputs=None,
+            token_type_ids=None,
+            sampling_params=sp,
+            return_logprob=False,
+            logprob_start_len=-1,
+            top_logprobs_num=0,
+            token_ids_logprob=None,
+            stream=False,
+            **extra,
+        )
+        self.s.handle_generate_request(recv)
+        req = next((r for r in self.s.waiting_queue if r.rid == _rid(rid)), None)
+        if req is None:
+            raise SchedulerError(f"add_request: SGLang did not queue request {rid} ({self.outputs[-1:]})")
+        self.reqs[rid] = req
+        if session is not None:
+            self.req_session[rid] = session
+        return rid
+
+    def admit(self, budget: int, rid: int | None = None) -> StepResult:
+        before = self._statuses()
+        self.s.max_prefill_tokens = budget
+        try:
+            self._step()
+        finally:
+            self.s.max_prefill_tokens = 64
+        return self._result(before)
+
+    def _decode_until(self, rid: int, done: Any, what: str) -> StepResult:
+        before = self._statuses()
+        for _ in range(4):
+            if done():
+                break
+            self._step()
+        else:
+            if not done():
+                raise SchedulerError(f"{what}: request {rid} did not decode (status {self._status(rid)})")
+        return self._result(before)
+
+    def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
+        req = self.reqs[rid]
+        results = []
+        for _ in range(n):
+            if self._status(rid) != "running":
+                break
+            target = len(req.output_ids) + 1
+            results.append(
+                self._decode_until(rid, lambda t=target: len(req.output_ids) >= t or req.finished(), "extend")
+            )
+        return _merge(results)
+
+    def finish(self, rid: int) -> StepResult:
+        req = self.reqs[rid]
+        self.oracle.finishing.add(req.rid)
+        try:
+            return self._decode_until(rid, lambda: self._status(rid) != "running", "finish")
+        finally:
+            self.oracle.finishing.discard(req.rid)
+
+    def chunk(self, rid: int) -> StepResult:
+        raise SchedulerError(f"chunk of request {rid}: chunked prefill is off in this adapter")
+
+    def retract(self, rid: int) -> StepResult:
+        sched = self.m.scheduler
+        before = self._statuses()
+        saved = sched.TEST_RETRACT, sched.TEST_RETRACT_INTERVAL
+        sched.TEST_RETRACT, sched.TEST_RETRACT_INTERVAL = True, 1
+        try:
+            self._step()
+        finally:
+            sched.TEST_RETRACT, sched.TEST_RETRACT_INTERVAL = saved
+        return self._result(before)
+
+    def abort(self, rid: int) -> StepResult:
+        before = self._statuses()
+        self.aborted.add(rid)  # NOTE: a request aborted while waiting leaves the queue without a finish reason
+        self.s.abort_request(self.m.io.AbortReq(rid=_rid(rid)))
+        for _ in range(3):  # NOTE: a running request is finished by the steps after the abort, as in the loop
+            if self._status(rid) != "running":
+                break
+            self._step()
+        return self._result(before)
+
+    def open_session(self, sid: int) -> None:
+        out = self.s.open_session(
+            self.m.io.OpenSessionReqInput(capacity_of_str_len=1024, session_id=str(sid), streaming=True)
+        )
+        if out is None or not out.success:
+            raise SchedulerError(f"open_session {sid}: SGLang refused it")
+
+    def close_session(self, sid: int) -> None:
+        self.s.close_session(self.m.io.CloseSessionReqInput(session_id=str(sid)))
+
+    def evict(self, component: Component, n: int) -> int:
+        comps = {FULL, *([SWA] if self.config.window is not None else []), *([MAMBA] if self.config.mamba else [])}
+        if component not in comps:
+            return 0
+        return self.view.evict(component, n)
+
+    def inject_failure(self) -> None:
+        raise SchedulerError("inject_failure: not expressible through SGLang's scheduler")
+
+    def idle_check(self) -> IdleVerdict | None:
+        s = self.s
+        if not s.is_fully_idle():
+            return None
+        try:
+            s.on_idle()
+        except (AssertionError, ValueError, RuntimeError) as err:
+            return IdleVerdict(False, None, str(err))
+        return IdleVerdict(True, None, "")
+
+    # ------------------------------------------------------------ abstraction
+
+    def _live(self) -> dict[int, Any]:
+        """Requests that hold a row of their own (a session's record is the session's)."""
+        records = {id(kv) for kv in self.cache.session_records().values()}
+        return {
+            rid: req for rid, req in self.reqs.items() if req.kv.req_pool_idx is not None and id(req.kv) not in records
+        }
+
+    def _row(self, kv: Any) -> list[int]:
+        row = self.pools.req_pool.req_to_token[kv.req_pool_idx]
+        return [int(x) for x in row[: kv.kv_allocated_len].tolist()]
+
+    def _units(self, slots: Iterable[int]) -> set[int]:
+        ps = self.config.page_size
+        return {x // ps for x in slots} if ps > 1 else set(slots)
+
+    def _mamba(self, kv: Any) -> set[int]:
+        if kv.mamba_pool_idx is None:
+            return set()
+        return {int(x) for x in kv.mamba_pool_idx.reshape(-1).tolist()}
+
+    def snapshot(self) -> SystemSnap:
+        live = self._live()
+        records = {int(sid): kv for sid, kv in self.cache.session_records().items()}
+        opened = [int(sid) for sid in self.s.session_controller.sessions]
+        pools = self.pools
+        pools.req_kv = {rid: set(self._row(req.kv)[req.kv.cache_protected_len :]) for rid, req in live.items()}
+        lent_records = {id(kv) for kv in records.values()}  # NOTE: a session's record, lent to its running turn
+        pools.req_mamba = {
+            rid: self._mamba(req.kv)
+            for rid, req in self.reqs.items()
+            if self._mamba(req.kv) and id(req.kv) not in lent_records and self._status(rid) in ("waiting", "running")
+        }  # NOTE: an ended request's kv keeps naming the state it handed to the tree (a stale field, not a hold)
+        tree = self.view.snapshot()
+        ledgers = dict(tree.ledgers)
+        sess_kv = {
+            session(sid): self._units(self._row(kv)[kv.cache_protected_len :])
+            for sid, kv in records.items()
+            if kv.holds_kv
+        }
+        sess_mamba = {session(sid): self._mamba(kv) for sid, kv in records.items()}
+        ledgers["kv"] = _with(ledgers["kv"], sess_kv)
+        if "mamba" in ledgers:
+            ledgers["mamba"] = _with(ledgers["mamba"], sess_mamba)
+        if "swa" in ledgers:
+            ledgers["swa"] = _with(ledgers["swa"], {o: pools.swa_of(xs) for o, xs in sess_kv.items()})
+        rows_pool = pools.req_pool
+        row_holders: dict[Owner, set[int]] = {request(rid): {int(req.kv.req_pool_idx)} for rid, req in live.items()}
+        row_holders.update({session(sid): {int(kv.req_pool_idx)} for sid, kv in records.items() if kv.holds_kv})
+        free_rows = [int(x) for x in rows_pool.free_slots]
+        ledgers["req_to_token"] = Ledger(
+            "req_to_token",
+            rows_pool.size,
+            frozenset(free_rows),
+            {o: frozenset(xs) for o, xs in row_holders.items()},
+            int(rows_pool.req_to_token.shape[0]) - int(rows_pool.size),  # NOTE: row 0 is padding in 0.5.23
+        )
+        references = {name: dict(lg.held) for name, lg in ledgers.items()}
+        rows: dict[int, RowView] = {}
+        for rid, req in live.items():
+            rows[int(req.kv.req_pool_idx)] = RowView(request(rid), tuple(self._row(req.kv)), req.kv.cache_protected_len)
+        for sid, kv in records.items():
+            if kv.holds_kv and int(kv.req_pool_idx) not in rows:
+                rows[int(kv.req_pool_idx)] = RowView(session(sid), tuple(self._row(kv)), kv.cache_protected_len)
+        requests = {}
+        for rid, req in self.reqs.items():
+            status = self._status(rid)
+            kv = req.kv
+            seq = tuple(int(t) for t in list(req.origin_input_ids) + list(req.output_ids))
+            requests[rid] = RequestView(
+                rid,
+                status,
+                self.req_session.get(rid),
+                seq[: kv.kv_committed_len] if status == "running" else (),
+                kv.kv_committed_len if status == "running" else 0,
+                self.oracle.prefix.get(req.rid, 0),
+                None if kv.req_pool_idx is None or status != "running" else int(kv.req_pool_idx),
+            )
+        lent = {id(req.kv): rid for rid, req in self.reqs.items() if self._status(rid) == "running"}
+        sessions = {
+            sid: SessionView(
+                sid,
+                kv.kv_committed_len,
+                kv.kv_allocated_len,
+                None if kv.req_pool_idx is None else int(kv.req_pool_idx),
+                tuple(self._row(kv)) if kv.holds_kv and id(kv) not in lent else (),
+                lent.get(id(kv)),
+            )
+            for sid, kv in records.items()
+        }
+        for sid in opened:  # NOTE: an open session holds no record until its first request
+            sessions.setdefault(sid, SessionView(sid, 0, 0, None))
+        slots = [x for view in rows.values() for x in view.slots]
+        return SystemSnap(
+            ledgers=ledgers,
+            references={k: {o: frozenset(v) for o, v in refs.items()} for k, refs in references.items()},
+            requests=requests,
+            sessions=sessions,
+            rows=rows,
+            locks=None,
+            sizes=dict(tree.sizes),
+            content=self.kv.content(slots),
+            page_size=self.config.page_size,
+        )
+
+
+def _rid(rid: int) -> str:
+    """SGLang's rid for ``rid``. NOTE: ``abort_request`` matches rids by prefix (``startswith``): fixed width."""
+    return f"{rid:08d}"
+
+
+def _with(lg: Ledger, extra: dict[Owner, set[int]]) -> Ledger:
+    """``lg`` with ``extra`` owners' holdings added (sessions: the cache adapter's ledger knows nodes and requests)."""
+    held = {o: set(xs) for o, xs in lg.held.items()}
+    for o, xs in extra.items():
+        if xs:
+            held.setdefault(o, set()).update(xs)
+    return Ledger(lg.name, lg.capacity, lg.free, {o: frozenset(xs) for o, xs in held.items() if xs}, lg.base)
+
+
+def _merge(results: list[StepResult]) -> StepResult:
+    def cat(attr: str) -> tuple[int, ...]:
+        return tuple(dict.fromkeys(x for r in results for x in getattr(r, attr)))
+
+    return StepResult(cat("admitted"), cat("rejected"), cat("finished"), cat("retracted"))
+
+
+def scheduler_system_factory(config: SystemConfig) -> SchedulerSystemAdapter:
+    """SGLang's real scheduler (0.5.23) over a ``UnifiedRadixCache`` of the kind ``config`` names."""
+    return SchedulerSystemAdapter(config)

@@ -1,0 +1,399 @@
+"""Mutation testing of ``impl/``: how many small, plausible bugs does the default ``kvledger check`` catch?
+
+Each mutant is one small change of the kind real memory managers have shipped,
+made by an AST operator on one ``impl/`` module (here, not a mutation library: mutmut and
+cosmic-ray mutate operators and constants everywhere, while the bugs that matter here are
+dropped unlinks, frees and rollbacks, swapped owners and off-by-one ranges):
+
+* ``drop-call``: a call statement removed (an unlink, a free, a lock or unlock, a rollback step);
+* ``drop-store``: an assignment to an attribute or an item removed (a pointer or counter not reset);
+* ``boundary``: ``<`` / ``<=`` and ``>`` / ``>=`` swapped (an off-by-one bound);
+* ``slice+1``: a slice bound moved by one (an off-by-one page or row range);
+* ``len+1``: a ``len(...)`` made one longer (a counter moved by the wrong length);
+* ``aug-sign``: ``+=`` / ``-=`` swapped (a counter moved the wrong way);
+* ``swap-owner``: the source and destination of a ``transfer`` swapped (the wrong owner);
+* ``negate-if``: an ``if`` condition negated (a branch on the wrong state);
+* ``and-or``: ``and`` / ``or`` swapped.
+
+No mutant touches ``faults.py``, ``__repr__`` or ``__str__``. Each mutant is written into a
+private copy of the package: the worktree is never edited. Then ``kvledger check`` runs at the
+default profile (``DRIVER``: the same machines, profile and contract tier, without shrinking,
+stopping at the first violation), the suite most likely to kill first; a suite that never
+runs the mutated module is skipped (``REACH``). A mutant is *killed* when a suite fails; the
+law it names is recorded. A survivor that ``pytest tests/impl`` kills changes behaviour for
+sure; the other survivors are judged by hand (``EQUIVALENT``, each with its reason).
+
+The score is ``killed / (mutants - equivalent)``. Usage (the whole population is large: sample it)::
+
+    nice -n 10 python tests/benchmarks/mutation.py --sample 30 --seed 1
+    python tests/benchmarks/mutation.py --list            # every mutant id, nothing run
+    python tests/benchmarks/mutation.py --only impl/lru.py:196:12:drop-store
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+IMPL = ROOT / "impl"
+SKIP_FILES = {"__init__.py", "faults.py"}
+SKIP_FUNCS = {"__repr__", "__str__"}
+
+POOLS = {"slots", "allocators", "mamba", "req_to_token", "owners", "integrity"}
+CACHE = POOLS | {"radix", "tree", "lru", "locks", "kvview"}
+REACH: dict[str, set[str]] = {"pools": POOLS, "cache": CACHE, "system": CACHE | {"memory", "session", "admission"}}
+REACH["system"] |= {"requests", "leaks"}
+"""Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
+
+EQUIVALENT: dict[str, str] = {
+    "impl/admission.py:83:45:slice+1": "the key is one token longer only when it is unaligned or past its end; "
+    "match_prefix matches whole pages and a slice past the end is the whole key, so the match is the same",
+    "impl/allocators.py:267:12:drop-call": "a defensive check: the SWA slots of full slots held by src are tagged "
+    "swa_owner(src) in every reachable state (the full check just before passed), so it can never fail",
+}
+"""Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor)."""
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One change: ``file`` (relative to the repo), the node's position and the operator."""
+
+    file: str
+    line: int
+    col: int
+    op: str
+    before: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}:{self.op}"
+
+
+@dataclass
+class Outcome:
+    """What ``kvledger check`` said about one mutant."""
+
+    id: str
+    before: str
+    status: str  # "killed", "survived", "equivalent", "invalid" (the mutant does not compile)
+    law: str = ""
+    suite: str = ""
+    seconds: float = 0.0
+    pytest_kills: bool | None = None
+    suites_run: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- operators
+
+
+def _calls_transfer(node: ast.Call) -> bool:
+    return isinstance(node.func, ast.Attribute) and node.func.attr == "transfer" and len(node.args) >= 3
+
+
+class _Sites(ast.NodeVisitor):
+    """Every place an operator applies, in source order, skipping ``__repr__`` and ``__str__``."""
+
+    def __init__(self) -> None:
+        self.sites: list[tuple[ast.AST, str]] = []
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        if node.name not in SKIP_FUNCS:
+            self.generic_visit(node)
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        if isinstance(node.value, ast.Call):
+            self.sites.append((node, "drop-call"))
+        self.generic_visit(node)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        if any(isinstance(t, ast.Attribute | ast.Subscript) for t in node.targets):
+            self.sites.append((node, "drop-store"))
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        if isinstance(node.op, ast.Add | ast.Sub):
+            self.sites.append((node, "aug-sign"))
+        if isinstance(node.target, ast.Attribute | ast.Subscript):
+            self.sites.append((node, "drop-store"))
+        self.generic_visit(node)
+
+    def visit_Compare(self, node: ast.Compare) -> None:
+        if len(node.ops) == 1 and isinstance(node.ops[0], ast.Lt | ast.LtE | ast.Gt | ast.GtE):
+            self.sites.append((node, "boundary"))
+        self.generic_visit(node)
+
+    def visit_Slice(self, node: ast.Slice) -> None:
+        if node.lower is not None or node.upper is not None:
+            self.sites.append((node, "slice+1"))
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if isinstance(node.func, ast.Name) and node.func.id == "len":
+            self.sites.append((node, "len+1"))
+        if _calls_transfer(node):
+            self.sites.append((node, "swap-owner"))
+        self.generic_visit(node)
+
+    def visit_If(self, node: ast.If) -> None:
+        self.sites.append((node, "negate-if"))
+        self.generic_visit(node)
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> None:
+        self.sites.append((node, "and-or"))
+        self.generic_visit(node)
+
+
+def _apply(node: ast.AST, op: str) -> ast.AST | None:
+    """The mutated replacement of ``node`` (``None``: the operator does not fit after all)."""
+    one = ast.Constant(1)
+    if op in ("drop-call", "drop-store"):
+        return ast.Pass()
+    if op == "aug-sign" and isinstance(node, ast.AugAssign):
+        return ast.AugAssign(node.target, ast.Sub() if isinstance(node.op, ast.Add) else ast.Add(), node.value)
+    if op == "boundary" and isinstance(node, ast.Compare):
+        swap = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
+        return ast.Compare(node.left, [swap[type(node.ops[0])]()], node.comparators)
+    if op == "slice+1" and isinstance(node, ast.Slice):
+        if node.upper is not None:
+            return ast.Slice(node.lower, ast.BinOp(node.upper, ast.Add(), one), node.step)
+        assert node.lower is not None
+        return ast.Slice(ast.BinOp(node.lower, ast.Add(), one), node.upper, node.step)
+    if op == "len+1" and isinstance(node, ast.Call):
+        return ast.BinOp(node, ast.Add(), one)
+    if op == "swap-owner" and isinstance(node, ast.Call):
+        args = list(node.args)
+        args[1], args[2] = args[2], args[1]
+        return ast.Call(node.func, args, node.keywords)
+    if op == "negate-if" and isinstance(node, ast.If):
+        return ast.If(ast.UnaryOp(ast.Not(), node.test), node.body, node.orelse)
+    if op == "and-or" and isinstance(node, ast.BoolOp):
+        return ast.BoolOp(ast.Or() if isinstance(node.op, ast.And) else ast.And(), node.values)
+    return None
+
+
+def _sites(tree: ast.Module) -> list[tuple[ast.AST, str]]:
+    finder = _Sites()
+    finder.visit(tree)
+    return finder.sites
+
+
+def mutants() -> Iterator[Mutant]:
+    """Every mutant of every ``impl/`` module, in a stable order."""
+    for path in sorted(IMPL.glob("*.py")):
+        if path.name in SKIP_FILES:
+            continue
+        source = path.read_text()
+        for node, op in _sites(ast.parse(source)):
+            seg = ast.get_source_segment(source, node) or ""
+            first = seg.strip().splitlines()[0] if seg.strip() else ""
+            pos = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+            yield Mutant(f"impl/{path.name}", pos[0], pos[1], op, first[:100])
+
+
+def mutated_source(m: Mutant) -> str | None:
+    """The module's source with ``m`` applied (``None`` if it no longer applies)."""
+    source = (ROOT / m.file).read_text()
+    tree = ast.parse(source)
+
+    class Swap(ast.NodeTransformer):
+        done = False
+
+        def generic_visit(self, node: ast.AST) -> ast.AST:
+            if (
+                not self.done
+                and getattr(node, "lineno", None) == m.line
+                and getattr(node, "col_offset", None) == m.col
+                and any(n is node and op == m.op for n, op in sites)
+            ):
+                new = _apply(node, m.op)
+                if new is not None:
+                    self.done = True
+                    return ast.copy_location(new, node)
+            return super().generic_visit(node)
+
+    sites = _sites(tree)
+    swap = Swap()
+    out = swap.visit(tree)
+    if not swap.done:
+        return None
+    return ast.unparse(ast.fix_missing_locations(out))
+
+
+# ---------------------------------------------------------------- running
+
+
+def make_view(root: Path) -> Path:
+    """``root/kvledger``: a private copy of ``spec``, ``impl`` and ``contracts`` (edits to the worktree during a
+    run change nothing)."""
+    pkg = root / "kvledger"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text('"""Mutation view of kvledger."""\n')
+    for name in ("spec", "impl", "contracts"):
+        shutil.copytree(ROOT / name, pkg / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def suites_for(m: Mutant) -> list[str]:
+    """The suites that run ``m``'s module, the likeliest killer first."""
+    mod = Path(m.file).stem
+    reach = [s for s in ("pools", "cache", "system") if mod in REACH[s]]
+    first = next(s for s in ("pools", "cache", "system") if mod in REACH[s])
+    return [first, *[s for s in reach if s != first]]
+
+
+DRIVER = """
+import json, sys
+from hypothesis import Phase, settings
+from kvledger.contracts import bindings
+from kvledger.contracts.machines.profiles import register_profiles
+from kvledger.contracts.machines.runner import run_machine
+from kvledger.contracts.machines.suites import SUITES
+register_profiles()
+bindings.install("on")
+find = settings(settings.get_profile("ci"), phases=[Phase.explicit, Phase.reuse, Phase.generate])
+for suite in sys.argv[1:]:
+    for model, make in SUITES[suite].models.items():
+        r = run_machine(suite, model, make(), list(SUITES[suite].rules), find, None)
+        if r.violation is not None:
+            print(json.dumps({"suite": suite, "model": model, "rule": r.violation.rule}))
+            sys.exit(1)
+print(json.dumps({"ok": True}))
+"""
+"""``kvledger check`` as the CLI runs it (the ``ci`` profile, contracts ``on``, every model of each suite), but
+without shrinking and stopping at the first violation: whether a mutant is killed, and by which law, is
+decided when the first failing example is found; shrinking only makes the report short."""
+
+
+def run_check(view: Path, suites: list[str], timeout: float) -> tuple[str, str, float]:
+    """The default check of ``suites`` on the view: (the suite that failed or "", the law, seconds)."""
+    env = {**os.environ, "PYTHONPATH": str(view), "PYTHONDONTWRITEBYTECODE": "1"}
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", DRIVER, *suites],
+            env=env,
+            cwd=view,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return suites[0], f"hang (no verdict within {timeout:g} s)", time.perf_counter() - start
+    took = time.perf_counter() - start
+    if proc.returncode == 0:
+        return "", "", took
+    try:
+        payload = json.loads(proc.stdout.strip().splitlines()[-1])
+        return payload["suite"], payload["rule"], took
+    except (json.JSONDecodeError, KeyError, IndexError):
+        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return suites[0], f"kvledger check crashed: {tail[:100]}", took
+
+
+def pytest_kills(view: Path, timeout: float) -> bool:
+    """Whether the project's own ``tests/impl`` fail on the mutant (then it surely changes behaviour)."""
+    env = {**os.environ, "PYTHONPATH": str(view), "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / "impl"), "-x", "-q", "-p", "no:cacheprovider"]
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=view, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return True
+    return proc.returncode != 0
+
+
+def judge(view: Path, m: Mutant, timeout: float, classify: bool) -> Outcome:
+    """Apply ``m`` in the view, run the suites until one fails, restore the module."""
+    if m.id in EQUIVALENT:
+        return Outcome(m.id, m.before, "equivalent", law=EQUIVALENT[m.id])
+    src = mutated_source(m)
+    target = view / "kvledger" / m.file
+    if src is None:
+        return Outcome(m.id, m.before, "invalid")
+    original = target.read_text()
+    target.write_text(src)
+    out = Outcome(m.id, m.before, "survived", suites_run=suites_for(m))
+    try:
+        suite, law, out.seconds = run_check(view, out.suites_run, timeout)
+        if suite:
+            out.status, out.law, out.suite = "killed", law, suite
+        if out.status == "survived" and classify:
+            out.pytest_kills = pytest_kills(view, timeout)
+    finally:
+        target.write_text(original)
+    return out
+
+
+def report(outcomes: list[Outcome]) -> dict[str, object]:
+    """Score, per-law kills, survivors and time per kill."""
+    killed = [o for o in outcomes if o.status == "killed"]
+    survived = [o for o in outcomes if o.status == "survived"]
+    changing = len(killed) + len(survived)
+    laws = Counter(o.law for o in killed)
+    return {
+        "mutants": len(outcomes),
+        "behaviour_changing": changing,
+        "killed": len(killed),
+        "score": round(len(killed) / changing, 3) if changing else None,
+        "equivalent": [o.id for o in outcomes if o.status == "equivalent"],
+        "invalid": [o.id for o in outcomes if o.status == "invalid"],
+        "seconds_per_kill": round(sum(o.seconds for o in killed) / len(killed), 1) if killed else None,
+        "kills_per_law": dict(laws.most_common()),
+        "survivors": [
+            {"id": o.id, "code": o.before, "pytest_kills": o.pytest_kills, "suites": o.suites_run} for o in survived
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sample", type=int, default=30, help="how many mutants to draw (0: all)")
+    ap.add_argument("--seed", type=int, default=1, help="seed of the draw")
+    ap.add_argument("--only", action="append", default=[], help="run just this mutant id (repeatable)")
+    ap.add_argument("--list", action="store_true", help="print every mutant id and stop")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds the check may run on one mutant")
+    ap.add_argument("--no-classify", action="store_true", help="do not run pytest tests/impl on survivors")
+    ap.add_argument("--out", type=Path, help="write the outcomes and the report here as JSON")
+    args = ap.parse_args(argv)
+    population = list(mutants())
+    if args.list:
+        for m in population:
+            print(m.id, "|", m.before)
+        print(f"{len(population)} mutants", file=sys.stderr)
+        return 0
+    if args.only:
+        chosen = [m for m in population if m.id in set(args.only)]
+    elif args.sample:
+        chosen = sorted(random.Random(args.seed).sample(population, min(args.sample, len(population))), key=str)
+    else:
+        chosen = population
+    outcomes: list[Outcome] = []
+    with tempfile.TemporaryDirectory(prefix="kvledger-mutation-") as tmp:
+        view = make_view(Path(tmp))
+        for i, m in enumerate(chosen, 1):
+            o = judge(view, m, args.timeout, not args.no_classify)
+            outcomes.append(o)
+            tail = f"{o.law} ({o.suite}, {o.seconds:.0f} s)" if o.status == "killed" else f"{o.seconds:.0f} s"
+            print(f"[{i}/{len(chosen)}] {o.status:10s} {m.id}  {m.before[:60]!r}  {tail}", flush=True)
+    summary = report(outcomes)
+    print(json.dumps(summary, indent=2))
+    if args.out is not None:
+        args.out.write_text(json.dumps({"outcomes": [asdict(o) for o in outcomes], "report": summary}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

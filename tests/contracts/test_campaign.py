@@ -1,0 +1,125 @@
+"""Campaigns: jobs spread over worker processes, merged, stopped at the first violation or when time is up."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from kvledger.contracts.machines.campaign import (
+    Job,
+    Progress,
+    RunSpec,
+    fresh_seeds,
+    jobs_for,
+    parse_duration,
+    run_campaign,
+    run_job,
+    seeds_for,
+)
+from kvledger.impl.faults import FAULTS
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("30m", 1800), ("1.5h", 5400)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0", "-3m", "10x", "m", "nan"])
+def test_bad_durations_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="positive duration"):
+        parse_duration(text)
+
+
+def test_jobs_are_every_pair_for_every_seed() -> None:
+    jobs = list(jobs_for([("pools", "token"), ("cache", "full")], seeds_for(5, 2)))
+    assert jobs == [
+        Job("pools", "token", 5),
+        Job("cache", "full", 5),
+        Job("pools", "token", 6),
+        Job("cache", "full", 6),
+    ]
+
+
+def test_a_campaign_runs_every_job_on_workers_and_merges_the_results() -> None:
+    seen: list[Progress] = []
+    spec = RunSpec(examples=3, steps=10)
+    results = run_campaign(spec, jobs_for([("pools", "token"), ("pools", "paged")], [0, 1]), 2, on_progress=seen.append)
+    assert sorted((j.model, j.seed) for j, _ in results) == [("paged", 0), ("paged", 1), ("token", 0), ("token", 1)]
+    assert all(r.ok and r.examples >= 1 for _, r in results)
+    assert [p.done for p in seen] == [1, 2, 3, 4] and seen[-1].examples == sum(r.examples for _, r in results)
+
+
+def test_a_campaign_stops_at_the_first_violation_and_keeps_its_counterexample(tmp_path: Path) -> None:
+    spec = RunSpec(faults=("B1",), database=str(tmp_path / "db"))
+    results = run_campaign(spec, jobs_for([("cache", "full")], range(50)), 2)
+    failing = [r for _, r in results if not r.ok]
+    assert failing and len(results) < 50, len(results)
+    assert failing[0].violation is not None and failing[0].violation.rule in FAULTS["B1"].laws
+    assert failing[0].violation.steps  # shrunk, in the worker that found it
+    assert any((tmp_path / "db").rglob("*")), "the failing example was not saved to --db"
+    again = run_job(spec, Job("cache", "full", 10_000))  # another seed: the saved failure is replayed first
+    assert not again["ok"] and again["examples"] <= 3, again["examples"]
+
+
+def test_a_timed_campaign_draws_fresh_seeds_until_time_is_up() -> None:
+    spec = RunSpec(examples=1, steps=2)
+    seeds = fresh_seeds(random.Random(1))
+    results = run_campaign(spec, jobs_for([("pools", "token")], seeds), 2, seconds=3.0)
+    # NOTE: the jobs never run out (fresh seeds without end), so only the clock can have ended the campaign
+    assert results and len({j.seed for j, _ in results}) == len(results) and all(r.ok for _, r in results)
+
+
+def test_run_job_in_process_reports_its_seed() -> None:
+    out = run_job(RunSpec(examples=2, steps=5), Job("pools", "token", 3))
+    assert out["seed"] == 3 and out["ok"] and out["examples"] >= 1
+
+
+def test_campaign_settings_are_read_strictly() -> None:
+    from kvledger.contracts.machines.campaign_tests import parse_campaign
+
+    spec, jobs = parse_campaign("suites=pools models=token seeds=3:5 faults=b1 examples=2")
+    assert spec.faults == ("B1",) and spec.examples == 2
+    assert jobs == [Job("pools", "token", 3), Job("pools", "token", 4)]
+    for bad in ("suites=nope", "seeds=5:5", "seeds=x", "color=red", "models=nope"):
+        with pytest.raises(ValueError, match="KVLEDGER_CAMPAIGN"):
+            parse_campaign(bad)
+
+
+@pytest.mark.slow
+def test_a_campaign_runs_on_pytest_xdist_workers(tmp_path: Path) -> None:
+    """The distributed path, tested on one machine with local workers (``-n 2``)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("xdist")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "KVLEDGER_"))}
+    env["KVLEDGER_CAMPAIGN"] = "suites=cache models=full seeds=0:2 faults=B1"
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "kvledger.contracts.machines.campaign_tests"]
+    proc = subprocess.run(
+        [*cmd, "-n", "2", "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]  # B1 on: the campaign fails, with the law and the program
+    assert "inv_lru_detached" in out and "[gw" in out, out[-3000:]  # run on an xdist worker
+
+
+def test_check_runs_a_campaign_from_the_command_line() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvledger.contracts.cli import app
+
+    runner = CliRunner()
+    args = ["check", "--suite", "pools", "--model", "token", "--jobs", "2", "--seeds", "3", "--examples", "2", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output[result.output.index("{") :])
+    assert payload["campaign"]["jobs"] == 3 and sorted(payload["results"][0]["seeds"]) == [0, 1, 2]
+    bad = runner.invoke(app, ["check", "--for", "soon"])
+    assert bad.exit_code == 2 and "positive duration" in bad.output
+    assert runner.invoke(app, ["check", "--adapter", "reference", "--jobs", "2"]).exit_code == 2

@@ -1,0 +1,25 @@
+"""`kvledger check --db PATH`: failures are kept in Hypothesis' example database and replayed first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from kvledger.contracts.cli import app
+
+
+def check(db: Path) -> tuple[int, dict[str, object]]:
+    args = ["check", "--fault", "B4", "--model", "full", "--examples", "60", "--json", "--db", str(db)]
+    result = CliRunner().invoke(app, args)
+    return result.exit_code, json.loads(result.output[result.output.index("{") :])
+
+
+def test_a_failure_is_kept_and_found_again_from_the_database(tmp_path: Path) -> None:
+    db = tmp_path / "examples"
+    code, first = check(db)
+    assert code == 1 and any(db.rglob("*")), first  # the shrunk failure was saved
+    code, again = check(db)
+    assert code == 1 and again["violations"] == first["violations"], again
+    assert again["examples"] <= first["examples"]  # replayed from the database, not searched for again

@@ -1,0 +1,71 @@
+"""Every finding is a verdict: a hang fails as ``hang``, an untyped crash inside the implementation as a crash.
+
+(That the watchdog leaves a sound machine alone is shown by every conformance test: it is on by default.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, rule
+
+from kvledger.contracts.machines.profiles import register_profiles
+from kvledger.contracts.machines.runner import CRASH, HANG, run_machine
+from kvledger.contracts.machines.suites import SUITES
+from kvledger.impl.lru import Linked, LRUList
+from kvledger.impl.memory import MemoryManager
+from kvledger.spec.types import Component
+
+register_profiles()
+FIND = settings(settings.get_profile("ci"), max_examples=200, phases=[Phase.explicit, Phase.generate, Phase.shrink])
+NO_SHRINK = settings(FIND, phases=[Phase.explicit, Phase.generate])
+
+
+def walk_without_bound(lst: LRUList[Linked]) -> int:
+    """An eviction walk as it was written before walks were bounded: it trusts the links to end."""
+    x, n = lst.tail.prev[lst.slot], 0
+    while x is not None and x is not lst.head:
+        n += 1
+        x = x.prev[lst.slot]
+    return n
+
+
+class CycleMachine(RuleBasedStateMachine):
+    """Links nodes into a list; after three, one is hand-broken into a cycle, and the next walk never ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lst: LRUList[Linked] = LRUList(Component.FULL)
+        self.nodes: list[Linked] = []
+
+    @rule(k=st.integers(0, 3))
+    def link(self, k: int) -> None:
+        node = Linked(len(self.nodes) + 1)
+        self.nodes.append(node)
+        self.lst.insert_mru(node)
+        if len(self.nodes) == 3:
+            self.nodes[-1].prev[self.lst.slot] = self.nodes[0]  # hand-broken: a cycle towards the head
+
+    @rule()
+    def walk(self) -> None:
+        walk_without_bound(self.lst)
+
+
+def test_a_step_that_never_returns_is_a_hang_with_its_program() -> None:
+    result = run_machine("toy", "cycle", CycleMachine, [], FIND, seed=1, step_timeout=0.25)
+    assert result.violation is not None
+    assert result.violation.rule == HANG, result.violation.message + result.violation.program
+    assert result.violation.steps[-1] == "walk()" and sum(s.startswith("link") for s in result.violation.steps) == 3
+
+
+def test_an_untyped_crash_inside_the_implementation_is_a_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken_chunk(self: MemoryManager, req: object) -> None:
+        raise np.exceptions.AxisError(1, 1)  # hand-broken: the numpy error an engine's index arithmetic raises
+
+    monkeypatch.setattr(MemoryManager, "chunk", broken_chunk)
+    result = run_machine("system", "full", SUITES["system"].models["full"](), [], NO_SHRINK, seed=1)
+    assert result.violation is not None
+    assert result.violation.rule == f"{CRASH}: AxisError", result.violation.message
+    assert "raised at" in result.violation.message and "end_or_chunk(" in result.violation.steps[-1]

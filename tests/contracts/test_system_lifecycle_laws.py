@@ -1,0 +1,56 @@
+"""The system machine's lifecycle laws fail, naming themselves, on hand-broken memory managers.
+
+Each break is one a mutation of ``impl/`` made (``tests/benchmarks/mutation.py``) that the
+default check used to miss: the laws were there for ownership, not for what a request computes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import Phase, settings
+
+from kvledger.contracts.machines.profiles import register_profiles
+from kvledger.contracts.machines.runner import CheckResult, run_machine
+from kvledger.contracts.machines.suites import SUITES
+from kvledger.impl import admission
+from kvledger.impl.memory import MemoryManager
+
+register_profiles()
+FIND = settings(settings.get_profile("ci"), max_examples=300, phases=[Phase.explicit, Phase.generate])
+
+
+def run(model: str = "full") -> CheckResult:
+    return run_machine("system", model, SUITES["system"].models[model](), [], FIND, seed=1)
+
+
+def test_admission_that_forgets_what_it_computed_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = admission._commit
+
+    def commit(mm: MemoryManager, a: Any) -> None:
+        real(mm, a)
+        if a.req.session is None:
+            a.req.kv_len = 0  # BUG: the prompt's KV is written but the request does not count it
+
+    monkeypatch.setattr(admission, "_commit", commit)
+    result = run()
+    assert result.violation is not None and result.violation.rule == "admission commits", result.violation
+
+
+def test_admission_past_its_budget_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = admission._try_admit
+    monkeypatch.setattr(admission, "_try_admit", lambda mm, req, budget: real(mm, req, admission.Budget(10**6, 10**6)))
+    result = run()  # BUG: the budget is never checked
+    assert result.violation is not None and result.violation.rule == "admission within budget", result.violation
+
+
+def test_extend_that_drops_a_token_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = MemoryManager.extend
+
+    def extend(self: MemoryManager, req: Any, new_tokens: tuple[int, ...], ahead: int = 0) -> None:
+        real(self, req, new_tokens[:-1] if len(new_tokens) > 1 else new_tokens, ahead)  # BUG: one token short
+
+    monkeypatch.setattr(MemoryManager, "extend", extend)
+    result = run()
+    assert result.violation is not None and result.violation.rule == "extend commits", result.violation

@@ -1,0 +1,165 @@
+"""SGLang's real scheduler (0.5.23, assembled from components) checked by the system machine on every model kind."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import settings
+
+from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, installed_version_or_none, unavailable_reason
+from kvledger.contracts.adapters.system import SystemAdapter, SystemConfig, skipped_system_rules
+from kvledger.contracts.machines.profiles import register_profiles
+from kvledger.contracts.machines.runner import run_machine
+from kvledger.contracts.machines.system import RULES, check_snapshot, machine_for_system
+from kvledger.spec.types import OwnerKind
+
+HAVE = installed_version_or_none()
+pytestmark = pytest.mark.skipif(HAVE is None, reason=str(unavailable_reason(COMPONENTS.highest)))
+needs_components = pytest.mark.skipif(
+    HAVE is None or not COMPONENTS.contains(HAVE), reason=f"needs {COMPONENTS.describe()}; {HAVE} is installed"
+)
+register_profiles()
+CI = settings(settings.get_profile("ci"), max_examples=25, stateful_step_count=20)
+"""Fewer, shorter programs than the ``ci`` profile: every step runs SGLang's scheduler (about 0.3 s each here)."""
+MODELS = {
+    "full": SystemConfig(),
+    "paged": SystemConfig(page_size=2),
+    "mamba": SystemConfig(mamba=True),
+    "hybrid": SystemConfig(window=4, mamba=True),
+}
+"""Full attention, paged KV (page size 2), FULL+MAMBA, FULL+SWA+MAMBA (the unified cache's three components)."""
+NOT_EXPRESSIBLE = {"chunk (rule)", "inject_allocation_failure (rule)", "inv_lock_ref_counts_handles"}
+
+
+def _adapter(config: SystemConfig = MODELS["full"]) -> SystemAdapter:
+    from kvledger.contracts.adapters.sglang.scheduler_components import scheduler_system_factory
+
+    return scheduler_system_factory(config)
+
+
+def _laws(sys: SystemAdapter) -> None:
+    check_snapshot(sys.snapshot(), sys.idle_check(), sys.capabilities)
+
+
+@needs_components
+def test_drives_sglangs_own_scheduler_step() -> None:
+    sys = _adapter()  # NOTE: first: it installs the CPU stubs SGLang's imports need
+    from sglang.srt.managers.scheduler import Scheduler  # type: ignore[import-not-found]
+    from sglang.srt.managers.scheduler_components.invariant_checker import (  # type: ignore[import-not-found]
+        SchedulerInvariantChecker,
+    )
+
+    assert isinstance(sys, SystemAdapter)
+    engine = sys.s  # type: ignore[attr-defined]
+    assert isinstance(engine, Scheduler) and type(engine).__mro__[1] is Scheduler
+    assert isinstance(engine.invariant_checker, SchedulerInvariantChecker)
+    rid = sys.add_request((1, 2, 3, 4))
+    assert sys.snapshot().requests[rid].status == "waiting"
+    assert sys.admit(64).admitted == (rid,)
+    view = sys.snapshot().requests[rid]
+    assert view.status == "running" and view.kv_len == 4 and view.row is not None
+    assert sys.idle_check() is None  # a request runs: the scheduler is not idle
+    sys.extend(rid, 2)
+    _laws(sys)
+    assert sys.finish(rid).finished == (rid,)
+    verdict = sys.idle_check()
+    assert verdict is not None and verdict.ok, verdict
+    assert sys.oracle.forwards == 4  # type: ignore[attr-defined]  # prefill, two decodes, the EOS decode
+    again = sys.add_request((1, 2, 3, 4, 9))
+    sys.admit(64)
+    assert sys.snapshot().requests[again].prefix_len == 4  # the finished prompt was cached by cache_finished_req
+    _laws(sys)
+
+
+@needs_components
+def test_retraction_uses_sglangs_test_hook_and_its_victim_choice() -> None:
+    sys = _adapter()
+    first, second = sys.add_request((1, 2, 3)), sys.add_request((7, 8))
+    sys.admit(64)
+    sys.admit(64)
+    assert {r.status for r in sys.snapshot().requests.values()} == {"running"}
+    got = sys.retract(first)
+    assert len(got.retracted) == 1 and set(got.retracted) <= {first, second}  # retract_decode keeps one
+    victim = sys.snapshot().requests[got.retracted[0]]
+    assert victim.status == "waiting" and victim.row is None
+    _laws(sys)
+
+
+@needs_components
+def test_streaming_session_resumes_what_it_committed_and_close_returns_everything() -> None:
+    sys = _adapter(MODELS["mamba"])
+    sys.open_session(1)
+    first = sys.add_request((1, 2, 3), 1)
+    sys.admit(64)
+    sys.finish(first)
+    slot = sys.snapshot().sessions[1]
+    assert slot.lent_to is None and slot.committed_len == 4 and slot.row is not None
+    second = sys.add_request((5, 6), 1)
+    sys.admit(64)
+    assert sys.snapshot().requests[second].prefix_len == slot.committed_len
+    sys.finish(second)
+    _laws(sys)
+    sys.close_session(1)
+    snap = sys.snapshot()
+    assert not snap.sessions
+    assert all(o.kind is not OwnerKind.SESSION for lg in snap.ledgers.values() for o in lg.held)
+    verdict = sys.idle_check()
+    assert verdict is not None and verdict.ok, verdict
+
+
+@needs_components
+def test_a_leaked_slot_fails_the_ledgers_and_sglangs_strict_idle_check() -> None:
+    """A KV slot taken from the allocator that no request, node or session holds: both checks must see it."""
+    sys = _adapter()
+    rid = sys.add_request((1, 2, 3))
+    sys.admit(64)
+    sys.finish(rid)
+    _laws(sys)
+    leaked = sys.pools.allocator.alloc(1)  # type: ignore[attr-defined]
+    assert leaked is not None
+    snap = sys.snapshot()
+    with pytest.raises(AssertionError, match="inv_slots_conserved: pool 'kv'"):
+        check_snapshot(snap, None, sys.capabilities)
+    verdict = sys.idle_check()
+    assert verdict is not None and not verdict.ok and "leak" in verdict.message.lower()
+    sys.pools.allocator.free(torch.tensor([int(leaked[0])], dtype=torch.int64))  # type: ignore[attr-defined]
+    _laws(sys)
+
+
+@needs_components
+def test_a_row_naming_a_free_slot_fails_rows_held() -> None:
+    sys = _adapter()
+    rid = sys.add_request((1, 2, 3))
+    sys.admit(64)
+    snap = sys.snapshot()
+    row = snap.requests[rid].row
+    assert row is not None
+    free_slot = min(snap.ledgers["kv"].free)
+    broken = dict(snap.rows)
+    broken[row] = dataclasses.replace(broken[row], slots=(*broken[row].slots[:-1], free_slot))
+    with pytest.raises(AssertionError, match="inv_rows_held"):
+        check_snapshot(dataclasses.replace(snap, rows=broken), None, sys.capabilities)
+
+
+@needs_components
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(MODELS))
+def test_system_machine_on_sglangs_scheduler(model: str) -> None:
+    config = MODELS[model]
+    machine = machine_for_system(lambda: _adapter(config))
+    result = run_machine("system", config.kind, machine, list(RULES), CI, seed=0)
+    assert result.ok, result.violation and result.violation.message
+    assert result.examples >= 20 and result.steps > 100, (result.examples, result.steps)
+    probe = _adapter(config)
+    assert set(skipped_system_rules(probe.capabilities)) >= NOT_EXPRESSIBLE
+    assert "leak checker agrees with the ledgers" not in skipped_system_rules(probe.capabilities)
+
+
+@pytest.mark.skipif(HAVE is None or COMPONENTS.contains(HAVE), reason="only where the adapter is not tested")
+def test_other_releases_are_refused_with_the_tested_range() -> None:
+    from kvledger.contracts.adapters.sglang.cpu_import import SGLangVersionError
+
+    with pytest.raises(SGLangVersionError, match=r"0\.5\.23"):
+        _adapter()
