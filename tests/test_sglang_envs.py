@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTED = ("0.5.9", "0.5.13", "0.5.23")
+TESTED = ("0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.23")
 
 
 def _venv(version: str) -> Path:

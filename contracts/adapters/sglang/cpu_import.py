@@ -37,6 +37,7 @@ from typing import Any
 __all__ = [
     "COMPONENTS",
     "LEGACY",
+    "SCHEDULER",
     "UNIFIED",
     "SGLangUnavailable",
     "SGLangVersionError",
@@ -82,6 +83,8 @@ class TestedRange:
     """Modules replaced by a stub when they do not import (a trailing ``.*`` stubs the whole package)."""
     bare_packages: tuple[str, ...] = ("sglang.srt.configs",)
     """Packages made importable with their ``__init__`` skipped."""
+    pre_stubs: tuple[str, ...] = ()
+    """Modules outside SGLang stubbed before ``import sglang`` itself (when ``sglang/__init__`` needs them)."""
 
     __test__ = False  # NOTE: not a pytest test class despite the name
 
@@ -106,6 +109,17 @@ LEGACY = TestedRange(
     ),
 )
 """0.5.9: the caches before the unified rewrite."""
+
+SCHEDULER = TestedRange(
+    "scheduler (Scheduler, 0.5.9 to 0.5.12)",
+    "0.5.9",
+    "0.5.12",
+    LEGACY.stubs,
+    # NOTE: from 0.5.10 utils/common.py imports torchvision.io at module level (from 0.5.11 sglang/__init__
+    # reaches it); installing torchvision would pull a CUDA torch, and the scheduler never decodes images.
+    pre_stubs=("torchvision.*",),
+)
+"""0.5.9 to 0.5.12: the whole ``Scheduler`` (its modules import more than the caches do)."""
 
 UNIFIED = TestedRange(
     "unified (UnifiedRadixCache)",
@@ -349,6 +363,10 @@ def import_sglang(tested: TestedRange, modules: Sequence[str] = ()) -> str:
             f"tested on ({tested.describe()}); install a tested release, e.g. pip install --no-deps "
             f"sglang=={tested.highest}"
         )
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    for name in tested.pre_stubs:
+        _stub(name)
     import_sglang_package()
     for name in tested.bare_packages:
         parent = name.rpartition(".")[0]

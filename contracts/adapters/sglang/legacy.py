@@ -467,8 +467,10 @@ class LegacyMambaAdapter(_LegacyAdapter):
         self.req_mamba.setdefault(req, set()).add(slot)
         return slot
 
-    def snapshot(self) -> Snapshot:
-        full, end, owners = self._base_snapshot()
+    def mamba_tree(
+        self,
+    ) -> tuple[dict[Key, int], dict[Owner, set[int]], dict[LockSite, int], dict[Component, set[NodeId]]]:
+        """The tree's Mamba side: states by key, the slot each node holds, Mamba lock counts, cached nodes."""
         states: dict[Key, int] = {}
         mamba_owners: dict[Owner, set[int]] = {}
         mamba_ref: dict[LockSite, int] = {}
@@ -483,6 +485,11 @@ class LegacyMambaAdapter(_LegacyAdapter):
                 cached[MAMBA].add(nid)
                 if n.mamba_lock_ref:
                     mamba_ref[(toks, MAMBA)] = int(n.mamba_lock_ref)
+        return states, mamba_owners, mamba_ref, cached
+
+    def snapshot(self) -> Snapshot:
+        full, end, owners = self._base_snapshot()
+        states, mamba_owners, mamba_ref, cached = self.mamba_tree()
         prefix = PrefixCache(self.ps, None, True, full, frozenset(), states)  # type: ignore[arg-type]
         pool = self.mamba_pool
         mamba_ledger = ledger(

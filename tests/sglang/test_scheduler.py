@@ -1,0 +1,127 @@
+"""SGLang's real ``Scheduler`` behind the system adapter: B2 flagged in 0.5.9, B3 in 0.5.10, each by a general law.
+
+The programs are the machine's shrunk counterexamples, pasted; each replays
+against the installed release: it breaks the law in the release that shipped
+the bug and passes in the first release that fixed it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvledger.contracts.adapters.sglang.cpu_import import installed_version_or_none
+from kvledger.contracts.adapters.system import SystemAdapter, SystemConfig
+
+VERSION = installed_version_or_none()
+DRIVEN = ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
+pytestmark = pytest.mark.skipif(VERSION not in DRIVEN, reason=f"needs SGLang {' or '.join(DRIVEN)}; have {VERSION}")
+MAMBA = SystemConfig(mamba=True, ping_pong=0)
+
+
+def _machine(config: SystemConfig) -> object:
+    from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
+    from kvledger.contracts.machines.system import machine_for_system
+
+    state = machine_for_system(lambda: scheduler_factory(config))()
+    state.inv_all_laws()
+    return state
+
+
+def test_the_real_scheduler_is_driven() -> None:
+    from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
+
+    a = scheduler_factory(MAMBA)  # NOTE: first: it imports SGLang with the CPU stubs
+    import sglang.srt.managers.scheduler as sg  # type: ignore[import-not-found]
+
+    assert isinstance(a, SystemAdapter) and a.version == VERSION
+    assert type(a.sched).__mro__[1] is sg.Scheduler and a.engine_class == "sglang.srt.managers.scheduler.Scheduler"
+    assert a.cache_class == "MambaRadixCache"
+    rid = a.add_request((5, 6, 7, 8))
+    assert a.admit(64).admitted == (rid,)
+    a.extend(rid, 2)
+    assert a.finish(rid).finished == (rid,)
+    verdict = a.idle_check()
+    assert verdict is not None and verdict.ok, verdict
+    snap = a.snapshot()
+    assert snap.requests[rid].status == "finished" and not any(o.kind.value == "req" for o in snap.ledgers["kv"].held)
+    assert a.oracle_calls() >= 3 and "scheduler.enable_overlap" in a.defaulted_flags
+
+
+def test_b2_program() -> None:
+    """B2 (SGLang PR #21404): a request rejected by the PrefillAdder keeps the Mamba slot its match allocated."""
+    state = _machine(MAMBA)
+    state.add_request(budget=64, prompt=0, sid=None, suffix=[])  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    state.add_request(budget=64, prompt=0, sid=None, suffix=[])  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    if VERSION == "0.5.9":
+        with pytest.raises(AssertionError, match=r"admission rolls back: rejected request 3 keeps \{'mamba'"):
+            state.add_request(budget=64, prompt=0, sid=None, suffix=[1])  # type: ignore[attr-defined]
+    else:
+        state.add_request(budget=64, prompt=0, sid=None, suffix=[1])  # type: ignore[attr-defined]
+        state.inv_all_laws()  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(VERSION == "0.5.9", reason="streaming sessions arrive in 0.5.10 (B3's false positive)")
+def test_b3_program() -> None:
+    """B3 (SGLang PR #23496): the idle check counts an open session's Mamba slot as leaked (no session term)."""
+    state = _machine(MAMBA)
+    state.add_request(budget=64, prompt=0, sid=1, suffix=[])  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    state.end_or_chunk(op="finish", pick=0)  # type: ignore[attr-defined]
+    if VERSION == "0.5.10":
+        with pytest.raises(AssertionError, match=r"leak checker agrees with the ledgers: checker says ok=False"):
+            state.inv_all_laws()  # type: ignore[attr-defined]
+    else:
+        state.inv_all_laws()  # type: ignore[attr-defined]
+        state.close_session(sid=1)  # type: ignore[attr-defined]
+        state.inv_all_laws()  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(VERSION == "0.5.9", reason="streaming sessions arrive in 0.5.10")
+def test_b3_close_and_the_mamba_slot() -> None:
+    """Closing the session frees its KV and row; 0.5.10 leaves its Mamba slot held, named by nobody."""
+    from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
+    from kvledger.spec.types import session
+
+    a = scheduler_factory(MAMBA)
+    a.open_session(1)
+    rid = a.add_request((5, 6, 7, 8), session=1)
+    a.admit(64)
+    a.finish(rid)
+    held = a.snapshot().ledgers["mamba"].held[session(1)]
+    a.close_session(1)
+    snap = a.snapshot()
+    verdict = a.idle_check()
+    assert not snap.references["mamba"].get(session(1)) and verdict is not None
+    if VERSION == "0.5.10":
+        assert snap.ledgers["mamba"].held.get(session(1)) == held
+        assert not verdict.ok and "mamba" in verdict.message
+    else:
+        assert session(1) not in snap.ledgers["mamba"].held and verdict.ok, verdict
+
+
+def test_sessions_are_declared_only_where_streaming_sessions_exist() -> None:
+    from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
+
+    a = scheduler_factory(SystemConfig(page_size=4))
+    assert ("sessions" in a.capabilities) == (VERSION != "0.5.9")
+    assert ("locks" in a.capabilities) == (VERSION == "0.5.9")
+    rid = a.add_request((1, 2, 3, 4, 5))
+    a.admit(64)
+    a.extend(rid, 4)
+    a.finish(rid)
+    kv = a.snapshot().ledgers["kv"]
+    assert kv.capacity == 12 and not any(o.kind.value == "req" for o in kv.held)  # pages, all back with the tree
+
+
+def test_what_is_not_driven_is_refused_by_name() -> None:
+    from kvledger.contracts.adapters.sglang.common import NotExpressible
+    from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
+
+    with pytest.raises(NotExpressible, match=r"ping-pong track buffers \(ping_pong=1\)"):
+        scheduler_factory(SystemConfig(mamba=True, ping_pong=1))
+    with pytest.raises(NotExpressible, match="no sliding-window model"):
+        scheduler_factory(SystemConfig(window=4))
+    with pytest.raises(NotExpressible, match="page size 1 only"):
+        scheduler_factory(SystemConfig(mamba=True, ping_pong=0, page_size=4))
