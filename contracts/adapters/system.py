@@ -302,6 +302,11 @@ SystemAdapterFactory = Callable[[SystemConfig], SystemAdapter]
 
 SYSTEM_ALIASES: dict[str, str] = {
     "reference": "kvledger.contracts.adapters.reference_system:ReferenceSystemAdapter",
+    "sglang-system": "kvledger.contracts.adapters.sglang.system_factory:installed_system_factory",
+    **{
+        f"sglang-{v}-system": "kvledger.contracts.adapters.sglang.scheduler:scheduler_factory"
+        for v in ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
+    },
     "sglang-0.5.23-system": "kvledger.contracts.adapters.sglang.scheduler_components:scheduler_system_factory",
     "vllm": "kvledger.contracts.adapters.vllm.adapter:vllm_factory",
     "vllm-hybrid": "kvledger.contracts.adapters.vllm.adapter:vllm_hybrid_factory",

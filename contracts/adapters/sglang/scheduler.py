@@ -44,6 +44,7 @@ structures only:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import os
@@ -1026,5 +1027,11 @@ def _null_context(*_: Any, **__: Any) -> _NullContext:
 
 
 def scheduler_factory(config: SystemConfig) -> SchedulerAdapter:
-    """The installed SGLang's (0.5.9 to 0.5.12) real ``Scheduler`` over the cache ``config`` asks for."""
+    """The installed SGLang's (0.5.9 to 0.5.12) real ``Scheduler`` over the cache ``config`` asks for.
+
+    A Mamba model is driven without the ping-pong track buffers (SGLang's default: the extra-buffer mode
+    off); the adapter's ``config`` says so (``ping_pong=0``), and the buffers' laws are not checked.
+    """
+    if config.mamba and config.ping_pong > 0:
+        config = dataclasses.replace(config, ping_pong=0)
     return SchedulerAdapter(config)

@@ -1,0 +1,32 @@
+"""``--adapter sglang-system``: the scheduler adapter for the SGLang release installed here."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from kvledger.contracts.adapters.protocol import Unsupported
+from kvledger.contracts.adapters.system import SystemAdapter, SystemConfig
+
+MIXINS = ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
+"""Releases whose scheduler is assembled from mixins (``scheduler.py``)."""
+COMPONENTS = ("0.5.23",)
+"""Releases whose scheduler is assembled from components and driven (``scheduler_components.py``)."""
+
+
+def installed_system_factory(config: SystemConfig) -> SystemAdapter:
+    """The real scheduler of the installed SGLang, for ``config``; an untested release is refused by name."""
+    try:
+        release = version("sglang")
+    except PackageNotFoundError as err:
+        raise ValueError("sglang-system: SGLang is not installed (build a venv with .ci/sglang_env)") from err
+    if release in MIXINS:
+        from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
+
+        return scheduler_factory(config)
+    if release in COMPONENTS:
+        from kvledger.contracts.adapters.sglang.scheduler_components import scheduler_system_factory
+
+        return scheduler_system_factory(config)
+    raise Unsupported(
+        f"sglang-system: SGLang {release} is not a driven release (driven: {', '.join(MIXINS + COMPONENTS)})"
+    )
