@@ -127,7 +127,15 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "sentinel_count_fixed",
         "inv_counters_recount",
     ),
-    "LRU detachment": ("inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members"),
+    "LRU detachment": (
+        "inv_lru_detached",
+        "inv_lru_links_symmetric",
+        "inv_lru_members",
+        "inv_tree_detached",
+        "inv_tree_links_symmetric",
+        "inv_tree_acyclic",
+        "inv_tree_index",
+    ),
     "lock pairing": (
         "inv_lock_ref_counts_handles",
         "inv_lock_ref_nonnegative",
@@ -136,13 +144,20 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "inv_locked_cached",
         "inv_sizes",
     ),
-    "data integrity": ("inv_content", "data integrity", "inv_index_names_carriers", "inv_keys_match_content"),
+    "data integrity": (
+        "inv_content",
+        "data integrity",
+        "inv_index_names_carriers",
+        "inv_keys_match_content",
+        "extend commits",
+    ),
     "sessions and admission": (
         "admission rolls back",
         "admission commits",
         "resume is append-only",
         "inv_committed_within_allocated",
         "admission is a transaction",
+        "admission within budget",
     ),
     "refinement": (
         "refinement (abstract == spec model)",

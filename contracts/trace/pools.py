@@ -126,7 +126,7 @@ class SparseLedger:
 
     def to_ledger(self) -> Ledger:
         """The spec :class:`Ledger` this stands for (O(capacity))."""
-        held = {o: frozenset(s) for o, s in self.held.items()}
+        held = {o: frozenset(s) for o, s in self.held.items() if s}  # NOTE: an empty move leaves no holder
         return Ledger(self.name, self.capacity, frozenset(_Free(self)), held, self.base)
 
     @classmethod

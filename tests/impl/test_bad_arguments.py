@@ -661,6 +661,8 @@ UNCHECKED = {
     "MemoryManager.event": "the provenance log (an op name and a label)",
     "RadixCache.live_handles": "no arguments",
     "RadixTree.nodes": "no arguments",
+    "RadixCache.revisit": "builds the error a bounded walk raises (an op name and the node it met again)",
+    "Sessions.spec_slot": "the abstraction of one of this manager's own session slots (called by Sessions.check)",
 }
 
 
