@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from kvledger.contracts.machines.runner import CheckResult, Progress
 
 SUITE_NAMES = ("pools", "cache", "system")
-"""The keys of :data:`kvledger.contracts.machines.suites.SUITES`, for ``--help`` (which imports no machine)."""
+"""The keys of ``kvledger.contracts.machines.suites.SUITES``, for ``--help`` (which imports no machine)."""
 
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "record": (

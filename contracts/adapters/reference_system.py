@@ -14,6 +14,7 @@ from __future__ import annotations
 from kvledger.contracts.abstraction import ledger_of
 from kvledger.contracts.adapters.reference import snapshot_of
 from kvledger.contracts.adapters.system import (
+    SYSTEM_CAPABILITIES,
     IdleVerdict,
     RequestView,
     RowView,
@@ -135,24 +136,7 @@ class ReferenceSystemAdapter:
 
     name = "kvledger"
     engine_class = "kvledger.impl.memory.MemoryManager"
-    capabilities = frozenset(
-        {
-            "sessions",
-            "chunk",
-            "retract",
-            "abort",
-            "evict",
-            "idle_check",
-            "itemized_leaks",
-            "locks",
-            "sizes",
-            "content",
-            "rows",
-            "speculative",
-            "inject_failure",
-            "targeted_admission",
-        }
-    )
+    capabilities = SYSTEM_CAPABILITIES  # NOTE: the reference expresses everything the protocol names
 
     def __init__(self, config: SystemConfig = DEFAULT, manager: MemoryManager | None = None) -> None:
         """A fresh reference manager for ``config``, or ``manager`` as it is (its config read off it)."""

@@ -8,7 +8,7 @@ state kept the other way round: a slot is free iff no owner holds it, so it
 stores only the held slots (an owner per slot, a set per owner) and its
 memory is proportional to the slots in use.
 
-Its checks are the spec's own: :attr:`SparseLedger.view` is a ``Ledger`` whose
+Its checks are the spec's own: ``SparseLedger.view`` is a ``Ledger`` whose
 ``free`` is a read-only view of the complement (membership and size in O(1)),
 handed to ``spec.ledger.check_allocate`` / ``check_free`` / ``check_transfer``
 and ``inv_rows_held``, so a rejected event raises exactly the typed error the
