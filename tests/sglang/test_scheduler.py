@@ -117,10 +117,12 @@ def test_sessions_are_declared_only_where_streaming_sessions_exist() -> None:
 
 def test_what_is_not_driven_is_refused_by_name() -> None:
     from kvledger.contracts.adapters.sglang.common import NotExpressible
-    from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
+    from kvledger.contracts.adapters.sglang.scheduler import SchedulerAdapter, scheduler_factory
 
     with pytest.raises(NotExpressible, match=r"ping-pong track buffers \(ping_pong=1\)"):
-        scheduler_factory(SystemConfig(mamba=True, ping_pong=1))
+        SchedulerAdapter(SystemConfig(mamba=True, ping_pong=1))
+    # the factory (what --adapter uses) drives a Mamba model without them, and its config says so
+    assert scheduler_factory(SystemConfig(mamba=True, ping_pong=1)).config.ping_pong == 0
     with pytest.raises(NotExpressible, match="no sliding-window model"):
         scheduler_factory(SystemConfig(window=4))
     with pytest.raises(NotExpressible, match="page size 1 only"):
