@@ -50,6 +50,8 @@ SYSTEM_CAPABILITIES = frozenset(
         "speculative",
         "inject_failure",
         "targeted_admission",
+        "prefill_on_admit",
+        "strict_budget",
     }
 )
 """Everything a system adapter may provide.
@@ -66,6 +68,12 @@ SYSTEM_CAPABILITIES = frozenset(
 ``ahead`` slots allocated past the computed tokens. ``inject_failure``: the
 next allocation can be made to fail (:meth:`SystemAdapter.inject_failure`).
 ``targeted_admission``: ``admit(budget, rid)`` tries exactly that request.
+``prefill_on_admit``: an admitted request has computed its whole prompt when
+``admit`` returns (``admission commits`` then checks its KV; an engine that
+prefills later, or in chunks, leaves it out). ``strict_budget``: no request is
+admitted past the step's token budget (SGLang admits the first request of a
+batch whatever its size, so it does not starve; ``admission within budget``
+is then not checked).
 """
 
 

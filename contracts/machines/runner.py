@@ -39,7 +39,7 @@ from kvledger.spec.errors import KVLedgerError
 _STEP = re.compile(r"^(?:\w+ = )?state\.(\w+)\((.*)\)$")
 _NOISE = ("inv_", "teardown", "check_invariants")
 
-STEP_TIMEOUT = 10.0
+STEP_TIMEOUT = 30.0
 """Seconds one step (a rule and the laws checked after it) may run before the watchdog calls it a hang."""
 
 HANG = "hang"
@@ -205,9 +205,11 @@ def counted(
         def __init__(self) -> None:
             self._kvl_checks = 0
             self._kvl_checking = False
-            if watchdog is not None:
-                watchdog.arm()
             super().__init__()
+            if watchdog is not None:
+                # NOTE: armed once the machine is built: building a real engine (imports, a scheduler's set-up)
+                # may take longer than any step, and is not a step
+                watchdog.arm()
 
         def check_invariants(self, *args: Any, **kwargs: Any) -> None:
             self._kvl_checks += 1  # NOTE: Hypothesis checks once before the first rule, then after each rule

@@ -254,7 +254,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             for r in result.admitted:  # NOTE: in the order the engine admitted them
                 known = before.requests.get(r)
                 new = len(known.tokens if known is not None else self.prompts[r]) - after.requests[r].prefix_len
-                if not A.fits(left, new):
+                if self.has("strict_budget") and not A.fits(left, new):
                     raise _fail("admission within budget", f"request {r} admitted with {new} new tokens, {left} left")
                 left = A.take(left, new)
             for r in result.rejected:
@@ -271,6 +271,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 prompt = before.requests[r].tokens if r in before.requests else self.prompts.get(r)
                 if (
                     prompt is not None
+                    and self.has("prefill_on_admit")
                     and got.status == "running"
                     and (got.kv_len != len(prompt) or tuple(got.tokens[: len(prompt)]) != prompt)
                 ):
@@ -279,7 +280,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                         f"admitted request {r} holds the KV of {got.kv_len} tokens {got.tokens[:8]}, "
                         f"it was admitted with {len(prompt)} tokens {prompt[:8]}",
                     )
-                if prompt is not None and got.prefix_len >= len(prompt):
+                if prompt is not None and self.has("prefill_on_admit") and got.prefix_len >= len(prompt):
                     raise _fail(
                         "admission commits",
                         f"admitted request {r} matched all {len(prompt)} tokens: the last one is always computed "
