@@ -52,6 +52,7 @@ SYSTEM_CAPABILITIES = frozenset(
         "targeted_admission",
         "prefill_on_admit",
         "strict_budget",
+        "reservations",
     }
 )
 """Everything a system adapter may provide.
@@ -73,7 +74,12 @@ next allocation can be made to fail (:meth:`SystemAdapter.inject_failure`).
 prefills later, or in chunks, leaves it out). ``strict_budget``: no request is
 admitted past the step's token budget (SGLang admits the first request of a
 batch whatever its size, so it does not starve; ``admission within budget``
-is then not checked).
+is then not checked). ``reservations``: a request rejected by admission may keep
+what its first attempt took, as a reservation it uses when admitted and gives
+back when it ends (SGLang 0.5.23 keeps a rejected session request's
+copy-on-write Mamba slot); ``admission rolls back`` then lets the first rejected
+attempt form the reservation and checks every later attempt against it, so a
+reservation never grows or changes, and the ledgers see it held by its request.
 """
 
 

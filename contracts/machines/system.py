@@ -201,6 +201,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             self.last = self.sys.snapshot()
             self.prompts: dict[int, tuple[int, ...]] = {}
             self.failure_pending = False  # NOTE: one injected failure at a time: they must not pile up
+            self.reserved: set[int] = set()  # NOTE: requests whose first rejected attempt formed their reservation
 
         def has(self, cap: str) -> bool:
             return cap in self.caps
@@ -258,7 +259,11 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                     raise _fail("admission within budget", f"request {r} admitted with {new} new tokens, {left} left")
                 left = A.take(left, new)
             for r in result.rejected:
+                first = r not in self.reserved
+                self.reserved.add(r)
                 if r in attempts and not A.inv_rollback_restores(attempts[r], after.ledgers, self._handles(after, r)):
+                    if first and self.has("reservations"):
+                        continue  # NOTE: what the first rejected attempt kept is the reservation; later ones must keep it
                     leaked = A.leaked_by_rollback(attempts[r], after.ledgers)
                     raise _fail(
                         "admission rolls back",
@@ -286,8 +291,10 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                         f"admitted request {r} matched all {len(prompt)} tokens: the last one is always computed "
                         "(its logits sample the next token)",
                     )
-                if got.session is not None and got.session in before.sessions:
-                    committed = before.sessions[got.session].committed_len
+                slot = before.sessions.get(got.session) if got.session is not None else None
+                if slot is not None and (slot.row is not None or slot.committed_len > 0):
+                    # NOTE: a resumed session; a session's first turn may match the prefix cache like any request
+                    committed = slot.committed_len
                     if got.prefix_len > committed:
                         raise _fail("resume is append-only", f"request {r} resumed {got.prefix_len} > {committed}")
 

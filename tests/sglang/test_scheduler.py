@@ -1,4 +1,4 @@
-"""SGLang's real ``Scheduler`` behind the system adapter: B2 flagged in 0.5.9, B3 in 0.5.10, each by a general law.
+"""SGLang's real ``Scheduler`` behind the system adapter: B2 flagged in 0.5.9, B3 and B4 in 0.5.10, by general laws.
 
 The programs are the machine's shrunk counterexamples, pasted; each replays
 against the installed release: it breaks the law in the release that shipped
@@ -76,6 +76,42 @@ def test_b3_program() -> None:
         state.inv_all_laws()  # type: ignore[attr-defined]
         state.close_session(sid=1)  # type: ignore[attr-defined]
         state.inv_all_laws()  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(VERSION == "0.5.9", reason="streaming sessions arrive in 0.5.10")
+def test_b4_program() -> None:
+    """B4 (SGLang PR #22862): a resumed session turn, retracted and admitted again, overwrites its row's tail.
+
+    Seven of the machine's steps: a session's first turn ends; another request decodes, so that
+    SGLang's retraction (which always keeps one request) picks the session's second turn; the
+    turn is admitted again and ``alloc_for_extend`` writes over row entries the session still
+    owns. 0.5.10 loses the slot (held by the session, named by nothing: ``inv_owners_account``);
+    0.5.11 frees the tail first, and the turns and the close keep every law.
+    """
+    state = _machine(SystemConfig())
+    state.add_request(budget=64, prompt=0, sid=1, suffix=[])  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    state.end_or_chunk(op="finish", pick=0)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    state.add_request(budget=64, prompt=1, sid=None, suffix=[])  # type: ignore[attr-defined]
+    state.extend(pick=0, n=3, ahead=0)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    state.add_request(budget=64, prompt=0, sid=1, suffix=[1])  # type: ignore[attr-defined]
+    state.end_or_chunk(op="retract", pick=0)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    assert [r for r, v in state.last.requests.items() if v.status == "waiting"] == [3]  # type: ignore[attr-defined]
+    state.admit(budget=64, pick=0, batch=False)  # type: ignore[attr-defined]
+    if VERSION == "0.5.10":
+        with pytest.raises(AssertionError, match=r"inv_owners_account: pool 'kv': session:1 holds \[\d+\] but refer"):
+            state.inv_all_laws()  # type: ignore[attr-defined]
+        return
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    for _ in range(2):
+        state.end_or_chunk(op="finish", pick=0)  # type: ignore[attr-defined]
+        state.inv_all_laws()  # type: ignore[attr-defined]
+    state.close_session(sid=1)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    assert not state.last.sessions  # type: ignore[attr-defined]
 
 
 @pytest.mark.skipif(VERSION == "0.5.9", reason="streaming sessions arrive in 0.5.10")

@@ -257,6 +257,10 @@ class SchedulerSystemAdapter:
         self.config = config
         self.name = f"sglang-{self.version}/Scheduler[{config.kind}]"
         caps = {"sessions", "retract", "abort", "evict", "idle_check", "sizes", "rows", "content"}
+        if config.mamba:
+            # NOTE: a session request that admission rejects keeps the copy-on-write Mamba slot its match took
+            # (``_get_new_batch_prefill_raw`` frees it only for requests without a session) and uses it when admitted
+            caps.add("reservations")
         self.capabilities = frozenset(caps)
         self.cache_config = CacheConfig(
             page_size=config.page_size,
@@ -498,7 +502,9 @@ class SchedulerSystemAdapter:
         req = self.reqs[rid]
         s = self.s
         if req.finished():
-            live = any(req is r for r in self._batch_reqs())
+            # NOTE: a finished request still in the last batch is live until SGLang releases its row; once released,
+            # its kv names only what it handed to the tree (stale fields, not holds)
+            live = req.kv.holds_kv and any(req is r for r in self._batch_reqs())
             if not live:
                 return "aborted" if type(req.finished_reason).__name__ == "FINISH_ABORT" else "finished"
         if any(req is r for r in s.waiting_queue):
@@ -564,12 +570,13 @@ class SchedulerSystemAdapter:
     def _decode_until(self, rid: int, done: Any, what: str) -> StepResult:
         before = self._statuses()
         for _ in range(4):
-            if done():
+            # NOTE: a request the engine retracted or ended on the way is a step's outcome, not a refusal
+            if done() or self._status(rid) != "running":
                 break
             self._step()
         else:
-            if not done():
-                raise SchedulerError(f"{what}: request {rid} did not decode (status {self._status(rid)})")
+            if not done() and self._status(rid) == "running":
+                raise SchedulerError(f"{what}: request {rid} did not decode in 4 steps (status running)")
         return self._result(before)
 
     def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
@@ -637,6 +644,8 @@ class SchedulerSystemAdapter:
 
     def idle_check(self) -> IdleVerdict | None:
         s = self.s
+        if not s.is_fully_idle() and self._only_ended_work():
+            self._step()  # NOTE: the loop's next iteration: it drops the ended requests and finds nothing to run
         if not s.is_fully_idle():
             return None
         try:
@@ -644,6 +653,13 @@ class SchedulerSystemAdapter:
         except (AssertionError, ValueError, RuntimeError) as err:
             return IdleVerdict(False, None, str(err))
         return IdleVerdict(True, None, "")
+
+    def _only_ended_work(self) -> bool:
+        """Nothing waits and every request still in a batch has ended and given its row back."""
+        s = self.s
+        if s.waiting_queue or getattr(s, "chunked_req", None) is not None:
+            return False
+        return all(r.finished() and not r.kv.holds_kv for r in self._batch_reqs())
 
     # ------------------------------------------------------------ abstraction
 
