@@ -263,7 +263,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 self.reserved.add(r)
                 if r in attempts and not A.inv_rollback_restores(attempts[r], after.ledgers, self._handles(after, r)):
                     if first and self.has("reservations"):
-                        continue  # NOTE: what the first rejected attempt kept is the reservation; later ones must keep it
+                        continue  # NOTE: the first rejected attempt forms the reservation; later ones must keep it
                     leaked = A.leaked_by_rollback(attempts[r], after.ledgers)
                     raise _fail(
                         "admission rolls back",
