@@ -634,8 +634,8 @@ class SystemReplayer:
             holders = sorted({h for h, _ in got})
             raise Violated(
                 ACCOUNT,
-                f"{what} still holds {pool} blocks {blocks[:8]} (as {', '.join(holders)}; nobody will return them: "
-                "leaked)",
+                f"{what} still holds {', '.join(f'{pool} block {b}' for b in blocks[:8])} (as {', '.join(holders)}; "
+                "nobody will return them: leaked)",
                 [*holders, *(f"{pool} block {b}" for b in blocks[:4])],
             )
 
