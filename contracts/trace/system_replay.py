@@ -598,7 +598,11 @@ class SystemReplayer:
             where = f"after {name}: {pool} block {b}"
             since = f" (last moved at line {line})"
             laws: list[tuple[str, bool, str]] = [
-                ("inv_refcount_nonnegative", S.inv_refcount_nonnegative(one), f"the engine counts {count} holders"),
+                (
+                    "inv_refcount_nonnegative",
+                    S.inv_refcount_nonnegative(one),
+                    f"the engine counts {count} holders (a count below zero)",
+                ),
                 (
                     "inv_refcount_counts_holders",
                     S.inv_refcount_counts_holders(one),
@@ -607,11 +611,11 @@ class SystemReplayer:
                 (
                     "inv_free_iff_unheld",
                     S.inv_free_iff_unheld(one),
-                    f"is on the free queue while {held} hold it (it can be handed out again)"
+                    f"on the free queue while {held} hold it (it can be handed out again)"
                     if held
-                    else "is held by nobody but is not on the free queue (lost: never allocated again)",
+                    else "held by nobody, yet not on the free queue (lost: never allocated again)",
                 ),
-                ("inv_sentinel_fixed", S.inv_sentinel_fixed(one), "is a sentinel, yet on the free queue"),
+                ("inv_sentinel_fixed", S.inv_sentinel_fixed(one), "a sentinel, yet on the free queue"),
             ]
             if b in st.sentinels:
                 start = st.at_start(b)
@@ -619,13 +623,13 @@ class SystemReplayer:
                     (
                         "sentinel_count_fixed",
                         S.sentinel_count_fixed(start, one),
-                        f"is a sentinel, yet its count moved from {start.counts[b]} to {count}",
+                        f"a sentinel, yet its count moved from {start.counts[b]} to {count}",
                     )
                 )
             for law, ok, what in laws:
                 self.checked[law] += 1
                 if not ok:
-                    raise Violated(law, f"{where} {what}{since}", subjects)
+                    raise Violated(law, f"{where}: {what}{since}", subjects)
 
     def _shared_account(self, owner: Owner, what: str) -> None:
         """``owner`` (in every group) holds no block of any shared pool."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -165,13 +164,6 @@ def run(lines: list[str]) -> ReplayResult:
     return replay(io.StringIO("\n".join(lines) + "\n"))
 
 
-def renumbered(lines: list[str]) -> list[str]:
-    out = [lines[0]]
-    for i, text in enumerate(lines[1:], 1):
-        out.append(json.dumps({**json.loads(text), "step": i}))
-    return out
-
-
 # ---------------------------------------------------------------- recorded traces
 
 
@@ -208,59 +200,18 @@ def test_recording_refuses_an_engine_that_does_not_start_fresh() -> None:
 # ---------------------------------------------------------------- hand-broken recorded traces
 
 
-def _events(lines: list[str]) -> list[dict[str, Any]]:
-    return [json.loads(t) for t in lines[1:]]
-
-
-def drop_a_leave(lines: list[str]) -> tuple[list[str], int, str]:
-    """The first ``leave`` of a block that another holder also holds loses that block: the holder stays."""
-    for i, ev in enumerate(_events(lines), 1):
-        if ev["op"] == "leave":
-            block = ev["blocks"][0]
-            rest = ev["blocks"][1:]
-            out = lines[:i] + ([json.dumps({**ev, "blocks": rest})] if rest else []) + lines[i + 1 :]
-            return renumbered(out), block, ev["holder"]
-    raise AssertionError("no leave event")
-
-
-def count_off_by_one(lines: list[str]) -> tuple[list[str], int, str]:
-    """The first count of a held block reads one more."""
-    holders: dict[int, str] = {}
-    for i, ev in enumerate(_events(lines), 1):
-        if ev["op"] == "join":
-            holders.update(dict.fromkeys(ev["blocks"], ev["holder"]))
-        if ev["op"] == "count":
-            block = next(b for b, c in ev["counts"] if c > 0)
-            counts = [[b, c + 1 if b == block else c] for b, c in ev["counts"]]
-            return [*lines[:i], json.dumps({**ev, "counts": counts}), *lines[i + 1 :]], block, holders[block]
-    raise AssertionError("no count event")
-
-
-def free_while_held(lines: list[str]) -> tuple[list[str], int, str]:
-    """At the end of the first call that gives a holder a block, that block goes back onto the free queue."""
-    events = _events(lines)
-    i, ev = next((i, ev) for i, ev in enumerate(events, 1) if ev["op"] == "join")
-    end = next((j for j in range(i + 1, len(lines)) if events[j - 1]["op"] == "call"), len(lines))
-    freed = {"step": 0, "op": "queue", "pool": ev["pool"], "joined": [ev["blocks"][0]], "left": []}
-    return renumbered([*lines[:end], json.dumps(freed), *lines[end:]]), ev["blocks"][0], ev["holder"]
-
-
-BREAKS: dict[str, tuple[Callable[[list[str]], tuple[list[str], int, str]], set[str]]] = {
-    "a holder dropped": (drop_a_leave, {"inv_refcount_counts_holders", "inv_owners_account"}),
-    "a counter off by one": (count_off_by_one, {"inv_refcount_counts_holders"}),
-    "a block freed while held": (free_while_held, {"inv_free_iff_unheld"}),
-}
-
-
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("name", list(BREAKS))
-def test_a_hand_broken_trace_fails_naming_the_block_and_holder(name: str, seed: int) -> None:
+@pytest.mark.parametrize("name", ["a holder dropped", "a counter off by one", "a block freed while held"])
+def test_a_hand_broken_trace_fails_naming_the_block_and_holder(
+    name: str, seed: int, shared_breaks: dict[str, Any]
+) -> None:
     lines = recorded(seed)
     assert run(lines).ok
-    broken, block, holder = BREAKS[name][0](lines)
+    brk = shared_breaks[name]
+    broken, block, holder = brk.apply(lines)
     r = run(broken)
     assert r.exit_code == 1 and r.violation is not None, (name, r.error)
-    assert r.violation.rule in BREAKS[name][1], r.violation
+    assert r.violation.rule in brk.laws, r.violation
     assert f"block {block}" in r.violation.message and holder in r.violation.message, r.violation.message
     assert f"kv block {block}" in r.violation.history and holder in r.violation.history
 
