@@ -745,13 +745,13 @@ class SystemReplayer:
         self.checked[COMMIT] += 1
         if not A.inv_commit_keeps(attempt, after):
             raise Violated(COMMIT, f"admitted request {req.ident} lost slots it held", [str(req)])
-        lost = self._shared_change(call, req)[1] if self.shared else []
-        if lost:
+        dropped = self._shared_change(call, req)[1] if self.shared else []
+        if dropped:
             raise Violated(
                 COMMIT,
                 f"admitted request {req.ident} lost shared blocks it held: "
-                f"{[f'{h}: {p} block {x}' for h, p, x in lost[:6]]}",
-                [str(req), *(f"{p} block {x}" for _, p, x in lost[:4])],
+                f"{[f'{h}: {p} block {x}' for h, p, x in dropped[:6]]}",
+                [str(req), *(f"{p} block {x}" for _, p, x in dropped[:4])],
             )
         if sid is not None and "prefix_len" in ev:
             self.checked[APPEND] += 1
