@@ -197,8 +197,9 @@ class SharedState:
         """``block``'s holders, each once per time it holds the block, in a stable order."""
         return sorted(self.holders.get(block, Counter()).elements(), key=str)
 
-    def held_by(self, holder: Owner) -> Counter[int]:
-        return Counter(self.by_holder.get(holder, Counter()))
+    def holder_count(self, block: int) -> int:
+        """How many times holders hold ``block`` (what its count must read)."""
+        return sum(self.holders.get(block, Counter()).values())
 
     def join(self, holder: Owner, block: int) -> None:
         self.holders.setdefault(block, Counter())[holder] += 1
@@ -527,7 +528,7 @@ class SystemReplayer:
             )
         for b in ev["blocks"]:
             st.join(holder, b)
-            self._touch(call, st, b, line, f"{holder} joins (holders {[str(o) for o in st.holders_of(b)]})")
+            self._touch(call, st, b, line, f"{holder} joins ({st.holder_count(b)} holders)")
 
     def _on_leave(self, line: int, ev: Event) -> None:
         call, st = self._shared_event(line, ev)
@@ -543,7 +544,7 @@ class SystemReplayer:
                     f"(its holders: {[str(o) for o in st.holders_of(b)]})",
                     [f"{st.name} block {b}", str(holder)],
                 )
-            self._touch(call, st, b, line, f"{holder} leaves (holders {[str(o) for o in st.holders_of(b)]})")
+            self._touch(call, st, b, line, f"{holder} leaves ({st.holder_count(b)} holders)")
 
     def _on_count(self, line: int, ev: Event) -> None:
         call, st = self._shared_event(line, ev)
