@@ -132,12 +132,13 @@ def test_a_hand_broken_vllm_trace_fails_naming_block_and_holder(
 def test_record_and_replay_through_the_cli(model: str, tmp_path: Path) -> None:
     out = tmp_path / "vllm.jsonl"
     runner = CliRunner()
-    args = ["record", "--system", "--adapter", ADAPTERS[model], "--model", "full", "--ops", "150", "-o", str(out)]
+    args = ["record", "--system", "--adapter", ADAPTERS[model], "--ops", "150", "-o", str(out)]  # model: full
     rec = runner.invoke(app, args)
     if model == "hybrid" and not _hybrid_ok():
         assert rec.exit_code == 2 and "no hybrid" in rec.output
         return
     assert rec.exit_code == 0, rec.output
+    assert "of the full memory manager" in rec.output
     res = runner.invoke(app, ["replay", str(out), "--json"])
     verdict = replay_path(out)
     assert res.exit_code == verdict.exit_code in (0, 1), res.output
