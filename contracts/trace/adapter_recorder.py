@@ -41,6 +41,10 @@ SESSIONS = (1, 2)
 BUDGETS = (64, 16, 2)
 
 
+class CannotRecord(ValueError):
+    """The adapter cannot start a trace: a shared pool not fresh, or a pool both shared and single-owner."""
+
+
 def _owners(lg: Ledger) -> dict[int, Owner]:
     return {x: o for o, xs in lg.held.items() for x in xs}
 
@@ -104,7 +108,7 @@ class AdapterRecorder:
         for name, sp in shared.items():
             why = "it is a single-owner ledger too" if name in pools else _not_fresh(sp)
             if why is not None:
-                raise ValueError(f"{adapter.name}: cannot record shared pool {name!r} from a fresh engine: {why}")
+                raise CannotRecord(f"{adapter.name}: cannot record shared pool {name!r} from a fresh engine: {why}")
             pools[name] = (sp.base, sp.capacity)
         sentinels = {name: {b: sp.counts.get(b, 0) for b in sorted(sp.sentinels)} for name, sp in shared.items()}
         header = Header(config, adapter.name, adapter.version, None, faults, pools, shared=sentinels or None)
@@ -299,4 +303,4 @@ def record_adapter_workload(
     return drive(_Driver(rec, random.Random(seed)).step, ops, rec.writer, rec.leak_check)
 
 
-__all__ = ["AdapterRecorder", "record_adapter_workload"]
+__all__ = ["AdapterRecorder", "CannotRecord", "record_adapter_workload"]

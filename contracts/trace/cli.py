@@ -31,7 +31,7 @@ from kvledger.contracts.adapters.reference import ReferenceAdapter
 from kvledger.contracts.adapters.system import load_system_factory
 from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_CONFIGS, SYSTEM_MODELS, fault_targets
 from kvledger.contracts.machines.system import build_manager
-from kvledger.contracts.trace.adapter_recorder import record_adapter_workload
+from kvledger.contracts.trace.adapter_recorder import CannotRecord, record_adapter_workload
 from kvledger.contracts.trace.format import TraceFormatError
 from kvledger.contracts.trace.recorder import WorkloadResult, record_workload
 from kvledger.contracts.trace.replay import ReplayResult
@@ -163,6 +163,9 @@ def record(
                     )
         except OSError as err:
             _usage(f"cannot write {output}: {err.strerror}")
+            return
+        except CannotRecord as err:
+            _usage(str(err))
             return
     what = "memory manager" if system else "cache"
     typer.echo(f"recorded {result.ops} operations ({result.events} events) of the {model} {what} to {output}")

@@ -24,7 +24,7 @@ from kvledger.contracts.adapters.system import (
     SystemConfig,
     SystemSnapshot,
 )
-from kvledger.contracts.trace.adapter_recorder import AdapterRecorder, record_adapter_workload
+from kvledger.contracts.trace.adapter_recorder import AdapterRecorder, CannotRecord, record_adapter_workload
 from kvledger.contracts.trace.replay import ReplayResult, replay
 from kvledger.contracts.trace.system_replay import SHARED_LAWS
 from kvledger.spec.shared import SharedPool
@@ -193,7 +193,11 @@ def test_an_engine_that_leaks_counts_on_refusal_fails_replay(seed: int) -> None:
 def test_recording_refuses_an_engine_that_does_not_start_fresh() -> None:
     toy = ToyShared()
     toy.queue.pop()  # a block off the queue, held by nobody
-    with pytest.raises(ValueError, match="fresh engine: its free queue"):
+    with pytest.raises(CannotRecord, match="fresh engine: its free queue"):
+        AdapterRecorder(toy, io.StringIO())  # type: ignore[arg-type]
+    toy.queue.append(toy.blocks - 1)
+    toy.count[3] = 1  # counted, held by nobody
+    with pytest.raises(CannotRecord, match=r"blocks \[3\] have non-zero counts"):
         AdapterRecorder(toy, io.StringIO())  # type: ignore[arg-type]
 
 
