@@ -6,8 +6,13 @@ Contracts are switched on by ``--kvledger-contracts=on`` in pyproject's
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+import pytest
 from hypothesis import settings
 
 from kvledger.contracts.machines.profiles import register_profiles
@@ -16,3 +21,80 @@ pytest_plugins = ["pytester"]  # the plugin's own tests (tests/trace) run child 
 
 register_profiles()
 settings.load_profile(os.environ.get("KVLEDGER_HYPOTHESIS_PROFILE", "ci"))
+
+
+# ---------------------------------------------------------------- hand-breaks of a shared-pool system trace
+# (used by tests/trace/test_shared_trace.py on a toy engine's traces and tests/vllm/test_traces.py on vLLM's)
+
+Lines = list[str]
+
+
+@dataclass(frozen=True)
+class SharedBreak:
+    """A hand-break of a recorded system trace of a shared pool: ``apply(lines) -> (broken lines, block, holder)``
+    (the block and the holder the replay's verdict must name), and the laws that verdict may cite."""
+
+    apply: Callable[[Lines], tuple[Lines, int, str]]
+    laws: frozenset[str]
+
+
+def _events(lines: Lines) -> list[dict[str, Any]]:
+    return [json.loads(t) for t in lines[1:]]
+
+
+def _renumbered(lines: Lines) -> Lines:
+    return [lines[0], *(json.dumps({**json.loads(t), "step": i}) for i, t in enumerate(lines[1:], 1))]
+
+
+def _sentinels(lines: Lines) -> set[int]:
+    return {b for pairs in json.loads(lines[0]).get("shared", {}).values() for b, _ in pairs}
+
+
+def drop_a_leave(lines: Lines) -> tuple[Lines, int, str]:
+    """The first ``leave`` of a non-sentinel block loses that block: its holder keeps it."""
+    skip = _sentinels(lines)
+    for i, ev in enumerate(_events(lines), 1):
+        block = next((b for b in ev.get("blocks", ()) if b not in skip), None) if ev["op"] == "leave" else None
+        if block is not None:
+            rest = list(ev["blocks"])
+            rest.remove(block)
+            out = [*lines[:i], *([json.dumps({**ev, "blocks": rest})] if rest else []), *lines[i + 1 :]]
+            return _renumbered(out), block, ev["holder"]
+    raise AssertionError("no leave event of a non-sentinel block")
+
+
+def count_off_by_one(lines: Lines) -> tuple[Lines, int, str]:
+    """The first count of a held non-sentinel block reads one more."""
+    skip = _sentinels(lines)
+    holders: dict[int, str] = {}
+    for i, ev in enumerate(_events(lines), 1):
+        if ev["op"] == "join":
+            holders.update(dict.fromkeys(ev["blocks"], ev["holder"]))
+        block = next((b for b, c in ev["counts"] if c > 0 and b not in skip), None) if ev["op"] == "count" else None
+        if block is not None:
+            counts = [[b, c + 1 if b == block else c] for b, c in ev["counts"]]
+            return [*lines[:i], json.dumps({**ev, "counts": counts}), *lines[i + 1 :]], block, holders[block]
+    raise AssertionError("no count event of a held block")
+
+
+def free_while_held(lines: Lines) -> tuple[Lines, int, str]:
+    """At the end of the first call that gives a holder a non-sentinel block, that block goes back onto the queue."""
+    skip = _sentinels(lines)
+    events = _events(lines)
+    for i, ev in enumerate(events, 1):
+        block = next((b for b in ev.get("blocks", ()) if b not in skip), None) if ev["op"] == "join" else None
+        if block is not None:
+            end = next((j for j in range(i + 1, len(lines)) if events[j - 1]["op"] == "call"), len(lines))
+            freed = {"step": 0, "op": "queue", "pool": ev["pool"], "joined": [block], "left": []}
+            return _renumbered([*lines[:end], json.dumps(freed), *lines[end:]]), block, ev["holder"]
+    raise AssertionError("no join event of a non-sentinel block")
+
+
+@pytest.fixture(scope="session")
+def shared_breaks() -> dict[str, SharedBreak]:
+    """The three hand-breaks of a shared-pool system trace, by name."""
+    return {
+        "a holder dropped": SharedBreak(drop_a_leave, frozenset({"inv_refcount_counts_holders", "inv_owners_account"})),
+        "a counter off by one": SharedBreak(count_off_by_one, frozenset({"inv_refcount_counts_holders"})),
+        "a block freed while held": SharedBreak(free_while_held, frozenset({"inv_free_iff_unheld"})),
+    }

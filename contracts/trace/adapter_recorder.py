@@ -4,7 +4,12 @@
 (:class:`~kvledger.contracts.adapters.system.SystemAdapter`) and, after each
 call, writes one ``call`` event and what the call changed, computed from two
 snapshots: ``own`` events from the difference of every pool's owner map,
-``row`` events from the difference of the request-table rows. Nothing is read
+``row`` events from the difference of the request-table rows, and for the
+pools whose blocks several requests hold at once (the snapshot's
+:class:`~kvledger.contracts.adapters.system.SharedBlocks`, e.g. vLLM's
+``ref_cnt``) ``leave``/``join`` events from the difference of each block's
+holders, ``count`` events from the difference of the engine's counts and
+``queue`` events from the difference of the free queue. Nothing is read
 from inside the engine, so the trace of a real engine (SGLang's scheduler,
 vLLM's manager) replays against the spec with ``kvledger replay`` exactly as
 one of the reference implementation does.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -27,6 +33,7 @@ from kvledger.contracts.trace.format import Header, TraceWriter
 from kvledger.contracts.trace.recorder import WorkloadResult, drive
 from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.ledger import Ledger
+from kvledger.spec.shared import SharedPool, blocks_of, unheld
 from kvledger.spec.types import Component, Owner
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8))
@@ -34,8 +41,58 @@ SESSIONS = (1, 2)
 BUDGETS = (64, 16, 2)
 
 
+class CannotRecord(ValueError):
+    """The adapter cannot start a trace: a shared pool not fresh, or a pool both shared and single-owner."""
+
+
 def _owners(lg: Ledger) -> dict[int, Owner]:
     return {x: o for o, xs in lg.held.items() for x in xs}
+
+
+def _shared_pools(snap: SystemSnapshot) -> dict[str, SharedPool]:
+    return dict(snap.shared.pools) if snap.shared is not None else {}
+
+
+def _not_fresh(pool: SharedPool) -> str | None:
+    """Why ``pool`` is not in the state a trace's shared pool starts from (``None``: it is).
+
+    That state: no block held, every non-sentinel block counted 0 and on the free queue.
+    """
+    if pool.holders:
+        return f"blocks {sorted(pool.holders)[:8]} are held"
+    counted = [b for b in blocks_of(pool) if b not in pool.sentinels and pool.counts.get(b, 0) != 0]
+    if counted:
+        return f"blocks {counted[:8]} have non-zero counts"
+    if frozenset(pool.queue) != unheld(pool) or len(set(pool.queue)) != len(pool.queue):
+        return "its free queue does not hold exactly the non-sentinel blocks"
+    return None
+
+
+def _diff_blocks(before: SharedPool, after: SharedPool) -> list[tuple[str, dict[str, Any]]]:
+    """The ``leave``, ``join``, ``count`` and ``queue`` events that take ``before`` to ``after``."""
+    left: dict[Owner, list[int]] = {}
+    joined: dict[Owner, list[int]] = {}
+    for b in sorted(set(before.holders) | set(after.holders)):
+        old, new = Counter(before.holders.get(b, ())), Counter(after.holders.get(b, ()))
+        for o in (old - new).elements():
+            left.setdefault(o, []).append(b)
+        for o in (new - old).elements():
+            joined.setdefault(o, []).append(b)
+    out: list[tuple[str, dict[str, Any]]] = []
+    for op, moved in (("leave", left), ("join", joined)):
+        for o in sorted(moved, key=str):
+            out.append((op, {"pool": after.name, "holder": str(o), "blocks": moved[o]}))
+    counts = [
+        [b, after.counts.get(b, 0)]
+        for b in sorted(set(before.counts) | set(after.counts))
+        if before.counts.get(b, 0) != after.counts.get(b, 0)
+    ]
+    if counts:
+        out.append(("count", {"pool": after.name, "counts": counts}))
+    q_old, q_new = set(before.queue), set(after.queue)
+    if q_old != q_new:
+        out.append(("queue", {"pool": after.name, "joined": sorted(q_new - q_old), "left": sorted(q_old - q_new)}))
+    return out
 
 
 class AdapterRecorder:
@@ -47,7 +104,14 @@ class AdapterRecorder:
         c = adapter.config
         config = CacheConfig(page_size=c.page_size, window=c.window, mamba=c.mamba, kv_tokens=c.kv_tokens)
         pools = {name: (lg.base, lg.capacity) for name, lg in self.snap.ledgers.items()}
-        header = Header(config, adapter.name, adapter.version, None, faults, pools)
+        shared = _shared_pools(self.snap)
+        for name, sp in shared.items():
+            why = "it is a single-owner ledger too" if name in pools else _not_fresh(sp)
+            if why is not None:
+                raise CannotRecord(f"{adapter.name}: cannot record shared pool {name!r} from a fresh engine: {why}")
+            pools[name] = (sp.base, sp.capacity)
+        sentinels = {name: {b: sp.counts.get(b, 0) for b in sorted(sp.sentinels)} for name, sp in shared.items()}
+        header = Header(config, adapter.name, adapter.version, None, faults, pools, shared=sentinels or None)
         self.writer = TraceWriter(out, header)
         for row, view in sorted(self.snap.rows.items()):
             self.writer.event("row", row=row, start=0, slots=list(view.slots))
@@ -71,6 +135,10 @@ class AdapterRecorder:
                     ).append(x)
             for (src_text, dst_text), slots in sorted(groups.items(), key=lambda g: (str(g[0][0]), str(g[0][1]))):
                 self.writer.event("own", pool=pool, slots=slots, src=src_text, dst=dst_text)
+        old_shared = _shared_pools(before)
+        for pool, sp in _shared_pools(after).items():
+            for op, fields in _diff_blocks(old_shared[pool], sp):
+                self.writer.event(op, **fields)
         for row, view in sorted(after.rows.items()):
             old_view = before.rows.get(row)
             if old_view is None or old_view.slots != view.slots or old_view.holder != view.holder:
@@ -235,4 +303,4 @@ def record_adapter_workload(
     return drive(_Driver(rec, random.Random(seed)).step, ops, rec.writer, rec.leak_check)
 
 
-__all__ = ["AdapterRecorder", "record_adapter_workload"]
+__all__ = ["AdapterRecorder", "CannotRecord", "record_adapter_workload"]

@@ -4,7 +4,9 @@
 records a random workload of the reference implementation: of its radix cache
 (a cache trace), or with ``--system`` of the whole memory manager (requests,
 admission, sessions, leak checks: a system trace). Faults B2–B4 act on the
-memory manager and imply ``--system``.
+memory manager and imply ``--system``. ``--adapter`` records an engine instead
+(``--system --adapter vllm``: vLLM's KV cache manager, its shared blocks
+included; an adapter's system model defaults to ``full``).
 ``kvledger replay trace.jsonl [--json]`` checks a trace against the spec alone.
 Exit codes: 0 holds, 1 violation, 2 malformed input or bad arguments.
 """
@@ -29,7 +31,7 @@ from kvledger.contracts.adapters.reference import ReferenceAdapter
 from kvledger.contracts.adapters.system import load_system_factory
 from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_CONFIGS, SYSTEM_MODELS, fault_targets
 from kvledger.contracts.machines.system import build_manager
-from kvledger.contracts.trace.adapter_recorder import record_adapter_workload
+from kvledger.contracts.trace.adapter_recorder import CannotRecord, record_adapter_workload
 from kvledger.contracts.trace.format import TraceFormatError
 from kvledger.contracts.trace.recorder import WorkloadResult, record_workload
 from kvledger.contracts.trace.replay import ReplayResult
@@ -77,7 +79,7 @@ def record(
         str | None,
         typer.Option(
             help=f"cache model ({', '.join(CACHE_MODELS)}; default hybrid) or, with --system, "
-            f"memory-manager model ({', '.join(SYSTEM_MODELS)}; default mamba)"
+            f"memory-manager model ({', '.join(SYSTEM_MODELS)}; default mamba, full with --adapter)"
         ),
     ] = None,
     lru: Annotated[bool, typer.Option(help="record LRU links (needed to catch B1)")] = True,
@@ -107,7 +109,8 @@ def record(
     if system and on_cache:
         _usage(f"fault {on_cache[0]} acts on the radix cache: record it without --system")
     models = SYSTEM_MODELS if system else CACHE_MODELS
-    model = model or ("mamba" if system else "hybrid")
+    # NOTE: an engine's system adapter defaults to full attention, the one model every engine drives
+    model = model or ("hybrid" if not system else "full" if adapter is not None else "mamba")
     if model not in models:
         _usage(
             f"unknown {'memory-manager' if system else 'cache'} model {model!r}; expected one of {', '.join(models)}"
@@ -160,6 +163,9 @@ def record(
                     )
         except OSError as err:
             _usage(f"cannot write {output}: {err.strerror}")
+            return
+        except CannotRecord as err:
+            _usage(str(err))
             return
     what = "memory manager" if system else "cache"
     typer.echo(f"recorded {result.ops} operations ({result.events} events) of the {model} {what} to {output}")

@@ -53,6 +53,33 @@ A system header's ``pools`` include ``kv`` (pages when ``page_size > 1``);
 ``req_to_token`` (the request table) is needed by ``row`` events; an event
 naming a pool the header does not list is malformed.
 
+*Shared pools.* Some engines let several holders hold one block at once and
+count them (vLLM's ``ref_cnt``; :mod:`kvledger.spec.shared`). A system
+header's optional ``"shared": {pool: [[sentinel, count], ...]}`` names the
+pools of ``pools`` that are shared, each with its sentinel blocks (blocks that
+stand in for skipped positions: holders name them, but they are never counted,
+freed or queued) and the count each sentinel starts with. A shared pool starts
+with every other block unheld, counted 0 and on the pool's free queue. Its
+blocks move by four events (never by ``own``, which names only single-owner
+pools; these four name only shared pools):
+
+==============  ==============================================================
+``join``         ``pool, holder, blocks``: during the last ``call``, ``holder``
+                 joined the holder set of each block (once per time a block is
+                 named: a table naming a block twice holds it twice)
+``leave``        ``pool, holder, blocks``: ``holder`` left it, once per time named
+``count``        ``pool, counts``: ``[[block, count], ...]``, the engine's own
+                 counter of each block whose counter moved during the last
+                 ``call``, as observed after it (any int64: a negative count is
+                 a broken law, not a malformed line); each block once
+``queue``        ``pool, joined, left``: the blocks that went onto / came off the
+                 pool's free queue during the last ``call`` (distinct ids)
+==============  ==============================================================
+
+Holders are owners, and a request's holding in one kv-cache group carries
+the group's component: ``"req:3"``, ``"req:3/swa"``, ``"session:1"``,
+``"node:5/full"``. A system trace without ``shared`` has none of these events.
+
 ``evicted`` is ``{"full": [keys], "swa": [keys], "mamba": [keys]}``: the pages
 that left the cache, became SWA tombstones, or lost their Mamba state, as
 observed (a recorder takes it from a diff of ``snapshot().prefix``).
@@ -147,6 +174,10 @@ _FIELDS: dict[str, dict[str, str]] = {
     "call": {"name": "call"},
     "own": {"pool": "str", "slots": "idset", "src": "owner?", "dst": "owner?"},
     "row": {"row": "id", "start": "id", "slots": "ids"},
+    "join": {"pool": "str", "holder": "holder", "blocks": "ids"},
+    "leave": {"pool": "str", "holder": "holder", "blocks": "ids"},
+    "count": {"pool": "str", "counts": "counts"},
+    "queue": {"pool": "str", "joined": "idset", "left": "idset"},
 }
 _OPTIONAL: dict[str, dict[str, str]] = {
     "lock": {"coverage": "coverage", "lock_delta": "delta", "sizes": "sizes"},
@@ -173,9 +204,11 @@ _OPTIONAL: dict[str, dict[str, str]] = {
     },
 }
 _ALLOWED = {op: frozenset({"step", "op", *fields, *_OPTIONAL.get(op, {})}) for op, fields in _FIELDS.items()}
-_SETS = frozenset({"idset", "coverage", "delta", "evicted", "links", "leaked"})
+_SETS = frozenset({"idset", "coverage", "delta", "evicted", "links", "leaked", "counts"})
 OPS = tuple(_FIELDS)
-SYSTEM_OPS = ("call", "own", "row")
+SHARED_OPS = ("join", "leave", "count", "queue")
+"""The events of a system trace's shared pools (header field ``shared``)."""
+SYSTEM_OPS = ("call", "own", "row", *SHARED_OPS)
 """The events of a system trace (header with ``pools``); the others belong to cache traces."""
 CALLS = (
     "add_request",
@@ -193,8 +226,20 @@ CALLS = (
 )
 """The memory-manager calls a system trace names."""
 OWNER_RE = re.compile(r"(req|session):(0|[1-9]\d{0,18})|node:(0|[1-9]\d{0,18})/(full|swa|mamba)")
+HOLDER_RE = re.compile(r"(req|session):(0|[1-9]\d{0,18})(?:/(full|swa|mamba))?|node:(0|[1-9]\d{0,18})/(full|swa|mamba)")
+"""A holder of a shared block: an owner, where a request or session may name its kv-cache group (``req:3/swa``)."""
 COMPONENTS = ("full", "swa", "mamba")
-HEADER_FIELDS = ("kvledger_trace", "config", "adapter", "version", "capabilities", "faults", "pools", "ledgers")
+HEADER_FIELDS = (
+    "kvledger_trace",
+    "config",
+    "adapter",
+    "version",
+    "capabilities",
+    "faults",
+    "pools",
+    "ledgers",
+    "shared",
+)
 """Every field a header may have (any other is malformed)."""
 _KIND_TEXT = {
     "id": f"an integer in [0, {MAX_INT}]",
@@ -214,6 +259,8 @@ _KIND_TEXT = {
     "bool": "true or false",
     "call": "one of " + ", ".join(CALLS),
     "owner?": "an owner ('req:3', 'session:1', 'node:5/full') or null",
+    "holder": "a holder ('req:3', 'req:3/swa', 'session:1', 'node:5/full')",
+    "counts": "a list of [block, count] pairs (block ids >= 0 distinct; counts int64)",
     "leaked": f"an object {{pool: [distinct slots in [0, {MAX_INT}]]}}",
     "sizes": "an object {component: [evictable, protected]} of integers >= 0",
 }
@@ -296,6 +343,10 @@ def _valid(kind: str, x: object) -> bool:
         return type(x) is str and x in CALLS
     if kind == "owner?":
         return x is None or (type(x) is str and OWNER_RE.fullmatch(x) is not None)
+    if kind == "holder":
+        return type(x) is str and HOLDER_RE.fullmatch(x) is not None
+    if kind == "counts":
+        return type(x) is list and all(type(v) is list and len(v) == 2 and _is_id(v[0]) and _is_int(v[1]) for v in x)
     if kind == "leaked":
         return type(x) is dict and all(_is_ids(v) for v in x.values())
     if kind == "sizes":
@@ -314,7 +365,7 @@ def _repeated(kind: str, x: Any) -> object | None:
         return first_repeat(x)
     if kind in ("coverage", "delta"):
         return first_repeat((tuple(v[0]), v[1]) for v in x)
-    if kind == "links":
+    if kind in ("links", "counts"):
         return first_repeat(v[0] for v in x)
     if kind == "evicted":
         return next((r for v in x.values() if (r := first_repeat(tuple(k) for k in v)) is not None), None)
@@ -414,6 +465,7 @@ class Header:
     faults: tuple[str, ...] = ()
     pools: dict[str, tuple[int, int]] | None = None  # a system trace: pool name -> (base, capacity)
     ledgers: dict[str, tuple[int, int]] | None = None  # a cache trace: where its kv/mamba slots lie, if not the default
+    shared: dict[str, dict[int, int]] | None = None  # a system trace's shared pools: pool -> {sentinel: its count}
 
     @property
     def system(self) -> bool:
@@ -435,6 +487,8 @@ class Header:
             out["pools"] = {k: list(v) for k, v in self.pools.items()}
         if self.ledgers:
             out["ledgers"] = {k: list(v) for k, v in self.ledgers.items()}
+        if self.shared is not None:
+            out["shared"] = {k: [[b, c] for b, c in sorted(v.items())] for k, v in self.shared.items()}
         return out
 
 
@@ -468,6 +522,36 @@ def _ranges(line: int, name: str, value: object, allowed: tuple[str, ...] | None
     return {k: (v[0], v[1]) for k, v in value.items()}
 
 
+def _shared(line: int, value: object, pools: dict[str, tuple[int, int]] | None) -> dict[str, dict[int, int]]:
+    """The header's ``shared``: ``{pool: [[sentinel, count], ...]}``, each pool one of ``pools``, each sentinel once
+    and in its pool's range."""
+    if pools is None:
+        raise TraceFormatError(line, "'shared' only in a system trace header (with 'pools')")
+    if type(value) is not dict:
+        raise TraceFormatError(line, "header 'shared' an object {pool: [[sentinel, count], ...]}", _short(value))
+    out: dict[str, dict[int, int]] = {}
+    for name, sentinels in value.items():
+        if name not in pools:
+            raise TraceFormatError(
+                line, f"header 'shared' pools among those of 'pools' ({', '.join(pools)})", repr(name)
+            )
+        if not _valid("counts", sentinels):
+            raise TraceFormatError(
+                line, f"header 'shared': pool {name!r} as {_KIND_TEXT['counts']} (sentinels)", _short(sentinels)
+            )
+        again = _repeated("counts", sentinels)
+        if again is not None:
+            raise TraceFormatError(line, f"header 'shared': pool {name!r} to name each sentinel once", f"{again} twice")
+        base, capacity = pools[name]
+        outside = [b for b, _ in sentinels if not base <= b < base + capacity]
+        if outside:
+            raise TraceFormatError(
+                line, f"header 'shared': sentinels of pool {name!r} in [{base}, {base + capacity})", f"{outside[0]}"
+            )
+        out[name] = {b: c for b, c in sentinels}
+    return out
+
+
 def parse_header(obj: object) -> Header:
     """The header on line 1, or :class:`TraceFormatError` (strict: unknown fields, wrong types, out of range)."""
     if type(obj) is not dict or "kvledger_trace" not in obj:
@@ -492,6 +576,7 @@ def parse_header(obj: object) -> Header:
     ledgers = _ranges(1, "ledgers", obj["ledgers"], ("kv", "mamba")) if "ledgers" in obj else None
     if pools is not None and ledgers is not None:
         raise TraceFormatError(1, "'pools' (a system trace) or 'ledgers' (a cache trace), not both")
+    shared = _shared(1, obj["shared"], pools) if "shared" in obj else None
     return Header(
         config_from_json(obj["config"]),
         obj["adapter"],
@@ -500,6 +585,7 @@ def parse_header(obj: object) -> Header:
         faults,
         pools,
         ledgers,
+        shared,
     )
 
 

@@ -764,7 +764,7 @@ def unchecked_rules(header: Header, checked: Mapping[str, int] | None = None) ->
     event carried its data); ``checked``: how often the replay checked each law (``None``: before any event)."""
     done = checked or {}
     if header.system:
-        out = list(system_unchecked())
+        out = list(system_unchecked(header))
         out += [
             (law, SYSTEM_NEEDS.get(law, "no event of the trace exercised it"))
             for law in SYSTEM_LAWS

@@ -7,11 +7,13 @@ bound) into a JSON Schema (draft 2020-12), so the two cannot drift:
 builds, and that the validator rejects every line the schema rejects.
 Regenerate the file with ``python -m kvledger.contracts.trace.schema``.
 
-Three rules of the validator go beyond what JSON Schema can say: an event's
+Four rules of the validator go beyond what JSON Schema can say: an event's
 ``step`` is its number (line - 1); a ``lock_delta`` names each (key,
-component) once and ``links`` each node once (``uniqueItems`` compares whole
-items); a pool's ``base + capacity`` is at most ``MAX_POOL``. The schema's
-``description`` says so where they apply.
+component) once, ``links`` each node once and ``counts`` each block once
+(``uniqueItems`` compares whole items); a pool's ``base + capacity`` is at
+most ``MAX_POOL``; a header's ``shared`` names pools of its ``pools`` and
+sentinels in their range. The schema's ``description`` says so where they
+apply.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def _kind(kind: str) -> dict[str, Any]:
         "call": {"enum": list(F.CALLS)},
         "bool": {"type": "boolean"},
         "owner?": {"type": ["string", "null"], "pattern": "^(" + F.OWNER_RE.pattern + ")$"},
+        "holder": {"type": "string", "pattern": "^(" + F.HOLDER_RE.pattern + ")$"},
+        "counts": _counts("one pair per block"),
         "coverage": {
             "type": "array",
             "items": {"type": "array", "prefixItems": [_KEY, _COMP], "items": False, "minItems": 2},
@@ -87,6 +91,12 @@ def _kind(kind: str) -> dict[str, Any]:
         },
     }
     return kinds[kind]
+
+
+def _counts(description: str) -> dict[str, Any]:
+    """``[[block, count], ...]``: block ids >= 0, counts int64."""
+    pair = {"type": "array", "prefixItems": [_ID, _INT], "items": False, "minItems": 2}
+    return {"type": "array", "description": description, "items": pair, "uniqueItems": True}
 
 
 def _range(names: list[str] | None) -> dict[str, Any]:
@@ -137,9 +147,15 @@ def build_schema() -> dict[str, Any]:
                 "description": "a system trace: pool name -> [base, capacity]",
             },
             "ledgers": {**_range(["kv", "mamba"]), "description": "a cache trace: where kv/mamba slots lie"},
+            "shared": {
+                "type": "object",
+                "description": "a system trace's shared pools (each one of 'pools') -> [[sentinel, count], ...]",
+                "additionalProperties": _counts("each sentinel once, in its pool's range"),
+            },
         },
         "additionalProperties": False,
         "not": {"required": ["pools", "ledgers"]},
+        "dependentRequired": {"shared": ["pools"]},
     }
     events = []
     for op, fields in F._FIELDS.items():

@@ -35,6 +35,21 @@ at the end of each call (the next ``call`` or the end of the trace) checks:
   reports exactly what the ledgers say leaked: nothing, since every leak fails
   the call that made it (so a checker that reports a leak is wrong).
 
+A *shared* pool (header field ``shared``: blocks several holders hold at
+once, counted by the engine, :mod:`kvledger.spec.shared`) is kept as each
+block's holders (a multiset), the engine's count and whether the block is on
+the free queue, advanced by ``join``/``leave``/``count``/``queue`` events. At
+the end of each call, every block the call touched is checked by the spec's
+shared laws, applied to that block (a one-block
+:class:`~kvledger.spec.shared.SharedPool`; each law is a conjunction over
+blocks): ``inv_refcount_nonnegative``, ``inv_refcount_counts_holders`` (the
+count is the number of live holders), ``inv_free_iff_unheld`` (on the queue
+iff no holder holds it), ``inv_sentinel_fixed`` and ``sentinel_count_fixed``
+(a sentinel is never queued and its count never moves from the header's).
+A request that ended and a closed session hold no block (``inv_owners_account``),
+a rejected admission leaves its request's blocks as they were
+(``admission rolls back``) and an admitted one lost none (``admission commits``).
+
 A ``row`` event sets the row's live part: positions ``start..`` become
 ``slots`` and the row's live length becomes ``start + len(slots)`` (what lies
 past it is stale and names nothing); a freed row has no live part.
@@ -53,11 +68,22 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from kvledger.contracts.trace.format import OWNER_RE, Event, Header, TraceFormatError, first_repeat
+from kvledger.contracts.trace.format import (
+    HOLDER_RE,
+    OWNER_RE,
+    SYSTEM_OPS,
+    Event,
+    Header,
+    TraceFormatError,
+    first_repeat,
+)
 from kvledger.contracts.trace.pools import SparseLedger
 from kvledger.spec import admission as A
 from kvledger.spec import ledger as L
+from kvledger.spec import shared as S
+from kvledger.spec.shared import SharedPool
 from kvledger.spec.types import Component, HandleId, Owner, OwnerKind, SlotId, node, request, session
 
 ACCOUNT = "inv_owners_account"
@@ -65,6 +91,14 @@ ROWS = "inv_rows_held"
 UNCHANGED = "rejected call leaves state unchanged"
 LEAKS = "leak checker agrees with the ledgers"
 ROLLBACK, COMMIT, APPEND = "admission rolls back", "admission commits", "resume is append-only"
+SHARED_LAWS = (
+    "inv_refcount_nonnegative",
+    "inv_refcount_counts_holders",
+    "inv_free_iff_unheld",
+    "inv_sentinel_fixed",
+    "sentinel_count_fixed",
+)
+"""The ``spec.shared`` laws a system replay checks on the blocks of shared pools."""
 SYSTEM_LAWS = (
     "inv_single_owner",
     "inv_slots_conserved",
@@ -75,8 +109,10 @@ SYSTEM_LAWS = (
     APPEND,
     UNCHANGED,
     LEAKS,
+    *SHARED_LAWS,
 )
 """What a system replay checks, each when the trace holds its data (the events it needs)."""
+_NO_SHARED = "no block of a shared pool (header 'shared') moved in the trace"
 SYSTEM_NEEDS = {
     ROWS: "no row event (request-table contents) in the trace",
     ROLLBACK: "no rejected admission in the trace",
@@ -84,6 +120,8 @@ SYSTEM_NEEDS = {
     APPEND: "no session turn admitted with its prefix_len in the trace",
     UNCHANGED: "no call in the trace raised an error",
     LEAKS: "no leak_check call in the trace",
+    **dict.fromkeys(SHARED_LAWS[:4], _NO_SHARED),
+    "sentinel_count_fixed": "no sentinel block (header 'shared') moved in the trace",
 }
 _ENDS = {"finish", "retract", "abort"}
 LEDGER_RULES = {
@@ -108,6 +146,98 @@ def parse_owner(text: str, line: int) -> Owner:
     return node(int(m.group(3)), Component(m.group(4)))
 
 
+def parse_holder(text: str, line: int) -> Owner:
+    """The holder a trace string names (an owner; a request or session may carry its group: ``req:3/swa``)."""
+    m = HOLDER_RE.fullmatch(text)
+    if m is None:
+        raise TraceFormatError(
+            line, "a holder 'req:N', 'req:N/component', 'session:N' or 'node:N/component'", repr(text)
+        )
+    if m.group(1) is not None:
+        kind = OwnerKind.REQUEST if m.group(1) == "req" else OwnerKind.SESSION
+        return Owner(kind, int(m.group(2)), Component(m.group(3)) if m.group(3) else None)
+    return node(int(m.group(4)), Component(m.group(5)))
+
+
+_GROUPS: tuple[Component | None, ...] = (None, *Component)
+_K = TypeVar("_K")
+
+
+def _drop(counter: Counter[_K], key: _K) -> None:
+    """One ``key`` less in ``counter`` (which holds it), leaving no zero entry."""
+    counter[key] -= 1
+    if not counter[key]:
+        del counter[key]
+
+
+class SharedState:
+    """One shared pool as a replay keeps it, sparsely: holders, counts and queue membership of the blocks that moved.
+
+    A block absent from ``holders`` has none, absent from ``counts`` counts 0
+    (a sentinel: its count in the header), and a non-sentinel block is on the
+    free queue unless it is in ``off_queue`` (a sentinel never is). Memory is
+    proportional to the blocks in use, not to the pool's size.
+    """
+
+    def __init__(self, name: str, base: int, capacity: int, sentinels: dict[int, int]) -> None:
+        self.name, self.base, self.capacity = name, base, capacity
+        self.sentinels = dict(sentinels)  # sentinel -> the count it started with (and must keep)
+        self.holders: dict[int, Counter[Owner]] = {}
+        self.by_holder: dict[Owner, Counter[int]] = {}
+        self.counts: dict[int, int] = dict(sentinels)
+        self.off_queue: set[int] = set()
+
+    def in_range(self, block: int) -> bool:
+        return self.base <= block < self.base + self.capacity
+
+    def queued(self, block: int) -> bool:
+        return block not in self.sentinels and block not in self.off_queue
+
+    def holders_of(self, block: int) -> list[Owner]:
+        """``block``'s holders, each once per time it holds the block, in a stable order."""
+        return sorted(self.holders.get(block, Counter()).elements(), key=str)
+
+    def holder_count(self, block: int) -> int:
+        """How many times holders hold ``block`` (what its count must read)."""
+        return sum(self.holders.get(block, Counter()).values())
+
+    def join(self, holder: Owner, block: int) -> None:
+        self.holders.setdefault(block, Counter())[holder] += 1
+        self.by_holder.setdefault(holder, Counter())[block] += 1
+
+    def leave(self, holder: Owner, block: int) -> bool:
+        """``holder`` stops holding ``block`` once; ``False`` (nothing changed) when it did not hold it."""
+        mine = self.by_holder.get(holder)
+        if mine is None or not mine[block]:
+            return False
+        _drop(mine, block)
+        _drop(self.holders[block], holder)
+        if not mine:
+            del self.by_holder[holder]
+        if not self.holders[block]:
+            del self.holders[block]
+        return True
+
+    def block(self, block: int) -> SharedPool:
+        """The pool restricted to ``block``: a one-block :class:`SharedPool`, on which each ``spec.shared`` law is
+        that block's part of the pool's law."""
+        held = self.holders_of(block)
+        sentinel = block in self.sentinels
+        return SharedPool(
+            self.name,
+            1,
+            {block: tuple(held)} if held else {},
+            {block: self.counts.get(block, 0)},
+            (block,) if self.queued(block) else (),
+            frozenset({block}) if sentinel else frozenset(),
+            base=block,
+        )
+
+    def at_start(self, block: int) -> SharedPool:
+        """A sentinel ``block`` as the header states it (for ``sentinel_count_fixed``)."""
+        return SharedPool(self.name, 1, counts={block: self.sentinels[block]}, sentinels=frozenset({block}), base=block)
+
+
 class Violated(Exception):
     """A spec rule the trace breaks: the rule's name, what happened, and the subjects whose history explains it."""
 
@@ -123,6 +253,8 @@ class _Call:
     before: dict[str, frozenset[int]]  # what the call's request held in each pool when it began
     owners: set[Owner] = field(default_factory=set)
     rows: dict[int, int] = field(default_factory=dict)  # rows to check at its end -> line that made them dirty
+    shared_before: dict[str, Counter[tuple[str, int]]] = field(default_factory=dict)  # the request's blocks
+    blocks: dict[tuple[str, int], int] = field(default_factory=dict)  # (pool, block) it touched -> line
 
 
 class SystemReplayer:
@@ -134,8 +266,12 @@ class SystemReplayer:
         self._notes = note
         self.header = header
         self.page = header.config.page_size
+        shared = header.shared or {}
         self.ledgers: dict[str, SparseLedger] = {
-            name: SparseLedger(name, cap, base=base) for name, (base, cap) in header.pools.items()
+            name: SparseLedger(name, cap, base=base) for name, (base, cap) in header.pools.items() if name not in shared
+        }
+        self.shared: dict[str, SharedState] = {
+            name: SharedState(name, *header.pools[name], sentinels) for name, sentinels in shared.items()
         }
         self.rows: dict[int, list[SlotId]] = {}  # held row -> its live part: the token slot of each position
         self.readers: dict[int, Counter[int]] = {}  # KV unit -> rows whose live part names it (how often)
@@ -156,8 +292,42 @@ class SystemReplayer:
 
     def _pool(self, name: str, line: int) -> SparseLedger:
         if name not in self.ledgers:
+            if name in self.shared:
+                raise TraceFormatError(
+                    line,
+                    f"a single-owner pool ({', '.join(self.ledgers) or 'none'}): pool {name!r} is shared, "
+                    "its blocks move by join/leave events",
+                    repr(name),
+                )
             raise TraceFormatError(line, f"a pool of the header ({', '.join(self.ledgers)})", repr(name))
         return self.ledgers[name]
+
+    def _shared_pool(self, name: str, line: int) -> SharedState:
+        if name not in self.shared:
+            raise TraceFormatError(
+                line, f"a shared pool of the header's 'shared' ({', '.join(self.shared) or 'none'})", repr(name)
+            )
+        return self.shared[name]
+
+    def _blocks(self, st: SharedState, blocks: list[int], line: int) -> None:
+        bad = [b for b in blocks if not st.in_range(b)]
+        if bad:
+            raise TraceFormatError(
+                line, f"blocks of pool {st.name!r} in [{st.base}, {st.base + st.capacity})", f"block {bad[0]}"
+            )
+
+    def _shared_held(self, kind: OwnerKind, ident: int) -> dict[str, Counter[tuple[str, int]]]:
+        """What the owner ``kind:ident`` holds in each shared pool, in every group: ``(holder, block)`` counted."""
+        out: dict[str, Counter[tuple[str, int]]] = {}
+        for name, st in self.shared.items():
+            got: Counter[tuple[str, int]] = Counter()
+            for comp in _GROUPS:
+                holder = Owner(kind, ident, comp)
+                for b, n in st.by_holder.get(holder, Counter()).items():
+                    got[str(holder), b] += n
+            if got:
+                out[name] = got
+        return out
 
     def _slots(self, led: SparseLedger, slots: list[int], line: int) -> frozenset[int]:
         out = frozenset(slots)
@@ -227,10 +397,9 @@ class SystemReplayer:
     def apply(self, line: int, ev: Event) -> None:
         """Apply one event; raises :class:`Violated` or :class:`TraceFormatError`."""
         self.step, self.line, self.op = ev["step"], line, ev["op"]
-        handler = getattr(self, "_on_" + ev["op"], None)
-        if handler is None:
-            raise TraceFormatError(line, "an event of a system trace (call, own, row)", repr(ev["op"]))
-        handler(line, ev)
+        if ev["op"] not in SYSTEM_OPS:
+            raise TraceFormatError(line, f"an event of a system trace ({', '.join(SYSTEM_OPS)})", repr(ev["op"]))
+        getattr(self, "_on_" + ev["op"])(line, ev)
 
     def finish(self) -> None:
         """The trace ended: check the last call."""
@@ -255,9 +424,12 @@ class SystemReplayer:
         elif sid is not None and sid not in self.sessions:
             raise TraceFormatError(line, "a session opened earlier in the trace", f"session {sid}")
         for pool in ev.get("leaked", {}):
-            self._pool(pool, line)
+            if pool not in self.shared:
+                self._pool(pool, line)
         before = {} if req is None else {p: led.held_by(request(req)) for p, led in self.ledgers.items()}
         self.call = _Call(ev, line, before)
+        if req is not None and self.shared:
+            self.call.shared_before = self._shared_held(OwnerKind.REQUEST, req)
         if req is not None:
             self.call.owners.add(request(req))
         if sid is not None:
@@ -334,6 +506,144 @@ class SystemReplayer:
         call.rows[row] = line
         self._note(f"row {row}", f"{call.ev['name']}: positions {start}.. = {slots[:8]} (live {start + len(slots)})")
 
+    def _shared_event(self, line: int, ev: Event) -> tuple[_Call, SharedState]:
+        call = self._current(line, ev["op"])
+        return call, self._shared_pool(ev["pool"], line)
+
+    def _touch(self, call: _Call, st: SharedState, block: int, line: int, text: str) -> None:
+        call.blocks.setdefault((st.name, block), line)
+        self._note(f"{st.name} block {block}", f"{call.ev['name']}: {text}")
+
+    def _on_join(self, line: int, ev: Event) -> None:
+        call, st = self._shared_event(line, ev)
+        holder = parse_holder(ev["holder"], line)
+        self._blocks(st, ev["blocks"], line)
+        call.owners.add(holder)
+        if self.ended(holder):
+            blocks = sorted(set(ev["blocks"]))
+            raise Violated(
+                ACCOUNT,
+                f"{call.ev['name']} gave {st.name} blocks {blocks} to {holder}, which ended",
+                [str(holder), *(f"{st.name} block {b}" for b in blocks[:4])],
+            )
+        for b in ev["blocks"]:
+            st.join(holder, b)
+            self._touch(call, st, b, line, f"{holder} joins ({st.holder_count(b)} holders)")
+
+    def _on_leave(self, line: int, ev: Event) -> None:
+        call, st = self._shared_event(line, ev)
+        holder = parse_holder(ev["holder"], line)
+        self._blocks(st, ev["blocks"], line)
+        call.owners.add(holder)
+        for b in ev["blocks"]:
+            self.checked[ACCOUNT] += 1
+            if not st.leave(holder, b):
+                raise Violated(
+                    ACCOUNT,
+                    f"{call.ev['name']}: {holder} left {st.name} block {b}, which it does not hold "
+                    f"(its holders: {[str(o) for o in st.holders_of(b)]})",
+                    [f"{st.name} block {b}", str(holder)],
+                )
+            self._touch(call, st, b, line, f"{holder} leaves ({st.holder_count(b)} holders)")
+
+    def _on_count(self, line: int, ev: Event) -> None:
+        call, st = self._shared_event(line, ev)
+        self._blocks(st, [b for b, _ in ev["counts"]], line)
+        for b, c in ev["counts"]:
+            old = st.counts.get(b, 0)
+            st.counts[b] = c
+            self._touch(call, st, b, line, f"the engine's count {old} -> {c}")
+
+    def _on_queue(self, line: int, ev: Event) -> None:
+        call, st = self._shared_event(line, ev)
+        self._blocks(st, [*ev["joined"], *ev["left"]], line)
+        for b in ev["left"]:
+            if not st.queued(b):
+                self.checked["inv_free_iff_unheld"] += 1
+                raise Violated(
+                    "inv_free_iff_unheld",
+                    f"{call.ev['name']}: {st.name} block {b} came off the free queue, but it was not on it "
+                    + ("(a sentinel is never queued)" if b in st.sentinels else "(it was taken out already)"),
+                    [f"{st.name} block {b}"],
+                )
+            st.off_queue.add(b)
+            self._touch(call, st, b, line, "off the free queue")
+        for b in ev["joined"]:
+            if st.queued(b):
+                self.checked["inv_free_iff_unheld"] += 1
+                raise Violated(
+                    "inv_free_iff_unheld",
+                    f"{call.ev['name']}: {st.name} block {b} went onto the free queue, which holds it already "
+                    "(a block queued twice is handed out twice)",
+                    [f"{st.name} block {b}"],
+                )
+            if b in st.sentinels:
+                self.checked["inv_sentinel_fixed"] += 1
+                raise Violated(
+                    "inv_sentinel_fixed",
+                    f"{call.ev['name']}: sentinel {st.name} block {b} went onto the free queue",
+                    [f"{st.name} block {b}"],
+                )
+            st.off_queue.discard(b)
+            self._touch(call, st, b, line, "onto the free queue")
+
+    def _check_blocks(self, call: _Call) -> None:
+        """The ``spec.shared`` laws on every block of a shared pool the call touched, each block as a one-block pool."""
+        name = call.ev["name"]
+        for (pool, b), line in sorted(call.blocks.items()):
+            st = self.shared[pool]
+            one = st.block(b)
+            held = [str(o) for o in S.holders_of(one, b)]
+            count = one.counts[b]
+            subjects = [f"{pool} block {b}", *dict.fromkeys(held)]
+            where = f"after {name}: {pool} block {b}"
+            since = f" (last moved at line {line})"
+            laws: list[tuple[str, bool, str]] = [
+                (
+                    "inv_refcount_nonnegative",
+                    S.inv_refcount_nonnegative(one),
+                    f"the engine counts {count} holders (a count below zero)",
+                ),
+                (
+                    "inv_refcount_counts_holders",
+                    S.inv_refcount_counts_holders(one),
+                    f"the engine counts {count} holder(s), but {len(held)} hold it: {held}",
+                ),
+                (
+                    "inv_free_iff_unheld",
+                    S.inv_free_iff_unheld(one),
+                    f"on the free queue while {held} hold it (it can be handed out again)"
+                    if held
+                    else "held by nobody, yet not on the free queue (lost: never allocated again)",
+                ),
+                ("inv_sentinel_fixed", S.inv_sentinel_fixed(one), "a sentinel, yet on the free queue"),
+            ]
+            if b in st.sentinels:
+                start = st.at_start(b)
+                laws.append(
+                    (
+                        "sentinel_count_fixed",
+                        S.sentinel_count_fixed(start, one),
+                        f"a sentinel, yet its count moved from {start.counts[b]} to {count}",
+                    )
+                )
+            for law, ok, what in laws:
+                self.checked[law] += 1
+                if not ok:
+                    raise Violated(law, f"{where}: {what}{since}", subjects)
+
+    def _shared_account(self, owner: Owner, what: str) -> None:
+        """``owner`` (in every group) holds no block of any shared pool."""
+        for pool, got in self._shared_held(owner.kind, owner.ident).items():
+            blocks = sorted({b for _, b in got})
+            holders = sorted({h for h, _ in got})
+            raise Violated(
+                ACCOUNT,
+                f"{what} still holds {', '.join(f'{pool} block {b}' for b in blocks[:8])} (as {', '.join(holders)}; "
+                "nobody will return them: leaked)",
+                [*holders, *(f"{pool} block {b}" for b in blocks[:4])],
+            )
+
     # ------------------------------------------------------------ laws at the end of a call
 
     def _check_rows(self, call: _Call) -> None:
@@ -387,6 +697,7 @@ class SystemReplayer:
             self.sessions[sid] = ev["committed_len"]
         if name == "admit" and req is not None and "admitted" in ev:
             self._admission(call, req, sid)
+        self._check_blocks(call)
         self._check_rows(call)
         for o in sorted(call.owners, key=str):
             self.checked[ACCOUNT] += 1
@@ -408,6 +719,7 @@ class SystemReplayer:
             pools = ", ".join(f"{p} {sorted(s)[:8]}" for p, s in held.items())
             subjects = [str(owner), *(f"{p} slot {x}" for p, s in held.items() for x in sorted(s)[:3])]
             raise Violated(ACCOUNT, f"{what} still holds {pools} (nobody will return them: leaked)", subjects)
+        self._shared_account(owner, what)
 
     def _admission(self, call: _Call, req: Owner, sid: int | None) -> None:
         ev = call.ev
@@ -429,10 +741,19 @@ class SystemReplayer:
                     + f"; handles before {sorted(attempt.handles_before)}, after {sorted(handles)}",
                     [str(req), *(f"{p} slot {x}" for p, s in leaked.items() for x in s[:3])],
                 )
+            self._shared_rollback(call, req)
             return
         self.checked[COMMIT] += 1
         if not A.inv_commit_keeps(attempt, after):
             raise Violated(COMMIT, f"admitted request {req.ident} lost slots it held", [str(req)])
+        dropped = self._shared_change(call, req)[1] if self.shared else []
+        if dropped:
+            raise Violated(
+                COMMIT,
+                f"admitted request {req.ident} lost shared blocks it held: "
+                f"{[f'{h}: {p} block {x}' for h, p, x in dropped[:6]]}",
+                [str(req), *(f"{p} block {x}" for _, p, x in dropped[:4])],
+            )
         if sid is not None and "prefix_len" in ev:
             self.checked[APPEND] += 1
             if ev["prefix_len"] > self.sessions.get(sid, 0):
@@ -442,6 +763,30 @@ class SystemReplayer:
                     f"beyond the {self.sessions.get(sid, 0)} its last turn committed",
                     [str(req), f"session:{sid}"],
                 )
+
+    def _shared_change(self, call: _Call, req: Owner) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+        """``(holder, pool, block)`` the call's request came to hold, and those it stopped holding, in shared pools."""
+        now = self._shared_held(req.kind, req.ident)
+        gained: list[tuple[str, str, int]] = []
+        lost: list[tuple[str, str, int]] = []
+        for pool in sorted(set(now) | set(call.shared_before)):
+            a, b = now.get(pool, Counter()), call.shared_before.get(pool, Counter())
+            gained += [(h, pool, x) for h, x in sorted((a - b).elements())]
+            lost += [(h, pool, x) for h, x in sorted((b - a).elements())]
+        return gained, lost
+
+    def _shared_rollback(self, call: _Call, req: Owner) -> None:
+        if not self.shared:
+            return
+        gained, lost = self._shared_change(call, req)
+        if gained or lost:
+            show = [f"{h}: {p} block {x}" for h, p, x in gained[:6]]
+            raise Violated(
+                ROLLBACK,
+                f"request {req.ident} was rejected but came to hold {show or 'nothing'}"
+                + (f" and let go of {[f'{h}: {p} block {x}' for h, p, x in lost[:6]]}" if lost else ""),
+                [str(req), *(f"{p} block {x}" for _, p, x in (gained + lost)[:4])],
+            )
 
     def _leak_check(self, ev: Event) -> None:
         # NOTE: every leak fails the call that made it (ended owners, unreferenced KV), so at a
@@ -456,12 +801,31 @@ class SystemReplayer:
             )
 
 
-def system_unchecked() -> tuple[tuple[str, str], ...]:
-    """What a system trace never shows: the cache's internal results, Mamba state references."""
-    return (
+def system_unchecked(header: Header | None = None) -> tuple[tuple[str, str], ...]:
+    """What a system trace never shows: the cache's internal results, Mamba state references; with shared pools,
+    the blocks' keys and the hash index, the free queue's order and links, the engine's other counters."""
+    out = [
         ("cache results (match/insert/evict)", "a system trace names no cache result: record a cache trace"),
         ("Mamba state references", "a system trace records no reference to a Mamba state"),
-    )
+    ]
+    if header is not None and header.shared:
+        out += [
+            ("inv_index_names_carriers", "a system trace records no block keys or hash index"),
+            ("inv_keys_match_content", "a system trace records no block keys or content"),
+            ("inv_lru_detached, inv_lru_links_symmetric", "a system trace records free-queue membership, not links"),
+            ("inv_counters_recount", "a system trace records each block's count, not the engine's other counters"),
+        ]
+    return tuple(out)
 
 
-__all__ = ["SYSTEM_LAWS", "SYSTEM_NEEDS", "SystemReplayer", "Violated", "parse_owner", "system_unchecked"]
+__all__ = [
+    "SHARED_LAWS",
+    "SYSTEM_LAWS",
+    "SYSTEM_NEEDS",
+    "SharedState",
+    "SystemReplayer",
+    "Violated",
+    "parse_holder",
+    "parse_owner",
+    "system_unchecked",
+]

@@ -80,6 +80,39 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines()
 
 
+# A system trace of a shared pool (blocks held by several holders, counted by the engine): every field of the
+# shared header and events, hand-written (the recorders that write them need an engine with shared blocks;
+# tests/trace/test_shared_trace.py records them from a toy one, tests/vllm from vLLM).
+SHARED_EVENTS: list[dict[str, Any]] = [
+    {"op": "call", "name": "add_request", "req": 0, "tokens": [1, 2, 3]},
+    {"op": "call", "name": "admit", "req": 0, "admitted": True, "prefix_len": 0},
+    {"op": "join", "pool": "kv", "holder": "req:0/swa", "blocks": [1, 2, 0]},
+    {"op": "count", "pool": "kv", "counts": [[1, 1], [2, 1]]},
+    {"op": "queue", "pool": "kv", "joined": [], "left": [1, 2]},
+    {"op": "call", "name": "finish", "req": 0},
+    {"op": "leave", "pool": "kv", "holder": "req:0/swa", "blocks": [1, 2, 0]},
+    {"op": "count", "pool": "kv", "counts": [[1, 0], [2, 0]]},
+    {"op": "queue", "pool": "kv", "joined": [2, 1], "left": []},
+]
+SHARED_LINES = [
+    json.dumps(
+        {
+            "kvledger_trace": 1,
+            "config": {"page_size": 2},
+            "adapter": "hand",
+            "version": "1",
+            "pools": {"kv": [0, 8]},
+            "shared": {"kv": [[0, 3]]},
+        }
+    ),
+    *(json.dumps({"step": i, **e}) for i, e in enumerate(SHARED_EVENTS, 1)),
+]
+
+
+def test_the_hand_written_shared_trace_holds() -> None:
+    assert _replay(SHARED_LINES)[0] == 0
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
     tmp = tmp_path_factory.mktemp("corpus")
@@ -94,6 +127,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
             path = tmp / f"system-{model}-{seed}.jsonl"
             record_system_workload(build_manager(*SYSTEM_MODELS[model]), 12, seed, path)
             out.append(_lines(path))
+    out.append(SHARED_LINES)
     return out
 
 
@@ -292,14 +326,17 @@ def _set(obj: Any, path: tuple[Any, ...], value: Any) -> Any:
     return out
 
 
-@pytest.mark.parametrize("kind", ["cache", "system"])
+@pytest.mark.parametrize("kind", ["cache", "system", "shared"])
 def test_every_header_field_fuzzed(kind: str, tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     if kind == "cache":
         record_workload(ReferenceAdapter(CACHE_MODELS["hybrid"]), 10, seed=1, path=path)
-    else:
+        lines = _lines(path)
+    elif kind == "system":
         record_system_workload(build_manager(*SYSTEM_MODELS["mamba"]), 10, 1, path)
-    lines = _lines(path)
+        lines = _lines(path)
+    else:
+        lines = SHARED_LINES
     header = json.loads(lines[0])
     header.setdefault("faults", ["B1"])
     header.setdefault("capabilities", ["locks"])
