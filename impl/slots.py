@@ -85,6 +85,7 @@ class SlotPool:
         # NOTE: the bytes of recent ``alloc`` results (an ordered set): a sequence equal to one of
         # them names distinct slots, so ``claim`` needs no duplicate check for it (CPU only)
         self._fresh: RecentAllocs[None] = RecentAllocs()
+        self._seen: tuple[object, int] = (None, FREE_TAG)  # the last owner encoded and its tag (``code_of``)
         self._link_host()
 
     def _link_host(self) -> None:
@@ -225,13 +226,17 @@ class SlotPool:
         else:
             return False
         k = len(ids)
-        if not k or (not distinct and int(ids.min()) < 0):  # NOTE: numpy would wrap a negative index
+        if not k:
+            return False
+        if not distinct and k > 1 and self._fresh.find(ids.tobytes()) is not None:
+            distinct = True  # NOTE: one of the recent alloc results: distinct slots of this pool, none negative
+        if not distinct and int(ids.min()) < 0:  # NOTE: numpy would wrap a negative index
             return False
         try:
             got = tags[ids]
         except IndexError:
             return False
-        held = encode(owner, op, self.name)
+        held = self.code_of(owner, op)
         if got.tobytes() != _tag_bytes(held, k):
             return False
         scattered = k > 1 and not distinct
@@ -291,11 +296,20 @@ class SlotPool:
         holder = decode(int(tags[0]))
         return NotOwner(op, self.name, slots.tolist(), f"slot {first} is held by {holder}, not by {owner}")
 
+    def code_of(self, owner: Owner, op: str) -> int:
+        """``encode(owner, op, name)``, remembered for the last owner seen (an ``Owner`` is immutable: a scheduler
+        hands the same request's owner to its alloc and its free)."""
+        if owner is self._seen[0]:
+            return self._seen[1]
+        code = encode(owner, op, self.name)
+        self._seen = (owner, code)
+        return code
+
     def check_alloc(self, n: int, owner: Owner) -> int:
         """Raise unless ``n`` slots can be given to ``owner``; return ``owner``'s tag. ``n == 0`` is legal (nothing)."""
         if type(n) is not int or n < 0:
             n = check_int("alloc", self.name, "size", n)
-        code = encode(owner, "alloc", self.name)
+        code = self.code_of(owner, "alloc")
         if n > self._top:
             raise OverAllocation("alloc", self.name, (), f"{n} requested by {owner}, {self._top} free")
         return code
