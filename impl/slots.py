@@ -360,7 +360,11 @@ class SlotPool:
         Raises ``DoubleFree`` / ``NotOwner`` / ``OutOfRange`` / ``InvalidArgument``
         with the pool unchanged.
         """
-        self.release(indices if self.claim(indices, owner, op="free") else self._held_index("free", indices, owner))
+        ids = _host_ids(indices) if self._tags is not None else None  # NOTE: one conversion for claim and release
+        if ids is not None and self.claim(ids, owner, op="free"):
+            self.release(ids)
+            return
+        self.release(self._held_index("free", indices, owner))
 
     def release(self, idx: torch.Tensor | Ids) -> None:
         """Push already-validated slots back on the free stack (no checks: callers validate first).
@@ -495,6 +499,14 @@ def _tag_bytes(code: int, n: int) -> bytes:
         if len(_TAG_BYTES) > 4096:  # NOTE: request tags come and go; keep the table small
             _TAG_BYTES.clear()
     return one * n
+
+
+def _host_ids(t: object) -> Ids | None:
+    """A CPU tensor of int64 ids (1-D, dense) as a numpy view of its memory (``Ids``); ``None`` for anything else."""
+    if type(t) is torch.Tensor and t.dtype == torch.int64 and t.is_cpu and t.dim() == 1 and t.layout == torch.strided:
+        out: Ids = t.numpy()
+        return out
+    return None
 
 
 def _long(idx: torch.Tensor) -> torch.Tensor:
