@@ -37,7 +37,7 @@ from kvledger.contracts.tiers import LEVELS as LEVELS
 from kvledger.contracts.tiers import Level as Level
 from kvledger.contracts.tiers import level_from_env as level_from_env
 from kvledger.impl.allocators import SWATokenAllocator
-from kvledger.impl.owners import FREE_TAG, RESERVED_TAG, encode
+from kvledger.impl.owners import FREE_TAG, RESERVED_TAG
 from kvledger.impl.slots import SlotPool, _tag_bytes
 from kvledger.spec import ledger as spec
 from kvledger.spec.errors import LedgerError
@@ -202,12 +202,12 @@ def alloc_takes_free_top(self: SlotPool, old: Pop | None, result: Any, n: int, *
 
 def alloc_tags_owner(self: SlotPool, old: Pop, result: Any, n: int, owner: Owner, **__: Any) -> bool:
     """alloc'd slots are tagged with their new owner (after ``alloc_takes_free_top``: they are ``old.cand``)."""
-    return _uniform(_tags(self, old.cand), encode(owner))
+    return _uniform(_tags(self, old.cand), self.code_of(owner, "alloc"))
 
 
 def alloc_count(self: SlotPool, old: Pop | None, result: Any, n: int, *_: Any, **__: Any) -> bool:
-    """free count drops by exactly n."""
-    return old is not None and len(result) == n and self._top == old.top - n
+    """free count drops by exactly n (after ``alloc_takes_free_top``: ``result`` is ``old.cand``)."""
+    return old is not None and len(old.cand) == n and self._top == old.top - n  # NOTE: result == old.cand, checked
 
 
 def release_only_held(self: SlotPool, old: Touched | None, result: None, idx: Any) -> bool:
@@ -229,21 +229,21 @@ def release_frees(self: SlotPool, old: Touched | None, result: None, idx: Any) -
 
 def free_by_owner(self: SlotPool, old: Touched | None, result: None, indices: Any, owner: Owner) -> bool:
     """free takes slots only from the owner that held them."""
-    return old is not None and _uniform(old.tags, encode(owner))
+    return old is not None and _uniform(old.tags, self.code_of(owner, "free"))
 
 
 def transfer_from_source(
     self: SlotPool, old: Touched | None, result: None, indices: Any, src: Owner, dst: Owner
 ) -> bool:
     """transfer takes slots only from the named source."""
-    return old is not None and _uniform(old.tags, encode(src))
+    return old is not None and _uniform(old.tags, self.code_of(src, "transfer"))
 
 
 def transfer_to_destination(
     self: SlotPool, old: Touched | None, result: None, indices: Any, src: Owner, dst: Owner
 ) -> bool:
     """transferred slots are tagged with the destination and the free count is unchanged."""
-    return old is not None and self._top == old.top and _uniform(_tags(self, old.ids), encode(dst))
+    return old is not None and self._top == old.top and _uniform(_tags(self, old.ids), self.code_of(dst, "transfer"))
 
 
 def free_swa_clears_mapping(
