@@ -15,12 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 import icontract
+import numpy as np
+import torch
 
 from kvledger.impl.locks import LockHandle
-from kvledger.impl.lru import Linked, LRUList
+from kvledger.impl.lru import SLOT, Linked, LRUList
 from kvledger.impl.owners import encode
 from kvledger.impl.radix import RadixCache
-from kvledger.impl.tree import MatchResult, TreeNode
+from kvledger.impl.tree import InsertResult, MatchResult, TreeNode
 from kvledger.spec.errors import IntegrityError
 from kvledger.spec.types import Component, Owner
 
@@ -37,9 +39,10 @@ def _path_locks(cache: RadixCache, n: TreeNode) -> list[tuple[int, int, int]]:
 
 
 # ---------------------------------------------------------------- incremental laws
+# NOTE: each is ``law(self, old, result, *args)`` for ``bindings.checked`` (see there why not icontract).
 
 
-def match_whole_pages(self: RadixCache, result: MatchResult) -> bool:
+def match_whole_pages(self: RadixCache, old: None, result: MatchResult, *_: Any) -> bool:
     """results equal the spec's: a match is whole pages ending exactly at its last node."""
     return (
         result.length % self.page_size == 0
@@ -48,7 +51,9 @@ def match_whole_pages(self: RadixCache, result: MatchResult) -> bool:
     )
 
 
-def insert_dups_stay_callers(self: RadixCache, owner: Owner, result: Any) -> bool:
+def insert_dups_stay_callers(
+    self: RadixCache, old: None, result: InsertResult, key: Any, value: Any, owner: Owner, **_: Any
+) -> bool:
     """inv_owners_account: the duplicates insert hands back are still the caller's."""
     dup = result.dup_indices
     if dup.numel() == 0:
@@ -57,37 +62,96 @@ def insert_dups_stay_callers(self: RadixCache, owner: Owner, result: Any) -> boo
     return bool((pool.owner_tag[dup // self._kv.grain] == encode(owner)).all())
 
 
-def new_handle_raised(self: RadixCache, result: LockHandle) -> bool:
+def insert_caches_key(
+    self: RadixCache, old: None, result: InsertResult, key: Any, value: Any, *_: Any, **__: Any
+) -> bool:
+    """inv_owners_account: the inserted key ends at a cached node whose slots are its own, on a path of listed nodes.
+
+    What insert touched: the node ending at the key (its full slots tagged
+    with that node) and its ancestors, each a live node of this tree and a
+    member of the FULL LRU list. O(depth + the node's slots).
+    """
+    last = result.last_node
+    if last is self.root:
+        return len(value) == 0
+    if last.end != len(value):
+        return False
+    grain = self._kv.grain
+    ids = np.frombuffer(last.slots, np.int64)[::grain] // grain
+    pool = self._kv.pool
+    tags = pool._tags[ids] if pool._tags is not None else pool.owner_tag[torch.from_numpy(ids).to(pool.device)]
+    if not bool((tags == encode(last.owner)).all()):
+        return False
+    full, nodes, n = self._full, self._nodes, last
+    while n.parent is not None:
+        if nodes.get(n.id) is not n or n not in full:
+            return False
+        n = n.parent
+    return n is self.root
+
+
+def new_handle_raised(self: RadixCache, old: None, result: LockHandle, *_: Any) -> bool:
     """inv_lock_ref_counts_handles: a new handle is live and every counter it covers is raised."""
-    return self.is_live(result) and all(self._nodes[nid].lock_ref[c] > 0 for nid, c in self.live_handles()[result.id])
-
-
-def released_once(self: RadixCache, handle: LockHandle, OLD: Any) -> bool:
-    """inv_lock_ref_nonnegative: a released handle is gone and the counters it covered stay >= 0."""
-    return not self.is_live(handle) and all(
-        nid not in self._nodes or self._nodes[nid].lock_ref[c] >= 0 for nid, c in OLD.coverage
+    nodes = self._nodes
+    return self.is_live(result) and all(
+        nodes[nid].refs[SLOT[c]] > 0 for nid, c in self._locks.covered("inc_lock_ref", result)
     )
 
 
-def cow_leaves_locks(self: RadixCache, match: MatchResult, OLD: Any) -> bool:
+def released_once(self: RadixCache, old: Any, result: None, handle: LockHandle) -> bool:
+    """inv_lock_ref_nonnegative: a released handle is gone and the counters it covered stay >= 0."""
+    nodes = self._nodes
+    return not self.is_live(handle) and all(nid not in nodes or nodes[nid].refs[SLOT[c]] >= 0 for nid, c in old)
+
+
+def cow_leaves_locks(self: RadixCache, old: Any, result: int, match: MatchResult, owner: Owner) -> bool:
     """inv_lock_ref_counts_handles: copy-on-write leaves the matched path's lock counters as it found them."""
-    return OLD.path is None or _path_locks(self, match.last_node) == OLD.path
+    return old is None or _path_locks(self, match.last_node) == old
 
 
-def cow_slot_is_owners(self: RadixCache, owner: Owner, result: int) -> bool:
+def cow_slot_is_owners(self: RadixCache, old: Any, result: int, match: MatchResult, owner: Owner) -> bool:
     """inv_owners_account: the copied state's slot belongs to the requester."""
     assert self.mamba is not None
     return self.mamba.pool.owner_of(result) == owner
 
 
-def sizes_nonnegative(self: RadixCache) -> bool:
+def sizes_nonnegative(self: RadixCache, *_: Any) -> bool:
     """inv_sizes: evictable and protected counters never go negative."""
     return all(e >= 0 and p >= 0 for e, p in self.sizes().values())
 
 
-def removed_node_detached(self: LRUList[Linked], node: Linked) -> bool:
+def evict_moves_sizes(self: RadixCache, old: Any, result: int, comp: Component, n: int) -> bool:
+    """inv_sizes: evict lowers ``comp``'s evictable counter by exactly what it returns, leaves the protected one,
+    and stops short of ``n`` only when nothing evictable is left."""
+    if old is None:
+        return True
+    e, p = self.sizes()[comp]
+    e0, p0 = old[comp]
+    return e == e0 - result and p == p0 and (result >= n or e == 0)
+
+
+def removed_node_detached(self: LRUList[Linked], old: Any, result: None, node: Linked) -> bool:
     """inv_lru_detached: a node taken out of a list holds no pointer of it."""
-    return node.lru_prev[self.component] is None and node.lru_next[self.component] is None
+    i = self.slot
+    return node.prev[i] is None and node.next[i] is None
+
+
+def removal_joins_neighbours(self: LRUList[Linked], old: Any, result: None, node: Linked) -> bool:
+    """inv_lru_links_symmetric: the removed node's neighbours now point at each other, and it is no member."""
+    if old is None:
+        return True
+    prev, nxt = old
+    i = self.slot
+    return prev.next[i] is nxt and nxt.prev[i] is prev and node not in self
+
+
+def _neighbours(self: LRUList[Linked], node: Any) -> Any:
+    try:
+        i = self.slot
+        prev, nxt = node.prev[i], node.next[i]
+    except Exception:  # not a node: remove raises its typed error
+        return None
+    return None if prev is None or nxt is None else (prev, nxt)
 
 
 # ---------------------------------------------------------------- whole-cache laws (slow)
@@ -118,7 +182,7 @@ def locks_count_handles(self: RadixCache) -> bool:
     )
 
 
-def _safe_path(self: RadixCache, match: MatchResult) -> Any:
+def _safe_path(self: RadixCache, match: MatchResult, *_: Any) -> Any:
     try:
         return _path_locks(self, match.last_node)
     except Exception:
@@ -127,32 +191,66 @@ def _safe_path(self: RadixCache, match: MatchResult) -> Any:
 
 def _safe_coverage(self: RadixCache, handle: LockHandle) -> Any:
     try:
-        return self.live_handles().get(handle.id, ())
-    except Exception:
+        return tuple(self._locks.covered("dec_lock_ref", handle))
+    except Exception:  # not a live handle: dec_lock_ref raises its typed error
         return ()
+
+
+def _safe_sizes(self: RadixCache, comp: Any, n: Any) -> Any:
+    try:
+        return self.sizes()
+    except Exception:
+        return None
 
 
 def attach(wrap: Wrap, slow: bool) -> None:
     """Attach the radix-cache contracts with ``wrap`` (``kvledger.contracts.bindings._wrap``)."""
-    snap, ens = icontract.snapshot, icontract.ensure
-    wrap(RadixCache, "match_prefix", ens(match_whole_pages, "results equal the spec's: match is whole pages"))
-    wrap(RadixCache, "insert", ens(insert_dups_stay_callers, "inv_owners_account: duplicates stay the caller's"))
-    wrap(RadixCache, "inc_lock_ref", ens(new_handle_raised, "inv_lock_ref_counts_handles: new handle raised"))
+    from kvledger.contracts.bindings import check  # NOTE: bindings imports this module when it installs
+
+    ens = icontract.ensure
+    wrap(RadixCache, "match_prefix", check(None, (match_whole_pages, "results equal the spec's: match is whole pages")))
+    wrap(
+        RadixCache,
+        "insert",
+        check(
+            None,
+            (insert_dups_stay_callers, "inv_owners_account: duplicates stay the caller's"),
+            (insert_caches_key, "inv_owners_account: the key ends at a listed node holding its slots"),
+        ),
+    )
+    wrap(RadixCache, "inc_lock_ref", check(None, (new_handle_raised, "inv_lock_ref_counts_handles: new handle raised")))
     wrap(
         RadixCache,
         "dec_lock_ref",
-        snap(lambda self, handle: _safe_coverage(self, handle), name="coverage"),
-        ens(released_once, "inv_lock_ref_nonnegative: released counters stay >= 0"),
+        check(_safe_coverage, (released_once, "inv_lock_ref_nonnegative: released counters stay >= 0")),
     )
     wrap(
         RadixCache,
         "mamba_copy_on_write",
-        snap(lambda self, match: _safe_path(self, match), name="path"),
-        ens(cow_leaves_locks, "inv_lock_ref_counts_handles: copy-on-write leaves locks as found"),
-        ens(cow_slot_is_owners, "inv_owners_account: the copy is the requester's"),
+        check(
+            _safe_path,
+            (cow_leaves_locks, "inv_lock_ref_counts_handles: copy-on-write leaves locks as found"),
+            (cow_slot_is_owners, "inv_owners_account: the copy is the requester's"),
+        ),
     )
-    wrap(RadixCache, "evict", ens(sizes_nonnegative, "inv_sizes: counters stay non-negative"))
-    wrap(LRUList, "remove", ens(removed_node_detached, "inv_lru_detached: removed node holds no link"))
+    wrap(
+        RadixCache,
+        "evict",
+        check(
+            _safe_sizes,
+            (sizes_nonnegative, "inv_sizes: counters stay non-negative"),
+            (evict_moves_sizes, "inv_sizes: evict moves the counters by what it evicted"),
+        ),
+    )
+    wrap(
+        LRUList,
+        "remove",
+        check(
+            _neighbours,
+            (removed_node_detached, "inv_lru_detached: removed node holds no link"),
+            (removal_joins_neighbours, "inv_lru_links_symmetric: removal joins the neighbours"),
+        ),
+    )
     if slow:
         for name in ("match_prefix", "insert", "inc_lock_ref", "dec_lock_ref", "mamba_copy_on_write", "evict"):
             wrap(RadixCache, name, ens(sizes_recompute, "inv_sizes: counters recompute"))

@@ -164,6 +164,32 @@ class PagedAllocator:
             return None
         return pages if torch.equal(idx.view(-1, g), rows) else None
 
+    def _host_pages(self, indices: torch.Tensor) -> tuple[Ids, bool] | None:
+        """On the CPU, the pages (host ids) of int64 token ids that are whole pages of the pool in page order, and
+        whether they are known distinct (one of the recent ``alloc`` results); ``None`` when that is not shown
+        (callers then take the checked path, which names the error).
+
+        NOTE: numpy on the host: a handful of torch dispatches cost more than the whole check.
+        """
+        if self._rows_np is None or type(indices) is not torch.Tensor or not_int64_1d(indices) or not indices.is_cpu:
+            return None
+        ids = indices.numpy()
+        raw = ids.tobytes()
+        hit = self._fresh.find(raw)
+        if hit is not None:
+            return hit[1], True
+        g = self.page_size
+        if not len(ids) or len(ids) % g:
+            return None
+        pages = ids[::g] // g
+        if int(pages.min()) < self.pool.base:
+            return None
+        try:
+            rows = self._rows_np[pages]
+        except IndexError:
+            return None
+        return (pages, False) if rows.tobytes() == raw else None
+
     def pages_of(self, op: str, indices: torch.Tensor) -> torch.Tensor:
         """The pages that ``indices`` cover exactly; raise unless they are whole, distinct pages."""
         if not isinstance(indices, torch.Tensor) or indices.layout != torch.strided or indices.is_meta:
@@ -199,6 +225,10 @@ class PagedAllocator:
 
     def free(self, indices: torch.Tensor, owner: Owner) -> None:
         """Return whole pages (given as token indices) from ``owner``."""
+        host = self._host_pages(indices)
+        if host is not None and self.pool.claim(host[0], owner, distinct=host[1], op="free"):
+            self.pool.release(host[0])
+            return
         pages = self.pages_of("free", indices)  # NOTE: in range and distinct: only the owner is left to check
         self.pool.check_held("free", pages, owner)
         self.pool.release(pages)

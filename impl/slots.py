@@ -85,6 +85,7 @@ class SlotPool:
         # NOTE: the bytes of recent ``alloc`` results (an ordered set): a sequence equal to one of
         # them names distinct slots, so ``claim`` needs no duplicate check for it (CPU only)
         self._fresh: RecentAllocs[None] = RecentAllocs()
+        self._seen: tuple[object, int] = (None, FREE_TAG)  # the last owner encoded and its tag (``code_of``)
         self._link_host()
 
     def _link_host(self) -> None:
@@ -225,13 +226,17 @@ class SlotPool:
         else:
             return False
         k = len(ids)
-        if not k or (not distinct and int(ids.min()) < 0):  # NOTE: numpy would wrap a negative index
+        if not k:
+            return False
+        if not distinct and k > 1 and self._fresh.find(ids.tobytes()) is not None:
+            distinct = True  # NOTE: one of the recent alloc results: distinct slots of this pool, none negative
+        if not distinct and int(ids.min()) < 0:  # NOTE: numpy would wrap a negative index
             return False
         try:
             got = tags[ids]
         except IndexError:
             return False
-        held = encode(owner, op, self.name)
+        held = self.code_of(owner, op)
         if got.tobytes() != _tag_bytes(held, k):
             return False
         scattered = k > 1 and not distinct
@@ -291,11 +296,20 @@ class SlotPool:
         holder = decode(int(tags[0]))
         return NotOwner(op, self.name, slots.tolist(), f"slot {first} is held by {holder}, not by {owner}")
 
+    def code_of(self, owner: Owner, op: str) -> int:
+        """``encode(owner, op, name)``, remembered for the last owner seen (an ``Owner`` is immutable: a scheduler
+        hands the same request's owner to its alloc and its free)."""
+        if owner is self._seen[0]:
+            return self._seen[1]
+        code = encode(owner, op, self.name)
+        self._seen = (owner, code)
+        return code
+
     def check_alloc(self, n: int, owner: Owner) -> int:
         """Raise unless ``n`` slots can be given to ``owner``; return ``owner``'s tag. ``n == 0`` is legal (nothing)."""
         if type(n) is not int or n < 0:
             n = check_int("alloc", self.name, "size", n)
-        code = encode(owner, "alloc", self.name)
+        code = self.code_of(owner, "alloc")
         if n > self._top:
             raise OverAllocation("alloc", self.name, (), f"{n} requested by {owner}, {self._top} free")
         return code
@@ -346,7 +360,11 @@ class SlotPool:
         Raises ``DoubleFree`` / ``NotOwner`` / ``OutOfRange`` / ``InvalidArgument``
         with the pool unchanged.
         """
-        self.release(indices if self.claim(indices, owner, op="free") else self._held_index("free", indices, owner))
+        ids = _host_ids(indices) if self._tags is not None else None  # NOTE: one conversion for claim and release
+        if ids is not None and self.claim(ids, owner, op="free"):
+            self.release(ids)
+            return
+        self.release(self._held_index("free", indices, owner))
 
     def release(self, idx: torch.Tensor | Ids) -> None:
         """Push already-validated slots back on the free stack (no checks: callers validate first).
@@ -481,6 +499,14 @@ def _tag_bytes(code: int, n: int) -> bytes:
         if len(_TAG_BYTES) > 4096:  # NOTE: request tags come and go; keep the table small
             _TAG_BYTES.clear()
     return one * n
+
+
+def _host_ids(t: object) -> Ids | None:
+    """A CPU tensor of int64 ids (1-D, dense) as a numpy view of its memory (``Ids``); ``None`` for anything else."""
+    if type(t) is torch.Tensor and t.dtype == torch.int64 and t.is_cpu and t.dim() == 1 and t.layout == torch.strided:
+        out: Ids = t.numpy()
+        return out
+    return None
 
 
 def _long(idx: torch.Tensor) -> torch.Tensor:

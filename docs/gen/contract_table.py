@@ -3,7 +3,8 @@
 Run by the docs hook in a subprocess (it imports torch and patches classes).
 For each tier it calls ``kvledger.contracts.bindings.install(tier)`` and asks
 icontract which pre/postconditions wrap each public method of every class in
-``kvledger.impl``; so the table on the "Contracts and checking" page is what
+``kvledger.impl`` (and tier ``on``'s light checker which laws it checks,
+``__kvledger_laws__``); so the table on the "Contracts and checking" page is what
 the bindings really install, not what someone remembers them installing.
 """
 
@@ -32,12 +33,13 @@ def _impl_classes() -> list[type]:
 
 
 def _laws(fn: Any) -> list[str]:
+    light = list(getattr(fn, "__kvledger_laws__", ()))  # NOTE: tier on's light checker (bindings.checked)
     checker = _checkers.find_checker(fn)
     if checker is None:
-        return []
+        return light
     pre = [c.description or "(unnamed)" for group in getattr(checker, "__preconditions__", []) for c in group]
     post = [c.description or "(unnamed)" for c in getattr(checker, "__postconditions__", [])]
-    return [f"requires: {d}" for d in pre] + list(reversed(post))  # outermost decorator first, as written
+    return [f"requires: {d}" for d in pre] + list(reversed(post)) + light  # outermost decorator first, as written
 
 
 def main() -> None:

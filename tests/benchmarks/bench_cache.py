@@ -22,6 +22,8 @@
    alternating, ``--rounds`` times each; the best round of each is kept and
    the ratio taken within this run. ``on`` checks the cache's incremental
    laws (``contracts/cache_bindings.py``) and the pools' alloc/free/transfer.
+   The phase table's ``on/off`` rows give the contract cost of each
+   operation (match, lock, evict, alloc, ..., release) as a ratio.
 """
 
 from __future__ import annotations
@@ -347,10 +349,22 @@ def phase_table(results: Sequence[WorkloadResult], title: str) -> Table:
     table = Table(title=title)
     for col in ("page", "contracts", *PHASES, "total"):
         table.add_column(col, justify="right")
+    off = {r.page_size: r for r in results if r.contracts == "off"}
     for r in results:
         per = [r.phase_seconds[p] / r.requests for p in PHASES]
         table.add_row(str(r.page_size), r.contracts, *(_us(x) for x in per), _us(sum(per)))
+        base = off.get(r.page_size)
+        if r.contracts == "on" and base is not None:  # NOTE: the contract cost of each operation, as a ratio
+            ratios = contract_cost(base, r)
+            table.add_row(str(r.page_size), "on/off", *(f"{ratios[p]:.2f}x" for p in (*PHASES, "total")))
     return table
+
+
+def contract_cost(off: WorkloadResult, on: WorkloadResult) -> dict[str, float]:
+    """Per phase (operation) and in total, time with contracts on over time with them off (same run)."""
+    out = {p: on.phase_seconds[p] / off.phase_seconds[p] if off.phase_seconds[p] else 1.0 for p in PHASES}
+    out["total"] = sum(on.phase_seconds.values()) / max(sum(off.phase_seconds.values()), 1e-12)
+    return out
 
 
 def scaling_table(rows: Sequence[ScalingRow], title: str) -> Table:
@@ -515,6 +529,13 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
             "fingerprint": args.fingerprint,
         },
         "workload": [r.to_json() for r in results],
+        "contract_cost": {
+            str(on.page_size): contract_cost(off, on)
+            for on in results
+            if on.contracts == "on"
+            for off in results
+            if off.contracts == "off" and off.page_size == on.page_size
+        },
         "workload_rounds": [r.to_json() for r in rounds],
         "scaling": [asdict(r) for r in rows],
         "fit": [

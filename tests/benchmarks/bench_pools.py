@@ -1,32 +1,209 @@
-"""Allocator throughput and contract overhead, measured in one run (a benchmark, not a test).
+"""Allocator throughput against SGLang's, and contract overhead, measured in one run (a benchmark, not a test).
 
-    python tests/benchmarks/bench_pools.py [--device cpu|cuda] [--seconds 1.0]
+    python tests/benchmarks/bench_pools.py [--device cpu|cuda] [--seconds 1.0] [--sglang-venv build/sglang-0.5.9]
 
-For each allocator at capacities 10k and 1M: alloc+free cycles per second and
-tokens per second with contracts never installed ("plain"), installed then
-removed ("off"), incremental ("on"); ratios are taken within this run.
+1. Against SGLang. kvledger's ``TokenAllocator`` (page size 1) and
+   ``PagedAllocator`` (page size 16) against SGLang's ``TokenToKVPoolAllocator``
+   and ``PagedTokenToKVPoolAllocator`` (``sglang.srt.mem_cache.allocator``,
+   0.5.9; CPU, ``need_sort=False`` as a scheduler without disaggregation runs
+   them), at capacities of 10k, 100k and 1M tokens, on two workloads:
+
+   * ``cycle``: alloc(256 tokens) then its free, on a pool kept half full;
+   * ``mix``: a seeded stream of allocations of 1 page to 4k tokens (prefills)
+     and of one page (decode steps) and frees of a random live allocation
+     (request ends), holding the pool between 30 % and 90 % full; the stream is
+     generated once from ``--seed`` and the pool's capacity, so both sides run
+     the very same operations.
+
+   SGLang runs in a subprocess of the venv that has it (``.ci/sglang_env 0.5.9``
+   builds ``build/sglang-0.5.9``); it is skipped when that venv is absent.
+   Operations per second and the ratio kvledger/SGLang (> 1: kvledger faster).
+2. Contract cost. Each kvledger allocator (token, paged16, SWA, Mamba) at
+   10k and 1M: alloc+free cycles per second with contracts never installed
+   ("plain"), installed then removed ("off"), and the incremental tier
+   ("on"); the on/off ratio is the cost of leaving contracts on.
+
+All ratios are taken within this run; the machine's load average is printed with them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import random
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-import torch
-from rich.console import Console
-from rich.table import Table
+ROOT = Path(__file__).resolve().parents[2]
+CAPACITIES = (10_000, 100_000, 1_000_000)
+PAGES = (1, 16)
+WORKLOADS = ("cycle", "mix")
 
-from kvledger.contracts import bindings
-from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
-from kvledger.impl.mamba import MambaPool
-from kvledger.spec.types import request
-
-R = request(1)
+Op = tuple[int, int]
+"""One step of a workload: ``(+tokens, slot)`` allocates into live slot ``slot``; ``(-1, slot)`` frees it."""
 
 
-def make_cycle(kind: str, capacity: int, batch: int, device: str) -> Callable[[], None]:
-    """One alloc of ``batch`` tokens followed by its free, on a pool of ``capacity`` token slots."""
+def make_mix(capacity: int, page: int, ops: int, seed: int) -> list[Op]:
+    """A seeded alloc/free stream over ``capacity`` tokens of pages of ``page`` tokens (see the docstring)."""
+    rng = random.Random(f"{seed}:{capacity}:{page}")
+    pages = capacity // page
+    used, live, out = 0, {}, list[Op]()  # live: slot -> pages
+    free_slots = list(range(ops))
+    for _ in range(ops):
+        grow = rng.random() < 0.5
+        size = 1 if rng.random() < 0.6 else -(-rng.randint(page, min(4096, capacity // 8)) // page)
+        if live and (used + size > 0.9 * pages or (not grow and used > 0.3 * pages)):
+            slot = rng.choice(list(live))
+            used -= live.pop(slot)
+            free_slots.append(slot)
+            out.append((-1, slot))
+        else:
+            slot = free_slots.pop()
+            live[slot] = size
+            used += size
+            out.append((size * page, slot))
+    for slot in list(live):  # NOTE: the stream ends with the pool as it began, so it can run again
+        out.append((-1, slot))
+    return out
+
+
+# ---------------------------------------------------------------- the two sides, one interface
+
+
+class KvledgerSide:
+    """kvledger's allocator of ``capacity`` tokens, page ``page``."""
+
+    def __init__(self, capacity: int, page: int, device: str) -> None:
+        from kvledger.impl.allocators import PagedAllocator, TokenAllocator
+        from kvledger.spec.types import request
+
+        self.a: Any = TokenAllocator(capacity, device=device)
+        if page > 1:
+            self.a = PagedAllocator(capacity // page, page, device=device)
+        self.owner = request(1)
+
+    def available(self) -> int:
+        return int(self.a.available_size())
+
+    def alloc(self, n: int) -> Any:
+        return self.a.alloc(n, self.owner)
+
+    def free(self, x: Any) -> None:
+        self.a.free(x, self.owner)
+
+
+class SGLangSide:
+    """SGLang 0.5.9's allocator of ``capacity`` tokens, page ``page`` (CPU, no KV buffer, ``need_sort=False``)."""
+
+    def __init__(self, capacity: int, page: int, device: str) -> None:
+        import torch
+
+        from kvledger.contracts.adapters.sglang.legacy import _sglang
+
+        sg = _sglang()[1].allocator
+        if page > 1:
+            self.a = sg.PagedTokenToKVPoolAllocator(capacity, page, torch.int64, device, None, False)
+        else:
+            self.a = sg.TokenToKVPoolAllocator(capacity, torch.int64, device, None, False)
+
+    def available(self) -> int:
+        return int(self.a.available_size())
+
+    def alloc(self, n: int) -> Any:
+        out = self.a.alloc(n)
+        if out is None:
+            raise RuntimeError(f"SGLang allocator: {n} tokens not available")
+        return out
+
+    def free(self, x: Any) -> None:
+        self.a.free(x)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def rate(step: Callable[[], int], seconds: float, device: str) -> float:
+    """Operations per second of ``step`` (which returns how many it did), run for about ``seconds``."""
+    step()
+    n, start = 0, time.perf_counter()
+    while True:
+        n += step()
+        sync(device)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return n / elapsed
+
+
+def workload(side: Any, name: str, capacity: int, page: int, batch: int, seed: int) -> Callable[[], int]:
+    """One round of workload ``name`` on ``side`` as a step for ``rate``."""
+    if name == "cycle":
+        side.alloc(side.available() // 2 // page * page)  # NOTE: half full, as before
+
+        def cycle() -> int:
+            for _ in range(50):
+                side.free(side.alloc(batch))
+            return 100
+
+        return cycle
+    ops = make_mix(capacity, page, 2000, seed)
+    live: dict[int, Any] = {}
+
+    def mix() -> int:
+        for size, slot in ops:
+            if size > 0:
+                live[slot] = side.alloc(size)
+            else:
+                side.free(live.pop(slot))
+        return len(ops)
+
+    return mix
+
+
+def measure(side_of: Callable[[int, int, str], Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    out = []
+    for name in WORKLOADS:
+        for page in PAGES:
+            for capacity in CAPACITIES:
+                side = side_of(capacity, page, args.device)
+                ops = rate(workload(side, name, capacity, page, args.batch, args.seed), args.seconds, args.device)
+                out.append({"workload": name, "page": page, "capacity": capacity, "ops_per_s": ops})
+    return out
+
+
+def sglang_results(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """SGLang's rows, from a worker run by the SGLang venv's python (``None`` when there is none)."""
+    python = args.sglang_venv / "bin" / "python"
+    if not python.exists():
+        return None
+    cmd = [str(python), __file__, "--worker", "--seconds", str(args.seconds), "--batch", str(args.batch)]
+    cmd += ["--seed", str(args.seed), "--device", args.device]
+    env = {**os.environ, "KVLEDGER_CONTRACTS": "off"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if done.returncode:
+        sys.stderr.write(done.stderr[-3000:])
+        raise RuntimeError(f"the SGLang worker failed ({done.returncode})")
+    return [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+
+
+# ---------------------------------------------------------------- contract cost
+
+
+def make_cycle(kind: str, capacity: int, batch: int, device: str) -> Callable[[], int]:
+    """50 cycles of an alloc of ``batch`` tokens and its free, on a pool of ``capacity`` token slots kept half full."""
+    from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
+    from kvledger.impl.mamba import MambaPool
+    from kvledger.spec.types import request
+
+    owner = request(1)
     if kind == "token":
         a: TokenAllocator | PagedAllocator | SWATokenAllocator | MambaPool = TokenAllocator(capacity, device=device)
     elif kind == "paged16":
@@ -36,62 +213,107 @@ def make_cycle(kind: str, capacity: int, batch: int, device: str) -> Callable[[]
     else:
         a = MambaPool(capacity // 64, conv_shape=(1,), temporal_shape=(1,), device=device)
         batch = 1
-    # keep the pool half full so frees and allocs work on a realistic free stack
-    a.alloc(a.available_size() // 2, R)
+    a.alloc(a.available_size() // 2, owner)
 
-    def cycle() -> None:
-        x = a.alloc(batch, R)
-        a.free(x, R)
-
-    return cycle
-
-
-def rate(cycle: Callable[[], None], seconds: float, device: str) -> float:
-    for _ in range(20):
-        cycle()
-    n, start = 0, time.perf_counter()
-    while True:
+    def cycles() -> int:
         for _ in range(50):
-            cycle()
-        n += 50
-        if device == "cuda":
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return n / elapsed
+            a.free(a.alloc(batch, owner), owner)
+        return 50
+
+    return cycles
+
+
+def contract_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from kvledger.contracts import bindings
+
+    rows = []
+    for kind in ("token", "paged16", "swa", "mamba"):
+        for capacity in (10_000, 1_000_000):
+            batch = args.batch if kind != "mamba" else 1
+            got = {}
+            for level in ("plain", "off", "on"):  # NOTE: "off" is installed, then removed
+                bindings.uninstall()
+                if level != "plain":
+                    bindings.install("on")
+                if level == "off":
+                    bindings.uninstall()
+                got[level] = rate(make_cycle(kind, capacity, batch, args.device), args.seconds, args.device)
+            bindings.uninstall()
+            rows.append({"allocator": kind, "capacity": capacity, "batch": batch, **got})
+    return rows
+
+
+# ---------------------------------------------------------------- report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--seconds", type=float, default=1.0)
-    parser.add_argument("--batch", type=int, default=256, help="tokens per alloc")
+    parser.add_argument("--seconds", type=float, default=1.0, help="time per measurement")
+    parser.add_argument("--batch", type=int, default=256, help="tokens per alloc in the cycle workload")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the mixed workload")
+    parser.add_argument("--sglang-venv", type=Path, default=ROOT / "build" / "sglang-0.5.9")
+    parser.add_argument("--skip-contracts", action="store_true", help="only the race against SGLang")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON lines too")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        for row in measure(SGLangSide, args):
+            print("RESULT " + json.dumps(row), flush=True)
+        return
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from kvledger.contracts import bindings
+
+    bindings.uninstall()
+    console = Console()
+    load = os.getloadavg()[0]
+    mine = measure(KvledgerSide, args)
+    theirs = sglang_results(args)
+    load = max(load, os.getloadavg()[0])
     table = Table(
-        title=f"allocator alloc+free cycles ({args.batch} tokens each) on {args.device}, torch {torch.__version__}"
+        title=f"kvledger vs SGLang 0.5.9 allocators on {args.device}, torch {torch.__version__}, "
+        f"{args.seconds:g} s each, load average {load:.1f}"
     )
-    for col in ("allocator", "capacity", "plain cycles/s", "tokens/s", "off/plain", "on/off slowdown"):
+    for col in ("workload", "page", "capacity", "kvledger ops/s", "SGLang ops/s", "kvledger / SGLang"):
         table.add_column(col, justify="right")
-    for kind in ("token", "paged16", "swa", "mamba"):
-        for capacity in (10_000, 1_000_000):
-            batch = args.batch if kind != "mamba" else 1
-            bindings.uninstall()
-            plain = rate(make_cycle(kind, capacity, batch, args.device), args.seconds, args.device)
-            bindings.install("on")
-            bindings.uninstall()
-            off = rate(make_cycle(kind, capacity, batch, args.device), args.seconds, args.device)
-            bindings.install("on")
-            on = rate(make_cycle(kind, capacity, batch, args.device), args.seconds, args.device)
-            bindings.uninstall()
+    by_key = {(r["workload"], r["page"], r["capacity"]): r["ops_per_s"] for r in theirs or []}
+    for r in mine:
+        other = by_key.get((r["workload"], r["page"], r["capacity"]))
+        table.add_row(
+            r["workload"],
+            str(r["page"]),
+            f"{r['capacity']:,}",
+            f"{r['ops_per_s']:,.0f}",
+            "—" if other is None else f"{other:,.0f}",
+            "—" if other is None else f"{r['ops_per_s'] / other:.2f}×",
+        )
+        r["sglang_ops_per_s"] = other
+    console.print(table)
+    if theirs is None:
+        console.print(f"(no SGLang venv at {args.sglang_venv}: build it with .ci/sglang_env 0.5.9)")
+    rows = [] if args.skip_contracts else contract_rows(args)
+    if rows:
+        table = Table(title=f"contract cost: alloc+free cycles on {args.device}, load average {os.getloadavg()[0]:.1f}")
+        for col in ("allocator", "capacity", "plain cycles/s", "off/plain", "on cycles/s", "on/off cost"):
+            table.add_column(col, justify="right")
+        for r in rows:
             table.add_row(
-                kind,
-                f"{capacity:,}",
-                f"{plain:,.0f}",
-                f"{plain * batch:,.0f}",
-                f"{off / plain:.2f}",
-                f"{off / on:.1f}x",
+                r["allocator"],
+                f"{r['capacity']:,}",
+                f"{r['plain']:,.0f}",
+                f"{r['off'] / r['plain']:.2f}",
+                f"{r['on']:,.0f}",
+                f"{r['off'] / r['on']:.2f}×",
             )
-    Console().print(table)
+        console.print(table)
+    if args.json:
+        for r in mine:
+            print(json.dumps({"kind": "race", **r}))
+        for r in rows:
+            print(json.dumps({"kind": "contracts", **r}))
 
 
 if __name__ == "__main__":

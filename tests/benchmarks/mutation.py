@@ -61,7 +61,7 @@ REACH["system"] |= {"requests", "leaks"}
 EQUIVALENT: dict[str, str] = {
     "impl/admission.py:105:45:slice+1": "the key is one token longer only when it is unaligned or past its end; "
     "match_prefix matches whole pages and a slice past the end is the whole key, so the match is the same",
-    "impl/allocators.py:309:12:drop-call": "a defensive check: the SWA slots of full slots held by src are tagged "
+    "impl/allocators.py:339:12:drop-call": "a defensive check: the SWA slots of full slots held by src are tagged "
     "swa_owner(src) in every reachable state (the full check just before passed), so it can never fail",
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor)."""

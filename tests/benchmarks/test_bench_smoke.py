@@ -56,6 +56,8 @@ def test_bench_cache_runs(tmp_path: Path) -> None:
         assert r["seconds"] > 0 and r["requests_per_s"] > 0 and 0 <= r["hit_rate"] <= 1
         assert r["evicted_tokens"] > 0  # the pool is far smaller than the trace
         assert set(r["phase_seconds"]) == set(bench.PHASES)
+    assert set(payload["contract_cost"]) == {"1", "4"}
+    assert all(set(c) == {*bench.PHASES, "total"} and min(c.values()) > 0 for c in payload["contract_cost"].values())
     assert len(payload["workload_rounds"]) == 8
     assert [(r["page_size"], r["length"]) for r in payload["scaling"]] == [(1, 64), (1, 128), (4, 64), (4, 128)]
     assert all(r["match_one_node_s"] > 0 and r["insert_s"] > 0 for r in payload["scaling"])
@@ -105,3 +107,27 @@ def test_mutation_operators_make_compiling_mutants() -> None:
         src = mut.mutated_source(m)
         assert src is not None and src != (mut.ROOT / m.file).read_text()
         compile(src, m.file, "exec")  # a mutant is a program, not a syntax error
+
+
+def test_bench_pools_mix_is_a_balanced_seeded_stream() -> None:
+    """The mixed allocator workload is the same for a seed, stays within the pool, and ends with everything freed;
+    both workloads run on kvledger's allocators (SGLang's side runs the same ``workload`` in its own venv)."""
+    bench = load("bench_pools")
+    for page in (1, 16):
+        ops = bench.make_mix(4096, page, 300, seed=3)
+        assert ops == bench.make_mix(4096, page, 300, seed=3) != bench.make_mix(4096, page, 300, seed=4)
+        live: dict[int, int] = {}
+        for size, slot in ops:
+            if size > 0:
+                assert slot not in live and size % page == 0
+                live[slot] = size
+                assert sum(live.values()) <= 4096
+            else:
+                live.pop(slot)
+        assert not live and any(size > 0 for size, _ in ops)
+        for name in bench.WORKLOADS:
+            side = bench.KvledgerSide(4096, page, "cpu")
+            before = side.available()
+            step = bench.workload(side, name, 4096, page, 64, 0)
+            assert step() > 0
+            assert side.available() == (before if name == "mix" else before - before // 2 // page * page)

@@ -108,11 +108,189 @@ def test_slow_tier_adds_to_the_incremental_tier() -> None:
     saved = bindings.current_level()
     try:
         bindings.install("on")
-        on = {c.description for c in SlotPool.alloc.__postconditions__}  # type: ignore[attr-defined]
+        on = set(SlotPool.alloc.__kvledger_laws__)  # type: ignore[attr-defined]
+        assert not hasattr(SlotPool.alloc, "__postconditions__")  # NOTE: tier on runs no icontract wrapper
         bindings.install("slow")
         slow = {c.description for c in SlotPool.alloc.__postconditions__}  # type: ignore[attr-defined]
+        slow |= set(SlotPool.alloc.__kvledger_laws__)  # type: ignore[attr-defined]
         assert on < slow
         assert {"pool obeys the ledger laws", "abstract(after) == spec.allocate(abstract(before))"} <= slow
     finally:
         bindings.install(saved)
     assert bindings.current_level() == saved
+
+
+# ---------------------------------------------------------------- each incremental law fails on a broken pool
+# NOTE: tier on alone (the slow tier's whole-pool laws would catch these too, and hide which law fired).
+
+
+@pytest.fixture
+def on() -> Iterator[None]:
+    saved = bindings.current_level()
+    bindings.install("on")
+    yield
+    bindings.install(saved)
+
+
+def _broken(name: str, broken: object) -> None:
+    """Install tier ``on`` over ``broken`` standing in for ``SlotPool.<name>``."""
+    bindings._originals[(SlotPool, name)] = broken
+    bindings.install("on")
+
+
+@pytest.fixture
+def restore() -> Iterator[None]:
+    saved = dict(bindings._originals)
+    yield
+    bindings.install("off")
+    bindings._originals.update(saved)
+    bindings.install("on")
+
+
+@pytest.mark.parametrize("alloc", ["alloc", "alloc_ids"])
+def test_alloc_off_the_stack_top_is_caught(on: None, restore: None, alloc: str) -> None:
+    original = bindings._originals[(SlotPool, alloc)]
+
+    def skips_one(self: SlotPool, n: int, owner: object, **kw: object) -> object:
+        self._top -= 1  # BUG: the top free slot is lost, the next n handed out
+        return original(self, n, owner, **kw)
+
+    _broken(alloc, skips_one)
+    a = TokenAllocator(8)
+    with pytest.raises(icontract.ViolationError, match="alloc hands out exactly the top n free slots"):
+        getattr(a.pool, alloc)(2, R1)
+
+
+def test_alloc_that_leaves_a_tag_is_caught(on: None, restore: None) -> None:
+    original = bindings._originals[(SlotPool, "alloc")]
+
+    def untagged(self: SlotPool, n: int, owner: object) -> torch.Tensor:
+        out: torch.Tensor = original(self, n, owner)
+        self.owner_tag[out[:1]] = 0  # BUG: one handed-out slot still reads free
+        return out
+
+    _broken("alloc", untagged)
+    with pytest.raises(icontract.ViolationError, match="alloc'd slots are tagged with their new owner"):
+        TokenAllocator(8).alloc(3, R1)
+
+
+def test_alloc_count_is_checked(on: None, restore: None) -> None:
+    original = bindings._originals[(SlotPool, "alloc")]
+
+    def short(self: SlotPool, n: int, owner: object) -> torch.Tensor:
+        out: torch.Tensor = original(self, n, owner)
+        return out[:-1]  # BUG: one slot taken but not handed out (a leak)
+
+    _broken("alloc", short)
+    with pytest.raises(icontract.ViolationError, match=r"exactly the top n free slots|drops by exactly"):
+        TokenAllocator(8).alloc(3, R1)
+
+
+def test_release_of_a_free_slot_is_caught(on: None) -> None:
+    a = TokenAllocator(8)
+    x = a.alloc(4, R1)
+    a.free(x[:1], R1)
+    with pytest.raises(icontract.ViolationError, match="release returns only held slots"):
+        a.pool.release(x[:2])  # NOTE: unchecked by design; the contract sees the double free
+
+
+def test_release_that_leaves_a_tag_is_caught(on: None, restore: None) -> None:
+    original = bindings._originals[(SlotPool, "release")]
+
+    def keeps_tag(self: SlotPool, idx: torch.Tensor) -> None:
+        tags = self.owner_tag.clone()
+        original(self, idx)
+        self.owner_tag.copy_(tags)  # BUG: pushed on the stack, still tagged with the old owner
+
+    _broken("release", keeps_tag)
+    a = TokenAllocator(8)
+    with pytest.raises(icontract.ViolationError, match="released slots are free-tagged and pushed once"):
+        a.free(a.alloc(2, R1), R1)
+
+
+def test_free_from_the_wrong_owner_is_caught(on: None, restore: None) -> None:
+    def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
+        self.release(indices)  # BUG: no ownership check
+
+    _broken("free", frees_anything)
+    a = TokenAllocator(8)
+    x = a.alloc(2, R1)
+    with pytest.raises(icontract.ViolationError, match="free takes slots only from their owner"):
+        a.pool.free(x, session(2))
+
+
+def test_transfer_laws_are_checked(on: None, restore: None) -> None:
+    def retags_anything(self: SlotPool, indices: torch.Tensor, src: object, dst: object) -> None:
+        self.retag(indices, dst)  # type: ignore[arg-type]  # BUG: the source is never checked
+
+    _broken("transfer", retags_anything)
+    a = TokenAllocator(8)
+    x = a.alloc(2, R1)
+    with pytest.raises(icontract.ViolationError, match="transfer takes slots only from the named source"):
+        a.pool.transfer(x, session(5), session(2))
+
+    def drops(self: SlotPool, indices: torch.Tensor, src: object, dst: object) -> None:
+        pass  # BUG: nothing moves
+
+    _broken("transfer", drops)
+    b = TokenAllocator(8)
+    with pytest.raises(icontract.ViolationError, match="transferred slots carry the destination's tag"):
+        b.pool.transfer(b.alloc(2, R1), R1, session(2))
+
+
+def test_free_swa_mapping_is_checked(on: None) -> None:
+    bindings.install("off")
+    original = SWATokenAllocator.free_swa
+
+    def keeps_mapping(self: SWATokenAllocator, indices: torch.Tensor, owner: object) -> None:
+        saved = self.full_to_swa.clone()
+        original(self, indices, owner)  # type: ignore[arg-type]
+        self.full_to_swa.copy_(saved)  # BUG: the freed SWA slots stay mapped
+
+    SWATokenAllocator.free_swa = keeps_mapping  # type: ignore[method-assign]
+    try:
+        bindings.install("on")
+        s = SWATokenAllocator(8, 4)
+        y = s.alloc(2, R1)
+        with pytest.raises(icontract.ViolationError, match="freed SWA slots are unmapped"):
+            s.free_swa(y[:1], R1)
+    finally:
+        bindings.install("off")
+        SWATokenAllocator.free_swa = original  # type: ignore[method-assign]
+
+
+def test_incremental_laws_cost_what_the_call_touches() -> None:
+    """Tier on reads only the slots a call names and the stack span it moved: the same touched entries on a
+    pool of 8 slots and one of a million (counted by numpy reads of the tag column, not timed)."""
+    saved = bindings.current_level()
+    bindings.install("on")
+    try:
+        reads = []
+        for capacity in (8, 1_000_000):
+            a = TokenAllocator(capacity)
+            tags = a.pool._tags
+            assert tags is not None
+            counted = _CountingArray(tags)
+            a.pool._tags = counted  # type: ignore[assignment]
+            a.free(a.alloc(4, R1), R1)
+            reads.append(counted.elements)
+        assert reads[0] == reads[1] > 0
+    finally:
+        bindings.install(saved)
+
+
+class _CountingArray:
+    """A stand-in for a pool's host tag column that counts the elements each read or write touches."""
+
+    def __init__(self, a: object) -> None:
+        self.a = a
+        self.elements = 0
+
+    def __getitem__(self, ids: object) -> object:
+        out = self.a[ids]  # type: ignore[index]
+        self.elements += int(getattr(out, "size", 1))
+        return out
+
+    def __setitem__(self, ids: object, value: object) -> None:
+        self.a[ids] = value  # type: ignore[index]
+        self.elements += int(getattr(self.a[ids], "size", 1))  # type: ignore[index]

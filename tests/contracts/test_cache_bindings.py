@@ -13,6 +13,7 @@ from kvledger.contracts import bindings
 from kvledger.contracts.adapters.protocol import CacheConfig
 from kvledger.contracts.adapters.reference import build_cache
 from kvledger.impl import faults
+from kvledger.impl.owners import encode
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.tree import RadixTree
 from kvledger.spec.types import Component, request
@@ -94,4 +95,83 @@ def test_size_drift_breaks_the_slow_tier(level: str, monkeypatch: pytest.MonkeyP
     cache = build_cache(CacheConfig())
     res = put(cache, [1, 2, 3])
     with pytest.raises(icontract.ViolationError, match="inv_sizes"):
+        cache.inc_lock_ref(res.last_node)
+
+
+# ---------------------------------------------------------------- the incremental laws of what a call touched
+
+
+@pytest.mark.parametrize("level", ["on"], indirect=True)
+def test_removal_that_skips_the_neighbours_is_caught(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvledger.impl.lru import LRUList
+
+    def unlink(self: LRUList[Any], node: Any) -> None:
+        self._members.discard(node)  # BUG: the neighbours still point at the removed node
+
+    monkeypatch.setattr(LRUList, "_unlink", unlink)
+    bindings.install("on")
+    cache = build_cache(CacheConfig())
+    put(cache, [1, 2, 3])
+    with pytest.raises(icontract.ViolationError, match="inv_lru_links_symmetric: removal joins the neighbours"):
+        cache.evict(Component.FULL, 3)
+
+
+@pytest.mark.parametrize("level", ["on"], indirect=True)
+def test_evict_that_misreports_is_caught(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    original = RadixCache._evict_full
+    monkeypatch.setattr(RadixCache, "_evict_full", lambda self, n: original(self, n) + 1)  # BUG: one token too many
+    bindings.install("on")
+    cache = build_cache(CacheConfig())
+    put(cache, [1, 2, 3])
+    with pytest.raises(icontract.ViolationError, match="inv_sizes: evict moves the counters by what it evicted"):
+        cache.evict(Component.FULL, 1)
+
+
+@pytest.mark.parametrize("level", ["on"], indirect=True)
+def test_evict_that_stops_early_is_caught(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(RadixCache, "_evict_full", lambda self, n: 0)  # BUG: evicts nothing though it could
+    bindings.install("on")
+    cache = build_cache(CacheConfig())
+    put(cache, [1, 2, 3])
+    with pytest.raises(icontract.ViolationError, match="inv_sizes: evict moves the counters by what it evicted"):
+        cache.evict(Component.FULL, 1)
+
+
+@pytest.mark.parametrize("level", ["on"], indirect=True)
+def test_insert_of_an_unlisted_node_is_caught(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvledger.impl.lru import LRUList
+
+    original = LRUList.place
+
+    def place(self: LRUList[Any], order: list[Any]) -> None:
+        original(self, order)
+        for n in order:
+            if n in self and n.end == 4:
+                self._unlink(n)  # BUG: the new leaf drops out of its list
+                n.prev[self.slot] = n.next[self.slot] = None
+
+    monkeypatch.setattr(LRUList, "place", place)
+    bindings.install("on")
+    cache = build_cache(CacheConfig())
+    with pytest.raises(icontract.ViolationError, match="inv_owners_account: the key ends at a listed node"):
+        put(cache, [1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("level", ["on"], indirect=True)
+def test_insert_that_leaves_slots_with_the_caller_is_caught(level: str) -> None:
+    bindings.install("on")
+    cache = build_cache(CacheConfig())
+    res = put(cache, [1, 2, 3])
+    cache.kv.pool.owner_tag[res.last_node.value[:1]] = encode(R)  # BUG (hand-made): a cached slot is the caller's
+    with pytest.raises(icontract.ViolationError, match="inv_owners_account: the key ends at a listed node"):
+        cache.insert(torch.tensor([1, 2, 3]), res.last_node.value.clone(), R)
+
+
+@pytest.mark.parametrize("level", ["on"], indirect=True)
+def test_lock_that_raises_nothing_is_caught(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(RadixTree, "_raise_full", lambda self, n: [n.full_site])  # BUG: claims, raises nothing
+    bindings.install("on")
+    cache = build_cache(CacheConfig())
+    res = put(cache, [1, 2, 3])
+    with pytest.raises(icontract.ViolationError, match="inv_lock_ref_counts_handles: new handle raised"):
         cache.inc_lock_ref(res.last_node)

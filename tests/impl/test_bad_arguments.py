@@ -343,6 +343,7 @@ ENTRY_POINTS: list[tuple[str, Call, Bad]] = [
     ("SlotPool.transfer dst", lambda w, x: w.pool.transfer(t(1), REQ, x), each(BAD_OWNERS)),
     ("SlotPool.owner_of", lambda w, x: w.pool.owner_of(x), each(bad_ids(9))),
     ("SlotPool.held_by", lambda w, x: w.pool.held_by(x), each(BAD_OWNERS)),
+    ("SlotPool.code_of owner", lambda w, x: w.pool.code_of(x, "code_of"), each(BAD_OWNERS)),
     ("SlotPool.free_all_of", lambda w, x: w.pool.free_all_of(x), each(BAD_OWNERS)),
     ("TokenAllocator.alloc n", lambda w, x: w.mm.kv.alloc(x, REQ), each(BAD_SIZES)),
     ("TokenAllocator.alloc owner", lambda w, x: w.mm.kv.alloc(2, x), each(BAD_OWNERS)),

@@ -1,0 +1,87 @@
+"""Contract cost per radix-cache operation on the race's trace, off vs on, in one process (a benchmark, not a test).
+
+    python tests/benchmarks/bench_contract_cost.py [--page 1] [--requests 1000] [--rounds 2]
+
+The trace is ``bench_sglang_race.make_trace(REQUESTS, seed=1)`` run through its
+``KvledgerOps`` loop (200k-token pool, eviction all along); every operation is
+timed; contracts ``off`` and ``on`` take turns ``--rounds`` times and the best of
+each is kept. Prints one JSON line: seconds per operation at each level and
+their ratio on/off (the contract cost of each operation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+import bench_sglang_race as race
+
+from kvledger.contracts import bindings
+from kvledger.impl.radix import RadixCache
+
+OPS = {
+    "match": "match_prefix",
+    "lock": "inc_lock_ref",
+    "unlock": "dec_lock_ref",
+    "evict": "evict",
+    "insert": "insert",
+}
+
+
+def timed(fn: Callable[..., Any], stats: dict[str, float], name: str) -> Callable[..., Any]:
+    """``fn``, adding the seconds each call takes to ``stats[name]``."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            stats[name] += time.perf_counter() - t
+
+    return call
+
+
+def one_run(trace: list[list[int]], page: int) -> dict[str, float]:
+    """Seconds per operation (and the whole loop) for one pass of ``trace`` at the installed tier."""
+    stats = dict.fromkeys([*OPS, "alloc"], 0.0)
+    saved = {attr: RadixCache.__dict__[attr] for attr in OPS.values()}
+    try:
+        for name, attr in OPS.items():
+            setattr(RadixCache, attr, timed(saved[attr], stats, name))
+        ops = race.KvledgerOps(200_000, page)
+        ops.kv.alloc = timed(ops.kv.alloc, stats, "alloc")  # type: ignore[method-assign]
+        stats["loop"] = race.run_trace(ops, trace, page)["seconds"]
+    finally:
+        for attr, fn in saved.items():
+            setattr(RadixCache, attr, fn)
+    return stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--page", type=int, default=1)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    trace = race.make_trace(args.requests, seed=1)
+    best: dict[str, dict[str, float]] = {}
+    for _ in range(args.rounds):
+        for level in ("off", "on"):
+            bindings.install(level)  # type: ignore[arg-type]
+            got = one_run(trace, args.page)
+            bindings.uninstall()
+            prior = best.get(level)
+            best[level] = got if prior is None else {k: min(v, prior[k]) for k, v in got.items()}
+    ratio = {k: round(best["on"][k] / best["off"][k], 2) for k in best["off"] if best["off"][k]}
+    rounded = {lvl: {k: round(v, 4) for k, v in s.items()} for lvl, s in best.items()}
+    print(json.dumps({"page": args.page, **rounded, "on/off": ratio}))
+
+
+if __name__ == "__main__":
+    main()
