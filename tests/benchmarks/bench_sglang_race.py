@@ -67,9 +67,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from array import array
@@ -87,6 +89,8 @@ VARIANTS = {
     "sglang 0.5.23 unified (rust core)": "0.5.23",
     "vllm 0.33.0 KVCacheManager": "vllm-0.33.0",
 }
+BASELINE = "kvledger (baseline)"
+"""kvledger as of ``--baseline REV`` (its packages from ``git archive``, first on PYTHONPATH)."""
 VOCAB = 32_000
 POOL_FRACTION = 4
 """The pool holds 1/POOL_FRACTION of a workload's distinct tokens (so every workload evicts)."""
@@ -541,6 +545,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--detail", action="store_true", help="also a table per workload and page, every column")
     parser.add_argument("--venv-059", type=Path, default=ROOT / "build" / "sglang-0.5.9")
     parser.add_argument("--venv-0523", type=Path, default=ROOT / "build" / "sglang-0.5.23")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also race kvledger as of git revision REV ('kvledger (baseline)'): a lever's before/after in one run",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--page", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="print the results as JSON lines too")
@@ -559,6 +568,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             sys.exit(f"no SGLang {version} environment at {path}: run .ci/sglang_env first")
     wanted = [s for s in args.variants.split(",") if s]
     variants = {v: ver for v, ver in VARIANTS.items() if not wanted or any(s in v for s in wanted)}
+    env: dict[str, dict[str, str]] = {}
+    if args.baseline:
+        variants = {"kvledger": variants.pop("kvledger"), BASELINE: "0.5.23", **variants}
+        env[BASELINE] = {**os.environ, "PYTHONPATH": str(snapshot(args.baseline, Path(tempfile.mkdtemp())))}
     if "kvledger" not in variants:
         parser.error("--variants must keep kvledger: the ratios are kvledger's")
     skipped = [
@@ -575,7 +588,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     continue
                 cmd = [str(py), __file__, "--worker", variant, "--page", str(page), "--workload", ",".join(names)]
                 cmd += ["--small"] if args.small else ["--requests", str(requests)]
-                proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+                proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT, env=env.get(variant))
                 lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
                 got = [{**json.loads(ln[len("RESULT ") :]), "round": round_} for ln in lines]
                 runs += got
@@ -589,6 +602,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for r in runs:
             print(json.dumps(r))
     return results
+
+
+def snapshot(rev: str, into: Path) -> Path:
+    """kvledger's packages as of git revision ``rev`` under ``into/kvledger`` (put ``into`` on PYTHONPATH)."""
+    (into / "kvledger").mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "archive", rev, "spec", "impl", "contracts"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into / "kvledger")], input=archive, check=True)
+    return into
 
 
 def best_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -621,7 +644,8 @@ def disagreement(k: dict[str, Any], v: dict[str, Any]) -> str | None:
     """How ``v``'s hits or evictions differ from kvledger's ``k`` (``None``: they agree)."""
     if (k["hit_tokens"], k["evicted_tokens"]) == (v["hit_tokens"], v["evicted_tokens"]):
         return None
-    return f"{v['workload']}: hits {v['hit_tokens']:,} vs {k['hit_tokens']:,}, evicted {v['evicted_tokens']:,} vs {k['evicted_tokens']:,}"
+    hits, gone = f"{v['hit_tokens']:,} vs {k['hit_tokens']:,}", f"{v['evicted_tokens']:,} vs {k['evicted_tokens']:,}"
+    return f"{v['workload']}: hits {hits}, evicted {gone}"
 
 
 WHY_DIFFER = {
