@@ -9,7 +9,10 @@ the same requests. Per request, as a scheduler does: ``match_prefix`` -> lock
 the match -> evict if the pool is short -> allocate the new tokens ->
 ``insert`` -> release the lock. Then ``match_prefix`` alone over every
 request (the ``match calls/s`` column). Contracts are off for the timings
-unless the variant says "contracts on".
+unless the variant says "contracts on". Each workload's loop starts after a
+``gc.collect()``: the previous workload's tree (Python objects with cycles,
+in kvledger and SGLang's Python core) is collected before the clock starts,
+never charged to the next workload.
 
 Workloads (``--workload``, default all):
 
@@ -65,6 +68,7 @@ dozen short requests per workload).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -442,6 +446,7 @@ def run_vllm_trace(requests: list[list[int]], pool: int, page: int) -> dict[str,
     reqs = [a._make_request(r, tuple(t)) for r, t in enumerate(toks)]  # sha256 block hashes made here
     hash_seconds = time.perf_counter() - start
     hit = 0
+    gc.collect()  # NOTE: as in ``run_trace``
     start = time.perf_counter()
     for req in reqs:
         blocks, n_hit = mgr.get_computed_blocks(req)[:2]
@@ -481,6 +486,7 @@ def run_trace(ops: Any, requests: list[list[int]], page: int, slack: int = 0) ->
     keys = [ops.key(t[: len(t) - len(t) % page]) for t in requests]
     tokens = sum(len(t) - len(t) % page for t in requests)
     hit = evicted = 0
+    gc.collect()  # NOTE: the last workload's tree is garbage with cycles: collect it now, not in this loop
     start = time.perf_counter()
     for r, key in enumerate(keys, 1):
         n = len(key)
