@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -126,6 +127,18 @@ def cached_hits(requests: list[list[int]], page: int) -> int:
     return hits
 
 
+def forgetful_cache(race: ModuleType, page: int) -> Any:
+    """kvledger in the race's loop, but its match reports one page fewer than the cache holds (a broken cache)."""
+
+    class Forgetful(race.KvledgerOps):  # type: ignore[name-defined,misc]
+        def match(self, key: Any) -> tuple[int, Any, Any]:
+            n, idx, node = super().match(key)
+            k = max(0, n - page)
+            return k, idx[:k], node
+
+    return Forgetful(1 << 20, page)
+
+
 def test_race_workloads_are_seeded_and_shaped() -> None:
     race = load("bench_sglang_race")
     small = race.SMALL
@@ -159,6 +172,11 @@ def test_race_kvledger_loop_matches_an_unbounded_oracle() -> None:
                 unbounded = race.run_trace(race.build("kvledger", 1 << 20, page), reqs, page)
                 assert unbounded["evicted_tokens"] == 0
                 assert unbounded["hit_tokens"] == cached_hits(reqs, page), (name, page)
+            # the check can fail: a cache that reports one page fewer than it holds is caught
+            w = race.make_workload("chat", 24, scale=race.SMALL["scale"])
+            reqs = [r for r in w.requests if len(r) >= page]
+            forgetful = forgetful_cache(race, page)
+            assert race.run_trace(forgetful, reqs, page)["hit_tokens"] < cached_hits(reqs, page)
             exact, batched = (
                 race.run_workload("kvledger", race.make_workload(f"prefix-{e}", 48, scale=race.SMALL["scale"]), page)
                 for e in ("exact", "batched")
