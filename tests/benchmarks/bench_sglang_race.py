@@ -599,7 +599,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 got = [{**json.loads(ln[len("RESULT ") :]), "round": round_} for ln in lines]
                 runs += got
                 if proc.returncode or len(got) != len(names):
-                    why = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+                    why = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}, no message"]
                     skipped.append(f"{variant} page {page}: failed after {len(got)} workloads: {why[0][:160]}")
                 print(f"ran {variant} page {page} round {round_}", file=sys.stderr)
     results = best_of(runs)
