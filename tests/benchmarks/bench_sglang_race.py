@@ -301,7 +301,7 @@ class KvledgerOps:
         return int(self.kv.available_size())
 
     def evict(self, n: int) -> int:
-        return self.cache.evict(self.full, n)
+        return int(self.cache.evict(self.full, n))
 
     def owner(self, r: int) -> Any:
         """Request ``r``'s owner, made once per request (a scheduler keeps it with the request)."""
