@@ -12,7 +12,9 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+import pytest
 import torch
 from rich.console import Console
 
@@ -20,6 +22,7 @@ from kvledger.contracts import bindings
 from kvledger.impl import faults
 
 HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
 
 
 def load(name: str) -> ModuleType:
@@ -131,3 +134,104 @@ def test_bench_pools_mix_is_a_balanced_seeded_stream() -> None:
             step = bench.workload(side, name, 4096, page, 64, 0)
             assert step() > 0
             assert side.available() == (before if name == "mix" else before - before // 2 // page * page)
+
+
+# ---------------------------------------------------------------- the race's workload suite
+
+
+def cached_hits(requests: list[list[int]], page: int) -> int:
+    """Tokens an unbounded prefix cache serves: each request's longest whole-page common prefix with an earlier one."""
+    hits, seen = 0, list[list[int]]()
+    for req in requests:
+        toks = req[: len(req) - len(req) % page]
+        best = 0
+        for old in seen:
+            k = next((i for i, (a, b) in enumerate(zip(old, toks, strict=False)) if a != b), min(len(old), len(toks)))
+            best = max(best, k - k % page)
+        hits += best
+        seen.append(toks)
+    return hits
+
+
+def forgetful_cache(race: ModuleType, page: int) -> Any:
+    """kvledger in the race's loop, but its match reports one page fewer than the cache holds (a broken cache)."""
+
+    class Forgetful(race.KvledgerOps):  # type: ignore[name-defined,misc]
+        def match(self, key: Any) -> tuple[int, Any, Any]:
+            n, idx, node = super().match(key)
+            k = max(0, n - page)
+            return k, idx[:k], node
+
+    return Forgetful(1 << 20, page)
+
+
+def test_race_workloads_are_seeded_and_shaped() -> None:
+    race = load("bench_sglang_race")
+    small = race.SMALL
+    for name in race.WORKLOADS:
+        w = race.make_workload(name, small["requests"], scale=small["scale"])
+        again = race.make_workload(name, small["requests"], scale=small["scale"])
+        other = race.make_workload(name, small["requests"], seed=1, scale=small["scale"])
+        assert w.requests == again.requests and w.requests != other.requests, name
+        longest = max(map(len, w.requests))
+        assert w.pool(16) % 16 == 0 and w.pool(1) >= 3 * longest, name
+        assert (w.slack(1) == 0) == name.endswith("-exact"), name
+    # the variants of one trace share its stream: the same requests, only the eviction differs
+    exact, batched = (race.make_workload(f"prefix-{e}", 30, scale=0.1) for e in ("exact", "batched"))
+    assert exact.requests == batched.requests and exact.slack(1) == 0 < batched.slack(1)
+    # multi-turn chat: every later turn of a session starts with the session's whole previous turn
+    chat = race.make_workload("chat", 60, scale=0.1).requests
+    extends = sum(any(len(old) < len(req) and req[: len(old)] == old for old in chat[:i]) for i, req in enumerate(chat))
+    assert extends > len(chat) // 2
+    # long contexts at full scale: 8k..32k tokens
+    assert all(8192 <= len(r) <= 32_768 for r in race.make_workload("long-context", 30).requests)
+
+
+def test_race_kvledger_loop_matches_an_unbounded_oracle() -> None:
+    race = load("bench_sglang_race")
+    level = bindings.current_level()
+    try:
+        for page in (1, 16):
+            for name in ("prefix-exact", "chat", "fanout", "many-short-whole"):
+                w = race.make_workload(name, 24, scale=race.SMALL["scale"])
+                reqs = [r for r in w.requests if len(r) >= page]
+                unbounded = race.run_trace(race.build("kvledger", 1 << 20, page), reqs, page)
+                assert unbounded["evicted_tokens"] == 0
+                assert unbounded["hit_tokens"] == cached_hits(reqs, page), (name, page)
+            # the check can fail: a cache that reports one page fewer than it holds is caught
+            w = race.make_workload("chat", 24, scale=race.SMALL["scale"])
+            reqs = [r for r in w.requests if len(r) >= page]
+            forgetful = forgetful_cache(race, page)
+            assert race.run_trace(forgetful, reqs, page)["hit_tokens"] < cached_hits(reqs, page)
+            exact, batched = (
+                race.run_workload("kvledger", race.make_workload(f"prefix-{e}", 48, scale=race.SMALL["scale"]), page)
+                for e in ("exact", "batched")
+            )
+            assert 0 < exact["evicted_tokens"] <= batched["evicted_tokens"]  # the watermark evicts more at once
+    finally:
+        bindings.install(level)
+
+
+ENGINES = [ROOT / "build" / f"sglang-{v}" / "bin" / "python" for v in ("0.5.9", "0.5.23")]
+
+
+@pytest.mark.skipif(not all(p.exists() for p in ENGINES), reason="no SGLang 0.5.9/0.5.23 venvs (.ci/sglang_env)")
+def test_race_sglang_variants_agree_with_kvledger(capsys: pytest.CaptureFixture[str]) -> None:
+    race = load("bench_sglang_race")
+    names = ["prefix-exact", "chat", "fanout"]
+    argv = ["--small", "--pages", "16", "--workload", ",".join(names), "--variants", "0.5.9,0.5.23"]
+    results = race.main(argv)
+    out = capsys.readouterr().out
+    by = {(r["variant"], r["workload"]): r for r in results}
+    sglang = [v for v in race.VARIANTS if v.startswith("sglang")]
+    assert {v for v, _ in by} == {"kvledger", *sglang}, out  # every variant ran every workload
+    for name in names:
+        k = by[("kvledger", name)]
+        assert k["hit_tokens"] > 0, name
+        for v in sglang:
+            assert (by[(v, name)]["hit_tokens"], by[(v, name)]["evicted_tokens"]) == (
+                k["hit_tokens"],
+                k["evicted_tokens"],
+            ), (v, name)
+    assert sum(by[("kvledger", n)]["evicted_tokens"] for n in names) > 0
+    assert "geometric mean" in out and "UNEXPECTED" not in out
