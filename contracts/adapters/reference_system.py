@@ -136,7 +136,9 @@ class ReferenceSystemAdapter:
 
     name = "kvledger"
     engine_class = "kvledger.impl.memory.MemoryManager"
-    capabilities = SYSTEM_CAPABILITIES  # NOTE: the reference expresses everything the protocol names
+    # NOTE: the reference expresses everything the protocol names; 'reservations' is a licence, not a feature
+    # (the reference rolls every rejected attempt back, so it is held to the strict law)
+    capabilities = SYSTEM_CAPABILITIES - {"reservations"}
 
     def __init__(self, config: SystemConfig = DEFAULT, manager: MemoryManager | None = None) -> None:
         """A fresh reference manager for ``config``, or ``manager`` as it is (its config read off it)."""

@@ -77,9 +77,11 @@ batch whatever its size, so it does not starve; ``admission within budget``
 is then not checked). ``reservations``: a request rejected by admission may keep
 what its first attempt took, as a reservation it uses when admitted and gives
 back when it ends (SGLang 0.5.23 keeps a rejected session request's
-copy-on-write Mamba slot); ``admission rolls back`` then lets the first rejected
-attempt form the reservation and checks every later attempt against it, so a
-reservation never grows or changes, and the ledgers see it held by its request.
+copy-on-write Mamba slot); ``admission rolls back`` then lets a rejected attempt
+that found the request holding nothing leave it a reservation, and checks every
+later attempt against it, so a reservation never grows or changes, and the
+ledgers see it held by its request. It is a licence, not a feature: the
+reference implementation does not declare it.
 """
 
 

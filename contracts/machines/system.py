@@ -50,7 +50,7 @@ from kvledger.spec import locks as K
 from kvledger.spec import session as S
 from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.prefix import fingerprint
-from kvledger.spec.types import Component, HandleId, SlotId, request
+from kvledger.spec.types import Component, HandleId, OwnerKind, SlotId, request
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8))
 SESSIONS = (1, 2)
@@ -201,7 +201,6 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             self.last = self.sys.snapshot()
             self.prompts: dict[int, tuple[int, ...]] = {}
             self.failure_pending = False  # NOTE: one injected failure at a time: they must not pile up
-            self.reserved: set[int] = set()  # NOTE: requests whose first rejected attempt formed their reservation
 
         def has(self, cap: str) -> bool:
             return cap in self.caps
@@ -259,11 +258,13 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                     raise _fail("admission within budget", f"request {r} admitted with {new} new tokens, {left} left")
                 left = A.take(left, new)
             for r in result.rejected:
-                first = r not in self.reserved
-                self.reserved.add(r)
+                # NOTE: a reservation forms at a rejected attempt that found the request holding nothing
+                forms = not any(
+                    o.kind is OwnerKind.REQUEST and o.ident == r for lg in before.ledgers.values() for o in lg.held
+                )
                 if r in attempts and not A.inv_rollback_restores(attempts[r], after.ledgers, self._handles(after, r)):
-                    if first and self.has("reservations"):
-                        continue  # NOTE: the first rejected attempt forms the reservation; later ones must keep it
+                    if forms and self.has("reservations"):
+                        continue  # NOTE: later attempts must keep the reservation as it is
                     leaked = A.leaked_by_rollback(attempts[r], after.ledgers)
                     raise _fail(
                         "admission rolls back",

@@ -291,6 +291,10 @@ class SchedulerSystemAdapter:
         self.reqs: dict[int, Any] = {}
         self.req_session: dict[int, int] = {}
         self.aborted: set[int] = set()
+        # NOTE: a session's next turn, held (as a streaming client holds it) until the session's previous turn ends
+        self.held: dict[int, tuple[tuple[int, ...], int]] = {}
+        self.dropped: set[int] = set()  # NOTE: held turns aborted before they were sent
+        self.hold_turns = True  # NOTE: False sends every turn at once, as a client that does not wait would
         self.next_rid = 1
         self.s = self._build()
 
@@ -483,10 +487,25 @@ class SchedulerSystemAdapter:
             result = s.run_batch(batch)
             s.process_batch_result(batch, result)
         s.last_batch = batch
+        self._send_held()
         return batch
 
+    def _in_flight(self, sid: int) -> bool:
+        return any(
+            self.req_session.get(r) == sid and r in self.reqs and self._status(r) in ("waiting", "running")
+            for r in self.req_session
+        )
+
+    def _send_held(self) -> None:
+        """Send each held turn whose session has no turn in flight any more (oldest first)."""
+        for rid in sorted(self.held):
+            tokens, sid = self.held[rid]
+            if not self._in_flight(sid):
+                del self.held[rid]
+                self._send(rid, tokens, sid)
+
     def _statuses(self) -> dict[int, str]:
-        return {rid: self._status(rid) for rid in self.reqs}
+        return {rid: self._status(rid) for rid in [*self.reqs, *self.held, *self.dropped]}
 
     def _result(self, before: dict[int, str]) -> StepResult:
         after = self._statuses()
@@ -499,6 +518,10 @@ class SchedulerSystemAdapter:
         )
 
     def _status(self, rid: int) -> str:
+        if rid in self.held:
+            return "waiting"
+        if rid in self.dropped:
+            return "aborted"
         req = self.reqs[rid]
         s = self.s
         if req.finished():
@@ -524,9 +547,25 @@ class SchedulerSystemAdapter:
     # ------------------------------------------------------------ protocol
 
     def add_request(self, tokens: tuple[int, ...], session: int | None = None) -> int:
-        m = self.m
+        """A request arrives through ``handle_generate_request``; returns its rid.
+
+        A streaming session takes one turn at a time: like a streaming client, the adapter sends
+        a session's next turn once its previous turn has ended; until then the turn waits outside
+        the engine, holding nothing. (Sent at once, SGLang marks it for abort and can then fail its
+        own assertion: see tests/sglang/test_scheduler_components.py.)
+        """
         rid = self.next_rid
         self.next_rid += 1
+        if session is not None:
+            self.req_session[rid] = session
+            if self.hold_turns and self._in_flight(session):
+                self.held[rid] = (tuple(tokens), session)
+                return rid
+        self._send(rid, tuple(tokens), session)
+        return rid
+
+    def _send(self, rid: int, tokens: tuple[int, ...], session: int | None) -> None:
+        m = self.m
         # NOTE: the adder reserves room for each running request's remaining max_new_tokens (times the new-token
         # ratio): the row length keeps that reservation at the scale of the tiny pools.
         sp = m.SamplingParams(max_new_tokens=self.config.max_context)
@@ -554,9 +593,6 @@ class SchedulerSystemAdapter:
         if req is None:
             raise SchedulerError(f"add_request: SGLang did not queue request {rid} ({self.outputs[-1:]})")
         self.reqs[rid] = req
-        if session is not None:
-            self.req_session[rid] = session
-        return rid
 
     def admit(self, budget: int, rid: int | None = None) -> StepResult:
         before = self._statuses()
@@ -615,6 +651,10 @@ class SchedulerSystemAdapter:
 
     def abort(self, rid: int) -> StepResult:
         before = self._statuses()
+        if rid in self.held:
+            del self.held[rid]  # NOTE: never sent: the client drops it
+            self.dropped.add(rid)
+            return self._result(before)
         self.aborted.add(rid)  # NOTE: a request aborted while waiting leaves the queue without a finish reason
         self.s.abort_request(self.m.io.AbortReq(rid=_rid(rid)))
         for _ in range(3):  # NOTE: a running request is finished by the steps after the abort, as in the loop
@@ -726,7 +766,10 @@ class SchedulerSystemAdapter:
         for sid, kv in records.items():
             if kv.holds_kv and int(kv.req_pool_idx) not in rows:
                 rows[int(kv.req_pool_idx)] = RowView(session(sid), tuple(self._row(kv)), kv.cache_protected_len)
-        requests = {}
+        requests = {
+            rid: RequestView(rid, self._status(rid), self.req_session.get(rid), (), 0, 0, None)
+            for rid in [*self.held, *self.dropped]
+        }
         for rid, req in self.reqs.items():
             status = self._status(rid)
             kv = req.kv
