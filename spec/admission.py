@@ -70,9 +70,16 @@ def inv_rollback_restores(a: Attempt, after: Mapping[str, Ledger], handles_after
     return same_slots and handles_after == a.handles_before
 
 
-def inv_commit_keeps(a: Attempt, after: Mapping[str, Ledger]) -> bool:
-    """An admitted request still holds everything it held before the attempt."""
-    return all(a.before.get(name, frozenset()) <= held_by(led, a.req) for name, led in after.items())
+def inv_commit_keeps(a: Attempt, after: Mapping[str, Ledger], lenders: tuple[Owner, ...] = ()) -> bool:
+    """An admitted request still holds everything it held before the attempt.
+
+    ``lenders``: owners whose holdings the request now runs on (a session whose record it
+    borrows); what the request handed to them on admission is still its to use.
+    """
+    return all(
+        a.before.get(name, frozenset()) <= held_by(led, a.req).union(*(held_by(led, o) for o in lenders))
+        for name, led in after.items()
+    )
 
 
 def leaked_by_rollback(a: Attempt, after: Mapping[str, Ledger]) -> dict[str, Slots]:

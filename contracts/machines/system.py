@@ -50,7 +50,7 @@ from kvledger.spec import locks as K
 from kvledger.spec import session as S
 from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.prefix import fingerprint
-from kvledger.spec.types import Component, HandleId, OwnerKind, SlotId, request
+from kvledger.spec.types import Component, HandleId, OwnerKind, SlotId, request, session
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8))
 SESSIONS = (1, 2)
@@ -271,7 +271,11 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                         f"rejected request {r} keeps {leaked} handles {set(self._handles(after, r))}",
                     )
             for r in result.admitted:
-                if r in attempts and not A.inv_commit_keeps(attempts[r], after.ledgers):
+                sid = after.requests[r].session
+                lent = sid is not None and sid in after.sessions and after.sessions[sid].lent_to == r
+                if r in attempts and not A.inv_commit_keeps(
+                    attempts[r], after.ledgers, (session(sid),) if lent else ()
+                ):
                     raise _fail("admission commits", f"admitted request {r} lost slots it held")
                 got = after.requests[r]
                 prompt = before.requests[r].tokens if r in before.requests else self.prompts.get(r)
