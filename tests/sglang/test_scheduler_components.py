@@ -175,12 +175,6 @@ def test_finding_a_second_streaming_turn_in_flight_crashes_the_scheduler(model: 
 
 @needs_components
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="open (issue 15): with turns sent at once the machine finds the crash kept above in every kind, and "
-    "in 'full' an inv_single_owner violation on 'kv' not yet reduced to a program; the adapter now holds a "
-    "session's next turn until its previous one ends, and what remains is being pinned down",
-)
 @pytest.mark.parametrize("model", list(MODELS))
 def test_system_machine_on_sglangs_scheduler(model: str) -> None:
     config = MODELS[model]
