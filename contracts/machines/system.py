@@ -272,10 +272,12 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                     )
             for r in result.admitted:
                 sid = after.requests[r].session
-                lent = sid is not None and sid in after.sessions and after.sessions[sid].lent_to == r
-                if r in attempts and not A.inv_commit_keeps(
-                    attempts[r], after.ledgers, (session(sid),) if lent else ()
-                ):
+                lenders = (
+                    (session(sid),)
+                    if sid is not None and sid in after.sessions and after.sessions[sid].lent_to == r
+                    else ()
+                )
+                if r in attempts and not A.inv_commit_keeps(attempts[r], after.ledgers, lenders):
                     raise _fail("admission commits", f"admitted request {r} lost slots it held")
                 got = after.requests[r]
                 prompt = before.requests[r].tokens if r in before.requests else self.prompts.get(r)
