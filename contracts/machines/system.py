@@ -50,7 +50,7 @@ from kvledger.spec import locks as K
 from kvledger.spec import session as S
 from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.prefix import fingerprint
-from kvledger.spec.types import Component, HandleId, OwnerKind, SlotId, request, session
+from kvledger.spec.types import Component, HandleId, SlotId, request, session
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8))
 SESSIONS = (1, 2)
@@ -259,9 +259,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 left = A.take(left, new)
             for r in result.rejected:
                 # NOTE: a reservation forms at a rejected attempt that found the request holding nothing
-                forms = not any(
-                    o.kind is OwnerKind.REQUEST and o.ident == r for lg in before.ledgers.values() for o in lg.held
-                )
+                forms = r in attempts and not any(attempts[r].before.values())
                 if r in attempts and not A.inv_rollback_restores(attempts[r], after.ledgers, self._handles(after, r)):
                     if forms and self.has("reservations"):
                         continue  # NOTE: later attempts must keep the reservation as it is

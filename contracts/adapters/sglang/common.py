@@ -30,7 +30,8 @@ with the helpers here:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,17 @@ FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
 
 DOUBLE_FREE_OWNER = request(-1)
 """The second holder a ledger gives a slot that sits on SGLang's free list twice (a double free)."""
+
+
+@contextmanager
+def retraction_forced(scheduler_module: Any) -> Iterator[None]:
+    """SGLang's own ``TEST_RETRACT`` hook, on for the iterations inside: ``retract_decode`` picks its victims."""
+    saved = scheduler_module.TEST_RETRACT, scheduler_module.TEST_RETRACT_INTERVAL
+    scheduler_module.TEST_RETRACT, scheduler_module.TEST_RETRACT_INTERVAL = True, 1
+    try:
+        yield
+    finally:
+        scheduler_module.TEST_RETRACT, scheduler_module.TEST_RETRACT_INTERVAL = saved
 
 
 class NotExpressible(Unsupported, NotImplementedError):

@@ -62,6 +62,7 @@ from kvledger.contracts.adapters.sglang.common import (
     NodeIds,
     NotExpressible,
     node_owner,
+    retraction_forced,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import SCHEDULER, import_sglang
 from kvledger.contracts.adapters.system import (
@@ -640,13 +641,8 @@ class SchedulerAdapter:
         before = self._statuses()
         if self._status(r) != "running":
             return self._outcome(before)
-        mod = self.sg.scheduler
-        saved = (mod.TEST_RETRACT, mod.TEST_RETRACT_INTERVAL)
-        mod.TEST_RETRACT, mod.TEST_RETRACT_INTERVAL = True, 1
-        try:
+        with retraction_forced(self.sg.scheduler):
             self._step()
-        finally:
-            mod.TEST_RETRACT, mod.TEST_RETRACT_INTERVAL = saved
         return self._outcome(before)
 
     def abort(self, rid: int) -> StepResult:

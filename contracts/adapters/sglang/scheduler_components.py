@@ -68,7 +68,7 @@ from typing import Any
 import torch
 
 from kvledger.contracts.adapters.protocol import CacheConfig
-from kvledger.contracts.adapters.sglang.common import FULL, MAMBA, SWA, KVBuffer
+from kvledger.contracts.adapters.sglang.common import FULL, MAMBA, SWA, KVBuffer, retraction_forced
 from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS
 from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
@@ -639,14 +639,9 @@ class SchedulerSystemAdapter:
         raise SchedulerError(f"chunk of request {rid}: chunked prefill is off in this adapter")
 
     def retract(self, rid: int) -> StepResult:
-        sched = self.m.scheduler
         before = self._statuses()
-        saved = sched.TEST_RETRACT, sched.TEST_RETRACT_INTERVAL
-        sched.TEST_RETRACT, sched.TEST_RETRACT_INTERVAL = True, 1
-        try:
+        with retraction_forced(self.m.scheduler):
             self._step()
-        finally:
-            sched.TEST_RETRACT, sched.TEST_RETRACT_INTERVAL = saved
         return self._result(before)
 
     def abort(self, rid: int) -> StepResult:
