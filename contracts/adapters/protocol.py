@@ -215,6 +215,9 @@ ALIASES: dict[str, str] = {
     "sglang-0.5.23-rust": "kvledger.contracts.adapters.sglang.unified:unified_rust_factory",
     "sglang-0.5.9": "kvledger.contracts.adapters.sglang.legacy:radix_cache_factory",
     "sglang-0.5.9-mamba": "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory",
+    "sglang-0.5.11": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
+    "sglang-0.5.12": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
+    "sglang-0.5.13": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
 }
 """Short names for ``kvledger check --adapter``.
 
@@ -224,6 +227,8 @@ the tree components each model kind names (``full``/``full-paged``: FULL;
 ``swa``: FULL+SWA; ``mamba``: FULL+MAMBA; ``hybrid``: all three), so one run
 checks every kind; ``--model swa`` checks one. ``sglang-0.5.9``: 0.5.9's
 ``RadixCache`` (full attention); ``sglang-0.5.9-mamba``: its ``MambaRadixCache``.
+``sglang-0.5.11``, ``sglang-0.5.12``, ``sglang-0.5.13``: the installed release's first
+``UnifiedRadixCache`` (components on the cache; every kind, as ``sglang`` does).
 """
 
 AdapterFactory = Callable[[CacheConfig], CacheAdapter]
