@@ -25,7 +25,7 @@ from kvledger.contracts.machines.suites import CACHE_MODELS
 INSTALLED = installed_version_or_none()
 pytestmark = pytest.mark.skipif(
     INSTALLED is None or not EARLY_UNIFIED.contains(INSTALLED),
-    reason=f"needs SGLang {EARLY_UNIFIED.describe()}; installed: {INSTALLED}",
+    reason=f"needs {EARLY_UNIFIED.describe()}; installed: {INSTALLED}",
 )
 register_profiles()
 CI = settings.get_profile("ci")
@@ -118,3 +118,21 @@ def test_b5_needs_the_window() -> None:
     (Its eviction of a Mamba state shows B1 in 0.5.11 and 0.5.12, so B1's laws are set aside here.)
     """
     _b5_program(CACHE_MODELS["mamba"], frozenset({"lru"}))
+
+
+def test_observing_reads_a_cache_built_elsewhere() -> None:
+    """A scheduler's cache, read through the same abstraction: what one adapter did, the other sees."""
+    from kvledger.contracts.adapters.sglang.unified_early import EarlyUnifiedAdapter
+
+    cfg = CACHE_MODELS["hybrid"]
+    own = _make(cfg)
+    slots = own.alloc_kv(1, 4)
+    state = own.alloc_mamba(1)
+    assert slots is not None and state is not None
+    own.write_kv(slots, (1, 2, 3, 4), 0)
+    own.insert(1, (1, 2, 3, 4), slots, state)
+    seen = EarlyUnifiedAdapter.observing(own.cache, own.pools, cfg, own.kv)  # type: ignore[attr-defined]
+    assert seen.version == INSTALLED
+    mine, theirs = own.snapshot(), seen.snapshot()
+    assert theirs.prefix == mine.prefix and theirs.ledgers == mine.ledgers
+    assert theirs.prefix.full and theirs.prefix.mamba_state

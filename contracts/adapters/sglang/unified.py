@@ -176,6 +176,8 @@ class UnifiedAdapter:
 
     name = "sglang-0.5.23"
     version = "0.5.23"
+    TESTED: TestedRange = UNIFIED
+    """The releases this class reads."""
 
     def __init__(self, config: CacheConfig, core: str) -> None:
         self._setup(config, core, None, KVBuffer())
@@ -195,7 +197,7 @@ class UnifiedAdapter:
 
     @classmethod
     def observing(
-        cls, cache: Any, pools: UnifiedPools, config: CacheConfig, kv: KVBuffer, tested: TestedRange = UNIFIED
+        cls, cache: Any, pools: UnifiedPools, config: CacheConfig, kv: KVBuffer, tested: TestedRange | None = None
     ) -> UnifiedAdapter:
         """An adapter over a ``UnifiedRadixCache`` built elsewhere (a scheduler's), on ``pools``, Python core.
 
@@ -203,7 +205,7 @@ class UnifiedAdapter:
         requests' holdings are what the caller records in ``pools``.
         """
         self = cls.__new__(cls)
-        self._setup(config, "python", pools, kv, tested)
+        self._setup(config, "python", pools, kv, tested or cls.TESTED)
         self.cache = cache
         return self
 

@@ -87,9 +87,10 @@ class EarlyUnifiedAdapter(UnifiedAdapter):
 
     name = "sglang-0.5.11"
     version = "0.5.11"
+    TESTED = EARLY_UNIFIED
 
     def __init__(self, config: CacheConfig) -> None:
-        self._setup(config, "python", None, KVBuffer(), EARLY_UNIFIED)
+        self._setup(config, "python", None, KVBuffer(), self.TESTED)
         params = self.sg.params.CacheInitParams(
             disable=False,
             req_to_token_pool=self.pools.req_pool,

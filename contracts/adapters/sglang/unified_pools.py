@@ -156,7 +156,8 @@ class UnifiedPools:
             out["swa"] = ledger("swa", win.size, 1, _free(win), swa_nodes, reqs)
         elif self.ps > 1:
             a = self.allocator
-            free = _free(a)  # NOTE: free_pages and release_pages (get_all_free_pages from 0.5.23 only)
+            every = getattr(a, "get_all_free_pages", None)  # NOTE: 0.5.23; before, free_pages + release_pages
+            free = [int(x) for x in every().tolist()] if every is not None else _free(a)
             reqs = {r: {x // self.ps for x in xs} for r, xs in self.req_kv.items()}
             out["kv"] = ledger("kv", a.num_pages, 1, free, kv_nodes, reqs)
         else:
