@@ -84,7 +84,7 @@ SWA-live; only the revival path goes unchecked.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -99,6 +99,7 @@ from kvledger.contracts.adapters.sglang.common import (
     KVBuffer,
     NodeIds,
     NotExpressible,
+    copy_on_write,
     lru_state,
     node_owner,
 )
@@ -401,19 +402,18 @@ class UnifiedAdapter:
     def mamba_cow(self, handle: Hashable, req: int) -> int | None:
         self._need_mamba()
         h = _handle(handle)
-        kv = SimpleNamespace(holds_mamba=False, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True)
-        fake_req = SimpleNamespace(session=None, kv=kv)
-        try:
-            self._raw_match(h.key[: h.match.length], cow_mamba=True, req=fake_req)
-        except AssertionError as err:
-            if "Can not alloc mamba cache" in str(err):
-                return None
-            raise
-        if kv.mamba_pool_idx is None:
-            return None
-        slot = int(kv.mamba_pool_idx)
-        self.pools.req_mamba.setdefault(req, set()).add(slot)
+        fake_req, slot_of = self._cow_request()
+        slot = copy_on_write(
+            lambda r: self._raw_match(h.key[: h.match.length], cow_mamba=True, req=r), fake_req, slot_of
+        )
+        if slot is not None:
+            self.pools.req_mamba.setdefault(req, set()).add(slot)
         return slot
+
+    def _cow_request(self) -> tuple[Any, Callable[[Any], Any]]:
+        """A request that holds no Mamba slot yet, as admission matches it, and where the slot lands on it."""
+        kv = SimpleNamespace(holds_mamba=False, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True)
+        return SimpleNamespace(session=None, kv=kv), lambda r: r.kv.mamba_pool_idx
 
     # ------------------------------------------------------------ abstraction
 

@@ -31,11 +31,9 @@ Mamba at page size 1; and the same SWA revival path is left unchecked.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from types import SimpleNamespace
 from typing import Any
-
-import torch
 
 from kvledger.contracts.adapters.protocol import CacheConfig, Match
 from kvledger.contracts.adapters.sglang.common import FULL, MAMBA, KVBuffer
@@ -154,23 +152,11 @@ class EarlyUnifiedAdapter(UnifiedAdapter):
         self.cache.dec_lock_ref(h.node, params)
         self.locks.pop(h.hid, None)
 
-    def mamba_cow(self, handle: Hashable, req: int) -> int | None:
-        self._need_mamba()
-        h = _handle(handle)
-        fake_req = SimpleNamespace(
+    def _cow_request(self) -> tuple[Any, Callable[[Any], Any]]:
+        req = SimpleNamespace(
             session=None, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True, to_finish=None
         )
-        try:
-            self._raw_match(h.key[: h.match.length], cow_mamba=True, req=fake_req)
-        except AssertionError as err:
-            if "Can not alloc mamba cache" in str(err):
-                return None
-            raise
-        if fake_req.mamba_pool_idx is None:
-            return None
-        slot = int(torch.as_tensor(fake_req.mamba_pool_idx).reshape(-1)[0])
-        self.pools.req_mamba.setdefault(req, set()).add(slot)
-        return slot
+        return req, lambda r: r.mamba_pool_idx
 
 
 def _release(version: str) -> tuple[int, ...]:
