@@ -208,7 +208,13 @@ class UnifiedAdapter:
         self = cls.__new__(cls)
         self._setup(config, "python", pools, kv, tested or cls.TESTED)
         self.cache = cache
+        self._settle_capabilities()
         return self
+
+    def _settle_capabilities(self) -> None:
+        """Drop what the built cache turns out not to keep (a release may evict a component without a list)."""
+        if "lru" in self.capabilities and not self._lru_components():
+            self.capabilities = self.capabilities - {"lru"}
 
     def _setup(
         self, config: CacheConfig, core: str, pools: UnifiedPools | None, kv: KVBuffer, tested: TestedRange = UNIFIED

@@ -99,6 +99,7 @@ class EarlyUnifiedAdapter(UnifiedAdapter):
         )
         self.cache = self.sg.unified.UnifiedRadixCache(params)
         self.name = f"sglang-{self.version}/UnifiedRadixCache"
+        self._settle_capabilities()
 
     # ------------------------------------------------------------ where this release keeps its tree
 
@@ -109,9 +110,9 @@ class EarlyUnifiedAdapter(UnifiedAdapter):
         return self.cache.root_node
 
     def _lru_components(self) -> tuple[Component, ...]:
-        # NOTE: 0.5.11 and 0.5.12 evict full attention through its own UnifiedLRUList; from 0.5.13 full
-        # attention evicts by leaves (evictable_device_leaves) and its list in lru_lists stays empty.
-        if _release(self.version) >= (0, 5, 13):
+        # NOTE: 0.5.11 evicts full attention through its own UnifiedLRUList; from 0.5.12 full attention evicts
+        # by leaves (the cache's evictable_device_leaves) and its list in lru_lists stays empty.
+        if hasattr(getattr(self, "cache", None), "evictable_device_leaves"):
             return tuple(c for c in self.comps if c is not FULL)
         return self.comps
 
@@ -157,10 +158,6 @@ class EarlyUnifiedAdapter(UnifiedAdapter):
             session=None, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True, to_finish=None
         )
         return req, lambda r: r.mamba_pool_idx
-
-
-def _release(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in version.split(".")[:3] if x.isdigit())
 
 
 def early_unified_factory(config: CacheConfig) -> EarlyUnifiedAdapter:
