@@ -179,6 +179,9 @@ class UnifiedAdapter:
     version = "0.5.23"
     TESTED: TestedRange = UNIFIED
     """The releases this class reads."""
+    capabilities: frozenset[str]
+    pools: UnifiedPools
+    allocator: Any
 
     def __init__(self, config: CacheConfig, core: str) -> None:
         self._setup(config, core, None, KVBuffer())
