@@ -69,6 +69,8 @@ def check_tokens(op: str, where: str, tokens: object, *, empty: bool = True) -> 
         ids = tokens if type(tokens) is array and tokens.typecode == "q" else array("q", tokens)
     except (TypeError, OverflowError) as e:
         raise InvalidArgument(op, where, (), f"token ids must be ints in [0, 2**63) ({e})") from None
+    if ids is not tokens and has_bool(tokens):
+        raise InvalidArgument(op, where, (), "token ids must be ints, not bools (True/False)")
     if not ids:
         if not empty:
             raise InvalidArgument(op, where, (), "needs at least one token")
@@ -76,6 +78,11 @@ def check_tokens(op: str, where: str, tokens: object, *, empty: bool = True) -> 
     if min(ids) < 0:
         raise InvalidArgument(op, where, (), f"token id {min(ids)} is negative")
     return tuple(ids)
+
+
+def has_bool(seq: object) -> bool:
+    """Whether sequence ``seq`` holds a bool (an int to ``array``, not a token id): one C-level pass over the types."""
+    return bool in set(map(type, seq))  # type: ignore[call-overload]
 
 
 def not_ids(t: torch.Tensor) -> str | None:

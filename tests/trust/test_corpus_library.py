@@ -1,0 +1,533 @@
+"""Held-out trust corpus (issue 17), library calls: fresh bad inputs to every public entry point of ``kvledger.impl``.
+
+Written apart from ``tests/impl/test_bad_arguments.py`` (its values are not
+reused): the classes here are numpy scalars, ``Decimal``/``Fraction``/complex
+numbers, infinities and ``-0.0``, int64 edges (``2**63``), iterators and
+mappings where sequences are expected, bools hidden inside token lists,
+tensors that are empty but 2-D, 0-D, stride-0 (``expand``: one slot named
+twice), non-contiguous, of small integer dtypes with negative values, views
+into the pool's own tables (aliasing), owners whose kind and component do not
+go together, clones of live requests, nodes and handles (``copy.copy``), the
+root node, objects another structure holds (an LRU node linked in another
+list), duplicates in request lists, and attempts that were never made.
+
+Each input is one call. Its outcome is classified (:func:`classify`):
+
+* ``clean``: a :class:`~kvledger.spec.errors.KVLedgerError` naming the call, the whole state unchanged;
+* ``traceback``: any other exception;
+* ``state``: a typed rejection that changed state;
+* ``silent``: the call returned (garbage accepted).
+
+The state is a deep, generic fingerprint of every object reachable from the
+world (:func:`deep_state`): every attribute, tensor byte and container,
+memo caches aside. ``test_the_checks_can_fail`` shows each class is detected.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from kvledger.impl import faults, integrity
+from kvledger.impl.admission import Attempt, Budget, admit, release_attempt_state, rollback
+from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, check_kv_write
+from kvledger.impl.leaks import check_leaks, expected_owners, session_mamba_refs
+from kvledger.impl.lru import Linked, LRUList
+from kvledger.impl.mamba import MambaPool
+from kvledger.impl.memory import MemoryManager
+from kvledger.impl.owners import decode, encode, node_tag
+from kvledger.impl.radix import RadixCache
+from kvledger.impl.req_to_token import ReqToTokenPool
+from kvledger.impl.requests import Request
+from kvledger.impl.slots import SlotPool
+from kvledger.impl.tree import TreeNode
+from kvledger.spec.errors import KVLedgerError
+from kvledger.spec.types import Component, Owner, OwnerKind, request
+
+FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
+R7 = request(7)
+
+
+def T(*xs: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    return torch.tensor(xs, dtype=dtype)
+
+
+# ---------------------------------------------------------------- the world
+
+
+@dataclass
+class W:
+    mm: MemoryManager
+    twin: MemoryManager  # built the same way: same ids, other objects
+    run: Request  # running, holds a row, KV, a Mamba state and a lock
+    wait: Request
+    done: Request  # finished
+    sess: Request  # running on session 1
+    node: TreeNode
+    swa: RadixCache
+    paged: PagedAllocator
+    pool: SlotPool
+    lru: LRUList[Linked]
+    other_lru: LRUList[Linked]
+    linked: Linked  # in ``lru``
+    elsewhere: Linked  # in ``other_lru``
+
+
+def _manager() -> tuple[MemoryManager, Request, Request, Request, Request]:
+    mm = MemoryManager(RadixCache(TokenAllocator(40), mamba=MambaPool(8)), ReqToTokenPool(5, 20))
+    mm.sessions.open(1)
+    done = mm.add_request((9, 8, 7, 6))
+    admit(mm, [done], Budget(64, 4))
+    mm.finish(done)
+    run = mm.add_request((9, 8, 7, 6, 5))
+    sess = mm.add_request((3, 3), 1)
+    admit(mm, [run, sess], Budget(64, 4))
+    wait = mm.add_request((4, 4, 4))
+    return mm, run, wait, done, sess
+
+
+def build() -> W:
+    mm, run, wait, done, sess = _manager()
+    twin = _manager()[0]
+    node = mm.cache.match_prefix(T(9, 8, 7, 6)).last_node
+    swa_kv = SWATokenAllocator(12, 12)
+    swa = RadixCache(swa_kv, swa_window=2)
+    swa.insert(T(1, 2, 3), swa_kv.alloc(3, R7), R7)
+    paged = PagedAllocator(8, 2)
+    paged.alloc(4, R7)
+    pool = SlotPool("p", 6, base=1)
+    pool.alloc(2, R7)
+    lru: LRUList[Linked] = LRUList(FULL)
+    other: LRUList[Linked] = LRUList(FULL)
+    a, b = Linked(1), Linked(2)
+    lru.insert_mru(a)
+    other.insert_mru(b)
+    return W(mm, twin, run, wait, done, sess, node, swa, paged, pool, lru, other, a, b)
+
+
+_ONE: list[W] = []
+
+
+def fresh() -> W:
+    if not _ONE:
+        _ONE.append(build())
+    return copy.deepcopy(_ONE[0])
+
+
+# ---------------------------------------------------------------- the deep fingerprint
+
+MEMO = frozenset({"_seen", "_fresh", "_iota", "_iota_np", "_iota_bytes", "_mark", "_index", "_offsets", "_walked"})
+"""Attributes that only memoise (a rejected call may warm them; they change no answer)."""
+
+
+def deep_state(root: object) -> object:
+    """A canonical, comparable picture of everything reachable from ``root``: objects by attribute, tensors and
+    arrays by dtype, shape and bytes, containers by content; an object met again is a back-reference by number."""
+    seen: dict[int, int] = {}
+    keep: list[object] = []  # NOTE: keeps visited objects alive, so ids are not reused during the walk
+
+    def go(x: object) -> object:
+        if x is None or isinstance(x, bool | int | str | bytes):
+            return x
+        if isinstance(x, float):
+            return repr(x)
+        if isinstance(x, enum.Enum):
+            return (type(x).__name__, x.name)
+        if isinstance(x, type) or (callable(x) and not hasattr(x, "__dict__") and not hasattr(x, "__slots__")):
+            return ("callable", getattr(x, "__qualname__", repr(x)))
+        if id(x) in seen:
+            return ("ref", seen[id(x)])
+        seen[id(x)] = len(seen)
+        keep.append(x)
+        if isinstance(x, torch.Tensor):
+            if x.is_meta or x.layout != torch.strided:
+                return ("tensor", str(x.dtype), tuple(x.shape), str(x.layout))
+            return ("tensor", str(x.dtype), tuple(x.shape), x.detach().cpu().contiguous().numpy().tobytes())
+        if isinstance(x, np.ndarray):
+            return ("array", str(x.dtype), x.shape, x.tobytes())
+        if isinstance(x, list | tuple):
+            return (type(x).__name__, [go(v) for v in x])
+        if isinstance(x, dict):
+            return ("dict", [(go(k), go(v)) for k, v in x.items()])
+        if isinstance(x, set | frozenset):
+            return ("set", sorted(repr(go(v)) for v in x))
+        if isinstance(x, bytearray | memoryview):
+            return ("bytes", bytes(x))
+        fields: dict[str, object] = {}
+        for klass in type(x).__mro__:
+            for name in getattr(klass, "__slots__", ()):
+                if name not in MEMO and hasattr(x, name):
+                    fields[name] = getattr(x, name)
+        fields.update((k, v) for k, v in getattr(x, "__dict__", {}).items() if k not in MEMO)
+        return (type(x).__name__, [(k, go(v)) for k, v in sorted(fields.items())])
+
+    return go(root)
+
+
+# ---------------------------------------------------------------- classification
+
+
+class Outcome(enum.Enum):
+    CLEAN = "clean"
+    TRACEBACK = "traceback"
+    STATE = "state"
+    SILENT = "silent"
+
+
+def classify(w: Any, call: Callable[[Any], object], names: tuple[str, ...]) -> tuple[Outcome, str]:
+    """Run ``call(w)`` and say what became of it (and why, for a message)."""
+    before = deep_state(w)
+    try:
+        got = call(w)
+    except KVLedgerError as err:
+        if deep_state(w) != before:
+            return Outcome.STATE, f"{type(err).__name__} but the state changed: {err}"
+        if not any(n in str(err) for n in names):
+            return Outcome.TRACEBACK, f"{type(err).__name__} not naming the call ({'/'.join(names)}): {err}"
+        return Outcome.CLEAN, str(err)
+    except Exception as err:
+        return Outcome.TRACEBACK, f"{type(err).__name__}: {err}"
+    return Outcome.SILENT, f"accepted, returned {got!r:.80}"
+
+
+# ---------------------------------------------------------------- bad values, by class
+
+
+def numbers() -> list[object]:
+    return [
+        np.int64(2),
+        np.float64(2.0),
+        np.bool_(True),
+        Decimal(2),
+        Fraction(2, 1),
+        2 + 0j,
+        math.inf,
+        -0.0,
+        2**63,
+        -(2**63) - 1,
+        range(2),
+        iter([2]),
+        frozenset({2}),
+        Ellipsis,
+        int,
+    ]
+
+
+def tensors() -> list[object]:
+    """Index tensors no pool takes: one per class of layout, shape, dtype and aliasing."""
+    return [
+        torch.zeros((0, 2), dtype=torch.int64),
+        torch.tensor(3),
+        T(3, 4).view(1, 2),
+        T(-3, dtype=torch.int8),
+        T(-1, 3, dtype=torch.int16),
+        torch.tensor([3.0]).to(torch.float16),
+        torch.tensor([3], dtype=torch.complex64),
+        T(3, 4).to_sparse_csr() if False else T(3, 4).to_sparse(),
+        np.array([3, 4]),
+        memoryview(b"\x03\x00\x00\x00\x00\x00\x00\x00"),
+        T(2**40),
+        T(-(2**40)),
+    ]
+
+
+def owners() -> list[object]:
+    return [
+        Owner(OwnerKind.NODE, 3),  # a node owner with no component
+        Owner(OwnerKind.SESSION, 1, FULL),  # a session with a component
+        Owner(OwnerKind.REQUEST, np.int64(3)),  # type: ignore[arg-type]
+        Owner(OwnerKind.REQUEST, 2**56),
+        Owner(OwnerKind.REQUEST, -0.0),  # type: ignore[arg-type]
+        Owner(OwnerKind.REQUEST, 3, "swa"),  # type: ignore[arg-type]
+        type("FakeOwner", (), {"kind": OwnerKind.REQUEST, "ident": 3, "component": None})(),
+        str(R7),
+        [OwnerKind.REQUEST, 3],
+    ]
+
+
+def token_lists() -> list[object]:
+    return [
+        (True, 2),
+        (2, False),
+        (np.float64(2.0),),
+        (2, 2**63),
+        iter([1, 2]),
+        {1: 1, 2: 2},
+        (1,) * 21,
+        ("1",),
+        [b"\x01"],
+        (1, None, 2),
+        (Decimal(1),),
+        (1.0, 2.0),
+    ]
+
+
+def requests(w: W) -> list[object]:
+    clone = copy.copy(w.run)
+    twin = w.twin.requests[w.run.rid]
+    return [clone, twin, w.run.owner, w.run.rid, str(w.run.rid), Request(w.run.rid, w.run.tokens), w.mm]
+
+
+def nodes(w: W) -> list[object]:
+    return [copy.copy(w.node), w.node.id, w.twin.cache.match_prefix(T(9, 8, 7, 6)).last_node, w.linked]
+
+
+def handles(w: W) -> list[object]:
+    h = w.run.handle
+    assert h is not None
+    return [copy.copy(h)._replace(id=h.id + 100), h._replace(table=h.table + 1), h._replace(id=True), (h.id,), h.id]
+
+
+# ---------------------------------------------------------------- the corpus: (entry point, bad input, call)
+
+
+@dataclass(frozen=True)
+class Input:
+    entry: str
+    label: str
+    call: Callable[[W], object]
+    names: tuple[str, ...]  # what the message must name (the operation, as errors write it)
+
+
+def _row(w: W) -> int:
+    assert w.run.row is not None
+    return w.run.row
+
+
+def corpus() -> Iterator[Input]:
+    probe = fresh()
+
+    def each(
+        entry: str, values: Callable[[W], list[object]] | list[object], call: Callable[[W, Any], object], *names: str
+    ) -> Iterator[Input]:
+        """One input per value; ``values`` of a world are drawn again from the world each input runs on."""
+        make = values if callable(values) else (lambda w, vs=values: vs)
+        for i, v in enumerate(make(probe)):
+            yield Input(entry, f"{i}:{type(v).__name__}", lambda w, i=i: call(w, make(w)[i]), names)
+
+    # sizes and ids
+    yield from each("SlotPool.alloc n", lambda w: numbers(), lambda w, v: w.pool.alloc(v, R7), "alloc")
+    yield from each("TokenAllocator.alloc n", lambda w: numbers()[:10], lambda w, v: w.mm.kv.alloc(v, R7), "alloc")
+    yield from each("PagedAllocator.pages_for", lambda w: numbers()[:8], lambda w, v: w.paged.pages_for(v), "pages_for")
+    yield from each("MemoryManager.round_up", lambda w: numbers()[:8], lambda w, v: w.mm.round_up(v), "round_up")
+    yield from each("RadixCache.evict n", lambda w: numbers()[:8], lambda w, v: w.mm.cache.evict(FULL, v), "evict")
+    yield from each(
+        "MambaPool.write_fingerprint slot",
+        lambda w: numbers()[:9],
+        lambda w, v: w.mm.mamba.write_fingerprint(v, 1),
+        "write_fingerprint",
+    )  # type: ignore[union-attr]
+    yield from each(
+        "ReqToTokenPool.read start", lambda w: numbers()[:9], lambda w, v: w.mm.rows.read(_row(w), v, 2), "read"
+    )
+    yield from each("SlotPool.owner_of", lambda w: numbers()[:9], lambda w, v: w.pool.owner_of(v), "owner_of")
+    yield from each(
+        "MemoryManager.extend ahead", lambda w: numbers()[:8], lambda w, v: w.mm.extend(w.run, (1,), v), "extend"
+    )
+    yield from each("Sessions.open", lambda w: numbers()[:8], lambda w, v: w.mm.sessions.open(v), "open_session")
+    yield from each(
+        "MemoryManager.add_request session",
+        lambda w: numbers()[:8],
+        lambda w, v: w.mm.add_request((1,), v),
+        "add_request",
+    )
+    yield from each(
+        "integrity.fingerprint_one",
+        lambda w: numbers()[:6],
+        lambda w, v: integrity.fingerprint_one(v, 0),
+        "fingerprint",
+    )
+    yield from each("owners.node_tag", [None, 1.5, True, -1, 2**56], lambda w, v: node_tag(v), "node_tag")
+    yield from each("owners.decode", [None, 1.5, "x", 2**64, -(2**63) - 1], lambda w, v: decode(v), "decode")
+    # index tensors
+    yield from each("SlotPool.free", lambda w: tensors(), lambda w, v: w.pool.free(v, R7), "free")
+    yield from each("TokenAllocator.free", lambda w: tensors(), lambda w, v: w.mm.kv.free(v, w.run.owner), "free")
+    yield from each("PagedAllocator.free", lambda w: tensors(), lambda w, v: w.paged.free(v, R7), "free")
+    yield from each("SWATokenAllocator.translate", lambda w: tensors(), lambda w, v: w.swa.kv.translate(v), "translate")  # type: ignore[union-attr]
+    yield from each("MambaPool.free", lambda w: tensors(), lambda w, v: w.mm.mamba.free(v, w.run.owner), "free")  # type: ignore[union-attr]
+    yield from each(
+        "ReqToTokenPool.write slots",
+        lambda w: tensors(),
+        lambda w, v: w.mm.rows.write(_row(w), 0, v, w.run.owner),
+        "write",
+    )
+    yield from each(
+        "RadixCache.match_prefix", lambda w: tensors()[:8], lambda w, v: w.mm.cache.match_prefix(v), "match_prefix"
+    )
+    yield from each(
+        "check_kv_write slots",
+        lambda w: tensors(),
+        lambda w, v: check_kv_write("w", "kv", v, T(1), T(0), torch.device("cpu"), 1, 41),
+        "w",
+    )
+
+    # duplicates and aliasing
+    def dup(w: W) -> list[object]:
+        return [T(3).expand(2), T(3, 4, 3)[::2], T(3, 3, dtype=torch.int32)]
+
+    yield from each("TokenAllocator.free dup", dup, lambda w, v: w.mm.kv.free(v, w.run.owner), "free")
+    yield from each("ReqToTokenPool.write dup", dup, lambda w, v: w.mm.rows.write(_row(w), 0, v, w.run.owner), "write")
+    yield Input(
+        "ReqToTokenPool.write alias dup",
+        "own row",
+        lambda w: w.mm.rows.write(_row(w), 1, w.mm.rows.table[_row(w), 0:1].expand(2), w.run.owner),
+        ("write",),
+    )
+    yield Input("admit dup", "[wait, wait]", lambda w: admit(w.mm, [w.wait, w.wait], Budget(64, 4)), ("admit",))
+    yield Input(
+        "admit twin", "twin's request", lambda w: admit(w.mm, [w.twin.requests[w.wait.rid]], Budget(64, 4)), ("admit",)
+    )
+    yield Input("admit iterator", "generator", lambda w: admit(w.mm, iter([w.wait]), Budget(64, 4)), ("admit",))  # type: ignore[arg-type]
+    yield Input("admit budget", "numpy", lambda w: admit(w.mm, [w.wait], Budget(np.int64(64), 4)), ("admit",))  # type: ignore[arg-type]
+    yield Input("admit budget", "negative", lambda w: admit(w.mm, [w.wait], Budget(64, -1)), ("admit",))
+    yield Input("LRUList.touch_all dup", "[a, a]", lambda w: w.lru.touch_all([w.linked, w.linked]), ("lru",))
+    yield Input("LRUList.insert_mru other list", "linked elsewhere", lambda w: w.lru.insert_mru(w.elsewhere), ("lru",))
+    yield Input("LRUList.remove other list", "linked elsewhere", lambda w: w.lru.remove(w.elsewhere), ("lru",))
+    yield Input("LRUList.touch other list", "linked elsewhere", lambda w: w.lru.touch(w.elsewhere), ("lru",))
+    yield Input("LRUList.place", "tuple of ints", lambda w: w.lru.place((1, 2)), ("lru",))  # type: ignore[arg-type]
+    yield Input(
+        "MambaPool.copy_state",
+        "src = dst",
+        lambda w: w.mm.mamba.copy_state(w.run.mamba.state, w.run.mamba.state, w.run.owner),
+        ("copy_state",),
+    )  # type: ignore[union-attr]
+    # owners
+    yield from each("SlotPool.alloc owner", lambda w: owners(), lambda w, v: w.pool.alloc(1, v), "alloc")
+    yield from each("TokenAllocator.free owner", lambda w: owners(), lambda w, v: w.mm.kv.free(T(5), v), "free")
+    yield from each(
+        "MambaPool.transfer dst",
+        lambda w: owners()[:7],
+        lambda w, v: w.mm.mamba.transfer(T(w.run.mamba.state), w.run.owner, v),
+        "transfer",
+    )  # type: ignore[union-attr]
+    yield from each(
+        "RadixCache.insert owner",
+        lambda w: owners()[:7],
+        lambda w, v: w.mm.cache.insert(T(1, 1), T(30, 31), v),
+        "insert",
+    )
+    yield from each("encode", lambda w: owners(), lambda w, v: encode(v, "encode"), "encode")
+    # token lists
+    yield from each(
+        "MemoryManager.add_request tokens", lambda w: token_lists(), lambda w, v: w.mm.add_request(v), "add_request"
+    )
+    yield from each(
+        "MemoryManager.extend tokens", lambda w: token_lists()[:6], lambda w, v: w.mm.extend(w.run, v), "extend"
+    )
+    yield from each(
+        "RadixCache.match_prefix tokens",
+        lambda w: token_lists()[:4],
+        lambda w, v: w.mm.cache.match_prefix(v),
+        "match_prefix",
+    )
+    yield from each(
+        "RadixCache.insert key", lambda w: token_lists()[:4], lambda w, v: w.mm.cache.insert(v, T(30, 31), R7), "insert"
+    )
+    # requests, nodes, handles, sessions from elsewhere or cloned
+    for entry, fn in [
+        ("MemoryManager.finish", lambda w, v: w.mm.finish(v)),
+        ("MemoryManager.abort", lambda w, v: w.mm.abort(v)),
+        ("MemoryManager.retract", lambda w, v: w.mm.retract(v)),
+        ("MemoryManager.chunk", lambda w, v: w.mm.chunk(v)),
+        ("MemoryManager.extend", lambda w, v: w.mm.extend(v, (1,))),
+        ("MemoryManager.write_kv", lambda w, v: w.mm.write_kv(v, 0, 1)),
+        ("Sessions.save", lambda w, v: w.mm.sessions.save(v)),
+    ]:
+        yield from each(entry, requests, fn, entry.split(".")[-1])
+    yield Input("Sessions.close", "lent to a running request", lambda w: w.mm.sessions.close(1), ("close_session",))
+    yield Input("Sessions.resume", "running request", lambda w: w.mm.sessions.resume(w.sess), ("resume",))
+    yield Input("rollback", "attempt of a running request", lambda w: rollback(w.mm, Attempt(w.run)), ("rollback",))
+    yield Input("rollback", "attempt of a finished request", lambda w: rollback(w.mm, Attempt(w.done)), ("rollback",))
+    yield Input(
+        "release_attempt_state",
+        "twin manager",
+        lambda w: release_attempt_state(
+            w.mm, Attempt(w.twin.requests[w.run.rid], mamba=w.twin.requests[w.run.rid].mamba)
+        ),
+        ("release", "free", "rollback"),
+    )
+    yield Input(
+        "release_attempt_state", "not an attempt", lambda w: release_attempt_state(w.mm, None), ("release", "rollback")
+    )  # type: ignore[arg-type]
+    yield Input(
+        "MemoryManager.free_mamba",
+        "running request's live state",
+        lambda w: w.mm.free_mamba(w.wait.owner, w.run.mamba),
+        ("free",),
+    )  # type: ignore[arg-type]
+    yield from each("RadixCache.inc_lock_ref", nodes, lambda w, v: w.mm.cache.inc_lock_ref(v), "inc_lock_ref")
+    yield from each("RadixCache.prefix", nodes, lambda w, v: w.mm.cache.prefix(v), "prefix")
+    yield from each("RadixCache.dec_lock_ref", handles, lambda w, v: w.mm.cache.dec_lock_ref(v), "dec_lock_ref")
+    yield from each(
+        "RadixCache.evict component",
+        ["full", FULL.value, OwnerKind.NODE, 0, None],
+        lambda w, v: w.mm.cache.evict(v, 1),
+        "evict",
+    )
+    yield from each("RadixCache.holds comp", ["swa", 1, None], lambda w, v: w.mm.cache.holds(w.node, v), "holds")
+    yield from each("faults.enable", ["B9", "", None, 1, "b1 "], lambda w, v: faults.enable(v), "fault")
+    yield from each(
+        "check_leaks", lambda w: [w.swa, w.mm.cache, None], lambda w, v: check_leaks(v), "check_leaks", "leak"
+    )
+    yield from each(
+        "expected_owners", lambda w: [w.swa, "mm"], lambda w, v: expected_owners(v), "expected_owners", "leak"
+    )
+    yield from each("session_mamba_refs", [None, 1, "slot"], lambda w, v: session_mamba_refs(v), "session", "mamba")
+    yield from each(
+        "integrity.verify",
+        lambda w: tensors()[:6],
+        lambda w, v: integrity.verify("verify", w.mm.kv.data, v, T(1), T(0)),
+        "verify",
+    )
+    # constructors: sizes that cannot be built, sizes that do not fit together
+    yield Input("TokenAllocator.__init__", "2**62 slots", lambda w: TokenAllocator(2**62), ("create",))
+    yield Input("ReqToTokenPool.__init__", "2**40 x 2**40", lambda w: ReqToTokenPool(2**40, 2**40), ("create",))
+    yield Input("MambaPool.__init__", "2**62 states", lambda w: MambaPool(2**62), ("create",))
+    yield Input("SlotPool.__init__", "numpy capacity", lambda w: SlotPool("p", np.int64(4)), ("create",))  # type: ignore[arg-type]
+    yield Input(
+        "RadixCache.__init__",
+        "page 2 on a paged allocator of page 4",
+        lambda w: RadixCache(PagedAllocator(8, 4), page_size=2),
+        ("create",),
+    )
+    yield Input(
+        "RadixCache.__init__",
+        "SWA window on a token allocator",
+        lambda w: RadixCache(TokenAllocator(8), swa_window=2),
+        ("create",),
+    )
+    yield Input(
+        "MemoryManager.__init__",
+        "pools shared with another manager",
+        lambda w: MemoryManager(w.mm.cache, w.mm.rows),
+        ("create",),
+    )
+
+
+INPUTS = list(corpus())
+
+
+@pytest.mark.parametrize("item", INPUTS, ids=[f"{x.entry}-{x.label}" for x in INPUTS])
+def test_corpus_input_is_refused_cleanly(item: Input) -> None:
+    w = fresh()
+    outcome, why = classify(w, item.call, item.names)
+    assert outcome is Outcome.CLEAN, f"{outcome.value}: {item.entry} [{item.label}]: {why}"
+
+
+def test_a_row_write_may_read_from_the_table_itself() -> None:
+    """Aliasing is not garbage: a view of the table written back (here: onto itself) is copied first, not refused."""
+    w = fresh()
+    row = _row(w)
+    before = w.mm.rows.table[row].clone()
+    w.mm.rows.write(row, 0, w.mm.rows.table[row, 0:3], w.run.owner)
+    assert torch.equal(w.mm.rows.table[row], before)
