@@ -5,7 +5,8 @@ cache, a system trace of its memory manager, and a shared-pool system trace
 of the toy engine of ``tests/trace/test_shared_trace.py``). Each mutation
 makes one of them garbage in one way, by class:
 
-* a field of an event or of the header given a value of the wrong type, out of range, or removed; an unknown field added;
+* a field of an event or of the header given a value of the wrong type or out of range, or removed;
+  an unknown field added;
 * a line cut short, doubled, two events swapped (an impossible order), an event moved before the header;
 * ids of a list repeated.
 
@@ -66,7 +67,7 @@ def verdict(lines: Lines) -> tuple[str, str]:
     """(outcome, detail): ``clean`` for exit 1 or 2, ``silent`` for exit 0, ``traceback`` for an exception."""
     try:
         r = replay(io.StringIO("".join(x + "\n" for x in lines)))
-    except Exception as err:  # noqa: BLE001 - what the corpus looks for
+    except Exception as err:
         return "traceback", f"{type(err).__name__}: {err}"
     if r.exit_code == 0:
         return "silent", f"replayed green ({r.steps} events)"
@@ -179,7 +180,7 @@ def mutations() -> Iterator[Mutation]:
             if op in by_op:
                 i = by_op[op]
                 yield Mutation(kind, f"{op} doubled", lambda ln=lines, i=i: [*ln[: i + 1], ln[i], *ln[i + 1 :]])
-        for n in range(4):
+        for _ in range(4):
             i = rng.randrange(2, len(lines) - 1)
             yield Mutation(
                 kind,
