@@ -239,3 +239,25 @@ def test_corpus_campaign_variable_is_refused_naming_it(text: str) -> None:
         assert "KVLEDGER_CAMPAIGN" in str(err), err
     else:
         pytest.fail(f"silent: KVLEDGER_CAMPAIGN={text!r} accepted")
+
+
+def test_the_cli_verdict_names_each_defect_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command that runs is ``silent`` here (it took no bad input), exit 1 is not a usage error and an exception
+    is a ``traceback``, a usage error is ``clean``: each outcome the corpus counts can be produced."""
+    import typer
+
+    from kvledger.impl import faults
+
+    assert verdict(("faults",))[0] == "silent"
+    assert verdict(("check", "--suite", "nonesuch"))[0] == "clean"
+    monkeypatch.setattr(faults, "FAULTS", None)  # NOTE: ``kvledger faults`` now crashes inside
+    assert verdict(("faults",))[0] == "traceback"
+
+    def violated() -> None:
+        raise typer.Exit(1)
+
+    app.registered_commands.append(typer.models.CommandInfo("violated", callback=violated))
+    try:
+        assert verdict(("violated",))[0] == "traceback"
+    finally:
+        app.registered_commands.pop()

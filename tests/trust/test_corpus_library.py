@@ -27,17 +27,27 @@ from __future__ import annotations
 
 import copy
 import enum
+import io
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from kvledger.contracts.adapters.reference import ReferenceAdapter
+from kvledger.contracts.adapters.reference_system import ReferenceSystemAdapter, build_manager
+from kvledger.contracts.adapters.system import SystemConfig
+from kvledger.contracts.machines.suites import CACHE_MODELS
+from kvledger.contracts.trace.adapter_recorder import record_adapter_workload
+from kvledger.contracts.trace.recorder import record_workload
+from kvledger.contracts.trace.replay import replay, replay_path
+from kvledger.contracts.trace.system_recorder import record_system_workload
 from kvledger.impl import faults, integrity
 from kvledger.impl.admission import Attempt, Budget, admit, release_attempt_state, rollback
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, check_kv_write
@@ -531,3 +541,195 @@ def test_a_row_write_may_read_from_the_table_itself() -> None:
     before = w.mm.rows.table[row].clone()
     w.mm.rows.write(row, 0, w.mm.rows.table[row, 0:3], w.run.owner)
     assert torch.equal(w.mm.rows.table[row], before)
+
+
+# ---------------------------------------------------------------- the public contracts API: adapters, recorders, replay
+
+
+@dataclass
+class C:
+    """A reference cache adapter holding a lock, and a reference system adapter with a running request."""
+
+    cache: ReferenceAdapter
+    handle: object
+    sys: ReferenceSystemAdapter
+    rid: int
+
+
+def build_contracts() -> C:
+    a = ReferenceAdapter(CACHE_MODELS["hybrid"])
+    slots = a.alloc_kv(1, 4)
+    assert slots is not None
+    a.insert(1, (5, 6, 7, 8), slots, None)
+    _, handle = a.lock((5, 6, 7, 8))
+    s = ReferenceSystemAdapter(SystemConfig())
+    rid = s.add_request((1, 2, 3))
+    s.admit(64)
+    return C(a, handle, s, rid)
+
+
+_C: list[C] = []
+
+
+def fresh_contracts() -> C:
+    if not _C:
+        _C.append(build_contracts())
+    return copy.deepcopy(_C[0])
+
+
+def contracts_corpus(tmp: Path) -> Iterator[tuple[str, Callable[[C], object], tuple[str, ...]]]:
+    text = io.StringIO
+    yield "replay None", lambda c: replay(None), ("replay",)  # type: ignore[arg-type]
+    yield "replay a path as a stream", lambda c: replay(str(tmp / "t.jsonl")), ("replay",)  # type: ignore[arg-type]
+    yield "replay a binary stream", lambda c: replay(io.BytesIO(b"{}\n")), ("replay",)  # type: ignore[arg-type]
+    yield "replay every 0", lambda c: replay(text(""), every=0), ("replay",)
+    yield "replay every -1.5", lambda c: replay(text(""), every=-1.5), ("replay",)  # type: ignore[arg-type]
+    yield "replay_path None", lambda c: replay_path(None), ("replay_path",)  # type: ignore[arg-type]
+    yield "replay_path a descriptor", lambda c: replay_path(0), ("replay_path",)  # type: ignore[arg-type]
+    yield "replay_path bytes", lambda c: replay_path(b"t.jsonl"), ("replay_path",)  # type: ignore[arg-type]
+    for label, kw in [
+        ("ops -1", {"ops": -1}),
+        ("ops 2.5", {"ops": 2.5}),
+        ("ops True", {"ops": True}),
+        ("seed None", {"seed": None}),
+        ("seed '7'", {"seed": "7"}),
+        ("faults B6", {"faults": ("B6",)}),
+        ("faults a string", {"faults": "B1"}),
+        ("faults twice", {"faults": ("B1", "B1")}),
+        ("path None", {"path": None}),
+        ("path a number", {"path": 3}),
+    ]:
+        args: dict[str, Any] = {"ops": 3, "seed": 0, "path": tmp / "r.jsonl", **kw}
+
+        def rec(c: C, args: dict[str, Any] = args) -> object:
+            faults = args.get("faults", ())
+            return record_workload(c.cache, args["ops"], args["seed"], args["path"], faults=faults)
+
+        def rec_sys(c: C, args: dict[str, Any] = args) -> object:
+            faults = args.get("faults", ())
+            return record_system_workload(build_manager(), args["ops"], args["seed"], args["path"], faults=faults)
+
+        yield f"record_workload {label}", rec, ("record",)
+        yield f"record_system_workload {label}", rec_sys, ("record",)
+    yield "record_workload adapter None", lambda c: record_workload(None, 3, 0, tmp / "n.jsonl"), ("record",)  # type: ignore[arg-type]
+    yield "record_workload a system adapter", lambda c: record_workload(c.sys, 3, 0, tmp / "s.jsonl"), ("record",)  # type: ignore[arg-type]
+    yield (
+        "record_system_workload an adapter",
+        lambda c: record_system_workload(c.cache, 3, 0, tmp / "a.jsonl"),
+        ("record",),
+    )  # type: ignore[arg-type]
+    yield (
+        "record_adapter_workload a cache adapter",
+        lambda c: record_adapter_workload(c.cache, 3, 0, tmp / "b.jsonl"),
+        ("record",),
+    )  # type: ignore[arg-type]
+    yield (
+        "record_adapter_workload ops -2",
+        lambda c: record_adapter_workload(c.sys, -2, 0, tmp / "c.jsonl"),
+        ("record",),
+    )
+    yield "ReferenceAdapter config None", lambda c: ReferenceAdapter(None), ("create",)  # type: ignore[arg-type]
+    yield "ReferenceAdapter config name", lambda c: ReferenceAdapter("hybrid"), ("create",)  # type: ignore[arg-type]
+    yield "ReferenceAdapter.match_prefix floats", lambda c: c.cache.match_prefix((5.0, 6.5)), ("match_prefix",)  # type: ignore[arg-type]
+    yield "ReferenceAdapter.match_prefix negative", lambda c: c.cache.match_prefix((5, -6)), ("match_prefix",)
+    yield "ReferenceAdapter.match_prefix bools", lambda c: c.cache.match_prefix((True, 6)), ("match_prefix",)  # type: ignore[arg-type]
+    yield "ReferenceAdapter.insert float slots", lambda c: c.cache.insert(1, (9,), (10.0,), None), ("insert",)  # type: ignore[arg-type]
+    yield "ReferenceAdapter.free_kv float slots", lambda c: c.cache.free_kv(1, (1.5,)), ("free",)  # type: ignore[arg-type]
+    yield "ReferenceAdapter.free_kv a repeat", lambda c: c.cache.free_kv(1, (30, 30)), ("free",)
+    yield "ReferenceAdapter.alloc_kv -1", lambda c: c.cache.alloc_kv(1, -1), ("alloc",)
+    yield "ReferenceAdapter.alloc_kv 1.0", lambda c: c.cache.alloc_kv(1, 1.0), ("alloc",)  # type: ignore[arg-type]
+    yield "ReferenceAdapter.alloc_kv req None", lambda c: c.cache.alloc_kv(None, 1), ("alloc",)  # type: ignore[arg-type]
+    yield "ReferenceAdapter.unlock None", lambda c: c.cache.unlock(None), ("dec_lock_ref",)  # type: ignore[arg-type]
+    yield "ReferenceAdapter.unlock a handle id", lambda c: c.cache.unlock(1), ("dec_lock_ref",)
+    yield "ReferenceAdapter.handle_id a tuple", lambda c: c.cache.handle_id((1,)), ("handle_id",)
+    yield "ReferenceAdapter.mamba_cow a string", lambda c: c.cache.mamba_cow("h", 1), ("mamba_cow",)
+    yield "ReferenceAdapter.evict 'full'", lambda c: c.cache.evict("full", 1), ("evict",)  # type: ignore[arg-type]
+    yield "ReferenceAdapter.evict n -3", lambda c: c.cache.evict(FULL, -3), ("evict",)
+    yield "ReferenceAdapter.write_kv floats", lambda c: c.cache.write_kv((30,), (1.5,), 0), ("write_fingerprint",)  # type: ignore[arg-type]
+    yield "ReferenceAdapter.write_mamba None", lambda c: c.cache.write_mamba(None, 1), ("write_fingerprint",)  # type: ignore[arg-type]
+    yield "ReferenceSystemAdapter config None", lambda c: ReferenceSystemAdapter(None), ("create",)  # type: ignore[arg-type]
+    yield "ReferenceSystemAdapter page 0", lambda c: ReferenceSystemAdapter(SystemConfig(page_size=0)), ("create",)
+    yield (
+        "ReferenceSystemAdapter kv not pages",
+        lambda c: ReferenceSystemAdapter(SystemConfig(page_size=4, kv_tokens=10)),
+        ("create",),
+    )
+    yield "ReferenceSystemAdapter rows 1.5", lambda c: ReferenceSystemAdapter(SystemConfig(rows=1.5)), ("create",)  # type: ignore[arg-type]
+    yield "ReferenceSystemAdapter mamba 'yes'", lambda c: ReferenceSystemAdapter(SystemConfig(mamba="yes")), ("create",)  # type: ignore[arg-type]
+    yield "SystemAdapter.extend n 0", lambda c: c.sys.extend(c.rid, 0), ("extend",)
+    yield "SystemAdapter.extend n -2", lambda c: c.sys.extend(c.rid, -2), ("extend",)
+    yield "SystemAdapter.extend n 1.0", lambda c: c.sys.extend(c.rid, 1.0), ("extend",)  # type: ignore[arg-type]
+    yield "SystemAdapter.extend rid None", lambda c: c.sys.extend(None, 1), ("request", "extend")  # type: ignore[arg-type]
+    yield "SystemAdapter.extend ahead 1.5", lambda c: c.sys.extend(c.rid, 1, 1.5), ("extend",)  # type: ignore[arg-type]
+    yield "SystemAdapter.evict 'full'", lambda c: c.sys.evict("full", 1), ("evict",)  # type: ignore[arg-type]
+    yield "SystemAdapter.evict None", lambda c: c.sys.evict(None, 1), ("evict",)  # type: ignore[arg-type]
+    yield "SystemAdapter.admit budget None", lambda c: c.sys.admit(None), ("admit",)  # type: ignore[arg-type]
+    yield "SystemAdapter.admit rid of nothing", lambda c: c.sys.admit(64, 999), ("request", "admit")
+    yield "SystemAdapter.add_request floats", lambda c: c.sys.add_request((1.0, 2.5)), ("add_request",)  # type: ignore[arg-type]
+    yield "SystemAdapter.add_request a bool", lambda c: c.sys.add_request((True,)), ("add_request",)  # type: ignore[arg-type]
+    yield "SystemAdapter.add_request session 'x'", lambda c: c.sys.add_request((1,), "x"), ("add_request",)  # type: ignore[arg-type]
+    yield "SystemAdapter.finish twice", lambda c: c.sys.finish(c.rid) and c.sys.finish(c.rid), ("finish",)
+    yield "SystemAdapter.abort unknown", lambda c: c.sys.abort(12345), ("request", "abort")
+    yield "SystemAdapter.open_session -1", lambda c: c.sys.open_session(-1), ("open_session",)
+    yield "SystemAdapter.close_session never opened", lambda c: c.sys.close_session(8), ("close_session",)
+
+
+CONTRACT_INPUTS = list(contracts_corpus(Path("/nonexistent")))
+
+
+@pytest.mark.parametrize("i", range(len(CONTRACT_INPUTS)), ids=[x[0] for x in CONTRACT_INPUTS])
+def test_contracts_api_input_is_refused_cleanly(i: int, tmp_path: Path) -> None:
+    label, call, names = list(contracts_corpus(tmp_path))[i]
+    c = fresh_contracts()
+    if label.startswith("SystemAdapter.finish twice"):
+        c.sys.finish(c.rid)  # NOTE: the first finish is legal: the corpus input is the second
+        call = lambda c: c.sys.finish(c.rid)  # noqa: E731
+    outcome, why = classify(c, call, names)
+    assert outcome is Outcome.CLEAN, f"{outcome.value}: {label}: {why}"
+    assert not any(tmp_path.iterdir()), f"{label}: a refused call wrote {list(tmp_path.iterdir())}"
+
+
+# ---------------------------------------------------------------- each check can fail
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda w: w.pool.owner_tag.__setitem__(1, 0),  # one tag of a pool (slot 1 is held)
+        lambda w: w.mm.kv.data.__setitem__(5, 1),  # one KV fingerprint
+        lambda w: setattr(w.run, "kv_len", w.run.kv_len - 1),  # one field of a request
+        lambda w: w.linked.prev.__setitem__(0, None),  # one LRU pointer
+        lambda w: w.mm.rows.table.__setitem__((0, 0), 7),  # one cell of the request table
+        lambda w: setattr(w.mm, "fail_next", 1),  # the manager's own counter
+        lambda w: w.mm.sessions.slots[1].__setattr__("committed_len", 9),  # a session
+        lambda w: setattr(w.node, "mamba_slot", None),  # a tree node
+    ],
+    ids=["pool tag", "kv data", "request", "lru pointer", "row cell", "fail_next", "session", "node"],
+)
+def test_the_fingerprint_sees_each_kind_of_state(change: Callable[[W], object]) -> None:
+    w = fresh()
+    before = deep_state(w)
+    change(w)
+    assert deep_state(w) != before
+
+
+def test_the_classifier_names_each_defect_class() -> None:
+    """A call that raises untyped is a traceback, one that returns is silent, a typed one that changed state is a
+    state change, a typed one naming another call is not clean: each outcome the corpus counts can be produced."""
+    from kvledger.spec.errors import InvalidArgument
+
+    def mutate_then_refuse(w: W) -> None:
+        w.pool.owner_tag[1] = 0
+        raise InvalidArgument("alloc", "p", (), "refused after the fact")
+
+    def untyped(w: W) -> None:
+        raise ValueError("alloc: untyped")
+
+    def wrong_name(w: W) -> None:
+        raise InvalidArgument("free", "p", (), "names another call")
+
+    assert classify(fresh(), untyped, ("alloc",))[0] is Outcome.TRACEBACK
+    assert classify(fresh(), lambda w: 1, ("alloc",))[0] is Outcome.SILENT
+    assert classify(fresh(), mutate_then_refuse, ("alloc",))[0] is Outcome.STATE
+    assert classify(fresh(), wrong_name, ("alloc",))[0] is Outcome.TRACEBACK
+    assert classify(fresh(), lambda w: w.pool.alloc(-1, R7), ("alloc",))[0] is Outcome.CLEAN

@@ -250,3 +250,17 @@ def test_the_fault_names_a_header_may_list_are_the_faults() -> None:
     from kvledger.impl.faults import FAULTS
 
     assert tuple(sorted(FAULTS)) == FAULT_NAMES
+
+
+def test_the_trace_verdict_names_each_defect_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A green replay is ``silent`` (the recorded traces are), a replay that raises is a ``traceback``, a mutation
+    the replay refuses is ``clean``: each outcome the corpus counts can be produced."""
+    lines = TRACES["cache"]
+    assert verdict(lines)[0] == "silent"
+    assert verdict([lines[0], "{"])[0] == "clean"
+
+    def broken(*args: object, **kw: object) -> None:
+        raise RuntimeError("a replay that crashes")
+
+    monkeypatch.setitem(globals(), "replay", broken)
+    assert verdict(lines)[0] == "traceback"
