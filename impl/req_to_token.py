@@ -29,7 +29,7 @@ def has_duplicates(ids: torch.Tensor) -> bool:
             return len(set(ids.tolist())) != n
         a = np.sort(ids.numpy())
         return bool((a[1:] == a[:-1]).any())
-    return torch.unique(ids).numel() != ids.numel()
+    return bool(torch.unique(ids).numel() != ids.numel())
 
 
 class ReqToTokenPool:
