@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from kvledger.impl.arguments import check_ids_tensor, check_int, check_range
-from kvledger.impl.integrity import fingerprint, verify
+from kvledger.impl.arguments import MAX_TOKEN, check_ids_tensor, check_int, check_range
+from kvledger.impl.integrity import fingerprint_unchecked as fingerprint
+from kvledger.impl.integrity import verify
 from kvledger.impl.slots import FRESH_MAX, Ids, RecentAllocs, SlotPool
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError
 from kvledger.spec.types import Component, Owner, OwnerKind
@@ -27,8 +28,8 @@ def check_kv_write(
     if not s.numel() == t.numel() == p.numel():
         raise InvalidArgument(op, where, (), f"{s.numel()} slots, {t.numel()} tokens, {p.numel()} positions")
     check_range(op, where, "token slot", s, lo, hi)
-    check_range(op, where, "token id", t, 0, 1 << 62)
-    check_range(op, where, "position", p, 0, 1 << 62)
+    check_range(op, where, "token id", t, 0, MAX_TOKEN)
+    check_range(op, where, "position", p, 0, MAX_TOKEN)
     if s.numel() > 1 and torch.unique(s).numel() != s.numel():
         raise InvalidArgument(op, where, (), "a slot named twice in one write")
     return s, t, p
