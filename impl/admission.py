@@ -75,11 +75,8 @@ def _check_admit(mm: MemoryManager, waiting: object, budget: object) -> list[Req
     if isinstance(waiting, str | bytes) or not isinstance(waiting, Sequence):
         raise InvalidArgument("admit", "req_to_token", (), f"waiting must be a list of requests, got {waiting!r:.40}")
     reqs = list(waiting)
-    for r in reqs:
-        mm.own("admit", r)
-    if len({id(r) for r in reqs}) != len(reqs):
-        again = next(r for i, r in enumerate(reqs) if any(r is x for x in reqs[:i]))
-        raise InvalidArgument("admit", "req_to_token", (), f"request {again.rid} named twice in one batch")
+    # NOTE: each of mm's requests, each once (a batch naming one twice admitted it once and skipped the repeat)
+    _own_each_once(mm, reqs)
     return reqs
 
 
@@ -185,3 +182,12 @@ def _attempted(op: str, mm: MemoryManager, a: object) -> Request:
     if a.mamba is not None and a.mamba is not req.mamba:
         raise InvalidArgument(op, "mamba", a.mamba.slots(), f"the attempt's Mamba state is not request {req.rid}'s")
     return req
+
+
+def _own_each_once(mm: MemoryManager, reqs: list[Request]) -> None:
+    """``InvalidArgument`` naming ``admit`` unless every one of ``reqs`` is one of ``mm``'s requests, named once."""
+    for r in reqs:
+        mm.own("admit", r)
+    if len({id(r) for r in reqs}) != len(reqs):
+        again = next(r for i, r in enumerate(reqs) if any(r is x for x in reqs[:i]))
+        raise InvalidArgument("admit", "req_to_token", (), f"request {again.rid} named twice in one batch")

@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 
 from kvledger.impl.arguments import MAX_TOKEN, check_ids_tensor, check_int, check_range
-from kvledger.impl.integrity import fingerprint_unchecked as fingerprint
-from kvledger.impl.integrity import verify
+from kvledger.impl.integrity import fingerprint_unchecked, verify
 from kvledger.impl.slots import FRESH_MAX, Ids, RecentAllocs, SlotPool
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError
 from kvledger.spec.types import Component, Owner, OwnerKind
@@ -74,7 +73,7 @@ class TokenAllocator:
         """Write the KV of ``tokens`` at ``positions`` into ``slots`` (as fingerprints); the arguments as
         ``check_kv_write`` takes them (``InvalidArgument`` / ``OutOfRange``, nothing written)."""
         s, t, p = check_kv_write("write_fingerprint", self.pool.name, slots, tokens, positions, *self._span())
-        self.data[s] = fingerprint(t, p)
+        self.data[s] = fingerprint_unchecked(t, p)
 
     def verify(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """Raise ``IntegrityError`` unless ``slots`` hold exactly ``tokens`` at ``positions``."""
@@ -241,7 +240,7 @@ class PagedAllocator:
     def write_fingerprint(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """Write the KV of ``tokens`` at ``positions`` into token ``slots`` (checked as ``check_kv_write``)."""
         s, t, p = check_kv_write("write_fingerprint", self.pool.name, slots, tokens, positions, *self._span())
-        self.data[s] = fingerprint(t, p)
+        self.data[s] = fingerprint_unchecked(t, p)
 
     def verify(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """Raise ``IntegrityError`` unless token ``slots`` hold exactly ``tokens`` at ``positions``."""
