@@ -147,6 +147,14 @@ def check(
             "or with --suite system a scheduler's system adapter"
         ),
     ] = None,
+    set_aside_names: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set-aside",
+            help="with --adapter: check without a capability's laws, named by the capability or by one of its "
+            "laws (repeatable; for a finding already filed)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a machine-readable result")] = False,
     db: Annotated[
         Path | None, typer.Option("--db", help="Hypothesis example database: failures found before are replayed first")
@@ -188,6 +196,9 @@ def check(
         wants_system = suite == ["system"] or (not suite and adapter in SYSTEM_ALIASES and adapter not in ALIASES)
         suite = ["system" if wants_system else "cache"]
         probe = _Probe(adapter, wants_system)
+        probe.set_aside = _capabilities_set_aside(set_aside_names or [], wants_system)
+    elif set_aside_names:
+        _fail_usage("--set-aside takes laws from an adapter (--adapter ...); the reference implementation has them all")
     suites = suite or (sorted({s for f in faults_on for s in FAULTS[f].suites}) if faults_on else list(SUITES))
     known_models = list(dict.fromkeys(m for s in suites for m in SUITES[s].models))
     for m in model or []:
@@ -235,6 +246,8 @@ def check(
 
         database = DirectoryBasedExampleDatabase(str(db))
     console = Console(stderr=as_json)
+    if probe is not None and probe.set_aside:
+        notes.append(f"set aside (not checked): {', '.join(sorted(probe.set_aside))}; the skipped laws are listed")
     for note in notes:
         Console(stderr=True, highlight=False).print(f"[yellow]note:[/yellow] {note}")
     results: list[CheckResult] = []
@@ -421,6 +434,7 @@ class _Probe:
         except ValueError as err:
             _fail_usage(f"--adapter: {err}")
         self.name, self.version, self.engine_class, self.runs_reference = spec, "?", "?", False
+        self.set_aside: frozenset[str] = frozenset()
 
     def configs(self) -> dict[str, Any]:
         """The config each model kind of this adapter's suite is built with."""
@@ -450,6 +464,13 @@ class _Probe:
                 f"--adapter {self.spec}: the factory returned {type(made).__name__!r}, not a {kind} "
                 f"(missing {', '.join(missing)}; see {doc})"
             )
+        if self.set_aside:
+            from kvledger.contracts.adapters.protocol import set_aside
+
+            try:
+                made = set_aside(made, self.set_aside)
+            except (AttributeError, TypeError) as err:
+                _fail_usage(f"--set-aside: adapter {self.spec}'s capabilities cannot be narrowed: {err}")
         return made
 
     def validate(self, models: list[str]) -> dict[str, str]:
@@ -478,6 +499,24 @@ class _Probe:
                 f"({'; '.join(f'{m}: {why}' for m, why in unsupported.items())})"
             )
         return unsupported
+
+
+def _capabilities_set_aside(names: list[str], system: bool) -> frozenset[str]:
+    """The capabilities ``--set-aside`` names (a capability or one of its laws each); unknown: a usage error."""
+    from kvledger.contracts.adapters.protocol import RULES_NEEDING, capabilities_named
+    from kvledger.contracts.adapters.system import SYSTEM_RULES_NEEDING
+
+    needing = SYSTEM_RULES_NEEDING if system else RULES_NEEDING
+    out: set[str] = set()
+    for name in names:
+        caps = capabilities_named(name, needing)
+        if not caps:
+            _fail_usage(
+                f"--set-aside {name!r}: neither a capability nor a law an adapter of the "
+                f"{'system' if system else 'cache'} suite may lack; capabilities: {', '.join(needing)}"
+            )
+        out |= caps
+    return frozenset(out)
 
 
 def missing_members(obj: object, system: bool) -> list[str]:
@@ -515,7 +554,7 @@ def _adapter_run(
     caps = probe.build(config, model).capabilities
 
     def regression(rule: str, lines: list[str]) -> str:
-        return render(probe.suite, model, faults_on, rule, lines, adapter=probe.spec)
+        return render(probe.suite, model, faults_on, rule, lines, adapter=probe.spec, set_aside=probe.set_aside)
 
     build = machine_for_system if probe.system else machine_for_cache
     machine = build(lambda: probe.build(config, model))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.locks import LockState
@@ -215,6 +215,9 @@ ALIASES: dict[str, str] = {
     "sglang-0.5.23-rust": "kvledger.contracts.adapters.sglang.unified:unified_rust_factory",
     "sglang-0.5.9": "kvledger.contracts.adapters.sglang.legacy:radix_cache_factory",
     "sglang-0.5.9-mamba": "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory",
+    "sglang-0.5.11": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
+    "sglang-0.5.12": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
+    "sglang-0.5.13": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
 }
 """Short names for ``kvledger check --adapter``.
 
@@ -224,6 +227,8 @@ the tree components each model kind names (``full``/``full-paged``: FULL;
 ``swa``: FULL+SWA; ``mamba``: FULL+MAMBA; ``hybrid``: all three), so one run
 checks every kind; ``--model swa`` checks one. ``sglang-0.5.9``: 0.5.9's
 ``RadixCache`` (full attention); ``sglang-0.5.9-mamba``: its ``MambaRadixCache``.
+``sglang-0.5.11``, ``sglang-0.5.12``, ``sglang-0.5.13``: the installed release's first
+``UnifiedRadixCache`` (components on the cache; every kind, as ``sglang`` does).
 """
 
 AdapterFactory = Callable[[CacheConfig], CacheAdapter]
@@ -245,6 +250,26 @@ def load_factory(spec: str) -> AdapterFactory:
     if not callable(factory):
         raise ValueError(f"adapter {spec!r}: {module_name} has no callable {attr!r}")
     return factory  # type: ignore[no-any-return]
+
+
+A = TypeVar("A")
+
+
+def set_aside(adapter: A, capabilities: frozenset[str]) -> A:
+    """``adapter`` checked without ``capabilities``: their laws are skipped and reported, as for a missing one.
+
+    For a finding already filed: ``kvledger check --set-aside inv_lru_detached`` goes on looking past it.
+    """
+    have = frozenset(getattr(adapter, "capabilities"))  # noqa: B009  (any adapter protocol)
+    setattr(adapter, "capabilities", have - capabilities)  # noqa: B010
+    return adapter
+
+
+def capabilities_named(name: str, needing: Mapping[str, tuple[str, ...]]) -> frozenset[str]:
+    """The capabilities ``name`` stands for: itself when it is one, else those whose laws include it (empty: none)."""
+    if name in needing:
+        return frozenset({name})
+    return frozenset(cap for cap, laws in needing.items() if name in laws or f"{name} (rule)" in laws)
 
 
 def skipped_rules(capabilities: frozenset[str]) -> list[str]:

@@ -40,10 +40,19 @@ def _raises(rule: str, laws: list[str]) -> str:
     return f'pytest.raises(AssertionError, match=r"{pattern}")'
 
 
-def render(suite: str, model: str, faults: list[str], rule: str, lines: list[str], adapter: str | None = None) -> str:
+def render(
+    suite: str,
+    model: str,
+    faults: list[str],
+    rule: str,
+    lines: list[str],
+    adapter: str | None = None,
+    set_aside: frozenset[str] = frozenset(),
+) -> str:
     """Source of a pytest module that replays ``lines`` on ``suite``/``model`` (with and without ``faults``).
 
-    ``adapter``: the ``--adapter`` spec the program ran on (``None``: the reference implementation).
+    ``adapter``: the ``--adapter`` spec the program ran on (``None``: the reference implementation), with
+    the capabilities ``set_aside`` (``--set-aside``) taken from it.
     """
     tag = "_".join(f.lower() for f in faults) or re.sub(r"\W+", "_", rule).strip("_").lower()[:40] or "found"
     name = re.sub(r"\W", "_", f"{tag}_{suite}_{model}")
@@ -53,6 +62,12 @@ def render(suite: str, model: str, faults: list[str], rule: str, lines: list[str
     # NOTE: with contracts on, an incremental contract may name a sibling law of the same family first.
     laws = list(dict.fromkeys([rule, *(law for f in faults if f in FAULTS for law in FAULTS[f].laws)]))
     flags = "".join(f" --fault {f}" for f in faults) + (f" --adapter {adapter}" if adapter else "")
+    flags += "".join(f" --set-aside {c}" for c in sorted(set_aside))
+
+    def made(factory: str) -> str:
+        return f"set_aside({factory}, frozenset({sorted(set_aside)!r}))" if set_aside else factory
+
+    aside = "\nfrom kvledger.contracts.adapters.protocol import set_aside" if set_aside else ""
     if adapter is None:
         imports = "from kvledger.contracts.machines.suites import SUITES"
         machine = f"SUITES[{suite!r}].models[{model!r}]()"
@@ -60,16 +75,16 @@ def render(suite: str, model: str, faults: list[str], rule: str, lines: list[str
         imports = (
             "from kvledger.contracts.adapters.system import load_system_factory\n"
             "from kvledger.contracts.machines.suites import SYSTEM_CONFIGS\n"
-            "from kvledger.contracts.machines.system import machine_for_system"
+            "from kvledger.contracts.machines.system import machine_for_system" + aside
         )
-        machine = f"machine_for_system(lambda: load_system_factory({adapter!r})(SYSTEM_CONFIGS[{model!r}]))"
+        machine = f"machine_for_system(lambda: {made(f'load_system_factory({adapter!r})(SYSTEM_CONFIGS[{model!r}])')})"
     else:
         imports = (
             "from kvledger.contracts.adapters.protocol import load_factory\n"
             "from kvledger.contracts.machines.cache import machine_for_cache\n"
-            "from kvledger.contracts.machines.suites import CACHE_MODELS"
+            "from kvledger.contracts.machines.suites import CACHE_MODELS" + aside
         )
-        machine = f"machine_for_cache(lambda: load_factory({adapter!r})(CACHE_MODELS[{model!r}]))"
+        machine = f"machine_for_cache(lambda: {made(f'load_factory({adapter!r})(CACHE_MODELS[{model!r}])')})"
     if faults:
         fault_args = ", ".join(repr(f) for f in faults)
         tests = f"""def test_{name}_fails_with_fault() -> None:

@@ -13,6 +13,7 @@ crashed: <type>`` with where it was raised and the shrunk program.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
@@ -33,6 +34,8 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
+import kvledger.contracts as contracts_package
+import kvledger.spec as spec_package
 from kvledger.contracts.machines.regression import program_lines
 from kvledger.spec.errors import KVLedgerError
 
@@ -300,12 +303,30 @@ def readable(err: BaseException) -> tuple[str, str]:
         return law.strip()[:120], "\n".join([message, *checked, *values])
     if isinstance(err, StepTimeout):
         return HANG, text
-    if isinstance(err, AssertionError | KVLedgerError) and text:
-        return rule_of(text), text if isinstance(err, AssertionError) else f"{type(err).__name__}: {text}"
+    if isinstance(err, KVLedgerError) and text:
+        return rule_of(text), f"{type(err).__name__}: {text}"
+    if isinstance(err, AssertionError) and text and _raised_by_kvledger(err):
+        return rule_of(text), text
     if isinstance(err, Flaky):
         return "flaky: the implementation does not behave the same on the same program", text
     where = _where(err)
     return f"{CRASH}: {type(err).__name__}", f"{type(err).__name__}: {text or '(no message)'} (raised at {where})"
+
+
+_LAW_DIRS = tuple(str(Path(p).resolve()) + os.sep for p in (*spec_package.__path__, *contracts_package.__path__))
+
+
+def _raised_by_kvledger(err: BaseException) -> bool:
+    """Whether ``err`` was raised by kvledger's own laws (spec/, contracts/), not by an ``assert`` in the engine.
+
+    An engine's own ``assert`` failing inside a step is the engine crashing, whatever it says.
+    """
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return True  # NOTE: raised where no frame was recorded: only kvledger builds such errors
+    return str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(_LAW_DIRS)
 
 
 def _where(err: BaseException) -> str:

@@ -22,3 +22,19 @@ def test_b1_in_sglang_0_5_9_mamba_is_found_by_the_cli() -> None:
     assert {v["rule"] for v in payload["violations"]} == {"inv_lru_detached"}, payload["violations"]
     skipped = [r for r in payload["results"] if r["violation"] is None]
     assert skipped and all(r["skipped"] for r in skipped)  # the kinds it cannot build are skipped, not failed
+
+
+@pytest.mark.skipif(unavailable_reason("0.5.11") is not None, reason=str(unavailable_reason("0.5.11")))
+def test_b5_in_sglang_0_5_11_is_found_by_the_cli_past_b1() -> None:
+    """B1 first, in every kind; set aside, the same command goes on to B5 and prints a regression that sets it aside."""
+    args = ["check", "--adapter", "sglang-0.5.11", "--model", "hybrid", "--json"]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 1, first.output
+    payload = json.loads(first.stdout[first.stdout.index("{") :])
+    assert [v["rule"] for v in payload["violations"]] == ["inv_lru_detached"], payload["violations"]
+    past = runner.invoke(app, [*args, "--set-aside", "inv_lru_detached"])
+    assert past.exit_code == 1, past.output
+    payload = json.loads(past.stdout[past.stdout.index("{") :])
+    (v,) = [r["violation"] for r in payload["results"] if r["violation"] is not None]
+    assert v["rule"] == "implementation crashed: AssertionError" and "lock_ref=0" in v["message"], v
+    assert "set_aside(" in v["program"] and "cow=True" in v["program"], v["program"]

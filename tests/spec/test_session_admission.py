@@ -106,3 +106,12 @@ def test_save_of_kv_without_a_row_is_rejected() -> None:
     """Found by CrossHair: KV slots saved without the row that references them would be unreachable."""
     with pytest.raises(InvalidArgument, match="without the row"):
         S.save(S.new_session(0), None, (0,), 0, frozenset())
+
+
+def test_commit_law_lets_a_request_hand_its_slot_only_to_the_session_it_runs_on() -> None:
+    m = allocate(new_ledger("mamba", 2), request(1), frozenset({0}))
+    a = A.begin(request(1), {"mamba": m}, frozenset())
+    to_session_1 = {"mamba": transfer(m, request(1), session(1), frozenset({0}))}
+    assert A.inv_commit_keeps(a, to_session_1, lenders=(session(1),))
+    assert not A.inv_commit_keeps(a, to_session_1)  # no lender: lost
+    assert not A.inv_commit_keeps(a, to_session_1, lenders=(session(2),))  # another session's record

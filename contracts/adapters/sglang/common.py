@@ -139,6 +139,23 @@ def free_state(pool: Any, req: int, slot: int, held: dict[int, set[int]]) -> Non
     held.setdefault(req, set()).discard(slot)
 
 
+def copy_on_write(match: Callable[[Any], object], request: Any, slot_of: Callable[[Any], Any]) -> int | None:
+    """The Mamba slot a copy-on-write match gives ``request`` (as admission's match does), ``None`` when none.
+
+    ``match(request)`` runs SGLang's ``match_prefix(..., cow_mamba=True, req=request)``; ``slot_of`` reads
+    where this release puts the slot on the request. SGLang asserts "Can not alloc mamba cache" when
+    no slot can be had even after evicting: that is a refusal, not a crash.
+    """
+    try:
+        match(request)
+    except AssertionError as err:
+        if "Can not alloc mamba cache" in str(err):
+            return None
+        raise
+    idx = slot_of(request)
+    return None if idx is None else int(torch.as_tensor(idx).reshape(-1)[0])
+
+
 def node_owner(nid: NodeId, comp: Component) -> Owner:
     """The ledger owner that stands for node ``nid`` in ``comp``."""
     return node(nid, comp)

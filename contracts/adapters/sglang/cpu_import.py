@@ -129,6 +129,15 @@ UNIFIED = TestedRange(
 )
 """0.5.23: ``UnifiedRadixCache`` with its Python and Rust tree cores."""
 
+EARLY_UNIFIED = TestedRange(
+    "unified, components on the cache (UnifiedRadixCache, 0.5.11 to 0.5.13)",
+    "0.5.11",
+    "0.5.13",
+    tuple(dict.fromkeys((*SCHEDULER.stubs, *UNIFIED.stubs))),
+    pre_stubs=SCHEDULER.pre_stubs,
+)
+"""0.5.11 to 0.5.13: the first ``UnifiedRadixCache``, its nodes, LRU lists and locks on the cache itself."""
+
 COMPONENTS = TestedRange("scheduler components (Scheduler, UnifiedRadixCache)", "0.5.23", "0.5.23", UNIFIED.stubs)
 """0.5.23: the scheduler assembled from components over a ``UnifiedRadixCache`` (its Python core).
 

@@ -65,6 +65,7 @@ from kvledger.contracts.adapters.sglang.common import (
     NodeIds,
     NotExpressible,
     alloc_state,
+    copy_on_write,
     free_state,
     ledger,
     lru_state,
@@ -453,18 +454,14 @@ class LegacyMambaAdapter(_LegacyAdapter):
 
     def mamba_cow(self, handle: Hashable, req: int) -> int | None:
         h = _handle(handle)
-        fake_req = SimpleNamespace(mamba_pool_idx=None)
-        key = h.key[: h.match.length]
-        try:
-            self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=self._key(key), cow_mamba=True, req=fake_req))
-        except AssertionError as err:
-            if "Can not alloc mamba cache" in str(err):
-                return None
-            raise
-        if fake_req.mamba_pool_idx is None:
-            return None
-        slot = int(fake_req.mamba_pool_idx)
-        self.req_mamba.setdefault(req, set()).add(slot)
+        key = self._key(h.key[: h.match.length])
+        slot = copy_on_write(
+            lambda r: self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=key, cow_mamba=True, req=r)),
+            SimpleNamespace(mamba_pool_idx=None),
+            lambda r: r.mamba_pool_idx,
+        )
+        if slot is not None:
+            self.req_mamba.setdefault(req, set()).add(slot)
         return slot
 
     def mamba_tree(

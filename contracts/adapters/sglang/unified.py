@@ -84,7 +84,7 @@ SWA-live; only the revival path goes unchecked.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -99,6 +99,7 @@ from kvledger.contracts.adapters.sglang.common import (
     KVBuffer,
     NodeIds,
     NotExpressible,
+    copy_on_write,
     lru_state,
     node_owner,
 )
@@ -176,6 +177,8 @@ class UnifiedAdapter:
 
     name = "sglang-0.5.23"
     version = "0.5.23"
+    TESTED: TestedRange = UNIFIED
+    """The releases this class reads."""
 
     def __init__(self, config: CacheConfig, core: str) -> None:
         self._setup(config, core, None, KVBuffer())
@@ -195,7 +198,7 @@ class UnifiedAdapter:
 
     @classmethod
     def observing(
-        cls, cache: Any, pools: UnifiedPools, config: CacheConfig, kv: KVBuffer, tested: TestedRange = UNIFIED
+        cls, cache: Any, pools: UnifiedPools, config: CacheConfig, kv: KVBuffer, tested: TestedRange | None = None
     ) -> UnifiedAdapter:
         """An adapter over a ``UnifiedRadixCache`` built elsewhere (a scheduler's), on ``pools``, Python core.
 
@@ -203,7 +206,7 @@ class UnifiedAdapter:
         requests' holdings are what the caller records in ``pools``.
         """
         self = cls.__new__(cls)
-        self._setup(config, "python", pools, kv, tested)
+        self._setup(config, "python", pools, kv, tested or cls.TESTED)
         self.cache = cache
         return self
 
@@ -217,7 +220,7 @@ class UnifiedAdapter:
                 f"the SGLang 0.5.23 adapter wires SWA and Mamba at page size 1 only (config {config.kind}): "
                 "SWATokenToKVPoolAllocator.alloc and MambaComponent without the extra buffer require it"
             )
-        self.version, self.sg = _sglang(tested)
+        self.version, self.sg = self._import(tested)
         self.core = core
         self.config = config
         self.ps = config.page_size
@@ -231,7 +234,7 @@ class UnifiedAdapter:
         else:
             caps.add("mamba_cow")
         if core == "python":
-            caps |= {"locks", "content"} | ({"lru"} if len(self.comps) > 1 else set())
+            caps |= {"locks", "content"} | ({"lru"} if self._lru_components() else set())
         self.capabilities = frozenset(caps)
         self.ids = NodeIds()
         self.kv = kv
@@ -239,6 +242,31 @@ class UnifiedAdapter:
         self.allocator = self.pools.allocator
         self.locks: dict[HandleId, UnifiedLock] = {}
         self.next_hid = 1
+
+    # ------------------------------------------------------------ where this release keeps its tree
+
+    def _import(self, tested: TestedRange) -> tuple[str, SimpleNamespace]:
+        return _sglang(tested)
+
+    def _root(self) -> Any:
+        return self.cache.tree_core.root_node
+
+    def _lru_components(self) -> tuple[Component, ...]:
+        """The components that keep an LRU list (0.5.23: SWA and Mamba; full attention evicts by leaves)."""
+        return tuple(c for c in self.comps if c is not FULL)
+
+    def _lru_list(self, comp: Component) -> Any:
+        return self.cache.tree_core.lru_lists[self.ct[comp]]
+
+    def _receipt(self, h: UnifiedLock) -> tuple[int | None, frozenset[Any]]:
+        """What a lock's release will be given: the SWA boundary uuid, and the components the acquire skipped."""
+        receipt = h.tree_lock.receipt
+        uuid = receipt.component_lock_uuids.get(self.ct[SWA]) if SWA in self.comps else None
+        return uuid, frozenset(receipt.skipped_lock_components)
+
+    def _mark_swa_released(self, params: Any, length: int) -> None:
+        """Tell insert that below ``length`` the caller holds no window KV any more."""
+        params.set_evicted_seqlen(self.ct[SWA], length)
 
     # ------------------------------------------------------------ pools
 
@@ -308,7 +336,7 @@ class UnifiedAdapter:
         """The tree's slots for the leading pages of ``key`` it holds (read-only on both cores)."""
         if self.core == "python":
             out: list[int] = []
-            node, rest = self.cache.tree_core.root_node, list(key)
+            node, rest = self._root(), list(key)
             while rest:
                 child = next((c for c in node.children.values() if _tokens(c)[: self.ps] == rest[: self.ps]), None)
                 value = None if child is None else child.component_data[self.ct[FULL]].value
@@ -352,7 +380,7 @@ class UnifiedAdapter:
             # the window KV of its slots the tree already caches (SGLang's free_swa, as a request whose window
             # moved on does) and says so; insert then frees only their full side.
             self.allocator.free_swa(torch.tensor(slots[protected : len(tree)], dtype=torch.int64))
-            params.set_evicted_seqlen(self.ct[SWA], len(tree))
+            self._mark_swa_released(params, len(tree))
         r = self.cache.insert(params)
         prefix_len = int(r.prefix_len)
         dups = slots[protected:prefix_len]
@@ -374,24 +402,23 @@ class UnifiedAdapter:
     def mamba_cow(self, handle: Hashable, req: int) -> int | None:
         self._need_mamba()
         h = _handle(handle)
-        kv = SimpleNamespace(holds_mamba=False, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True)
-        fake_req = SimpleNamespace(session=None, kv=kv)
-        try:
-            self._raw_match(h.key[: h.match.length], cow_mamba=True, req=fake_req)
-        except AssertionError as err:
-            if "Can not alloc mamba cache" in str(err):
-                return None
-            raise
-        if kv.mamba_pool_idx is None:
-            return None
-        slot = int(kv.mamba_pool_idx)
-        self.pools.req_mamba.setdefault(req, set()).add(slot)
+        fake_req, slot_of = self._cow_request()
+        slot = copy_on_write(
+            lambda r: self._raw_match(h.key[: h.match.length], cow_mamba=True, req=r), fake_req, slot_of
+        )
+        if slot is not None:
+            self.pools.req_mamba.setdefault(req, set()).add(slot)
         return slot
+
+    def _cow_request(self) -> tuple[Any, Callable[[Any], Any]]:
+        """A request that holds no Mamba slot yet, as admission matches it, and where the slot lands on it."""
+        kv = SimpleNamespace(holds_mamba=False, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True)
+        return SimpleNamespace(session=None, kv=kv), lambda r: r.kv.mamba_pool_idx
 
     # ------------------------------------------------------------ abstraction
 
     def _nodes(self) -> Iterator[tuple[Any, tuple[int, ...]]]:
-        stack: list[tuple[Any, tuple[int, ...]]] = [(c, ()) for c in self.cache.tree_core.root_node.children.values()]
+        stack: list[tuple[Any, tuple[int, ...]]] = [(c, ()) for c in self._root().children.values()]
         while stack:
             n, above = stack.pop()
             toks = above + tuple(_tokens(n))
@@ -461,7 +488,7 @@ class UnifiedAdapter:
                 cached[MAMBA].add(nid)
         handles = {hid: frozenset(self._coverage(h, end)) for hid, h in self.locks.items()}
         locks = LockState(handles, lock_ref, frozenset())
-        lru = {c: self._lru(c) for c in self.comps if c is not FULL}
+        lru = {c: self._lru(c) for c in self._lru_components()}
         return self._finish(full, live, states, owners, locks, lru, {c: frozenset(ns) for c, ns in cached.items()})
 
     def _rust_snapshot(self) -> Snapshot:
@@ -511,10 +538,8 @@ class UnifiedAdapter:
     def _coverage(self, h: UnifiedLock, end: dict[int, tuple[int, ...]]) -> list[LockSite]:
         """What releasing ``h`` will lower: SGLang's release walk, replayed from the receipt without running it."""
         sites: list[LockSite] = []
-        root = self.cache.tree_core.root_node
-        receipt = h.tree_lock.receipt
-        skipped = set(receipt.skipped_lock_components)
-        uuid = receipt.component_lock_uuids.get(self.ct[SWA]) if SWA in self.comps else None
+        root = self._root()
+        uuid, skipped = self._receipt(h)
         swa_on = SWA in self.comps and self.ct[SWA] not in skipped
         node = h.node
         if MAMBA in self.comps and self.ct[MAMBA] not in skipped and node is not root and id(node) in end:
@@ -533,13 +558,15 @@ class UnifiedAdapter:
         return sites
 
     def _lru(self, comp: Component) -> LruState:
-        lst = self.cache.tree_core.lru_lists[self.ct[comp]]
+        lst = self._lru_list(comp)
         pt = int(self.ct[comp])  # NOTE: device lists thread lru_prev/lru_next[component] (SGLang's README)
         return lru_state(comp, lst.head, lst.tail, lambda n: n.lru_prev[pt], lambda n: n.lru_next[pt], self.ids)
 
 
 def _tokens(node: Any) -> list[int]:
-    return [int(t) for t in node.key.raw_token_ids()]
+    key = node.key
+    raw = getattr(key, "raw_token_ids", None)  # NOTE: 0.5.23 (a key may be capped); before: token_ids
+    return [int(t) for t in (raw() if raw is not None else key.token_ids)]
 
 
 def unified_python_factory(config: CacheConfig) -> UnifiedAdapter:

@@ -1,4 +1,4 @@
-"""The pools one SGLang 0.5.23 ``UnifiedRadixCache`` runs on, built for a :class:`CacheConfig`, and their ledgers.
+"""The pools a SGLang ``UnifiedRadixCache`` (0.5.11 to 0.5.23) runs on, for a :class:`CacheConfig`; their ledgers.
 
 What each model kind gets (SGLang's own classes, ``device="cpu"``, no KV
 buffers written):
@@ -23,6 +23,7 @@ turns free lists, tree holdings and request records into ledgers.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping
 from types import SimpleNamespace
 from typing import Any
@@ -48,7 +49,9 @@ class UnifiedPools:
         self.mamba_data: dict[int, int] = {}
         a = sg.allocator
         if self.swa:
-            kv = sg.swa_pool.SWAKVPool(
+            kv = _construct(
+                sg.swa_pool.SWAKVPool,
+                {"enable_kvcache_transpose": False},  # NOTE: required up to 0.5.13, gone by 0.5.23
                 size=config.kv_tokens,
                 size_swa=config.swa_tokens,
                 page_size=1,
@@ -73,7 +76,9 @@ class UnifiedPools:
                 dtype=SimpleNamespace(conv=torch.float32, temporal=torch.float32),
                 layers=[0],
             )
-            self.req_pool: Any = sg.pool.HybridReqToTokenPool(
+            self.req_pool: Any = _construct(
+                sg.pool.HybridReqToTokenPool,
+                {},
                 size=4,
                 mamba_size=config.mamba_slots,
                 mamba_spec_state_size=config.mamba_slots,
@@ -125,7 +130,8 @@ class UnifiedPools:
 
     @property
     def mamba_allocator(self) -> Any:
-        return self.req_pool.mamba_allocator
+        """The Mamba slot allocator the tree frees into: ``mamba_allocator`` from 0.5.13, ``mamba_pool`` before."""
+        return getattr(self.req_pool, "mamba_allocator", None) or self.req_pool.mamba_pool
 
     def alloc_mamba(self, req: int) -> int | None:
         return alloc_state(self.mamba_allocator, req, self.req_mamba)
@@ -150,7 +156,8 @@ class UnifiedPools:
             out["swa"] = ledger("swa", win.size, 1, _free(win), swa_nodes, reqs)
         elif self.ps > 1:
             a = self.allocator
-            free = [int(x) for x in a.get_all_free_pages().tolist()]
+            every = getattr(a, "get_all_free_pages", None)  # NOTE: 0.5.23; before, free_pages + release_pages
+            free = [int(x) for x in every().tolist()] if every is not None else _free(a)
             reqs = {r: {x // self.ps for x in xs} for r, xs in self.req_kv.items()}
             out["kv"] = ledger("kv", a.num_pages, 1, free, kv_nodes, reqs)
         else:
@@ -160,6 +167,19 @@ class UnifiedPools:
             free = [int(x) for x in m.free_slots.tolist()]
             out["mamba"] = ledger("mamba", m.size, 1, free, mamba_nodes, self.req_mamba)
         return out
+
+
+def _construct(cls: Any, named_only: Mapping[str, Any], **kwargs: Any) -> Any:
+    """``cls(**kwargs)`` as this release's ``cls`` takes it (releases differ in their arguments).
+
+    ``kwargs`` it does not name are dropped unless it takes ``**kwargs``; ``named_only`` are passed only
+    where ``cls`` names them (never into its ``**kwargs``).
+    """
+    params = inspect.signature(cls).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    kwargs.update({k: v for k, v in named_only.items() if k in params})
+    return cls(**kwargs)
 
 
 def _free(token_allocator: Any) -> list[int]:

@@ -1,0 +1,168 @@
+"""SGLang 0.5.11 to 0.5.13's ``UnifiedRadixCache`` behind the adapter protocol: full, +SWA, +Mamba.
+
+Factory (for ``kvledger check --adapter``): :func:`early_unified_factory`
+(aliases ``sglang-0.5.11``, ``sglang-0.5.12`` and ``sglang-0.5.13``: the
+installed release of that range). The first unified cache has the same
+components and the same pools as 0.5.23's (:mod:`~kvledger.contracts.adapters.sglang.unified`,
+whose mapping this adapter reuses), but keeps its tree on the cache itself:
+
+* the nodes: ``cache.root_node`` (``UnifiedTreeNode``: ``children``,
+  ``parent``, ``key``, ``component_data[c].value`` / ``lock_ref`` /
+  ``metadata``), and one ``UnifiedLRUList`` per component in
+  ``cache.lru_lists`` (full attention too) threading ``lru_prev[c]`` /
+  ``lru_next[c]``;
+* ``match_prefix`` returns ``device_indices`` and the ``last_device_node``
+  itself (no node ids);
+* ``lock``: ``inc_lock_ref(node)`` returns an ``IncLockRefResult`` whose
+  ``swa_uuid_for_lock`` (the node where the SWA lock stopped, at the window)
+  is what ``dec_lock_ref(node, DecLockRefParams(swa_uuid_for_lock=...))``
+  must be given back, as ``cache_finished_req`` does; ``unlock`` gives it back;
+* ``mamba_cow``: ``match_prefix(..., cow_mamba=True, req=...)`` with a
+  request that has no ``mamba_pool_idx`` yet, as admission does;
+* insert tells the SWA component which prefix the caller holds no window KV
+  for through ``InsertParams.swa_evicted_seqlen``;
+* the Mamba slots come from ``HybridReqToTokenPool.mamba_pool`` (0.5.11,
+  0.5.12) or ``mamba_allocator`` (0.5.13).
+
+What it cannot express is what 0.5.23's Python core cannot (see that module):
+no ``rejects_double_unlock``, no ``stateless_insert`` with Mamba, SWA and
+Mamba at page size 1; and the same SWA revival path is left unchecked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from types import SimpleNamespace
+from typing import Any
+
+from kvledger.contracts.adapters.protocol import CacheConfig, Match
+from kvledger.contracts.adapters.sglang.common import FULL, MAMBA, KVBuffer
+from kvledger.contracts.adapters.sglang.cpu_import import EARLY_UNIFIED, TestedRange, import_sglang
+from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, UnifiedLock, _handle
+from kvledger.spec.types import Component, HandleId
+
+MODULES = (
+    "sglang.srt.mem_cache.unified_radix_cache",
+    "sglang.srt.mem_cache.allocator",
+    "sglang.srt.mem_cache.swa_memory_pool",
+    "sglang.srt.mem_cache.memory_pool",
+    "sglang.srt.mem_cache.cache_init_params",
+    "sglang.srt.mem_cache.base_prefix_cache",
+    "sglang.srt.server_args",
+)
+
+
+def _sglang(tested: TestedRange = EARLY_UNIFIED) -> tuple[str, SimpleNamespace]:
+    """Import 0.5.11-0.5.13's memory manager on CPU; publish the one server argument the Mamba match reads."""
+    import importlib
+
+    version = import_sglang(tested, MODULES)
+    allocator = importlib.import_module("sglang.srt.mem_cache.allocator")
+    swa_pool = importlib.import_module("sglang.srt.mem_cache.swa_memory_pool")
+    try:  # NOTE: 0.5.13 moved the SWA allocator into the allocator package
+        swa_allocator = importlib.import_module("sglang.srt.mem_cache.allocator.swa")
+    except ImportError:
+        swa_allocator = swa_pool
+    tree = importlib.import_module("sglang.srt.mem_cache.unified_cache_components.tree_component")
+    server_args = importlib.import_module("sglang.srt.server_args")
+    # NOTE: MambaComponent.finalize_match_result reads mamba_cache_chunk_size from the global server args.
+    server_args.set_global_server_args_for_scheduler(SimpleNamespace(mamba_cache_chunk_size=64))
+    return version, SimpleNamespace(
+        allocator=allocator,
+        swa_allocator=swa_allocator,
+        base=importlib.import_module("sglang.srt.mem_cache.base_prefix_cache"),
+        params=importlib.import_module("sglang.srt.mem_cache.cache_init_params"),
+        pool=importlib.import_module("sglang.srt.mem_cache.memory_pool"),
+        radix=importlib.import_module("sglang.srt.mem_cache.radix_cache"),
+        swa_pool=swa_pool,
+        unified=importlib.import_module("sglang.srt.mem_cache.unified_radix_cache"),
+        ComponentType=tree.ComponentType,
+    )
+
+
+class EarlyUnifiedAdapter(UnifiedAdapter):
+    """SGLang 0.5.11-0.5.13 ``UnifiedRadixCache`` (FULL, +SWA, +MAMBA as the config says)."""
+
+    name = "sglang-0.5.11"
+    version = "0.5.11"
+    TESTED = EARLY_UNIFIED
+
+    def __init__(self, config: CacheConfig) -> None:
+        self._setup(config, "python", None, KVBuffer(), self.TESTED)
+        params = self.sg.params.CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.pools.req_pool,
+            token_to_kv_pool_allocator=self.allocator,
+            page_size=self.ps,
+            sliding_window_size=config.window,
+            tree_components=tuple(self.ct[c] for c in self.comps),
+        )
+        self.cache = self.sg.unified.UnifiedRadixCache(params)
+        self.name = f"sglang-{self.version}/UnifiedRadixCache"
+
+    # ------------------------------------------------------------ where this release keeps its tree
+
+    def _import(self, tested: TestedRange) -> tuple[str, SimpleNamespace]:
+        return _sglang(tested)
+
+    def _root(self) -> Any:
+        return self.cache.root_node
+
+    def _lru_components(self) -> tuple[Component, ...]:
+        # NOTE: 0.5.11 and 0.5.12 evict full attention through its own UnifiedLRUList; from 0.5.13 full
+        # attention evicts by leaves (evictable_device_leaves) and its list in lru_lists stays empty.
+        if _release(self.version) >= (0, 5, 13):
+            return tuple(c for c in self.comps if c is not FULL)
+        return self.comps
+
+    def _lru_list(self, comp: Component) -> Any:
+        return self.cache.lru_lists[self.ct[comp]]
+
+    def _receipt(self, h: UnifiedLock) -> tuple[int | None, frozenset[Any]]:
+        return h.tree_lock.swa_uuid_for_lock, frozenset()
+
+    def _mark_swa_released(self, params: Any, length: int) -> None:
+        params.swa_evicted_seqlen = length
+
+    # ------------------------------------------------------------ tree
+
+    def _state_at(self, node: Any) -> int | None:
+        if not self.config.mamba:
+            return None
+        v = node.component_data[self.ct[MAMBA]].value
+        return None if v is None else int(v.reshape(-1)[0])
+
+    def _raw_match(self, key: tuple[int, ...], **extra: Any) -> tuple[Match, Any]:
+        m = self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=self._key(key), **extra))
+        slots = tuple(int(x) for x in m.device_indices.tolist())
+        node = m.last_device_node
+        return Match(len(slots), slots, self._state_at(node) if slots else None), node
+
+    def lock(self, key: tuple[int, ...]) -> tuple[Match, Hashable]:
+        m, node = self._raw_match(key)
+        result = self.cache.inc_lock_ref(node)
+        h = UnifiedLock(HandleId(self.next_hid), result, node, m, key)
+        self.next_hid += 1
+        self.locks[h.hid] = h
+        return m, h
+
+    def unlock(self, handle: Hashable) -> None:
+        h = _handle(handle)
+        params = self.sg.base.DecLockRefParams(swa_uuid_for_lock=h.tree_lock.swa_uuid_for_lock)
+        self.cache.dec_lock_ref(h.node, params)
+        self.locks.pop(h.hid, None)
+
+    def _cow_request(self) -> tuple[Any, Callable[[Any], Any]]:
+        req = SimpleNamespace(
+            session=None, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True, to_finish=None
+        )
+        return req, lambda r: r.mamba_pool_idx
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split(".")[:3] if x.isdigit())
+
+
+def early_unified_factory(config: CacheConfig) -> EarlyUnifiedAdapter:
+    """SGLang 0.5.11-0.5.13 ``UnifiedRadixCache`` (FULL, +SWA, +MAMBA as ``config`` names)."""
+    return EarlyUnifiedAdapter(config)
