@@ -172,6 +172,8 @@ def check(
     _one_of("--contracts", "contract tier", contracts, LEVELS)
     for name in suite or []:
         _one_of("--suite", "suite", name, SUITE_NAMES)
+    if db is not None and db.exists() and not db.is_dir():
+        _fail_usage(f"--db {db}: not a directory (a Hypothesis example database is a directory; a new one is made)")
     from hypothesis import settings as Settings
 
     from kvledger.contracts import bindings
@@ -454,7 +456,7 @@ class _Probe:
                     ": "
                 )
             )
-        missing = _missing_members(made, self.system)
+        missing = missing_members(made, self.system)
         if missing:
             kind = "system adapter" if self.system else "cache adapter"
             doc = "docs/own-scheduler.md" if self.system else "docs/own-cache.md"
@@ -517,7 +519,7 @@ def _capabilities_set_aside(names: list[str], system: bool) -> frozenset[str]:
     return frozenset(out)
 
 
-def _missing_members(obj: object, system: bool) -> list[str]:
+def missing_members(obj: object, system: bool) -> list[str]:
     """The members of the adapter protocol (``SystemAdapter`` or ``CacheAdapter``) ``obj`` lacks."""
     from kvledger.contracts.adapters.protocol import CacheAdapter
     from kvledger.contracts.adapters.system import SystemAdapter

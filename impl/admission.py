@@ -75,8 +75,8 @@ def _check_admit(mm: MemoryManager, waiting: object, budget: object) -> list[Req
     if isinstance(waiting, str | bytes) or not isinstance(waiting, Sequence):
         raise InvalidArgument("admit", "req_to_token", (), f"waiting must be a list of requests, got {waiting!r:.40}")
     reqs = list(waiting)
-    for r in reqs:
-        mm.own("admit", r)
+    # NOTE: each of mm's requests, each once (a batch naming one twice admitted it once and skipped the repeat)
+    _own_each_once(mm, reqs)
     return reqs
 
 
@@ -147,10 +147,11 @@ def _commit(mm: MemoryManager, a: Attempt) -> None:
 
 
 def rollback(mm: MemoryManager, a: Attempt) -> None:
-    """Return everything the attempt acquired: the request is left holding what it held before."""
-    if not isinstance(a, Attempt):
-        raise InvalidArgument("rollback", "req_to_token", (), f"expected an Attempt, got {type(a).__name__}")
-    req = mm.own("rollback", a.req)
+    """Return everything the attempt acquired: the request is left holding what it held before.
+
+    ``a``: an attempt of one of ``mm``'s requests that is still waiting (a rejected attempt; an admitted request
+    is running and its lock, row and state are its own: ``InvalidArgument``, nothing changes)."""
+    req = _attempted("rollback", mm, a)
     if req.session is not None:
         if a.resumed:
             mm.sessions.unresume(req)
@@ -164,6 +165,29 @@ def rollback(mm: MemoryManager, a: Attempt) -> None:
 
 def release_attempt_state(mm: MemoryManager, a: Attempt) -> None:
     """Free the Mamba state a rejected attempt acquired (matching may have copied one: B2's slot)."""
+    _attempted("rollback", mm, a)
     if a.mamba is not None:
         mm.free_mamba(a.req.owner, a.mamba)
         a.req.mamba = None
+
+
+def _attempted(op: str, mm: MemoryManager, a: object) -> Request:
+    """``a``'s request, when ``a`` is an ``Attempt`` of one of ``mm``'s waiting requests whose state (if any) is the
+    request's own; ``InvalidArgument`` naming ``op`` otherwise."""
+    if not isinstance(a, Attempt):
+        raise InvalidArgument(op, "req_to_token", (), f"expected an Attempt, got {type(a).__name__}")
+    req = mm.own(op, a.req)
+    if req.status is not Status.WAITING:
+        raise InvalidArgument(op, "req_to_token", (), f"request {req.rid} is {req.status.value}: no attempt to undo")
+    if a.mamba is not None and a.mamba is not req.mamba:
+        raise InvalidArgument(op, "mamba", a.mamba.slots(), f"the attempt's Mamba state is not request {req.rid}'s")
+    return req
+
+
+def _own_each_once(mm: MemoryManager, reqs: list[Request]) -> None:
+    """``InvalidArgument`` naming ``admit`` unless every one of ``reqs`` is one of ``mm``'s requests, named once."""
+    for r in reqs:
+        mm.own("admit", r)
+    if len({id(r) for r in reqs}) != len(reqs):
+        again = next(r for i, r in enumerate(reqs) if any(r is x for x in reqs[:i]))
+        raise InvalidArgument("admit", "req_to_token", (), f"request {again.rid} named twice in one batch")

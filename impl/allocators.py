@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from kvledger.impl.arguments import check_ids_tensor, check_int, check_range
-from kvledger.impl.integrity import fingerprint, verify
+from kvledger.impl.arguments import MAX_TOKEN, check_ids_tensor, check_int, check_range
+from kvledger.impl.integrity import fingerprint_unchecked, verify
 from kvledger.impl.slots import FRESH_MAX, Ids, RecentAllocs, SlotPool
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError
 from kvledger.spec.types import Component, Owner, OwnerKind
@@ -27,8 +27,8 @@ def check_kv_write(
     if not s.numel() == t.numel() == p.numel():
         raise InvalidArgument(op, where, (), f"{s.numel()} slots, {t.numel()} tokens, {p.numel()} positions")
     check_range(op, where, "token slot", s, lo, hi)
-    check_range(op, where, "token id", t, 0, 1 << 62)
-    check_range(op, where, "position", p, 0, 1 << 62)
+    check_range(op, where, "token id", t, 0, MAX_TOKEN)
+    check_range(op, where, "position", p, 0, MAX_TOKEN)
     if s.numel() > 1 and torch.unique(s).numel() != s.numel():
         raise InvalidArgument(op, where, (), "a slot named twice in one write")
     return s, t, p
@@ -73,7 +73,7 @@ class TokenAllocator:
         """Write the KV of ``tokens`` at ``positions`` into ``slots`` (as fingerprints); the arguments as
         ``check_kv_write`` takes them (``InvalidArgument`` / ``OutOfRange``, nothing written)."""
         s, t, p = check_kv_write("write_fingerprint", self.pool.name, slots, tokens, positions, *self._span())
-        self.data[s] = fingerprint(t, p)
+        self.data[s] = fingerprint_unchecked(t, p)
 
     def verify(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """Raise ``IntegrityError`` unless ``slots`` hold exactly ``tokens`` at ``positions``."""
@@ -240,7 +240,7 @@ class PagedAllocator:
     def write_fingerprint(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """Write the KV of ``tokens`` at ``positions`` into token ``slots`` (checked as ``check_kv_write``)."""
         s, t, p = check_kv_write("write_fingerprint", self.pool.name, slots, tokens, positions, *self._span())
-        self.data[s] = fingerprint(t, p)
+        self.data[s] = fingerprint_unchecked(t, p)
 
     def verify(self, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """Raise ``IntegrityError`` unless token ``slots`` hold exactly ``tokens`` at ``positions``."""

@@ -57,10 +57,16 @@ def check_device(op: str, where: str, device: object) -> torch.device:
         raise InvalidArgument(op, where, (), f"device {device!r}: {e}") from None
 
 
-def check_tokens(op: str, where: str, tokens: object, *, empty: bool = True) -> tuple[int, ...]:
-    """Token ids as a tuple of ints in ``[0, 2**63)``: a sequence of ints (not a string, not floats).
+MAX_TOKEN = 1 << 31
+"""Token ids and positions lie below this: the domain of ``spec.prefix.fingerprint`` (31-bit token and position;
+past it torch's int64 arithmetic and the spec's would part) and of a trace's ``tokens``."""
 
-    One C-level conversion (``array("q")``) and one ``min``: no Python loop over the ids.
+
+def check_tokens(op: str, where: str, tokens: object, *, empty: bool = True, hi: int = MAX_TOKEN) -> tuple[int, ...]:
+    """Token ids as a tuple of ints in ``[0, hi)`` (``MAX_TOKEN`` unless told): a sequence of ints (not a string,
+    not floats, not bools).
+
+    One C-level conversion (``array("q")``), one ``min`` and one ``max``: no Python loop over the ids.
     ``empty=False`` refuses an empty sequence.
     """
     if isinstance(tokens, str | bytes | bytearray | memoryview) or not isinstance(tokens, Sequence | array):
@@ -69,13 +75,22 @@ def check_tokens(op: str, where: str, tokens: object, *, empty: bool = True) -> 
         ids = tokens if type(tokens) is array and tokens.typecode == "q" else array("q", tokens)
     except (TypeError, OverflowError) as e:
         raise InvalidArgument(op, where, (), f"token ids must be ints in [0, 2**63) ({e})") from None
+    if ids is not tokens and has_bool(tokens):
+        raise InvalidArgument(op, where, (), "token ids must be ints, not bools (True/False)")
     if not ids:
         if not empty:
             raise InvalidArgument(op, where, (), "needs at least one token")
         return ()
     if min(ids) < 0:
         raise InvalidArgument(op, where, (), f"token id {min(ids)} is negative")
+    if max(ids) >= hi:
+        raise InvalidArgument(op, where, (), f"token id {max(ids)} outside [0, {hi})")
     return tuple(ids)
+
+
+def has_bool(seq: object) -> bool:
+    """Whether sequence ``seq`` holds a bool (an int to ``array``, not a token id): one C-level pass over the types."""
+    return bool in set(map(type, seq))  # type: ignore[call-overload]
 
 
 def not_ids(t: torch.Tensor) -> str | None:

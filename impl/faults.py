@@ -25,6 +25,7 @@ from kvledger.impl.lru import Linked, LRUList
 from kvledger.impl.memory import MemoryManager
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.session import Sessions, SessionSlot
+from kvledger.spec.errors import InvalidArgument
 from kvledger.spec.types import Component
 
 
@@ -162,11 +163,19 @@ def active() -> frozenset[str]:
     return frozenset(_saved)
 
 
+class UnknownFault(InvalidArgument, KeyError):
+    """A fault name that is not one of ``FAULTS`` (a ``KeyError`` too, as callers of ``enable`` caught before)."""
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)  # NOTE: KeyError's own would quote the message
+
+
 def enable(*names: str) -> None:
-    """Switch faults on (by name, e.g. ``"B1"``); unknown names raise ``KeyError`` naming the known ones."""
+    """Switch faults on (by name, e.g. ``"B1"``); an unknown name raises ``UnknownFault`` (an ``InvalidArgument``
+    and a ``KeyError``) naming the known ones, before any fault is switched on."""
     for name in names:
-        if name not in FAULTS:
-            raise KeyError(f"unknown fault {name!r}; known: {', '.join(sorted(FAULTS))}")
+        if type(name) is not str or name not in FAULTS:
+            raise UnknownFault("enable", "faults", (), f"unknown fault {name!r}; known: {', '.join(sorted(FAULTS))}")
     for name in names:
         if name in _saved:
             continue

@@ -12,17 +12,26 @@ from __future__ import annotations
 
 import torch
 
-from kvledger.impl.arguments import check_ids_tensor, check_int, check_range
+from kvledger.impl.arguments import MAX_TOKEN, check_ids_tensor, check_int, check_range
 from kvledger.spec.errors import IntegrityError, InvalidArgument
 
 _M32 = 0xFFFFFFFF
 
 
 def fingerprint(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """:func:`kvledger.spec.prefix.fingerprint`, element-wise on integer tensors (every intermediate fits)."""
-    for name, t in (("tokens", tokens), ("positions", positions)):
-        if not isinstance(t, torch.Tensor) or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-            raise InvalidArgument("fingerprint", "kv", (), f"{name} must be an integer tensor, got {t!r:.60}")
+    """:func:`kvledger.spec.prefix.fingerprint`, element-wise: ``tokens`` and ``positions`` 1-D integer tensors of one
+    length with values in ``[0, 2**31)`` (the spec's domain), else ``InvalidArgument`` naming ``fingerprint``."""
+    t = check_ids_tensor("fingerprint", "kv", "tokens", tokens)
+    p = check_ids_tensor("fingerprint", "kv", "positions", positions, t.device)
+    if t.numel() != p.numel():
+        raise InvalidArgument("fingerprint", "kv", (), f"{t.numel()} tokens, {p.numel()} positions")
+    check_range("fingerprint", "kv", "token id", t, 0, MAX_TOKEN)
+    check_range("fingerprint", "kv", "position", p, 0, MAX_TOKEN)
+    return fingerprint_unchecked(t, p)
+
+
+def fingerprint_unchecked(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """:func:`fingerprint` of tensors already checked (the allocators' writes check them first): no checks."""
     x = (tokens.to(torch.int64) * 0x2545F491 + positions.to(torch.int64) * 0x4F6CDD1D + 0x6A09E667) & _M32
     x = x ^ (x >> 16)
     x = (x * 0x045D9F3B) & _M32
@@ -32,9 +41,9 @@ def fingerprint(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 def fingerprint_one(token: int, position: int) -> int:
     """The scalar fingerprint (equal to ``kvledger.spec.prefix.fingerprint``)."""
-    check_int("fingerprint_one", "kv", "token", token)
-    check_int("fingerprint_one", "kv", "position", position)
-    return int(fingerprint(torch.tensor([token]), torch.tensor([position]))[0])
+    check_int("fingerprint_one", "kv", "token", token, 0, MAX_TOKEN)
+    check_int("fingerprint_one", "kv", "position", position, 0, MAX_TOKEN)
+    return int(fingerprint_unchecked(torch.tensor([token]), torch.tensor([position]))[0])
 
 
 def verify(what: str, stored: torch.Tensor, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
@@ -44,8 +53,8 @@ def verify(what: str, stored: torch.Tensor, slots: torch.Tensor, tokens: torch.T
     """
     idx = check_ids_tensor("verify", what, "slots", slots, stored.device)
     check_range("verify", what, "slot", idx, 0, stored.numel())
-    expect = fingerprint(tokens, positions)
-    if not idx.numel() == tokens.numel() == positions.numel():
+    expect = fingerprint(tokens, positions)  # NOTE: checks tokens and positions (1-D, one length, in range)
+    if idx.numel() != tokens.numel():
         raise InvalidArgument("verify", what, (), f"{idx.numel()} slots for {tokens.numel()} tokens")
     slots = idx
     got = stored[slots]

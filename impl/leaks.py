@@ -139,7 +139,9 @@ def expected_owners(mm: MemoryManager) -> dict[str, dict[int, Owner]]:
 
 
 def session_mamba_refs(slot: object) -> tuple[int, ...]:
-    """The Mamba slots a session references (state and track buffers)."""
+    """The Mamba slots a session references (state and track buffers); ``slot`` a ``SessionSlot``."""
+    if not hasattr(slot, "sid") or not hasattr(slot, "mamba"):
+        raise InvalidArgument("session_mamba_refs", "mamba", (), f"expected a session slot, got {slot!r:.40}")
     m = getattr(slot, "mamba", None)
     return m.slots() if m is not None else ()
 

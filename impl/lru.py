@@ -217,6 +217,7 @@ class LRUList(Generic[N]):
         _check_node("lru_insert_mru", self.component, node)
         if node in self._members:
             raise AlreadyInList("lru_insert_mru", self.component.value, node.id, "already in the list (use touch)")
+        self._check_unlinked("lru_insert_mru", node)
         self._link_after(self.head, node)
 
     def insert_ahead_of(self, anchor: N, node: N) -> None:
@@ -231,6 +232,7 @@ class LRUList(Generic[N]):
             raise AlreadyInList("lru_insert", self.component.value, node.id, "already in the list")
         if anchor not in self._members:
             raise NotInList("lru_insert", self.component.value, _ident(anchor), "anchor is not in the list")
+        self._check_unlinked("lru_insert", node)
         prev = anchor.prev[self.slot]
         assert prev is not None
         self._link_after(prev, node)
@@ -292,7 +294,7 @@ class LRUList(Generic[N]):
         if not members.issuperset(named) or not named:
             bad = next(node for node in rest if not isinstance(node, Linked) or node not in members)
             raise NotInList("lru_touch", self.component.value, _ident(bad), "not in the list (evicted node touched?)")
-        if len(named) != len(rest):
+        if len(named) != len(rest) or (j and not named.isdisjoint(order[:j])):
             raise AlreadyInList("lru_touch", self.component.value, _ident(rest[0]), "a node named twice in one touch")
         first = last = rest[0]
         for node in rest[1:]:
@@ -331,9 +333,17 @@ class LRUList(Generic[N]):
             raise AlreadyInList("lru_insert", self.component.value, node.id, "already in the list")
         if anchor not in self._members:
             raise NotInList("lru_insert", self.component.value, _ident(anchor), "anchor is not in the list")
+        self._check_unlinked("lru_insert", node)
         self._link_after(anchor, node)
 
     # ------------------------------------------------------------ pointer surgery
+
+    def _check_unlinked(self, op: str, node: Linked) -> None:
+        """Raise ``AlreadyInList`` if non-member ``node`` still holds this component's pointers: it is linked in
+        another list of the component (inserting it here would corrupt that one) or was left dangling."""
+        i = self.slot
+        if node.prev[i] is not None or node.next[i] is not None:
+            raise AlreadyInList(op, self.component.value, node.id, "still linked (in another list, or left dangling)")
 
     def _link_after(self, prev: Linked, node: Linked) -> None:  # NOTE: ``node`` checked by the caller
         i = self.slot

@@ -55,6 +55,11 @@ class MemoryManager:
             raise InvalidArgument("create", "req_to_token", (), f"rows on {rows.device}, the cache on {cache.device}")
         if not isinstance(cache.kv, TokenAllocator | PagedAllocator):
             raise InvalidArgument("create", "kv", (), "the memory manager takes a token or paged KV allocator")
+        if cache.driven or rows.driven:
+            raise InvalidArgument(
+                "create", "req_to_token", (), "the cache or the request table is another memory manager's already"
+            )
+        cache.driven = rows.driven = True
         self.cache = cache
         self.kv: TokenAllocator | PagedAllocator = cache.kv
         self.rows = rows

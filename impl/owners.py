@@ -20,6 +20,7 @@ _KIND_OF = {v: k for k, v in _KIND_CODE.items()}
 _COMP_CODE = {None: 0, Component.FULL: 1, Component.SWA: 2, Component.MAMBA: 3}
 _COMP_OF = {v: k for k, v in _COMP_CODE.items()}
 _IDENT_BITS = 56
+_NODE_KIND = _KIND_CODE[OwnerKind.NODE]
 MAX_IDENT = (1 << _IDENT_BITS) - 1
 
 
@@ -44,6 +45,13 @@ def encode(owner: Owner, op: str = "encode", where: str = "owner") -> int:
         raise InvalidArgument(op, where, (), f"owner must be an Owner, got {owner!r}") from None
     if type(owner) is not Owner and not isinstance(owner, Owner):
         raise InvalidArgument(op, where, (), f"owner must be an Owner, got {type(owner).__name__} {owner!r}")
+    if (kind == _NODE_KIND) != (code != 0):
+        need = (
+            "a tree node's owner names its component"
+            if kind == _NODE_KIND
+            else "only a tree node's owner names a component"
+        )
+        raise InvalidArgument(op, where, (), f"owner {owner}: {need}")
     if type(ident) is not int or not 0 <= ident <= MAX_IDENT:
         if isinstance(ident, bool) or not isinstance(ident, int):
             raise InvalidArgument(op, where, (), f"owner {owner!r}: id must be an int, got {type(ident).__name__}")
@@ -58,15 +66,22 @@ _NODE_FULL = (_KIND_CODE[OwnerKind.NODE] << 60) | (_COMP_CODE[Component.FULL] <<
 
 def node_tag(ident: int) -> int:
     """``encode(node(ident, FULL))``, the tag of the full KV slots radix node ``ident`` holds, built directly."""
-    if not 0 <= ident <= MAX_IDENT:
-        raise InvalidArgument("node_tag", "owner", (), f"node id {ident} outside [0, {MAX_IDENT}]")
+    if type(ident) is not int or not 0 <= ident <= MAX_IDENT:
+        raise InvalidArgument("node_tag", "owner", (), f"node id {ident!r:.40} is not an int in [0, {MAX_IDENT}]")
     return _NODE_FULL | ident
 
 
 def decode(tag: int) -> Owner | None:
-    """The owner a tag stands for; ``None`` for a free or reserved slot."""
+    """The owner a tag stands for; ``None`` for a free or reserved slot; ``InvalidArgument`` for what no
+    ``encode`` wrote (not an int64, an unknown kind or component)."""
+    if type(tag) is not int or not _MIN_TAG <= tag <= _MAX_TAG:
+        raise InvalidArgument("decode", "owner", (), f"tag {tag!r:.40} is not an int64 owner tag")
     if tag <= 0:
         return None
-    kind = _KIND_OF[tag >> 60]
-    comp = _COMP_OF[(tag >> _IDENT_BITS) & 0xF]
-    return Owner(kind, tag & MAX_IDENT, comp)
+    kind, comp = _KIND_OF.get(tag >> 60), (tag >> _IDENT_BITS) & 0xF
+    if kind is None or comp not in _COMP_OF:
+        raise InvalidArgument("decode", "owner", (), f"tag {tag} names no owner kind and component")
+    return Owner(kind, tag & MAX_IDENT, _COMP_OF[comp])
+
+
+_MIN_TAG, _MAX_TAG = -(1 << 63), (1 << 63) - 1

@@ -116,6 +116,8 @@ class RadixCache(RadixTree):
                 f"create: swa_window {swa_window!r} needs an SWATokenAllocator (got {type(kv).__name__}) and >= 1"
             )
         super().__init__(kv, ps, swa_window, mamba)
+        self.driven = False
+        """Whether a memory manager drives this cache (a second one on it would free the first's slots)."""
 
     # ------------------------------------------------------------ match / insert
 

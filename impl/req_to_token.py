@@ -7,12 +7,29 @@ exactly one owner: a running request or a streaming session that saved it.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kvledger.impl.arguments import check_id, check_ids_tensor, check_int, check_range
 from kvledger.impl.slots import SlotPool
-from kvledger.spec.errors import OutOfRange
+from kvledger.spec.errors import InvalidArgument, OutOfRange
 from kvledger.spec.types import Owner
+
+MAX_SLOT = 1 << 31
+"""KV slot ids a row may name lie below this: the int32 index engines' request tables hold (SGLang's
+``req_to_token`` is int32), and the most slots a trace header may declare."""
+
+
+def has_duplicates(ids: torch.Tensor) -> bool:
+    """Whether 1-D int64 tensor ``ids`` names a value twice: a set of a short CPU tensor's values, a numpy sort of a
+    long one, ``torch.unique`` off the CPU (a few microseconds next to the row write itself)."""
+    if ids.is_cpu:
+        n = ids.numel()
+        if n <= 256:
+            return len(set(ids.tolist())) != n
+        a = np.sort(ids.numpy())
+        return bool((a[1:] == a[:-1]).any())
+    return bool(torch.unique(ids).numel() != ids.numel())
 
 
 class ReqToTokenPool:
@@ -25,6 +42,8 @@ class ReqToTokenPool:
         self.device = self.pool.device
         self.max_context_len = max_context_len
         self.table = torch.zeros((size, max_context_len), dtype=torch.int64, device=self.device)
+        self.driven = False
+        """Whether a memory manager drives this table (a second one on it would free the first's rows)."""
 
     def available_size(self) -> int:
         """Free rows."""
@@ -45,7 +64,9 @@ class ReqToTokenPool:
     def write(self, row: int, start: int, slots: torch.Tensor, owner: Owner) -> None:
         """Write ``slots`` into ``table[row, start:start + len(slots)]``; ``owner`` must hold the row.
 
-        ``slots``: a 1-D integer tensor of KV slot ids (>= 0) on the pool's device; ``start`` an int column.
+        ``slots``: a 1-D integer tensor of distinct KV slot ids in ``[0, MAX_SLOT)`` on the pool's device (a row
+        naming one slot at two positions breaks ``spec.ledger.inv_rows_held``); ``start`` an int column. ``slots``
+        may be a view of this table (it is copied first).
         """
         r = self._row("write", row)
         start = check_int("write", "req_to_token", "start", start)
@@ -56,7 +77,11 @@ class ReqToTokenPool:
             raise OutOfRange(
                 "write", "req_to_token", [row], f"columns [{start}, {end}) outside [0, {self.max_context_len})"
             )
-        check_range("write", "req_to_token", "KV slot id", ids, 0, 1 << 62)
+        check_range("write", "req_to_token", "KV slot id", ids, 0, MAX_SLOT)
+        if end - start > 1 and has_duplicates(ids):
+            raise InvalidArgument("write", "req_to_token", [row], "a KV slot named twice in one row write")
+        if ids.untyped_storage().data_ptr() == self.table.untyped_storage().data_ptr():
+            ids = ids.clone()  # NOTE: a view of this table (a row's own prefix): torch refuses overlapping copies
         self.table[row, start:end] = ids
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:

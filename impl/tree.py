@@ -12,13 +12,14 @@ change; :class:`kvledger.impl.radix.RadixCache` builds the protocol on it.
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import torch
 
-from kvledger.impl.arguments import not_ids
+from kvledger.impl.arguments import has_bool, not_ids
 from kvledger.impl.kvview import KVAllocator, KVView
 from kvledger.impl.locks import Counter, LockTable
 from kvledger.impl.lru import SLOT, ByComponent, Linked, LRUList
@@ -52,22 +53,35 @@ def as_key(op: str, t: Key) -> tuple[Tokens, bytes | bytearray]:
 
 
 def key_bytes(op: str, t: Key) -> bytes | bytearray:
-    """Key ``t`` as raw int64 bytes on the host (``as_key`` without the array); ``CacheError`` if it is not one."""
+    """Key ``t`` as raw int64 bytes on the host (``as_key`` without the array); ``CacheError`` if it is not one
+    (not 1-D integers, a bool or a float among the ids, a negative token id)."""
     if type(t) is array and t.typecode == "q":
-        return t.tobytes()  # NOTE: the common cases first: token ids as an engine keeps them, a CPU tensor
-    if type(t) is torch.Tensor and t.dtype is torch.int64 and t.is_cpu and t.dim() == 1 and t.is_contiguous():
-        return host_bytes(t)
-    if isinstance(t, torch.Tensor):
+        raw: bytes | bytearray = t.tobytes()  # NOTE: the common cases first: ids as an engine keeps them, a CPU tensor
+    elif type(t) is torch.Tensor and t.dtype is torch.int64 and t.is_cpu and t.dim() == 1 and t.is_contiguous():
+        raw = host_bytes(t)
+    elif isinstance(t, torch.Tensor):
         why = not_ids(t)
         if why is not None:
             raise CacheError(f"{op}: expected a 1-D integer tensor, got {why}")
-        return host_bytes(t)
-    if isinstance(t, (str, bytes, bytearray, memoryview)) or not isinstance(t, Sequence):
+        raw = host_bytes(t)
+    elif isinstance(t, (str, bytes, bytearray, memoryview)) or not isinstance(t, Sequence):
         raise CacheError(f"{op}: expected a 1-D integer tensor or a sequence of token ids, got {type(t).__name__}")
-    try:
-        return array("q", t).tobytes()  # NOTE: refuses floats, bools pass as ints (as torch.tensor does)
-    except (TypeError, OverflowError) as e:
-        raise CacheError(f"{op}: token ids must be int64 integers ({e})") from None
+    else:
+        try:
+            raw = array("q", t).tobytes()  # NOTE: refuses floats; bools are refused below
+        except (TypeError, OverflowError) as e:
+            raise CacheError(f"{op}: token ids must be int64 integers ({e})") from None
+        if has_bool(t):
+            raise CacheError(f"{op}: token ids must be ints, not bools (True/False)")
+    if raw and bytes(raw[_SIGN::8]).translate(None, _LOW):  # NOTE: a high byte >= 0x80 is left: a negative id
+        raise CacheError(f"{op}: token ids must be >= 0, got {min(array('q', raw))}")
+    return raw
+
+
+_SIGN = 7 if sys.byteorder == "little" else 0
+_LOW = bytes(range(0x80))
+"""Where the sign bit of each int64 lies in native-order bytes, and the high bytes of ids >= 0 (a key's ids are
+checked for sign on its bytes: a C pass, no per-id Python work)."""
 
 
 class Walk(NamedTuple):

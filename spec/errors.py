@@ -188,3 +188,19 @@ class EvictInteriorError(PrefixError):
 
 class EvictHoldsStateError(PrefixError):
     """Evicting a position from FULL while it still holds a Mamba state (its slot would leak)."""
+
+
+# ---------------------------------------------------------------- library calls outside the pools
+
+
+class ArgumentError(KVLedgerError):
+    """A call of kvledger's own library (a recorder, a replay, an adapter) given an argument it cannot take.
+
+    Names the call and the argument; nothing was done (no trace written, no state changed).
+    """
+
+    def __init__(self, operation: str, name: str, detail: str) -> None:
+        self.operation = operation
+        self.name = name
+        self.detail = detail
+        super().__init__(f"{operation}: {name} {detail}")

@@ -20,12 +20,13 @@ import torch
 from kvledger.contracts.abstraction import abstract, ledger_of
 from kvledger.contracts.adapters.protocol import CacheConfig, Inserted, Match, Snapshot
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
+from kvledger.impl.arguments import check_tokens
 from kvledger.impl.locks import LockHandle
 from kvledger.impl.lru import SENTINEL_ID, Linked
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.tree import MatchResult, TreeNode
-from kvledger.spec.errors import IntegrityError, OverAllocation
+from kvledger.spec.errors import ArgumentError, IntegrityError, LockError, OverAllocation
 from kvledger.spec.locks import Coverage, Key, LockSite, LockState
 from kvledger.spec.lru import DETACHED, SENTINEL, LruState
 from kvledger.spec.prefix import PrefixCache
@@ -153,9 +154,9 @@ class _Locked:
     match: MatchResult
 
 
-def _locked(h: Hashable) -> _Locked:
+def _locked(op: str, h: Hashable) -> _Locked:
     if not isinstance(h, _Locked):
-        raise TypeError(f"not a handle of the reference adapter: {h!r}")
+        raise LockError(f"{op}: not a handle of the reference adapter: {h!r:.60}")
     return h
 
 
@@ -170,13 +171,19 @@ class ReferenceAdapter:
     )
 
     def __init__(self, config: CacheConfig, device: str = "cpu") -> None:
+        if not isinstance(config, CacheConfig):
+            raise ArgumentError(
+                "create", "config", f"must be a CacheConfig, got {type(config).__name__} {config!r:.40}"
+            )
         self.config = config
         self.cache = build_cache(config, device)
         self.device = self.cache.device
         self._seen: dict[int, TreeNode] = {}
 
-    def _t(self, xs: Iterable[int]) -> torch.Tensor:
-        return torch.tensor(list(xs), dtype=torch.int64, device=self.device)
+    def _t(self, op: str, xs: Iterable[int]) -> torch.Tensor:
+        """Token or slot ids as an int64 tensor: ints >= 0 only (a float would be truncated by ``torch.tensor``)."""
+        ids = check_tokens(op, "kv", xs)
+        return torch.tensor(ids, dtype=torch.int64, device=self.device)
 
     def alloc_kv(self, req: int, n: int) -> tuple[int, ...] | None:
         try:
@@ -185,7 +192,7 @@ class ReferenceAdapter:
             return None
 
     def free_kv(self, req: int, slots: tuple[int, ...]) -> None:
-        self.cache.kv.free(self._t(slots), request(req))
+        self.cache.kv.free(self._t("free", slots), request(req))
 
     def alloc_mamba(self, req: int) -> int | None:
         assert self.cache.mamba is not None
@@ -196,18 +203,18 @@ class ReferenceAdapter:
 
     def free_mamba(self, req: int, slot: int) -> None:
         assert self.cache.mamba is not None
-        self.cache.mamba.free(self._t([slot]), request(req))
+        self.cache.mamba.free(self._t("free", [slot]), request(req))
 
     def write_kv(self, slots: tuple[int, ...], tokens: tuple[int, ...], start: int) -> None:
         pos = torch.arange(start, start + len(tokens), dtype=torch.int64, device=self.device)
-        self.cache.kv.write_fingerprint(self._t(slots), self._t(tokens), pos)
+        self.cache.kv.write_fingerprint(self._t("write_fingerprint", slots), self._t("write_fingerprint", tokens), pos)
 
     def write_mamba(self, slot: int, value: int) -> None:
         assert self.cache.mamba is not None
         self.cache.mamba.write_fingerprint(slot, value)
 
     def _match(self, key: tuple[int, ...]) -> tuple[Match, MatchResult]:
-        m = self.cache.match_prefix(self._t(key))
+        m = self.cache.match_prefix(self._t("match_prefix", key))
         return Match(m.length, tuple(m.indices.tolist()), m.mamba_slot), m
 
     def match_prefix(self, key: tuple[int, ...]) -> Match:
@@ -218,13 +225,13 @@ class ReferenceAdapter:
         return m, _Locked(self.cache.inc_lock_ref(raw.last_node), raw)
 
     def unlock(self, handle: Hashable) -> None:
-        self.cache.dec_lock_ref(_locked(handle).handle)
+        self.cache.dec_lock_ref(_locked("dec_lock_ref", handle).handle)
 
     def handle_id(self, handle: Hashable) -> int:
-        return int(_locked(handle).handle.id)
+        return int(_locked("handle_id", handle).handle.id)
 
     def insert(self, req: int, key: tuple[int, ...], slots: tuple[int, ...], mamba: int | None) -> Inserted:
-        r = self.cache.insert(self._t(key), self._t(slots), request(req), mamba_slot=mamba)
+        r = self.cache.insert(self._t("insert", key), self._t("insert", slots), request(req), mamba_slot=mamba)
         return Inserted(r.prefix_len, tuple(r.dup_indices.tolist()), r.dup_mamba)
 
     def evict(self, component: Component, n: int) -> int:
@@ -232,7 +239,7 @@ class ReferenceAdapter:
 
     def mamba_cow(self, handle: Hashable, req: int) -> int | None:
         try:
-            return self.cache.mamba_copy_on_write(_locked(handle).match, request(req))
+            return self.cache.mamba_copy_on_write(_locked("mamba_cow", handle).match, request(req))
         except OverAllocation:
             return None
 

@@ -31,14 +31,30 @@ from kvledger.impl.memory import MemoryManager
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.req_to_token import ReqToTokenPool
 from kvledger.impl.requests import Request, Status
-from kvledger.spec.errors import InvalidArgument
+from kvledger.spec.errors import ArgumentError, InvalidArgument
 from kvledger.spec.types import Component, Owner, node
 
 DEFAULT = SystemConfig()
 
 
 def build_manager(config: SystemConfig = DEFAULT, device: str = "cpu") -> MemoryManager:
-    """The reference memory manager for ``config`` (token or paged KV; Mamba pool with track buffers)."""
+    """The reference memory manager for ``config`` (token or paged KV; Mamba pool with track buffers).
+
+    ``config``: a ``SystemConfig`` whose sizes are ints >= 1 (``ping_pong`` >= 0) and whose ``kv_tokens`` are whole
+    pages; anything else is an ``ArgumentError`` naming the field (the pools themselves check their sizes too).
+    """
+    if not isinstance(config, SystemConfig):
+        raise ArgumentError("create", "config", f"must be a SystemConfig, got {type(config).__name__} {config!r:.40}")
+    for name in ("page_size", "kv_tokens", "rows", "max_context", "mamba_slots", "ping_pong"):
+        value = getattr(config, name)
+        if type(value) is not int or value < (0 if name == "ping_pong" else 1):
+            raise ArgumentError("create", f"config.{name}", f"must be an int >= 1, got {value!r:.40}")
+    if type(config.mamba) is not bool:
+        raise ArgumentError("create", "config.mamba", f"must be a bool, got {config.mamba!r:.40}")
+    if config.kv_tokens % config.page_size:
+        raise ArgumentError(
+            "create", "config.kv_tokens", f"{config.kv_tokens} is not whole pages of {config.page_size} tokens"
+        )
     if config.window is not None:
         raise InvalidArgument("create", "kv", (), "the reference memory manager has no sliding-window model")
     ps = config.page_size
@@ -174,6 +190,10 @@ class ReferenceSystemAdapter:
         return StepResult(admitted=tuple(r.rid for r in admitted), rejected=tuple(r.rid for r in rejected))
 
     def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
+        if type(n) is not int or n < 1:
+            raise InvalidArgument(
+                "extend", "req_to_token", (), f"n (tokens to decode) must be an int >= 1, got {n!r:.40}"
+            )
         self.mm.extend(self._req(rid), tuple(range(1, n + 1)), ahead)
         return StepResult()
 
@@ -200,6 +220,8 @@ class ReferenceSystemAdapter:
         self.mm.sessions.close(sid)
 
     def evict(self, component: Component, n: int) -> int:
+        if type(component) is not Component:
+            raise InvalidArgument("evict", "kv", (), f"component must be a Component, got {component!r:.40}")
         if component not in self.mm.cache.components:
             return 0
         return self.mm.cache.evict(component, n)

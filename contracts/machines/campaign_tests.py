@@ -19,10 +19,14 @@ program; ``-x`` stops the campaign at the first.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import pytest
 
 from kvledger.contracts.machines.campaign import Job, RunSpec, jobs_for, run_job
+from kvledger.contracts.machines.profiles import PROFILES
+from kvledger.contracts.tiers import LEVELS
+from kvledger.impl.faults import FAULTS
 
 KEYS = frozenset({"suites", "models", "seeds", "profile", "examples", "steps", "contracts", "faults", "db"})
 
@@ -58,15 +62,39 @@ def parse_campaign(text: str) -> tuple[RunSpec, list[Job]]:
     pairs = [(s, m) for s in suites for m in SUITES[s].models if not models or m in models]
     if not pairs:
         raise ValueError(f"KVLEDGER_CAMPAIGN: no model {models} in suites {suites}")
+    known = {m for s in suites for m in SUITES[s].models}
+    _known("model", models, known)
+    _known("profile", [fields.get("profile", "ci")], PROFILES)
+    _known("contracts", [fields.get("contracts", "on")], LEVELS)
+    faults = tuple(f.upper() for f in fields.get("faults", "").split(",") if f)
+    _known("fault", list(faults), FAULTS)
     spec = RunSpec(
         profile=fields.get("profile", "ci"),
-        examples=int(fields["examples"]) if "examples" in fields else None,
-        steps=int(fields["steps"]) if "steps" in fields else None,
+        examples=_count(fields, "examples"),
+        steps=_count(fields, "steps"),
         contracts=fields.get("contracts", "on"),
-        faults=tuple(f.upper() for f in fields.get("faults", "").split(",") if f),
+        faults=faults,
         database=fields.get("db") or None,
     )
     return spec, list(jobs_for(pairs, range(int(lo), int(hi))))
+
+
+def _known(what: str, names: list[str], known: Iterable[str]) -> None:
+    """``ValueError`` naming the first of ``names`` that is not one of ``known`` (no unknown name is dropped)."""
+    allowed = sorted(known)
+    bad = next((n for n in names if n not in allowed), None)
+    if bad is not None:
+        raise ValueError(f"KVLEDGER_CAMPAIGN: unknown {what} {bad!r}; expected one of {', '.join(allowed)}")
+
+
+def _count(fields: dict[str, str], key: str) -> int | None:
+    """Field ``key`` as an int >= 1 (``None`` when absent); ``ValueError`` naming it otherwise."""
+    if key not in fields:
+        return None
+    text = fields[key]
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"KVLEDGER_CAMPAIGN: {key}={text!r}: expected an integer >= 1")
+    return int(text)
 
 
 SPEC, JOBS = parse_campaign(os.environ.get("KVLEDGER_CAMPAIGN", ""))

@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from kvledger.contracts.adapters.protocol import CacheConfig
 from kvledger.contracts.adapters.system import StepResult, SystemAdapter, SystemSnapshot
+from kvledger.contracts.trace.arguments import SYSTEM_CORE, check_count, check_faults, check_members, check_sink
 from kvledger.contracts.trace.format import Header, TraceWriter
 from kvledger.contracts.trace.recorder import WorkloadResult, drive
 from kvledger.spec.errors import KVLedgerError
@@ -99,6 +100,9 @@ class AdapterRecorder:
     """Drives ``adapter`` call by call and writes each call and its observed effects to ``out``."""
 
     def __init__(self, adapter: SystemAdapter, out: Path | str | IO[str], *, faults: tuple[str, ...] = ()) -> None:
+        check_members("record", "adapter", adapter, SYSTEM_CORE, "system adapter")
+        check_sink("record", out)
+        faults = check_faults("record", faults)
         self.sys = adapter
         self.snap = adapter.snapshot()
         c = adapter.config
@@ -299,6 +303,8 @@ def record_adapter_workload(
     adapter: SystemAdapter, ops: int, seed: int, path: Path | str | IO[str], *, faults: tuple[str, ...] = ()
 ) -> WorkloadResult:
     """Drive ``ops`` random scheduler steps (seeded) on ``adapter``, record them to ``path``; a leak check ends it."""
+    check_count("record_adapter_workload", "ops", ops)
+    check_count("record_adapter_workload", "seed", seed, -(1 << 63))
     rec = AdapterRecorder(adapter, path, faults=faults)
     return drive(_Driver(rec, random.Random(seed)).step, ops, rec.writer, rec.leak_check)
 

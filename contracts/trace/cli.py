@@ -130,6 +130,15 @@ def record(
                 engine = load_factory(adapter)(CACHE_MODELS[model])
         except Exception as err:  # an adapter that cannot start is a usage error, not a crash
             _usage(str(err) if isinstance(err, ValueError) else f"adapter {adapter!r}: {type(err).__name__}: {err}")
+        from kvledger.contracts.cli import missing_members
+
+        missing = missing_members(engine, system)
+        if missing:
+            kind = "system adapter" if system else "cache adapter"
+            _usage(
+                f"adapter {adapter!r}: the factory returned {type(engine).__name__!r}, not a {kind} "
+                f"(missing {', '.join(missing)})"
+            )
     console = Console(stderr=True, highlight=False)
     with Progress(
         SpinnerColumn(),

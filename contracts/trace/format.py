@@ -117,7 +117,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from kvledger.contracts.adapters.protocol import CacheConfig
+from kvledger.contracts.adapters.protocol import CAPABILITIES, CacheConfig
+from kvledger.contracts.adapters.system import SYSTEM_CAPABILITIES
 
 TRACE_VERSION = 1
 """The only schema version this module reads and writes."""
@@ -135,6 +136,13 @@ MAX_INT = 2**63 - 1
 
 MAX_TOKEN = 2**31 - 1
 """The largest token id (in a key or ``tokens``)."""
+
+KNOWN_CAPABILITIES = CAPABILITIES | SYSTEM_CAPABILITIES
+"""The names a header's ``capabilities`` may list (those of cache and of system adapters)."""
+
+FAULT_NAMES = ("B1", "B2", "B3", "B4", "B5")
+"""The names a header's ``faults`` may list: ``kvledger.impl.faults.FAULTS`` (kept equal by a test; this module
+imports no torch, so it does not import the faults)."""
 
 MAX_DEPTH = 64
 """How deep a trace line may nest, as stated in messages (a valid line nests at most 5 deep; deeper lines fail
@@ -497,9 +505,13 @@ def _is_range(v: object) -> bool:
     return type(v) is list and len(v) == 2 and _is_id(v[0]) and _is_id(v[1]) and v[1] >= 1 and v[0] + v[1] <= MAX_POOL
 
 
-def _strings(line: int, name: str, value: object) -> tuple[str, ...]:
+def _strings(line: int, name: str, value: object, known: Iterable[str]) -> tuple[str, ...]:
+    """A header list of names, each once and each one of ``known`` (a misspelt name would claim, or hide, data)."""
     if type(value) is not list or not all(type(c) is str for c in value):
         raise TraceFormatError(line, f"header {name!r} a list of strings", _short(value))
+    unknown = next((c for c in value if c not in known), None)
+    if unknown is not None:
+        raise _unknown(line, f"the header's {name!r}", unknown, known)
     again = first_repeat(value)
     if again is not None:
         raise TraceFormatError(line, f"header {name!r} to name each item once", f"{again!r} twice")
@@ -568,8 +580,8 @@ def parse_header(obj: object) -> Header:
     for name in ("adapter", "version"):
         if type(obj[name]) is not str:
             raise TraceFormatError(1, f"header {name!r} a string", _short(obj[name]))
-    caps = _strings(1, "capabilities", obj["capabilities"]) if "capabilities" in obj else None
-    faults = _strings(1, "faults", obj.get("faults", []))
+    caps = _strings(1, "capabilities", obj["capabilities"], KNOWN_CAPABILITIES) if "capabilities" in obj else None
+    faults = _strings(1, "faults", obj.get("faults", []), FAULT_NAMES)
     pools = _ranges(1, "pools", obj["pools"], None) if "pools" in obj else None
     if pools is not None and "kv" not in pools:
         raise TraceFormatError(1, "header 'pools' with a 'kv' pool", _short(sorted(pools)))

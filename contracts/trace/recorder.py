@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO
 
 from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig, Inserted, Match, Snapshot
+from kvledger.contracts.trace.arguments import CACHE_CORE, check_count, check_faults, check_members, check_sink
 from kvledger.contracts.trace.format import Header, TraceWriter
 from kvledger.spec import prefix as P
 from kvledger.spec.errors import KVLedgerError
@@ -78,6 +79,9 @@ class Recorder:
     def __init__(
         self, adapter: CacheAdapter, out: Path | str | IO[str], *, lru: bool = True, faults: tuple[str, ...] = ()
     ) -> None:
+        check_members("record", "adapter", adapter, CACHE_CORE, "cache adapter")
+        check_sink("record", out)
+        faults = check_faults("record", faults)
         self.a = adapter
         self.name, self.version = adapter.name, adapter.version
         self.config: CacheConfig = adapter.config
@@ -400,6 +404,8 @@ def record_workload(
     over its own integrity checks), recording stops there: the trace holds
     everything up to that call, and ``stopped_by`` says what happened.
     """
+    check_count("record_workload", "ops", ops)
+    check_count("record_workload", "seed", seed, -(1 << 63))
     rec = Recorder(adapter, path, lru=lru, faults=faults)
     return drive(_Driver(rec, random.Random(seed)).step, ops, rec.writer)
 

@@ -65,12 +65,15 @@ highest seen that is not live counts as released).
 from __future__ import annotations
 
 import inspect
+import io
+import os
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from kvledger.contracts.trace.arguments import check_count
 from kvledger.contracts.trace.format import SYSTEM_OPS, Event, Header, TraceFormatError, first_repeat, read_trace
 from kvledger.contracts.trace.pools import SparseLedger
 from kvledger.contracts.trace.system_replay import (
@@ -85,7 +88,7 @@ from kvledger.spec import ledger as L
 from kvledger.spec import locks as K
 from kvledger.spec import lru as U
 from kvledger.spec import prefix as P
-from kvledger.spec.errors import KVLedgerError
+from kvledger.spec.errors import ArgumentError, KVLedgerError
 from kvledger.spec.locks import Coverage, Key, LockSite
 from kvledger.spec.types import Component, HandleId, NodeId, Owner, node, request
 
@@ -794,6 +797,11 @@ def replay(
     with their full contracts (postconditions re-checked: slower); by default
     each transition's ``check_*`` precondition runs and the transition itself.
     """
+    if isinstance(stream, str | bytes | os.PathLike) or not callable(getattr(stream, "readline", None)):
+        raise ArgumentError("replay", "stream", f"must be a text stream (replay_path takes a path), got {stream!r:.40}")
+    if isinstance(stream, io.BufferedIOBase | io.RawIOBase):
+        raise ArgumentError("replay", "stream", "is a binary stream: open the trace as text (encoding='utf-8')")
+    check_count("replay", "every", every, 1)
     header: Header | None = None
     steps = 0
     rep: Replayer | SystemReplayer | None = None
@@ -830,7 +838,12 @@ def replay(
 def replay_path(
     path: Path | str, progress: Callable[[int], None] | None = None, contracts: bool = False
 ) -> ReplayResult:
-    """:func:`replay` on a file; an unreadable file is a format error at line 0."""
+    """:func:`replay` on a file; an unreadable file is a format error at line 0.
+
+    ``path``: a ``str`` or ``os.PathLike`` (anything else, a file descriptor included, is an ``ArgumentError``).
+    """
+    if not isinstance(path, str | os.PathLike):
+        raise ArgumentError("replay_path", "path", f"must be a str or a path, got {type(path).__name__} {path!r:.40}")
     try:
         with open(path, encoding="utf-8", newline="") as stream:
             return replay(stream, progress, contracts=contracts)

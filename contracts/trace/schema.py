@@ -139,8 +139,12 @@ def build_schema() -> dict[str, Any]:
             "config": _config(),
             "adapter": {"type": "string"},
             "version": {"type": "string"},
-            "capabilities": {**strings, "description": "exactly the kinds of data the trace holds"},
-            "faults": strings,
+            "capabilities": {
+                **strings,
+                "items": {"enum": sorted(F.KNOWN_CAPABILITIES)},
+                "description": "exactly the kinds of data the trace holds",
+            },
+            "faults": {**strings, "items": {"enum": list(F.FAULT_NAMES)}},
             "pools": {
                 **_range(None),
                 "required": ["kv"],

@@ -29,6 +29,7 @@ import torch
 
 from kvledger.contracts.adapters.protocol import CacheConfig
 from kvledger.contracts.adapters.reference import ReferenceAdapter
+from kvledger.contracts.trace.arguments import check_count, check_faults, check_sink
 from kvledger.contracts.trace.format import Header, TraceWriter
 from kvledger.contracts.trace.recorder import WorkloadResult, drive
 from kvledger.impl.admission import Budget, admit
@@ -36,7 +37,7 @@ from kvledger.impl.leaks import check_leaks
 from kvledger.impl.memory import MemoryManager
 from kvledger.impl.owners import FREE_TAG, decode
 from kvledger.impl.requests import Request, Status
-from kvledger.spec.errors import KVLedgerError
+from kvledger.spec.errors import ArgumentError, KVLedgerError
 from kvledger.spec.types import Component, Owner, OwnerKind, request, session
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8))
@@ -53,6 +54,10 @@ class SystemRecorder:
     """Drives ``mm`` call by call and writes each call and its observed effects to ``out``."""
 
     def __init__(self, mm: MemoryManager, out: Path | str | IO[str], *, faults: tuple[str, ...] = ()) -> None:
+        if not isinstance(mm, MemoryManager):
+            raise ArgumentError("record", "mm", f"must be a MemoryManager, got {type(mm).__name__}")
+        check_sink("record", out)
+        faults = check_faults("record", faults)
         self.mm = mm
         pools = mm.pools()
         config = CacheConfig(
@@ -282,6 +287,8 @@ def record_system_workload(
     outside the calls that may fail, recording stops there and ``stopped_by``
     says what happened.
     """
+    check_count("record_system_workload", "ops", ops)
+    check_count("record_system_workload", "seed", seed, -(1 << 63))
     rec = SystemRecorder(mm, path, faults=faults)
     return drive(_Driver(rec, random.Random(seed)).step, ops, rec.writer, rec.leak_check)
 
