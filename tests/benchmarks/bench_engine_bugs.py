@@ -57,7 +57,7 @@ class Bug:
 
 
 B5_LAWS = ("inv_lock_ref_counts_handles", "implementation crashed: AssertionError")
-"""B5's SWA over-release lowers counts a live lock covers (the law), or one no lock covers below zero (SGLang's assert)."""
+"""B5's SWA over-release lowers counts a live lock covers (the law), or drives one below zero (SGLang's assert)."""
 
 BUGS: tuple[Bug, ...] = (
     Bug("B1", "0.5.9", "cache", "mamba", "sglang-0.5.9-mamba", ("inv_lru_detached",)),
