@@ -108,11 +108,28 @@ def _safe(fn: Callable[[], Any]) -> Any:
 # ------------------------------------------------------------------ slot ids as the pool keeps them
 
 
+_VIEWS: dict[int, tuple[torch.Tensor, int, Any]] = {}
+"""Host views of the last alloc results checked (CPU pools), by tensor identity: the tensor, its version counter
+then and the view. A free of one that torch has not changed since (in place, shape included) reads the same view:
+it shares the tensor's memory, so it reads what the tensor names now."""
+VIEWS_KEPT = 64
+
+
+def _remember(result: Any, ids: Any) -> None:
+    if type(result) is torch.Tensor and ids is not None and ids.base is not None:  # NOTE: a view, not a copy
+        _VIEWS[id(result)] = (result, result._version, ids)
+        if len(_VIEWS) > VIEWS_KEPT:
+            del _VIEWS[next(iter(_VIEWS))]
+
+
 def _host(self: SlotPool, indices: Any) -> Any:
     """``indices`` (a tensor or host ids) as this pool indexes its tag column: host int64 ids on a CPU pool, an
     int64 tensor on the pool's device otherwise."""
     if self._tags is not None:
         if type(indices) is torch.Tensor and indices.is_cpu:
+            seen = _VIEWS.get(id(indices))
+            if seen is not None and seen[0] is indices and seen[1] == indices._version:
+                return seen[2]
             ids = indices.numpy()  # NOTE: a view; the common case, one call
             return ids if ids.dtype == I64 else ids.astype(I64)
         if isinstance(indices, np.ndarray):
@@ -132,6 +149,15 @@ def _tags(self: SlotPool, ids: Any) -> Any:
 def _stack(self: SlotPool, lo: int, hi: int) -> Any:
     """The free stack's entries ``lo:hi``, a copy."""
     return self._free_np[lo:hi].copy() if self._free_np is not None else self._stack[lo:hi].clone()
+
+
+def _tags_are(self: SlotPool, ids: Any, code: int) -> bool:
+    """Every slot of ``ids`` (from ``_host``) is tagged ``code`` now: ``_uniform(_tags(self, ids), code)`` in one
+    call."""
+    tags = self._tags
+    if tags is not None:
+        return bool(tags[ids].tobytes() == _tag_bytes(code, len(ids)))
+    return bool((self.owner_tag[ids] == code).all())
 
 
 def _uniform(tags: Any, code: int) -> bool:
@@ -198,7 +224,7 @@ def snap_alloc(self: SlotPool, n: Any) -> Pop | None:
         return None
     free_np = self._free_np
     span = free_np[top - n : top] if free_np is not None else self._stack[top - n : top]
-    return top, _uniform(_tags(self, span), FREE_TAG)
+    return top, _tags_are(self, span, FREE_TAG)
 
 
 def snap_touched(self: SlotPool, indices: Any) -> Touched | None:
@@ -231,7 +257,7 @@ def alloc_count(self: SlotPool, old: Pop, n: int) -> bool:
 
 def alloc_tags_owner(self: SlotPool, got: Any, code: int) -> bool:
     """alloc'd slots ``got`` are tagged with their new owner (``code``: the owner's tag)."""
-    return _uniform(_tags(self, got), code)
+    return _tags_are(self, got, code)
 
 
 def release_only_held(old: Touched | None) -> bool:
@@ -245,7 +271,7 @@ def release_frees(self: SlotPool, old: Touched) -> bool:
     k = len(ids)
     free_np = self._free_np
     pushed = free_np[top : top + k] if free_np is not None else self._stack[top : top + k]
-    return self._top == top + k and _uniform(_tags(self, ids), FREE_TAG) and _same_ids(pushed, ids)
+    return self._top == top + k and _tags_are(self, ids, FREE_TAG) and _same_ids(pushed, ids)
 
 
 def free_by_owner(old: Touched | None, code: int) -> bool:
@@ -260,7 +286,7 @@ def transfer_from_source(old: Touched | None, code: int) -> bool:
 
 def transfer_to_destination(self: SlotPool, old: Touched, code: int) -> bool:
     """transferred slots are tagged with the destination (``code``: its tag) and the free count is unchanged."""
-    return self._top == old[0] and _uniform(_tags(self, old[1]), code)
+    return self._top == old[0] and _tags_are(self, old[1], code)
 
 
 # ------------------------------------------------------------------ tier "on" wrappers of the pool's transitions
@@ -281,9 +307,10 @@ TRANSFER_SOURCE = "transfer takes slots only from the named source"
 TRANSFER_DESTINATION = "transferred slots carry the destination's tag"
 
 
-def _laws(wrapper: Any, fn: Any, *descriptions: str) -> Any:
+def _laws(wrapper: Callable[..., Any], fn: Callable[..., Any], *descriptions: str) -> Callable[..., Any]:
+    """``wrapper``, its ``__kvledger_laws__`` the descriptions of ``fn``'s laws and then ``descriptions``."""
     prior: tuple[str, ...] = getattr(fn, "__kvledger_laws__", ())
-    wrapper.__kvledger_laws__ = prior + descriptions
+    wrapper.__kvledger_laws__ = prior + descriptions  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -304,6 +331,7 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
         old = snap_alloc(self, n)
         result = fn(self, n, owner, *args, **kwargs)
         got = _result_ids(self, result)
+        _remember(result, got)
         if not alloc_takes_free_top(self, old, got, n):
             raise _violation(ALLOC_TOP, alloc_takes_free_top, names, (n, owner, *args), kwargs, result)
         assert old is not None
