@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
+import threading
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import icontract
 import numpy as np
@@ -38,7 +40,7 @@ from kvledger.contracts.tiers import Level as Level
 from kvledger.contracts.tiers import level_from_env as level_from_env
 from kvledger.impl.allocators import SWATokenAllocator
 from kvledger.impl.owners import FREE_TAG, RESERVED_TAG
-from kvledger.impl.slots import SlotPool, _tag_bytes
+from kvledger.impl.slots import I64, SlotPool, _tag_bytes
 from kvledger.spec import ledger as spec
 from kvledger.spec.errors import LedgerError
 from kvledger.spec.types import Owner
@@ -106,14 +108,34 @@ def _safe(fn: Callable[[], Any]) -> Any:
 # ------------------------------------------------------------------ slot ids as the pool keeps them
 
 
+_VIEWS: dict[int, tuple[torch.Tensor, int, Any]] = {}
+"""Host views of the last alloc results checked (CPU pools), by tensor identity: the tensor, its version counter
+then and the view. A free of one that torch has not changed since (in place, shape included) reads the same view:
+it shares the tensor's memory, so it reads what the tensor names now."""
+VIEWS_KEPT = 64
+
+
+def _remember(result: Any, ids: Any) -> None:
+    if type(result) is torch.Tensor and ids is not None and ids.base is not None:  # NOTE: a view, not a copy
+        _VIEWS[id(result)] = (result, result._version, ids)
+        if len(_VIEWS) > VIEWS_KEPT:
+            del _VIEWS[next(iter(_VIEWS))]
+
+
 def _host(self: SlotPool, indices: Any) -> Any:
     """``indices`` (a tensor or host ids) as this pool indexes its tag column: host int64 ids on a CPU pool, an
     int64 tensor on the pool's device otherwise."""
     if self._tags is not None:
+        if type(indices) is torch.Tensor and indices.is_cpu:
+            seen = _VIEWS.get(id(indices))
+            if seen is not None and seen[0] is indices and seen[1] == indices._version:
+                return seen[2]
+            ids = indices.numpy()  # NOTE: a view; the common case, one call
+            return ids if ids.dtype == I64 else ids.astype(I64)
         if isinstance(indices, np.ndarray):
-            return indices if indices.dtype == np.int64 else indices.astype(np.int64)
+            return indices if indices.dtype == I64 else indices.astype(I64)
         t: torch.Tensor = indices
-        return (t if t.dtype == torch.int64 and t.is_cpu else t.to("cpu", torch.int64)).numpy()
+        return t.to("cpu", torch.int64).numpy()
     if isinstance(indices, np.ndarray):
         return torch.from_numpy(indices.astype(np.int64)).to(self.device)
     return indices.to(self.device, torch.int64)
@@ -129,6 +151,15 @@ def _stack(self: SlotPool, lo: int, hi: int) -> Any:
     return self._free_np[lo:hi].copy() if self._free_np is not None else self._stack[lo:hi].clone()
 
 
+def _tags_are(self: SlotPool, ids: Any, code: int) -> bool:
+    """Every slot of ``ids`` (from ``_host``) is tagged ``code`` now: ``_uniform(_tags(self, ids), code)`` in one
+    call."""
+    tags = self._tags
+    if tags is not None:
+        return bool(tags[ids].tobytes() == _tag_bytes(code, len(ids)))
+    return bool((self.owner_tag[ids] == code).all())
+
+
 def _uniform(tags: Any, code: int) -> bool:
     """Every tag of ``tags`` (host ids' tags, or a tensor) is ``code``: on the host one comparison of bytes."""
     if isinstance(tags, np.ndarray):
@@ -138,9 +169,24 @@ def _uniform(tags: Any, code: int) -> bool:
 
 def _all_held(tags: Any) -> bool:
     """No tag of ``tags`` is free or reserved (held tags are > 0, ``owners.encode``)."""
-    if not len(tags):
-        return True
-    return bool(tags.min() > FREE_TAG) if isinstance(tags, np.ndarray) else bool((tags > FREE_TAG).all())
+    if isinstance(tags, np.ndarray):  # NOTE: FREE_TAG is 0: no zero tag and none negative, no reduction
+        return int(np.count_nonzero(tags)) == len(tags) and _non_negative(tags)
+    return bool((tags > FREE_TAG).all())
+
+
+_SIGN = slice(7, None, 8) if sys.byteorder == "little" else slice(0, None, 8)
+"""In the bytes of int64s in host order, the byte of each that holds its sign."""
+
+
+def _non_negative(ids: Any) -> bool:
+    """No id of ``ids`` (host ids or a tensor) is negative (an index would wrap one around).
+
+    NOTE: on the host, every int64's sign byte is below 0x80, read with one ``bytes.isascii`` (a numpy
+    reduction costs several times as much for a few hundred ids).
+    """
+    if isinstance(ids, np.ndarray):
+        return bool(ids.tobytes()[_SIGN].isascii())
+    return not bool((ids < 0).any())
 
 
 def _same_ids(a: Any, b: Any) -> bool:
@@ -159,91 +205,202 @@ def _reversed(ids: Any) -> Any:
 # ------------------------------------------------------------------ incremental laws (tier "on")
 
 
-class Pop(NamedTuple):
-    """Before an alloc: the free count, the ``n`` slots on top of the free stack in pop order (last pushed first),
-    and whether they were all free-tagged."""
+Pop = tuple[int, bool]
+"""Before an alloc: the free count, and whether the slots it would pop (the top ``n`` of the free stack) were all
+free-tagged."""
 
-    top: int
-    cand: Any
-    free: bool
-
-
-class Touched(NamedTuple):
-    """Before a release, free or transfer: the free count and the tags of the slots named."""
-
-    top: int
-    ids: Any
-    tags: Any
+Touched = tuple[int, Any, Any]
+"""Before a release, free or transfer: the free count, the slots named (as ``_host`` keeps them) and their tags."""
 
 
-def snap_alloc(self: SlotPool, n: Any, *_: Any, **__: Any) -> Pop | None:
-    """The ``Pop`` of ``alloc(n)`` (``None`` for an ``n`` alloc rejects)."""
+def snap_alloc(self: SlotPool, n: Any) -> Pop | None:
+    """The ``Pop`` of ``alloc(n)`` (``None`` for an ``n`` alloc rejects).
+
+    NOTE: the popped slots themselves are read after the call, below the old top of the free stack: a pop
+    writes nothing there (a copy of them before each call cost as much as the alloc).
+    """
     top = self._top
     if type(n) is not int or not 0 <= n <= top:
         return None
-    cand = _reversed(_stack(self, top - n, top))
-    return Pop(top, cand, _uniform(_tags(self, cand), FREE_TAG))
+    free_np = self._free_np
+    span = free_np[top - n : top] if free_np is not None else self._stack[top - n : top]
+    return top, _tags_are(self, span, FREE_TAG)
 
 
-def snap_touched(self: SlotPool, indices: Any, *_: Any, **__: Any) -> Touched | None:
-    """The ``Touched`` of a call naming ``indices`` (``None`` for indices the call rejects)."""
+def snap_touched(self: SlotPool, indices: Any) -> Touched | None:
+    """The ``Touched`` of a call naming ``indices`` (``None`` for indices the call must reject: malformed, out of
+    range, or negative, which an index would wrap)."""
     try:
         ids = _host(self, indices)
-        return Touched(self._top, ids, _tags(self, ids))
+        return (self._top, ids, _tags(self, ids)) if _non_negative(ids) else None
     except Exception:  # a malformed call: the method itself raises its typed error
         return None
 
 
-def alloc_takes_free_top(self: SlotPool, old: Pop | None, result: Any, n: int, *_: Any, **__: Any) -> bool:
-    """alloc hands out exactly the top ``n`` free slots, which were free-tagged (``result``: a tensor, or host ids
-    from ``alloc_ids``)."""
-    return old is not None and old.free and _same_ids(_host(self, result), old.cand)
+def _popped(self: SlotPool, top: int, n: int) -> Any:
+    """The ``n`` slots an alloc pops from a free stack whose top was ``top``, in pop order (last pushed first)."""
+    if self._free_np is not None:
+        return self._free_np[top - n : top][::-1]
+    return _reversed(self._stack[top - n : top])
 
 
-def alloc_tags_owner(self: SlotPool, old: Pop, result: Any, n: int, owner: Owner, **__: Any) -> bool:
-    """alloc'd slots are tagged with their new owner (after ``alloc_takes_free_top``: they are ``old.cand``)."""
-    return _uniform(_tags(self, old.cand), self.code_of(owner, "alloc"))
+def alloc_takes_free_top(self: SlotPool, old: Pop | None, got: Any, n: int) -> bool:
+    """alloc hands out exactly the top ``n`` free slots, which were free-tagged (``got``: the result as ``_host``
+    keeps it; ``None`` when it is not slot ids)."""
+    return old is not None and old[1] and got is not None and _same_ids(got, _popped(self, old[0], n))
 
 
-def alloc_count(self: SlotPool, old: Pop | None, result: Any, n: int, *_: Any, **__: Any) -> bool:
-    """free count drops by exactly n (after ``alloc_takes_free_top``: ``result`` is ``old.cand``)."""
-    return old is not None and len(old.cand) == n and self._top == old.top - n  # NOTE: result == old.cand, checked
+def alloc_count(self: SlotPool, old: Pop, n: int) -> bool:
+    """free count drops by exactly n (after ``alloc_takes_free_top``: the result is the top n)."""
+    return self._top == old[0] - n
 
 
-def release_only_held(self: SlotPool, old: Touched | None, result: None, idx: Any) -> bool:
+def alloc_tags_owner(self: SlotPool, got: Any, code: int) -> bool:
+    """alloc'd slots ``got`` are tagged with their new owner (``code``: the owner's tag)."""
+    return _tags_are(self, got, code)
+
+
+def release_only_held(old: Touched | None) -> bool:
     """release returns only held slots (no double free, no reserved slot)."""
-    return old is not None and _all_held(old.tags)
+    return old is not None and _all_held(old[2])
 
 
-def release_frees(self: SlotPool, old: Touched | None, result: None, idx: Any) -> bool:
-    """released slots are free-tagged and pushed on the free stack exactly once."""
-    if old is None:
-        return False
-    k = len(old.ids)
-    return (
-        self._top == old.top + k
-        and _uniform(_tags(self, old.ids), FREE_TAG)
-        and _same_ids(_stack(self, old.top, old.top + k), old.ids)
-    )
+def release_frees(self: SlotPool, old: Touched) -> bool:
+    """released slots are free-tagged and pushed on the free stack exactly once (``old``: before the call)."""
+    top, ids, _ = old
+    k = len(ids)
+    free_np = self._free_np
+    pushed = free_np[top : top + k] if free_np is not None else self._stack[top : top + k]
+    return self._top == top + k and _tags_are(self, ids, FREE_TAG) and _same_ids(pushed, ids)
 
 
-def free_by_owner(self: SlotPool, old: Touched | None, result: None, indices: Any, owner: Owner) -> bool:
-    """free takes slots only from the owner that held them."""
-    return old is not None and _uniform(old.tags, self.code_of(owner, "free"))
+def free_by_owner(old: Touched | None, code: int) -> bool:
+    """free takes slots only from the owner that held them (``code``: the owner's tag)."""
+    return old is not None and _uniform(old[2], code)
 
 
-def transfer_from_source(
-    self: SlotPool, old: Touched | None, result: None, indices: Any, src: Owner, dst: Owner
-) -> bool:
-    """transfer takes slots only from the named source."""
-    return old is not None and _uniform(old.tags, self.code_of(src, "transfer"))
+def transfer_from_source(old: Touched | None, code: int) -> bool:
+    """transfer takes slots only from the named source (``code``: its tag)."""
+    return old is not None and _uniform(old[2], code)
 
 
-def transfer_to_destination(
-    self: SlotPool, old: Touched | None, result: None, indices: Any, src: Owner, dst: Owner
-) -> bool:
-    """transferred slots are tagged with the destination and the free count is unchanged."""
-    return old is not None and self._top == old.top and _uniform(_tags(self, old.ids), self.code_of(dst, "transfer"))
+def transfer_to_destination(self: SlotPool, old: Touched, code: int) -> bool:
+    """transferred slots are tagged with the destination (``code``: its tag) and the free count is unchanged."""
+    return self._top == old[0] and _tags_are(self, old[1], code)
+
+
+# ------------------------------------------------------------------ tier "on" wrappers of the pool's transitions
+# NOTE: one wrapper per transition, each law called with what it reads (no generic argument binding, no
+# snapshot object beyond the few values the laws need); a free checks the release it makes as part of itself
+# (its wrapper marks the pool, and the release's own wrapper then only runs it).
+
+_inside = threading.local()
+"""``_inside.pool``: the pool whose ``free`` is being checked now (its inner ``release`` is part of that check)."""
+
+ALLOC_TOP = "alloc hands out exactly the top n free slots"
+ALLOC_COUNT = "free count drops by exactly n"
+ALLOC_TAGS = "alloc'd slots are tagged with their new owner"
+RELEASE_HELD = "release returns only held slots"
+RELEASE_FREES = "released slots are free-tagged and pushed once"
+FREE_OWNER = "free takes slots only from their owner"
+TRANSFER_SOURCE = "transfer takes slots only from the named source"
+TRANSFER_DESTINATION = "transferred slots carry the destination's tag"
+
+
+def _laws(wrapper: Callable[..., Any], fn: Callable[..., Any], *descriptions: str) -> Callable[..., Any]:
+    """``wrapper``, its ``__kvledger_laws__`` the descriptions of ``fn``'s laws and then ``descriptions``."""
+    prior: tuple[str, ...] = getattr(fn, "__kvledger_laws__", ())
+    wrapper.__kvledger_laws__ = prior + descriptions  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _result_ids(self: SlotPool, result: Any) -> Any:
+    """An alloc's result as ``_host`` keeps slot ids (``None`` when it is not slot ids)."""
+    try:
+        return _host(self, result)
+    except Exception:
+        return None
+
+
+def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Tier ``on`` for ``SlotPool.alloc`` / ``alloc_ids``: the top of the free stack before, the result after."""
+    names = [p for p in inspect.signature(fn).parameters][1:]
+
+    @functools.wraps(fn)
+    def wrapper(self: SlotPool, n: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
+        old = snap_alloc(self, n)
+        result = fn(self, n, owner, *args, **kwargs)
+        got = _result_ids(self, result)
+        _remember(result, got)
+        if not alloc_takes_free_top(self, old, got, n):
+            raise _violation(ALLOC_TOP, alloc_takes_free_top, names, (n, owner, *args), kwargs, result)
+        assert old is not None
+        if not alloc_count(self, old, n):
+            raise _violation(ALLOC_COUNT, alloc_count, names, (n, owner, *args), kwargs, result)
+        if not alloc_tags_owner(self, got, self.code_of(owner, "alloc")):
+            raise _violation(ALLOC_TAGS, alloc_tags_owner, names, (n, owner, *args), kwargs, result)
+        return result
+
+    return _laws(wrapper, fn, ALLOC_TOP, ALLOC_COUNT, ALLOC_TAGS)
+
+
+def on_release(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Tier ``on`` for ``SlotPool.release`` (run alone: inside a checked ``free`` it is part of that check)."""
+    names = [p for p in inspect.signature(fn).parameters][1:]
+
+    @functools.wraps(fn)
+    def wrapper(self: SlotPool, idx: Any) -> None:
+        if getattr(_inside, "pool", None) is self:
+            fn(self, idx)
+            return
+        old = snap_touched(self, idx)
+        fn(self, idx)
+        if not release_only_held(old):
+            raise _violation(RELEASE_HELD, release_only_held, names, (idx,), {}, None)
+        assert old is not None
+        if not release_frees(self, old):
+            raise _violation(RELEASE_FREES, release_frees, names, (idx,), {}, None)
+
+    return _laws(wrapper, fn, RELEASE_HELD, RELEASE_FREES)
+
+
+def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Tier ``on`` for ``SlotPool.free``: the named slots' tags before; after, the release's laws on them."""
+    names = [p for p in inspect.signature(fn).parameters][1:]
+
+    @functools.wraps(fn)
+    def wrapper(self: SlotPool, indices: Any, owner: Any) -> None:
+        old = snap_touched(self, indices)
+        outer = getattr(_inside, "pool", None)
+        _inside.pool = self
+        try:
+            fn(self, indices, owner)
+        finally:
+            _inside.pool = outer
+        if not free_by_owner(old, self.code_of(owner, "free")):
+            raise _violation(FREE_OWNER, free_by_owner, names, (indices, owner), {}, None)
+        assert old is not None  # NOTE: held by the owner, so held (> 0): ``release_only_held`` holds too
+        if not release_frees(self, old):
+            raise _violation(RELEASE_FREES, release_frees, names, (indices, owner), {}, None)
+
+    return _laws(wrapper, fn, FREE_OWNER, RELEASE_FREES)
+
+
+def on_transfer(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Tier ``on`` for ``SlotPool.transfer``: the named slots' tags before and after."""
+    names = [p for p in inspect.signature(fn).parameters][1:]
+
+    @functools.wraps(fn)
+    def wrapper(self: SlotPool, indices: Any, src: Any, dst: Any) -> None:
+        old = snap_touched(self, indices)
+        fn(self, indices, src, dst)
+        if not transfer_from_source(old, self.code_of(src, "transfer")):
+            raise _violation(TRANSFER_SOURCE, transfer_from_source, names, (indices, src, dst), {}, None)
+        assert old is not None
+        if not transfer_to_destination(self, old, self.code_of(dst, "transfer")):
+            raise _violation(TRANSFER_DESTINATION, transfer_to_destination, names, (indices, src, dst), {}, None)
+
+    return _laws(wrapper, fn, TRANSFER_SOURCE, TRANSFER_DESTINATION)
 
 
 def free_swa_clears_mapping(
@@ -336,35 +493,10 @@ def install(level: Level) -> None:
     ens = icontract.ensure
     slow = level == "slow"
     for name in ("alloc", "alloc_ids"):  # NOTE: both pop through _pop_ids on a CPU pool
-        _wrap(
-            SlotPool,
-            name,
-            check(
-                snap_alloc,
-                (alloc_takes_free_top, "alloc hands out exactly the top n free slots"),
-                (alloc_count, "free count drops by exactly n"),
-                (alloc_tags_owner, "alloc'd slots are tagged with their new owner"),
-            ),
-        )
-    _wrap(
-        SlotPool,
-        "release",
-        check(
-            snap_touched,
-            (release_only_held, "release returns only held slots"),
-            (release_frees, "released slots are free-tagged and pushed once"),
-        ),
-    )
-    _wrap(SlotPool, "free", check(snap_touched, (free_by_owner, "free takes slots only from their owner")))
-    _wrap(
-        SlotPool,
-        "transfer",
-        check(
-            snap_touched,
-            (transfer_from_source, "transfer takes slots only from the named source"),
-            (transfer_to_destination, "transferred slots carry the destination's tag"),
-        ),
-    )
+        _wrap(SlotPool, name, on_alloc)
+    _wrap(SlotPool, "release", on_release)
+    _wrap(SlotPool, "free", on_free)
+    _wrap(SlotPool, "transfer", on_transfer)
     _wrap(SWATokenAllocator, "free_swa", check(None, (free_swa_clears_mapping, "freed SWA slots are unmapped")))
     from kvledger.contracts import cache_bindings  # NOTE: here, so pool-only users do not import the cache
 

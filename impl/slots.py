@@ -39,6 +39,10 @@ Ids: TypeAlias = "npt.NDArray[np.int64]"
 """Slot ids on the host (CPU pools): a 1-D int64 numpy array, often a view of a tensor or of bytes."""
 I64 = np.dtype(np.int64)
 """The dtype of ``Ids``, made once: numpy parses a dtype instance passed by position fastest."""
+_FREE0: Ids = np.array(FREE_TAG, dtype=I64)
+"""``FREE_TAG`` as a 0-d array: numpy's fancy assignment takes one faster than a Python int."""
+Seen: TypeAlias = "tuple[object, int, Ids, bytes]"
+"""A pool's last owner seen: the owner, its tag, the tag as a 0-d array and as int64 bytes."""
 Tokens: TypeAlias = "array[int]"
 """Token ids or token slot ids kept on the host by the radix tree: an ``array("q")``."""
 
@@ -85,7 +89,11 @@ class SlotPool:
         # NOTE: the bytes of recent ``alloc`` results (an ordered set): a sequence equal to one of
         # them names distinct slots, so ``claim`` needs no duplicate check for it (CPU only)
         self._fresh: RecentAllocs[None] = RecentAllocs()
-        self._seen: tuple[object, int] = (None, FREE_TAG)  # the last owner encoded and its tag (``code_of``)
+        # NOTE: the tensors of recent ``alloc`` results (CPU only), by identity: each with its host ids (the memory
+        # the tensor was made on) and their bytes then. Freeing one of them needs no conversion back to the host
+        self._handed: dict[int, tuple[torch.Tensor, Ids, bytes]] = {}
+        # the last owner encoded, its tag, the tag as a 0-d array (numpy assigns one fastest) and as bytes
+        self._seen: Seen = (None, FREE_TAG, _FREE0, _tag_bytes(FREE_TAG, 1))
         self._link_host()
 
     def _link_host(self) -> None:
@@ -105,6 +113,7 @@ class SlotPool:
         state = dict(self.__dict__)
         for view in ("_tags", "_origins") + (("_stack",) if self._free_np is not None else ()):
             del state[view]
+        state["_handed"] = {}  # NOTE: a copy's alloc results are other tensors
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -299,11 +308,13 @@ class SlotPool:
     def code_of(self, owner: Owner, op: str) -> int:
         """``encode(owner, op, name)``, remembered for the last owner seen (an ``Owner`` is immutable: a scheduler
         hands the same request's owner to its alloc and its free)."""
-        if owner is self._seen[0]:
-            return self._seen[1]
+        return self._seen[1] if owner is self._seen[0] else self._seen_for(owner, op)[1]
+
+    def _seen_for(self, owner: Owner, op: str) -> Seen:
+        """Make ``owner`` the last owner seen (``encode`` raises for a malformed one) and return ``_seen``."""
         code = encode(owner, op, self.name)
-        self._seen = (owner, code)
-        return code
+        self._seen = (owner, code, np.array(code, dtype=I64), _tag_bytes(code, 1))
+        return self._seen
 
     def check_alloc(self, n: int, owner: Owner) -> int:
         """Raise unless ``n`` slots can be given to ``owner``; return ``owner``'s tag. ``n == 0`` is legal (nothing)."""
@@ -326,7 +337,16 @@ class SlotPool:
         a negative or non-int ``n`` or a malformed owner.
         """
         if self._free_np is not None:
-            return torch.from_numpy(self._pop_ids(n, owner, True))
+            ids = self._pop_ids(n, owner, False)
+            out = torch.from_numpy(ids)
+            if 0 < n <= FRESH_MAX:
+                raw = ids.tobytes()
+                self._fresh.add(raw, None)
+                handed = self._handed
+                handed[id(out)] = (out, ids, raw)
+                if len(handed) > FRESH_KEEP:
+                    del handed[next(iter(handed))]
+            return out
         code = self.check_alloc(n, owner)
         top = self._top
         out = self._stack[top - n : top].flip(0)
@@ -344,12 +364,18 @@ class SlotPool:
 
     def _pop_ids(self, n: int, owner: Owner, remember: bool) -> Ids:
         # NOTE: ``alloc`` and ``alloc_ids`` share this, so the contracts check each call once
-        assert self._free_np is not None, "alloc_ids: a CPU pool's call"
-        code = self.check_alloc(n, owner)
+        free_np = self._free_np
+        assert free_np is not None, "alloc_ids: a CPU pool's call"
         top = self._top
-        ids = self._free_np[top - n : top][::-1].copy()  # NOTE: a copy: the caller's ids must not see later pushes
+        seen = self._seen
+        if not (owner is seen[0] and type(n) is int and 0 <= n <= top):
+            self.check_alloc(n, owner)  # NOTE: raises, or makes ``owner`` the last owner seen
+            seen = self._seen
+        ids = free_np[top - n : top][::-1].copy()  # NOTE: a copy: the caller's ids must not see later pushes
         self._top = top - n
-        self._mark_owned(ids, code)
+        self._tags[ids] = seen[2]  # type: ignore[index]
+        if self._stamped:
+            self._origins[ids] = self._stamp  # type: ignore[index]
         if remember and 0 < n <= FRESH_MAX:
             self._fresh.add(ids.tobytes(), None)
         return ids
@@ -360,11 +386,41 @@ class SlotPool:
         Raises ``DoubleFree`` / ``NotOwner`` / ``OutOfRange`` / ``InvalidArgument``
         with the pool unchanged.
         """
-        ids = _host_ids(indices) if self._tags is not None else None  # NOTE: one conversion for claim and release
-        if ids is not None and self.claim(ids, owner, op="free"):
-            self.release(ids)
-            return
+        if self._tags is not None and type(indices) is torch.Tensor:
+            mine = self._handed.get(id(indices))
+            if mine is not None and mine[0] is indices and indices._version == 0 and mine[1].tobytes() == mine[2]:
+                # NOTE: a recent alloc result that nothing changed (torch counts its in-place calls, shape changes
+                # too; a write through a numpy view changes the bytes): its host ids, distinct slots of this pool
+                ids = mine[1]
+                seen = self._seen if owner is self._seen[0] else self._seen_for(owner, "free")
+                if self._tags[ids].tobytes() == seen[3] * len(ids):
+                    self.release(ids)
+                    del self._handed[id(indices)]
+                    return
+            elif self._free_host(indices, owner):
+                return
         self.release(self._held_index("free", indices, owner))
+
+    def _free_host(self, indices: torch.Tensor, owner: Owner) -> bool:
+        """``free`` of a CPU tensor through its host view, when it is shown to be distinct slots held by ``owner``;
+        ``False`` (nothing done) when not: ``free`` then takes the checked path, which names the error."""
+        try:
+            ids: Ids = indices.numpy()
+        except (TypeError, RuntimeError):  # another device, a sparse or meta tensor
+            return False
+        if ids.dtype != I64 or ids.ndim != 1 or not (k := len(ids)):
+            return False
+        if k == 1 and ids[0] >= 0:  # NOTE: one slot is distinct; numpy would wrap a negative index
+            seen = self._seen if owner is self._seen[0] else self._seen_for(owner, "free")
+            try:
+                ok = self._tags[ids].tobytes() == seen[3]  # type: ignore[index]
+            except IndexError:
+                return False
+        else:
+            ok = self.claim(ids, owner, op="free")
+        if ok:
+            self.release(ids)
+        return ok
 
     def release(self, idx: torch.Tensor | Ids) -> None:
         """Push already-validated slots back on the free stack (no checks: callers validate first).
@@ -376,7 +432,7 @@ class SlotPool:
             assert self._tags is not None
             ids = idx.numpy() if isinstance(idx, torch.Tensor) else idx
             k = len(ids)
-            self._tags[ids] = FREE_TAG
+            self._tags[ids] = _FREE0
             self._free_np[top : top + k] = ids
         else:
             assert isinstance(idx, torch.Tensor)
@@ -499,14 +555,6 @@ def _tag_bytes(code: int, n: int) -> bytes:
         if len(_TAG_BYTES) > 4096:  # NOTE: request tags come and go; keep the table small
             _TAG_BYTES.clear()
     return one * n
-
-
-def _host_ids(t: object) -> Ids | None:
-    """A CPU tensor of int64 ids (1-D, dense) as a numpy view of its memory (``Ids``); ``None`` for anything else."""
-    if type(t) is torch.Tensor and t.dtype == torch.int64 and t.is_cpu and t.dim() == 1 and t.layout == torch.strided:
-        out: Ids = t.numpy()
-        return out
-    return None
 
 
 def _long(idx: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,10 @@
 """Contract cost per radix-cache operation on the race's trace, off vs on, in one process (a benchmark, not a test).
 
-    python tests/benchmarks/bench_contract_cost.py [--page 1] [--requests 1000] [--rounds 2]
+    python tests/benchmarks/bench_contract_cost.py [--page 1] [--requests 1000] [--rounds 3] [--workload NAME]
 
-The trace is ``bench_sglang_race.make_trace(REQUESTS, seed=1)`` run through its
-``KvledgerOps`` loop (200k-token pool, eviction all along); every operation is
+The trace is ``bench_sglang_race.make_workload(WORKLOAD, REQUESTS, seed=1)`` (default
+the first of its suite) run through its ``KvledgerOps`` loop in the workload's pool
+(eviction all along, with the workload's slack); every operation is
 timed; contracts ``off`` and ``on`` take turns ``--rounds`` times and the best of
 each is kept. Prints one JSON line: seconds per operation at each level and
 their ratio on/off (the contract cost of each operation).
@@ -47,16 +48,16 @@ def timed(fn: Callable[..., Any], stats: dict[str, float], name: str) -> Callabl
     return call
 
 
-def one_run(trace: list[list[int]], page: int) -> dict[str, float]:
+def one_run(w: race.Workload, page: int) -> dict[str, float]:
     """Seconds per operation (and the whole loop) for one pass of ``trace`` at the installed tier."""
     stats = dict.fromkeys([*OPS, "alloc"], 0.0)
     saved = {attr: RadixCache.__dict__[attr] for attr in OPS.values()}
     try:
         for name, attr in OPS.items():
             setattr(RadixCache, attr, timed(saved[attr], stats, name))
-        ops = race.KvledgerOps(200_000, page)
+        ops = race.KvledgerOps(w.pool(page), page)
         ops.kv.alloc = timed(ops.kv.alloc, stats, "alloc")  # type: ignore[method-assign]
-        stats["loop"] = race.run_trace(ops, trace, page)["seconds"]
+        stats["loop"] = race.run_trace(ops, w.requests, page, w.slack(page))["seconds"]
     finally:
         for attr, fn in saved.items():
             setattr(RadixCache, attr, fn)
@@ -67,9 +68,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--page", type=int, default=1)
     parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workload", default=next(iter(race.WORKLOADS)), choices=list(race.WORKLOADS))
     args = parser.parse_args()
-    trace = race.make_trace(args.requests, seed=1)
+    trace = race.make_workload(args.workload, args.requests, seed=1)
     best: dict[str, dict[str, float]] = {}
     for _ in range(args.rounds):
         for level in ("off", "on"):
@@ -80,7 +82,7 @@ def main() -> None:
             best[level] = got if prior is None else {k: min(v, prior[k]) for k, v in got.items()}
     ratio = {k: round(best["on"][k] / best["off"][k], 2) for k in best["off"] if best["off"][k]}
     rounded = {lvl: {k: round(v, 4) for k, v in s.items()} for lvl, s in best.items()}
-    print(json.dumps({"page": args.page, **rounded, "on/off": ratio}))
+    print(json.dumps({"workload": args.workload, "page": args.page, **rounded, "on/off": ratio}))
 
 
 if __name__ == "__main__":

@@ -294,3 +294,34 @@ class _CountingArray:
     def __setitem__(self, ids: object, value: object) -> None:
         self.a[ids] = value  # type: ignore[index]
         self.elements += int(getattr(self.a[ids], "size", 1))  # type: ignore[index]
+
+
+def test_free_checks_the_release_it_makes_in_one_pass(on: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tier on reads a free's slots once: its release is checked as part of it, not by a second snapshot; a release
+    called alone is still checked."""
+    calls = []
+    snap = bindings.snap_touched
+
+    def counted(self: SlotPool, indices: object) -> object:
+        calls.append(len(indices))  # type: ignore[arg-type]
+        return snap(self, indices)
+
+    monkeypatch.setattr(bindings, "snap_touched", counted)
+    a = TokenAllocator(8)
+    a.free(a.alloc(3, R1), R1)
+    assert calls == [3]
+    x = a.alloc(2, R1)
+    a.pool.check_held("free", x, R1)
+    a.pool.release(x)  # NOTE: alone, as the paged and SWA allocators call it
+    assert calls == [3, 2]
+
+
+def test_free_of_a_negative_id_is_caught(on: None, restore: None) -> None:
+    def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
+        self.release(indices.numpy())  # BUG: no checks; numpy wraps -1 around to the last slot
+
+    _broken("free", frees_anything)
+    a = TokenAllocator(4)
+    a.alloc(4, R1)  # the last slot (4) is R1's: its tag passes an owner check read through the wrapped index
+    with pytest.raises(icontract.ViolationError, match="free takes slots only from their owner"):
+        a.pool.free(torch.tensor([-1]), R1)

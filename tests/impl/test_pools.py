@@ -232,3 +232,39 @@ def test_a_copied_pool_keeps_its_free_stack_in_one_place() -> None:
         assert b.pool.owner_of(int(z[0])) == R2  # the copy's host views write its own tag column
     assert a.available_size() == 11 and inv_free_stack_matches_tags(a.pool)
     assert bool((a.pool.owner_tag[6:] == 0).all())  # and not the original's
+
+
+def test_freeing_a_changed_alloc_result_frees_what_it_names_now() -> None:
+    """``free`` knows a recent alloc result by identity; a result changed since (by torch in place, or through a numpy
+    view, which torch does not count) is checked as any other tensor: it frees the slots it names now, or is
+    rejected with the pool unchanged."""
+    from kvledger.contracts.abstraction import inv_free_stack_matches_tags
+
+    a = TokenAllocator(32)
+    other = a.alloc(2, R2)
+    x = a.alloc(4, R1)
+    x[0] = int(other[0])  # torch in place: now it names an R2 slot
+    rejected(a, lambda: a.free(x, R1), NotOwner)
+    y = a.alloc(4, R1)
+    y.numpy()[1] = int(y[0])  # through a numpy view: now a slot named twice
+    rejected(a, lambda: a.free(y, R1), InvalidArgument)
+    z = a.alloc(3, R1)
+    z.numpy()[0] = int(y[2])  # through a numpy view: another of R1's slots, still distinct
+    a.free(z, R1)
+    assert a.pool.owner_of(int(y[2])) is None and a.pool.owner_of(int(y[0])) == R1
+    assert inv_free_stack_matches_tags(a.pool)
+    w = a.alloc(2, R1)
+    a.free(w, R1)
+    rejected(a, lambda: a.free(w, R1), DoubleFree)  # the same tensor again
+    v = a.alloc(1, R1)
+    rejected(a, lambda: a.free(v, R2), NotOwner)  # the right tensor, the wrong owner
+    a.free(v, R1)
+    u = a.alloc(4, R1)
+    u.unsqueeze_(0)  # torch in place, the same bytes: now 2-D
+    rejected(a, lambda: a.free(u, R1), InvalidArgument)
+    t = a.alloc(4, R1)
+    kept = t[2:].clone()
+    t.resize_(2)  # the same bytes, fewer of them: only the first two are named
+    a.free(t, R1)
+    assert [a.pool.owner_of(int(s)) for s in kept] == [R1, R1]
+    assert inv_free_stack_matches_tags(a.pool)
