@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context, target
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, rule
 
 from kvledger.contracts.abstraction import AnyPool, abstract, inv_free_stack_matches_tags, pools_of
@@ -116,6 +117,13 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self.stamp = 0
             self.expect: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # stamp -> (slots, fingerprints)
             self.released: list[Chunk] = []
+            self.pressure = 0.0  # the most of any pool held at once (0..1)
+
+        def teardown(self) -> None:
+            """Guide the search (``hypothesis.target``) towards a full pool (exhaustion and refusal paths)."""
+            if currently_in_test_context():
+                target(self.pressure, label="pool pressure")
+            super().teardown()
 
         # ---------------------------------------------------------- helpers
 
@@ -308,6 +316,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
         @invariant()
         def inv_ledger_laws(self) -> None:
             for name, led in abstract(self.pool).items():
+                if led.capacity:
+                    self.pressure = max(self.pressure, 1 - len(led.free) / led.capacity)
                 assert spec.inv_slots_conserved(led), f"inv_slots_conserved broken on {name}"
                 assert spec.inv_single_owner(led), f"inv_single_owner broken on {name}"
 
