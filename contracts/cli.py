@@ -167,6 +167,7 @@ def check(
     from hypothesis import settings as Settings
 
     from kvledger.contracts import bindings
+    from kvledger.contracts.machines.kept import kept_for
     from kvledger.contracts.machines.profiles import register_profiles
     from kvledger.contracts.machines.runner import run_machine
     from kvledger.contracts.machines.suites import RULE_FAMILIES, SUITES, fault_targets
@@ -253,7 +254,10 @@ def check(
 
                     machine = SUITES[s].models[m]()
                     rules = list(SUITES[s].rules)
-                    result = run_machine(s, m, machine, rules, run_settings, seed, regression, tick, database=database)
+                    kept = kept_for(s, m)
+                    result = run_machine(
+                        s, m, machine, rules, run_settings, seed, regression, tick, database=database, kept=kept
+                    )
                 results.append(result)
                 display.done(result)
     finally:
