@@ -19,7 +19,10 @@ after every step checks on the adapter's snapshot (:func:`check_snapshot`):
   every attempt, and an admitted request holds the KV of its whole prompt,
   matched or computed, and computes at least its last token;
   ``admission within budget`` (``spec.admission.fits``): a batch admits no
-  more new tokens than its budget;
+  more new tokens than its budget; ``admission admits what fits``
+  (``spec.admission.refusal_has_reason``, work conservation): a request tried
+  alone whose whole prompt fits the budget and finds free room in every pool
+  is admitted;
   ``extend commits``: a decode of ``n`` tokens adds exactly ``n`` and keeps
   the earlier ones; ``resume is append-only`` and
   ``inv_committed_within_allocated`` (``spec.session``);
@@ -74,6 +77,7 @@ RULES = (
     "admission rolls back",
     "admission commits",
     "admission within budget",
+    "admission admits what fits",
     "extend commits",
     "resume is append-only",
     "inv_committed_within_allocated",
@@ -211,6 +215,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             self.prompts: dict[int, tuple[int, ...]] = {}
             self.failure_pending = False  # NOTE: one injected failure at a time: they must not pile up
             self.off: frozenset[str] = frozenset()  # swarm: the features this example switched off
+            self.unspent = False  # an injected failure may not have met an allocation yet
             self.lifecycle: dict[int, int] = {}  # rid -> lifecycle transitions it went through
             self.pressure = 0.0  # the most of the KV pool held at once (0..1)
             self.refusals = 0  # rejected admissions and refused extends
@@ -311,6 +316,10 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 if self.has("strict_budget") and not A.fits(left, new):
                     raise _fail("admission within budget", f"request {r} admitted with {new} new tokens, {left} left")
                 left = A.take(left, new)
+            if targeted and rid in result.rejected and sid is None and not self.unspent and self.has("work_conserving"):
+                self._check_refusal(before, rid, budget)
+            if any(self.last.requests[r].session is None for r in result.admitted):
+                self.unspent = False  # NOTE: it allocated its last token's KV: no injected failure is left
             for r in result.rejected:
                 # NOTE: a reservation forms at a rejected attempt that found the request holding nothing
                 forms = r in attempts and not any(attempts[r].before.values())
@@ -356,6 +365,22 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                     committed = slot.committed_len
                     if got.prefix_len > committed:
                         raise _fail("resume is append-only", f"request {r} resumed {got.prefix_len} > {committed}")
+
+        def _check_refusal(self, before: SystemSnapshot, rid: int, budget: int) -> None:
+            """``admission admits what fits`` (``spec.admission.refusal_has_reason``) for a request tried alone."""
+            known = before.requests.get(rid)
+            tokens = len(known.tokens if known is not None else self.prompts[rid])
+            ps = max(1, before.page_size)
+            need = {"req_to_token": 1, "kv": -(-tokens // ps)}
+            if "mamba" in before.ledgers:
+                need["mamba"] = 1 + self.sys.config.ping_pong
+            free = {name: len(lg.free) for name, lg in before.ledgers.items()}
+            if not A.refusal_has_reason(A.Budget(budget, 1), tokens, free, need):
+                raise _fail(
+                    "admission admits what fits",
+                    f"request {rid} ({tokens} tokens) refused under a budget of {budget} tokens with free {free} "
+                    f"(it needs at most {need})",
+                )
 
         @staticmethod
         def _handles(snap: SystemSnapshot, rid: int) -> frozenset[HandleId]:
@@ -469,7 +494,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
         def inject_allocation_failure(self) -> None:
             """The next allocation fails; no second one until an admission or extend has met it."""
             self.sys.inject_failure()
-            self.failure_pending = True
+            self.failure_pending = self.unspent = True
 
         # ---------------------------------------------------------- laws
 

@@ -93,6 +93,7 @@ class Outcome:
     suite: str = ""
     seconds: float = 0.0
     pytest_kills: bool | None = None
+    phase: str = ""  # what killed it: the ``kept`` programs replayed first, or the ``search``
     suites_run: list[str] = field(default_factory=list)
 
 
@@ -235,14 +236,16 @@ def mutated_source(m: Mutant) -> str | None:
 # ---------------------------------------------------------------- running
 
 
-def make_view(root: Path) -> Path:
+def make_view(root: Path, checker: Path = ROOT) -> Path:
     """``root/kvledger``: a private copy of ``spec``, ``impl`` and ``contracts`` (edits to the worktree during a
-    run change nothing)."""
+    run change nothing); ``spec`` and ``contracts`` (the checker) come from ``checker``, ``impl`` from this tree."""
     pkg = root / "kvledger"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text('"""Mutation view of kvledger."""\n')
     for name in ("spec", "impl", "contracts"):
-        shutil.copytree(ROOT / name, pkg / name, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            (ROOT if name == "impl" else checker) / name, pkg / name, ignore=shutil.ignore_patterns("__pycache__")
+        )
     return root
 
 
@@ -272,7 +275,8 @@ for suite in sys.argv[1:]:
         kept = kept_for(suite, model)
         r = run_machine(suite, model, make(), list(SUITES[suite].rules), find, None, **({"kept": kept} if kept else {}))
         if r.violation is not None:
-            print(json.dumps({"suite": suite, "model": model, "rule": r.violation.rule}))
+            phase = "kept" if "(kept program:" in r.violation.message else "search"
+            print(json.dumps({"suite": suite, "model": model, "rule": r.violation.rule, "phase": phase}))
             sys.exit(1)
 print(json.dumps({"ok": True}))
 """
@@ -282,8 +286,9 @@ without shrinking and stopping at the first violation: whether a mutant is kille
 decided when the first failing example is found; shrinking only makes the report short."""
 
 
-def run_check(view: Path, suites: list[str], timeout: float) -> tuple[str, str, float]:
-    """The default check of ``suites`` on the view: (the suite that failed or "", the law, seconds)."""
+def run_check(view: Path, suites: list[str], timeout: float) -> tuple[str, str, float, str]:
+    """The default check of ``suites`` on the view: (the suite that failed or "", the law, seconds, the phase that
+    killed: ``kept`` programs or the ``search``)."""
     env = {**os.environ, "PYTHONPATH": str(view), "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.perf_counter()
     try:
@@ -297,16 +302,16 @@ def run_check(view: Path, suites: list[str], timeout: float) -> tuple[str, str, 
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return suites[0], f"hang (no verdict within {timeout:g} s)", time.perf_counter() - start
+        return suites[0], f"hang (no verdict within {timeout:g} s)", time.perf_counter() - start, "search"
     took = time.perf_counter() - start
     if proc.returncode == 0:
-        return "", "", took
+        return "", "", took, ""
     try:
         payload = json.loads(proc.stdout.strip().splitlines()[-1])
-        return payload["suite"], payload["rule"], took
+        return payload["suite"], payload["rule"], took, payload.get("phase", "search")
     except (json.JSONDecodeError, KeyError, IndexError):
         tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        return suites[0], f"kvledger check crashed: {tail[:100]}", took
+        return suites[0], f"kvledger check crashed: {tail[:100]}", took, ""
 
 
 def pytest_kills(view: Path, timeout: float) -> bool:
@@ -332,7 +337,7 @@ def judge(view: Path, m: Mutant, timeout: float, classify: bool) -> Outcome:
     target.write_text(src)
     out = Outcome(m.id, m.before, "survived", suites_run=suites_for(m))
     try:
-        suite, law, out.seconds = run_check(view, out.suites_run, timeout)
+        suite, law, out.seconds, out.phase = run_check(view, out.suites_run, timeout)
         if suite:
             out.status, out.law, out.suite = "killed", law, suite
         if out.status == "survived" and classify:
@@ -360,6 +365,7 @@ def report(outcomes: list[Outcome]) -> dict[str, object]:
         "invalid": [o.id for o in outcomes if o.status == "invalid"],
         "seconds_per_kill": round(sum(o.seconds for o in killed) / len(killed), 1) if killed else None,
         "kills_per_law": dict(laws.most_common()),
+        "kills_by_kept_programs": sum(o.phase == "kept" for o in killed),
         "laws_that_killed_none": [law for law in checked if law not in laws],
         "survivors": [
             {"id": o.id, "code": o.before, "pytest_kills": o.pytest_kills, "suites": o.suites_run} for o in survived
@@ -376,6 +382,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds the check may run on one mutant")
     ap.add_argument("--no-classify", action="store_true", help="do not run pytest tests/impl on survivors")
     ap.add_argument("--out", type=Path, help="write the outcomes and the report here as JSON")
+    ap.add_argument(
+        "--checker",
+        type=Path,
+        default=ROOT,
+        help="a tree whose spec/ and contracts/ do the checking (default: this one): to score an older or newer "
+        "checker on the same mutants of this impl/",
+    )
     args = ap.parse_args(argv)
     population = list(mutants())
     if args.list:
@@ -391,11 +404,13 @@ def main(argv: list[str] | None = None) -> int:
         chosen = population
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="kvledger-mutation-") as tmp:
-        view = make_view(Path(tmp))
+        view = make_view(Path(tmp), args.checker)
         for i, m in enumerate(chosen, 1):
             o = judge(view, m, args.timeout, not args.no_classify)
             outcomes.append(o)
-            tail = f"{o.law} ({o.suite}, {o.seconds:.0f} s)" if o.status == "killed" else f"{o.seconds:.0f} s"
+            tail = (
+                f"{o.law} ({o.suite}, {o.phase}, {o.seconds:.0f} s)" if o.status == "killed" else f"{o.seconds:.0f} s"
+            )
             print(f"[{i}/{len(chosen)}] {o.status:10s} {m.id}  {m.before[:60]!r}  {tail}", flush=True)
     summary = report(outcomes)
     print(json.dumps(summary, indent=2))

@@ -54,3 +54,22 @@ def test_extend_that_drops_a_token_is_caught(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(MemoryManager, "extend", extend)
     result = run()
     assert result.violation is not None and result.violation.rule == "extend commits", result.violation
+
+
+def test_admission_that_holds_back_room_it_has_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = admission._try_admit
+
+    def try_admit(mm: MemoryManager, req: Any, budget: admission.Budget) -> bool:
+        # BUG: one token of the budget is kept in reserve (a request fitting it exactly is refused)
+        return real(mm, req, admission.Budget(budget.tokens - 1, budget.requests))
+
+    monkeypatch.setattr(admission, "_try_admit", try_admit)
+    result = run()
+    assert result.violation is not None and result.violation.rule == "admission admits what fits", result.violation
+
+
+def test_work_conservation_holds_on_the_reference_under_swarm() -> None:
+    """The law is true of the reference in every state the search reaches (a longer run than the default)."""
+    for model in ("full", "paged", "mamba"):
+        result = run(model)
+        assert result.ok, result.violation and result.violation.message
