@@ -229,13 +229,18 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
 
             self._expect_rejected(lambda: _free(self.pool, chunk.idx, thief), NotOwner)
 
-        @rule(where=st.sampled_from(["below", "above"]))
+        @rule(where=st.sampled_from(["below", "above", "edge"]))
         def out_of_range(self, where: str) -> None:
+            """Free ids outside the pool: below it, far above it, or the first (page) just past its end."""
             from kvledger.spec.errors import OutOfRange
 
             big = _data(self.pool)
             top = 10_000 if big is None else big.numel() + 10_000
             bad = torch.tensor([-1 if where == "below" else top], dtype=torch.int64)
+            if where == "edge":
+                ps = int(getattr(self.pool, "page_size", 1))
+                end = max(led.base + led.capacity for led in self.model.values()) * ps
+                bad = torch.arange(end, end + ps, dtype=torch.int64)
             self._expect_rejected(lambda: _free(self.pool, bad, OWNERS[0]), OutOfRange)
 
         @rule(chunk=chunks, bad=st.sampled_from(["float", "2d", "empty", "dup"]))
