@@ -106,5 +106,5 @@ def test_a_range_check_off_by_one_at_the_end_is_caught(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(SlotPool, "as_index", as_index)
     state = machine_for(KINDS["mamba"])()
-    with pytest.raises(Exception, match="expected OutOfRange|invalid call accepted|out of range"):
+    with pytest.raises(Exception, match=r"expected OutOfRange|invalid call accepted|out of range"):
         state.out_of_range("edge")
