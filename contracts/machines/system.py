@@ -400,11 +400,8 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
         @precondition(lambda self: "speculative" not in self.off and self.some("running"))
         @rule(pick=st.integers(0, 7), n=st.integers(1, 8), ahead=st.integers(4, 12))
         def extend_far_ahead(self, pick: int, n: int, ahead: int) -> None:
-            """A long speculative step: the over-allocation runs up to the end of the request's row, not past it
-            (``extend`` passes it, and is refused)."""
-            rid = self._running(pick)
-            room = self.sys.config.max_context - (self.last.requests[rid].kv_len if rid is not None else 0) - n
-            self._extend(pick, n, max(0, min(ahead, room)))
+            """A long speculative step: the over-allocation reaches (or passes) the end of the request's row."""
+            self._extend(pick, n, ahead)
 
         def _extend(self, pick: int, n: int, ahead: int) -> None:
             rid = self._running(pick)
