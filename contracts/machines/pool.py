@@ -241,6 +241,11 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 ps = int(getattr(self.pool, "page_size", 1))
                 end = max(led.base + led.capacity for led in self.model.values()) * ps
                 bad = torch.arange(end, end + ps, dtype=torch.int64)
+                if isinstance(self.pool, TokenAllocator | PagedAllocator | SWATokenAllocator):
+                    # NOTE: a KV write names token slots too, and checks their range on its own
+                    one, zero = torch.tensor([end], dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+                    write = self.pool.write_fingerprint
+                    self._expect_rejected(lambda: write(one, zero, zero), OutOfRange)
             self._expect_rejected(lambda: _free(self.pool, bad, OWNERS[0]), OutOfRange)
 
         @rule(chunk=chunks, bad=st.sampled_from(["float", "2d", "empty", "dup"]))

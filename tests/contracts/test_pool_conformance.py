@@ -108,3 +108,19 @@ def test_a_range_check_off_by_one_at_the_end_is_caught(monkeypatch: pytest.Monke
     state = machine_for(KINDS["mamba"])()
     with pytest.raises(Exception, match=r"expected OutOfRange|invalid call accepted|out of range"):
         state.out_of_range("edge")
+
+
+@pytest.mark.parametrize("kind", ["token", "paged", "swa"])
+def test_a_kv_write_range_check_off_by_one_is_caught(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KV write whose range check lets the first token slot past the pool's end through."""
+    from kvledger.impl import allocators, arguments
+
+    real = arguments.check_range
+
+    def off_by_one(op: str, where: str, name: str, t: torch.Tensor, lo: int, hi: int) -> None:
+        real(op, where, name, t, lo, hi + 1)  # BUG
+
+    monkeypatch.setattr(allocators, "check_range", off_by_one)
+    state = machine_for(KINDS[kind])()
+    with pytest.raises(Exception, match=r"expected OutOfRange|invalid call accepted|out of (range|bounds)"):
+        state.out_of_range("edge")
