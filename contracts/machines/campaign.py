@@ -56,6 +56,7 @@ class RunSpec:
     contracts: str = "on"
     faults: tuple[str, ...] = ()
     database: str | None = None
+    kept: bool = True  # replay the kept programs before each job's search
 
 
 def run_job(spec: RunSpec, job: Job) -> dict[str, Any]:
@@ -97,7 +98,7 @@ def run_job(spec: RunSpec, job: Job) -> dict[str, Any]:
             job.seed,
             regression,
             database=database,
-            kept=kept_for(job.suite, job.model),
+            kept=kept_for(job.suite, job.model) if spec.kept else (),
         )
     finally:
         faults.disable()

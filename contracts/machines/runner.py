@@ -368,12 +368,12 @@ def run_machine(
     failed = replay_kept(machine, kept, watchdog)
     result.kept = len(kept)
     if failed is not None:
-        program, err = failed
+        first, err = failed
         rule, message = readable(err)
-        lines = program_lines("state = Machine()\n" + program.source)
+        lines = program_lines("state = Machine()\n" + first.source)
         text = regression(rule, lines) if regression else "\n".join(lines)
-        steps = parse_counterexample(program.source)
-        result.violation = Violation(rule, f"{message}\n(kept program: {program.origin})", steps, text)
+        steps = parse_counterexample(first.source)
+        result.violation = Violation(rule, f"{message}\n(kept program: {first.origin})", steps, text)
         result.seconds = time.perf_counter() - start
         return result
     counted_machine, counts = counted(machine, progress, watchdog)
