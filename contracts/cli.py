@@ -166,6 +166,9 @@ def check(
     for_: Annotated[
         str | None, typer.Option("--for", help="keep drawing fresh seeds until this time is up (90s, 30m, 1.5h)")
     ] = None,
+    kept_first: Annotated[
+        bool, typer.Option("--kept/--no-kept", help="replay the kept programs of earlier findings before the search")
+    ] = True,
 ) -> None:
     """Run the conformance machines against the reference implementation (or an engine's adapter)."""
     _one_of("--profile", "profile", profile, PROFILES)
@@ -177,6 +180,7 @@ def check(
     from hypothesis import settings as Settings
 
     from kvledger.contracts import bindings
+    from kvledger.contracts.machines.kept import kept_for
     from kvledger.contracts.machines.profiles import register_profiles
     from kvledger.contracts.machines.runner import run_machine
     from kvledger.contracts.machines.suites import RULE_FAMILIES, SUITES, fault_targets
@@ -230,7 +234,9 @@ def check(
     if (jobs_n > 1 or seeds > 1 or budget is not None) and probe is not None:
         _fail_usage("--jobs/--seeds/--for run campaigns of the reference suites; check an adapter without them")
     if jobs_n > 1 or seeds > 1 or budget is not None:
-        _campaign(jobs, profile, examples, steps, seed, contracts, faults_on, db, jobs_n, seeds, budget, as_json)
+        _campaign(
+            jobs, profile, examples, steps, seed, contracts, faults_on, db, jobs_n, seeds, budget, as_json, kept_first
+        )
     register_profiles()
     overrides: dict[str, object] = {}
     if examples is not None:
@@ -268,7 +274,10 @@ def check(
 
                     machine = SUITES[s].models[m]()
                     rules = list(SUITES[s].rules)
-                    result = run_machine(s, m, machine, rules, run_settings, seed, regression, tick, database=database)
+                    kept = kept_for(s, m) if kept_first else []
+                    result = run_machine(
+                        s, m, machine, rules, run_settings, seed, regression, tick, database=database, kept=kept
+                    )
                 results.append(result)
                 display.done(result)
     finally:
@@ -320,6 +329,7 @@ def _campaign(
     seeds: int,
     seconds: float | None,
     as_json: bool,
+    kept: bool = True,
 ) -> NoReturn:
     """``--jobs``/``--seeds``/``--for``: every (suite, model) for each seed, over worker processes, merged.
 
@@ -333,7 +343,7 @@ def _campaign(
     from kvledger.contracts.machines import campaign as C
     from kvledger.contracts.machines.runner import CheckResult
 
-    spec = C.RunSpec(profile, examples, steps, contracts, tuple(faults_on), None if db is None else str(db))
+    spec = C.RunSpec(profile, examples, steps, contracts, tuple(faults_on), None if db is None else str(db), kept)
     drawn = C.fresh_seeds(random.Random(seed)) if seconds is not None else iter(C.seeds_for(seed, seeds))
     console = Console(stderr=True, highlight=False)
     with Progress(

@@ -12,7 +12,10 @@ and live handles, so they hold for any implementation of the adder:
   ones it owned before;
 * ``inv_commit_keeps`` — after an admitted attempt, the request still holds
   everything it held before (nothing of an admitted request was freed behind
-  its back: a later free of it would be a use-after-free).
+  its back: a later free of it would be a use-after-free);
+* ``refusal_has_reason`` — work conservation: an attempt is refused only for a
+  reason, its tokens over the budget or a pool short of free slots for it; a
+  request whose whole prompt fits and finds room in every pool is admitted.
 
 >>> from kvledger.spec.ledger import new_ledger, allocate
 >>> from kvledger.spec.types import request
@@ -57,6 +60,20 @@ def begin(req: Owner, ledgers: Mapping[str, Ledger], handles: frozenset[HandleId
 def fits(budget: Budget, new_tokens: int) -> bool:
     """The request's uncached tokens and one request slot fit in what remains of the budget."""
     return budget.requests >= 1 and new_tokens <= budget.tokens
+
+
+def refusal_has_reason(budget: Budget, tokens: int, free: Mapping[str, int], need: Mapping[str, int]) -> bool:
+    """Work conservation: a refused attempt had a reason. ``tokens``: the request's whole prompt (its uncached
+    tokens are at most these); ``need``: per pool, the slots it takes when nothing of it is cached (a row, its KV
+    pages, a Mamba state and its track buffers); ``free``: per pool, the slots free when the attempt began (the
+    cache's evictable slots not counted). Without a reason the attempt must have been admitted.
+
+    >>> refusal_has_reason(Budget(16, 1), 4, {"kv": 48, "req_to_token": 4}, {"kv": 4, "req_to_token": 1})
+    False
+    >>> refusal_has_reason(Budget(2, 1), 4, {"kv": 48, "req_to_token": 4}, {"kv": 4, "req_to_token": 1})
+    True
+    """
+    return not fits(budget, tokens) or any(free.get(pool, 0) < n for pool, n in need.items())
 
 
 def take(budget: Budget, new_tokens: int) -> Budget:

@@ -53,6 +53,7 @@ SYSTEM_CAPABILITIES = frozenset(
         "prefill_on_admit",
         "strict_budget",
         "reservations",
+        "work_conserving",
     }
 )
 """Everything a system adapter may provide.
@@ -81,7 +82,11 @@ copy-on-write Mamba slot); ``admission rolls back`` then lets a rejected attempt
 that found the request holding nothing leave it a reservation, and checks every
 later attempt against it, so a reservation never grows or changes, and the
 ledgers see it held by its request. It is a licence, not a feature: the
-reference implementation does not declare it.
+reference implementation does not declare it. ``work_conserving``: a request
+tried alone whose whole prompt fits the budget and finds room in every pool
+(free slots, not counting what the cache could evict) is admitted
+(``spec.admission.refusal_has_reason``: the law ``admission admits what fits``);
+an engine that holds back headroom (SGLang's new-token ratio) leaves it out.
 """
 
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context, target
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
 from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig, Match, Snapshot
@@ -115,6 +116,17 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             self.next_req = 1
             self.released: list[Held] = []
             self._snap: Snapshot | None = None  # valid only until the next adapter call
+            self.pressure = 0.0  # the most of any pool held at once (0..1)
+            self.depth = 0  # the longest cached key (the radix tree's depth, in tokens)
+            self.most_locked = 0  # the most live lock handles at once
+
+        def teardown(self) -> None:
+            """Guide the search (``hypothesis.target``) towards full pools, deep trees and many locks."""
+            if currently_in_test_context():
+                target(self.pressure, label="pool pressure")
+                target(float(self.depth), label="tree depth")
+                target(float(self.most_locked), label="live lock handles")
+            super().teardown()
 
         # ---------------------------------------------------------- helpers
 
@@ -336,6 +348,11 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
         def inv_all_laws(self) -> None:
             snap = self.a.snapshot()
             self._snap = snap
+            self.depth = max(self.depth, max(map(len, snap.prefix.full), default=0))
+            self.most_locked = max(self.most_locked, len(self.locks.handles))
+            for led in snap.ledgers.values():
+                if led.capacity:
+                    self.pressure = max(self.pressure, 1 - len(led.free) / led.capacity)
             if "ledgers" in self.caps:
                 self._check_ledgers(snap)
             if snap.prefix != self.prefix:

@@ -56,6 +56,7 @@ class RunSpec:
     contracts: str = "on"
     faults: tuple[str, ...] = ()
     database: str | None = None
+    kept: bool = True  # replay the kept programs before each job's search
 
 
 def run_job(spec: RunSpec, job: Job) -> dict[str, Any]:
@@ -64,6 +65,7 @@ def run_job(spec: RunSpec, job: Job) -> dict[str, Any]:
     from hypothesis.database import DirectoryBasedExampleDatabase
 
     from kvledger.contracts import bindings
+    from kvledger.contracts.machines.kept import kept_for
     from kvledger.contracts.machines.profiles import register_profiles
     from kvledger.contracts.machines.regression import render
     from kvledger.contracts.machines.runner import run_machine
@@ -88,7 +90,15 @@ def run_job(spec: RunSpec, job: Job) -> dict[str, Any]:
 
         machine = suite.models[job.model]()
         result = run_machine(
-            job.suite, job.model, machine, list(suite.rules), run_settings, job.seed, regression, database=database
+            job.suite,
+            job.model,
+            machine,
+            list(suite.rules),
+            run_settings,
+            job.seed,
+            regression,
+            database=database,
+            kept=kept_for(job.suite, job.model) if spec.kept else (),
         )
     finally:
         faults.disable()

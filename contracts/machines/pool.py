@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context, target
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, rule
 
 from kvledger.contracts.abstraction import AnyPool, abstract, inv_free_stack_matches_tags, pools_of
@@ -116,6 +117,13 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self.stamp = 0
             self.expect: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # stamp -> (slots, fingerprints)
             self.released: list[Chunk] = []
+            self.pressure = 0.0  # the most of any pool held at once (0..1)
+
+        def teardown(self) -> None:
+            """Guide the search (``hypothesis.target``) towards a full pool (exhaustion and refusal paths)."""
+            if currently_in_test_context():
+                target(self.pressure, label="pool pressure")
+            super().teardown()
 
         # ---------------------------------------------------------- helpers
 
@@ -221,13 +229,23 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
 
             self._expect_rejected(lambda: _free(self.pool, chunk.idx, thief), NotOwner)
 
-        @rule(where=st.sampled_from(["below", "above"]))
+        @rule(where=st.sampled_from(["below", "above", "edge"]))
         def out_of_range(self, where: str) -> None:
+            """Free ids outside the pool: below it, far above it, or the first (page) just past its end."""
             from kvledger.spec.errors import OutOfRange
 
             big = _data(self.pool)
             top = 10_000 if big is None else big.numel() + 10_000
             bad = torch.tensor([-1 if where == "below" else top], dtype=torch.int64)
+            if where == "edge":
+                ps = int(getattr(self.pool, "page_size", 1))
+                end = max(led.base + led.capacity for led in self.model.values()) * ps
+                bad = torch.arange(end, end + ps, dtype=torch.int64)
+                if isinstance(self.pool, TokenAllocator | PagedAllocator | SWATokenAllocator):
+                    # NOTE: a KV write names token slots too, and checks their range on its own
+                    one, zero = torch.tensor([end], dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+                    write = self.pool.write_fingerprint
+                    self._expect_rejected(lambda: write(one, zero, zero), OutOfRange)
             self._expect_rejected(lambda: _free(self.pool, bad, OWNERS[0]), OutOfRange)
 
         @rule(chunk=chunks, bad=st.sampled_from(["float", "2d", "empty", "dup"]))
@@ -308,6 +326,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
         @invariant()
         def inv_ledger_laws(self) -> None:
             for name, led in abstract(self.pool).items():
+                if led.capacity:
+                    self.pressure = max(self.pressure, 1 - len(led.free) / led.capacity)
                 assert spec.inv_slots_conserved(led), f"inv_slots_conserved broken on {name}"
                 assert spec.inv_single_owner(led), f"inv_single_owner broken on {name}"
 

@@ -20,7 +20,7 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from random import Random
@@ -36,6 +36,7 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 import kvledger.contracts as contracts_package
 import kvledger.spec as spec_package
+from kvledger.contracts.machines.kept import Kept
 from kvledger.contracts.machines.regression import program_lines
 from kvledger.spec.errors import KVLedgerError
 
@@ -152,6 +153,7 @@ class CheckResult:
     violation: Violation | None = None
     skipped: list[str] = field(default_factory=list)
     shrink_runs: int = 0
+    kept: int = 0
 
     @property
     def ok(self) -> bool:
@@ -336,6 +338,28 @@ def _where(err: BaseException) -> str:
     return f"{tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}" if tb is not None else "?"
 
 
+def replay_kept(
+    machine: type[RuleBasedStateMachine], programs: Sequence[Kept], watchdog: Watchdog
+) -> tuple[Kept, BaseException] | None:
+    """The regression-first phase: each kept program on a fresh ``machine``, every law checked after each step.
+
+    Returns the first program that breaks a law (or crashes, or hangs past the watchdog) with its exception.
+    """
+    from kvledger.spec.types import Component, Owner, OwnerKind
+
+    for kept in programs:
+        code = compile(kept.source, f"<kept program: {kept.origin}>", "exec")
+        try:
+            with watchdog:
+                state = machine()
+                watchdog.arm()
+                exec(code, {"state": state, "Component": Component, "Owner": Owner, "OwnerKind": OwnerKind})
+                watchdog.disarm()
+        except (AssertionError, Exception) as err:
+            return kept, err
+    return None
+
+
 def run_machine(
     suite: str,
     model: str,
@@ -348,6 +372,7 @@ def run_machine(
     *,
     database: ExampleDatabase | None = None,
     step_timeout: float = STEP_TIMEOUT,
+    kept: Sequence[Kept] = (),
 ) -> CheckResult:
     """Run ``machine`` under ``settings``; return what happened (never raises for a violation).
 
@@ -355,10 +380,23 @@ def run_machine(
     a pytest module (without it, the program's lines are kept as they are);
     ``progress`` is told about every example; ``database``: where Hypothesis
     keeps failing examples between runs (``None``: nowhere); ``step_timeout``:
-    seconds a step may run before it fails as a hang (0: no watchdog).
+    seconds a step may run before it fails as a hang (0: no watchdog); ``kept``: programs replayed before the
+    search (:mod:`kvledger.contracts.machines.kept`); the first one that breaks a law is the verdict.
     """
     result = CheckResult(suite, model, rules)
     watchdog = Watchdog(step_timeout)
+    start = time.perf_counter()
+    failed = replay_kept(machine, kept, watchdog)
+    result.kept = len(kept)
+    if failed is not None:
+        first, err = failed
+        rule, message = readable(err)
+        lines = program_lines("state = Machine()\n" + first.source)
+        text = regression(rule, lines) if regression else "\n".join(lines)
+        steps = parse_counterexample(first.source)
+        result.violation = Violation(rule, f"{message}\n(kept program: {first.origin})", steps, text)
+        result.seconds = time.perf_counter() - start
+        return result
     counted_machine, counts = counted(machine, progress, watchdog)
     saved_seed = hypothesis.core.global_force_seed
     saved_random = hypothesis.core.threadlocal._hypothesis_global_random
@@ -371,7 +409,6 @@ def run_machine(
         hypothesis.core.threadlocal._hypothesis_global_random = None if seed is None else Random(seed)
         database = Scoped(database, f"{suite}/{model}/".encode())
         settings = Settings(settings, derandomize=False)
-    start = time.perf_counter()
     try:
         with watchdog:
             run_state_machine_as_test(

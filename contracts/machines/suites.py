@@ -158,6 +158,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "inv_committed_within_allocated",
         "admission is a transaction",
         "admission within budget",
+        "admission admits what fits",
     ),
     "refinement": (
         "refinement (abstract == spec model)",

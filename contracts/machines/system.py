@@ -19,7 +19,10 @@ after every step checks on the adapter's snapshot (:func:`check_snapshot`):
   every attempt, and an admitted request holds the KV of its whole prompt,
   matched or computed, and computes at least its last token;
   ``admission within budget`` (``spec.admission.fits``): a batch admits no
-  more new tokens than its budget;
+  more new tokens than its budget; ``admission admits what fits``
+  (``spec.admission.refusal_has_reason``, work conservation): a request tried
+  alone whose whole prompt fits the budget and finds free room in every pool
+  is admitted;
   ``extend commits``: a decode of ``n`` tokens adds exactly ``n`` and keeps
   the earlier ones; ``resume is append-only`` and
   ``inv_committed_within_allocated`` (``spec.session``);
@@ -37,7 +40,8 @@ from collections.abc import Callable
 from typing import cast
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.control import currently_in_test_context, target
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvledger.contracts.adapters.reference_system import ReferenceSystemAdapter
 from kvledger.contracts.adapters.reference_system import build_manager as _build_reference
@@ -54,7 +58,17 @@ from kvledger.spec.types import Component, HandleId, SlotId, request, session
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8))
 SESSIONS = (1, 2)
-BUDGETS = st.sampled_from([64, 16, 2])  # prefill token budgets: roomy, tight, too small
+BUDGETS = st.sampled_from([64, 16, 2]) | st.integers(1, 20)
+"""Prefill token budgets: roomy, tight, too small, or any small one (some equal a request's demand exactly: the
+boundary an off-by-one budget check gets wrong)."""
+SUFFIXES = st.lists(st.integers(1, 3), max_size=4)
+LONG_SUFFIXES = st.lists(st.integers(1, 3), min_size=5, max_size=14)  # NOTE: prompts up to 18 of a 24-token row
+
+SWARM = ("sessions", "speculative", "long prompts", "tight budgets", "batches")
+"""Argument-level features one example may switch off (swarm testing). Hypothesis already switches whole
+rules off per example (its feature flags); these reach inside rules: an example without ``sessions`` runs
+ordinary requests only, one without ``tight budgets`` admits under the roomy budget, and so on. The
+features off are drawn first, so the draw shrinks towards every feature on. The laws are always checked."""
 
 RULES = (
     "inv_slots_conserved",
@@ -65,6 +79,7 @@ RULES = (
     "admission rolls back",
     "admission commits",
     "admission within budget",
+    "admission admits what fits",
     "extend commits",
     "resume is append-only",
     "inv_committed_within_allocated",
@@ -201,38 +216,81 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             self.last = self.sys.snapshot()
             self.prompts: dict[int, tuple[int, ...]] = {}
             self.failure_pending = False  # NOTE: one injected failure at a time: they must not pile up
+            self.off: frozenset[str] = frozenset()  # swarm: the features this example switched off
+            self.unspent = 0  # injected failures that may not have met an allocation yet
+            self.lifecycle: dict[int, int] = {}  # rid -> lifecycle transitions it went through
+            self.pressure = 0.0  # the most of the KV pool held at once (0..1)
+            self.refusals = 0  # rejected admissions and refused extends
+
+        def on(self, feature: str) -> bool:
+            return feature not in self.off
+
+        def teardown(self) -> None:
+            """Guide the search (``hypothesis.target``) towards full pools, refusals and long request lives."""
+            if currently_in_test_context():
+                target(self.pressure, label="kv pool pressure")
+                target(float(max(self.lifecycle.values(), default=0)), label="lifecycle depth")
+                target(float(self.refusals), label="refusals")
+            super().teardown()
+
+        def _moved(self, rid: int) -> None:
+            self.lifecycle[rid] = self.lifecycle.get(rid, 0) + 1
 
         def has(self, cap: str) -> bool:
             return cap in self.caps
+
+        def some(self, *status: str) -> bool:
+            """Some request the engine knows is in one of ``status``."""
+            return any(r.status in status for r in self.last.requests.values())
 
         def ids(self, status: str) -> list[int]:
             return [r.rid for r in self.last.requests.values() if r.status == status]
 
         # ---------------------------------------------------------- rules
 
+        @initialize(off=st.frozensets(st.sampled_from(SWARM), max_size=len(SWARM)))
+        def swarm(self, off: frozenset[str]) -> None:
+            """Swarm testing: this example runs with the features ``off`` switched off."""
+            self.off = frozenset(off)
+
         @rule(
             prompt=st.integers(0, len(PROMPTS) - 1),
-            suffix=st.lists(st.integers(1, 3), max_size=4),
+            suffix=SUFFIXES,
             sid=st.sampled_from((None, *SESSIONS)),
             budget=BUDGETS,
         )
         def add_request(self, prompt: int, suffix: list[int], sid: int | None, budget: int) -> None:
             """A request arrives and the scheduler tries to admit it at once (it may be rejected and wait)."""
-            if sid is not None and not self.has("sessions"):
+            self._add(PROMPTS[prompt] + tuple(suffix), sid, budget)
+
+        @precondition(lambda self: "long prompts" not in self.off)
+        @rule(prompt=st.integers(0, len(PROMPTS) - 1), suffix=LONG_SUFFIXES, sid=st.sampled_from((None, *SESSIONS)))
+        def add_long_request(self, prompt: int, suffix: list[int], sid: int | None) -> None:
+            """A long prompt arrives (most of a row): rows fill, speculative decoding meets the row's end."""
+            self._add(PROMPTS[prompt] + tuple(suffix), sid, 64)
+
+        def _add(self, tokens: tuple[int, ...], sid: int | None, budget: int) -> None:
+            if sid is not None and (not self.has("sessions") or not self.on("sessions")):
                 sid = None
+            if not self.on("tight budgets"):
+                budget = max(budget, 64)
             if sid is not None and sid not in self.last.sessions:
                 self.sys.open_session(sid)
-            rid = self.sys.add_request(PROMPTS[prompt] + tuple(suffix), sid)
-            self.prompts[rid] = PROMPTS[prompt] + tuple(suffix)
+            rid = self.sys.add_request(tokens, sid)
+            self.prompts[rid] = tokens
             self._admit(rid, sid, budget)
 
-        @precondition(lambda self: any(r.status == "waiting" for r in self.last.requests.values()))
+        @precondition(lambda self: self.some("waiting"))
         @rule(pick=st.integers(0, 7), budget=BUDGETS, batch=st.booleans())
         def admit(self, pick: int, budget: int, batch: bool = False) -> None:
             """One prefill step: try one waiting request, or (``batch``) every waiting one in the engine's order."""
             waiting = self.ids("waiting")
+            if not waiting:
+                return  # NOTE: a kept program replayed where nothing waits
             rid = waiting[pick % len(waiting)]
-            self._admit(rid, self.last.requests[rid].session, budget, batch)
+            if not self.on("tight budgets"):
+                budget = max(budget, 64)
+            self._admit(rid, self.last.requests[rid].session, budget, batch and self.on("batches"))
 
         def _admit(self, rid: int, sid: int | None, budget: int, batch: bool = False) -> None:
             """One admission step trying ``rid`` (its session ``sid``), checked as a transaction per request."""
@@ -250,6 +308,9 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             result = self.sys.admit(budget, rid if targeted else None)
             self.failure_pending = False
             after = self.last = self.sys.snapshot()
+            self.refusals += len(result.rejected)
+            for r in result.admitted:
+                self._moved(r)
             left = A.Budget(budget, len(waiting))
             for r in result.admitted:  # NOTE: in the order the engine admitted them
                 known = before.requests.get(r)
@@ -257,6 +318,10 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 if self.has("strict_budget") and not A.fits(left, new):
                     raise _fail("admission within budget", f"request {r} admitted with {new} new tokens, {left} left")
                 left = A.take(left, new)
+            if targeted and rid in result.rejected and sid is None and self.has("work_conserving"):
+                self._check_refusal(before, rid, budget)
+            if any(self.last.requests[r].session is None for r in result.admitted):
+                self.unspent = 0  # NOTE: it allocated its last token's KV: no injected failure is left
             for r in result.rejected:
                 # NOTE: a reservation forms at a rejected attempt that found the request holding nothing
                 forms = r in attempts and not any(attempts[r].before.values())
@@ -303,6 +368,26 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                     if got.prefix_len > committed:
                         raise _fail("resume is append-only", f"request {r} resumed {got.prefix_len} > {committed}")
 
+        def _check_refusal(self, before: SystemSnapshot, rid: int, budget: int) -> None:
+            """``admission admits what fits`` (``spec.admission.refusal_has_reason``) for a request tried alone."""
+            known = before.requests.get(rid)
+            tokens = len(known.tokens if known is not None else self.prompts[rid])
+            ps = max(1, before.page_size)
+            need = {"req_to_token": 1, "kv": -(-tokens // ps)}
+            if "mamba" in before.ledgers:
+                need["mamba"] = 1 + self.sys.config.ping_pong
+            free = {name: len(lg.free) for name, lg in before.ledgers.items()}
+            if not A.refusal_has_reason(A.Budget(budget, 1), tokens, free, need):
+                if self.unspent:
+                    # NOTE: an attempt that fits with room allocates, and the first injected failure refuses it
+                    self.unspent -= 1
+                    return
+                raise _fail(
+                    "admission admits what fits",
+                    f"request {rid} ({tokens} tokens) refused under a budget of {budget} tokens with free {free} "
+                    f"(it needs at most {need})",
+                )
+
         @staticmethod
         def _handles(snap: SystemSnapshot, rid: int) -> frozenset[HandleId]:
             view = snap.requests.get(rid)
@@ -312,22 +397,34 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             running = self.ids("running")
             return running[pick % len(running)] if running else None
 
-        @precondition(lambda self: any(r.status == "running" for r in self.last.requests.values()))
+        @precondition(lambda self: self.some("running"))
         @rule(pick=st.integers(0, 7), n=st.integers(1, 3), ahead=st.integers(0, 3))
         def extend(self, pick: int, n: int, ahead: int) -> None:
+            """One decode step of ``n`` tokens, keeping ``ahead`` speculative slots past them."""
+            self._extend(pick, n, ahead)
+
+        @precondition(lambda self: "speculative" not in self.off and self.some("running"))
+        @rule(pick=st.integers(0, 7), n=st.integers(1, 8), ahead=st.integers(4, 12))
+        def extend_far_ahead(self, pick: int, n: int, ahead: int) -> None:
+            """A long speculative step: the over-allocation reaches (or passes) the end of the request's row."""
+            self._extend(pick, n, ahead)
+
+        def _extend(self, pick: int, n: int, ahead: int) -> None:
             rid = self._running(pick)
             if rid is None:
                 return
             before = self.last
             try:
-                self.sys.extend(rid, n, ahead if self.has("speculative") else 0)
+                self.sys.extend(rid, n, ahead if self.has("speculative") and self.on("speculative") else 0)
             except KVLedgerError as err:  # pool exhausted, injected failure, context full: nothing may change
+                self.refusals += 1
                 after = self.sys.snapshot()
                 if after.ledgers != before.ledgers or after.requests.get(rid) != before.requests.get(rid):
                     raise _fail("rejected call leaves state unchanged", f"extend of request {rid}: {err}") from err
                 return
             finally:
                 self.failure_pending = False
+            self._moved(rid)
             was, now = before.requests[rid], self.sys.snapshot().requests.get(rid)
             if (
                 now is not None
@@ -340,13 +437,43 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                     "(or its earlier tokens changed)",
                 )
 
-        @precondition(lambda self: any(r.status == "running" for r in self.last.requests.values()))
-        @rule(pick=st.integers(0, 7), op=st.sampled_from(["finish", "finish", "chunk", "retract", "abort"]))
         def end_or_chunk(self, pick: int, op: str) -> None:
+            """``op`` (finish, chunk, retract or abort) on the ``pick``-th running request (kept programs call it)."""
             rid = self._running(pick)
             if rid is None or (op != "finish" and not self.has(op)):
                 return
             getattr(self.sys, op)(rid)
+            self._moved(rid)
+
+        # NOTE: one rule per lifecycle move, so that swarm testing (Hypothesis' feature flags switch whole rules
+        # off per example) gives some examples requests that are never finished, or never retracted.
+
+        @precondition(lambda self: self.some("running"))
+        @rule(pick=st.integers(0, 7))
+        def finish(self, pick: int) -> None:
+            """The request ends (EOS): its prefix is cached or saved to its session."""
+            self.end_or_chunk(pick, "finish")
+
+        @precondition(lambda self: self.has("chunk") and self.some("running"))
+        @rule(pick=st.integers(0, 7))
+        def chunk(self, pick: int) -> None:
+            """Chunked prefill: the computed prefix is cached, the request runs on."""
+            self.end_or_chunk(pick, "chunk")
+
+        @precondition(lambda self: self.has("retract") and self.some("running"))
+        @rule(pick=st.integers(0, 7))
+        def retract(self, pick: int) -> None:
+            """Preemption: the request hands everything back and waits again."""
+            self.end_or_chunk(pick, "retract")
+
+        @precondition(lambda self: self.has("abort") and self.some("running", "waiting"))
+        @rule(pick=st.integers(0, 7))
+        def abort(self, pick: int) -> None:
+            """Abort at any stage: a request waiting (new, rejected or retracted) or running."""
+            live = [r.rid for r in self.last.requests.values() if r.status in ("running", "waiting")]
+            rid = live[pick % len(live)]
+            self.sys.abort(rid)
+            self._moved(rid)
 
         @precondition(lambda self: self.has("sessions"))
         @rule(sid=st.sampled_from(SESSIONS))
@@ -374,6 +501,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             """The next allocation fails; no second one until an admission or extend has met it."""
             self.sys.inject_failure()
             self.failure_pending = True
+            self.unspent += 1
 
         # ---------------------------------------------------------- laws
 
@@ -381,6 +509,9 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
         def inv_all_laws(self) -> None:
             before, snap = self.last, self.sys.snapshot()
             self.last = snap
+            kv = snap.ledgers.get("kv")
+            if kv is not None and kv.capacity:
+                self.pressure = max(self.pressure, 1 - len(kv.free) / kv.capacity)
             verdict = self.sys.idle_check() if self.has("idle_check") else None
             culprit = getattr(self.sys, "provenance", None)
             check_snapshot(snap, verdict, self.caps, culprit)

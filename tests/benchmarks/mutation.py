@@ -52,7 +52,7 @@ IMPL = ROOT / "impl"
 SKIP_FILES = {"__init__.py", "faults.py"}
 SKIP_FUNCS = {"__repr__", "__str__"}
 
-POOLS = {"slots", "allocators", "mamba", "req_to_token", "owners", "integrity"}
+POOLS = {"slots", "allocators", "mamba", "req_to_token", "owners", "integrity", "arguments"}
 CACHE = POOLS | {"radix", "tree", "lru", "locks", "kvview"}
 REACH: dict[str, set[str]] = {"pools": POOLS, "cache": CACHE, "system": CACHE | {"memory", "session", "admission"}}
 REACH["system"] |= {"requests", "leaks"}
@@ -63,6 +63,14 @@ EQUIVALENT: dict[str, str] = {
     "match_prefix matches whole pages and a slice past the end is the whole key, so the match is the same",
     "impl/allocators.py:339:12:drop-call": "a defensive check: the SWA slots of full slots held by src are tagged "
     "swa_owner(src) in every reachable state (the full check just before passed), so it can never fail",
+    "impl/allocators.py:32:7:boundary": "s.numel() > 1 made >= 1: a one-slot write cannot name a slot twice, so the "
+    "duplicate check it guards answers no for one slot either way",
+    "impl/kvview.py:188:4:negate-if": "both branches answer whether value names a slot twice (has_duplicates's scratch "
+    "marks take any in-range id, a token slot of a paged pool included; torch.unique otherwise): only the cost differs",
+    "impl/memory.py:194:69:slice+1": "every caller of write_kv passes end == len(req.tokens) (admission, resume, "
+    "extend), where a slice one past the end is the same slice",
+    "impl/arguments.py:24:45:len+1": "message text only: a repr of exactly 40 characters is shown cut to 37 and '...' "
+    "instead of whole; no state, result or error type changes",
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor)."""
 
@@ -93,6 +101,7 @@ class Outcome:
     suite: str = ""
     seconds: float = 0.0
     pytest_kills: bool | None = None
+    phase: str = ""  # what killed it: the ``kept`` programs replayed first, or the ``search``
     suites_run: list[str] = field(default_factory=list)
 
 
@@ -235,23 +244,24 @@ def mutated_source(m: Mutant) -> str | None:
 # ---------------------------------------------------------------- running
 
 
-def make_view(root: Path) -> Path:
+def make_view(root: Path, checker: Path = ROOT) -> Path:
     """``root/kvledger``: a private copy of ``spec``, ``impl`` and ``contracts`` (edits to the worktree during a
-    run change nothing)."""
+    run change nothing); ``spec`` and ``contracts`` (the checker) come from ``checker``, ``impl`` from this tree."""
     pkg = root / "kvledger"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text('"""Mutation view of kvledger."""\n')
     for name in ("spec", "impl", "contracts"):
-        shutil.copytree(ROOT / name, pkg / name, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            (ROOT if name == "impl" else checker) / name, pkg / name, ignore=shutil.ignore_patterns("__pycache__")
+        )
     return root
 
 
 def suites_for(m: Mutant) -> list[str]:
-    """The suites that run ``m``'s module, the likeliest killer first."""
+    """The suites that run ``m``'s module, the likeliest killer first (a module ``REACH`` does not list yet: every
+    suite, so a new module is never skipped)."""
     mod = Path(m.file).stem
-    reach = [s for s in ("pools", "cache", "system") if mod in REACH[s]]
-    first = next(s for s in ("pools", "cache", "system") if mod in REACH[s])
-    return [first, *[s for s in reach if s != first]]
+    return [s for s in ("pools", "cache", "system") if mod in REACH[s]] or ["pools", "cache", "system"]
 
 
 DRIVER = """
@@ -261,24 +271,32 @@ from kvledger.contracts import bindings
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.runner import run_machine
 from kvledger.contracts.machines.suites import SUITES
+try:
+    from kvledger.contracts.machines.kept import kept_for
+except ImportError:  # NOTE: a tree before the regression-first phase
+    kept_for = lambda suite, model: ()
 register_profiles()
 bindings.install("on")
-find = settings(settings.get_profile("ci"), phases=[Phase.explicit, Phase.reuse, Phase.generate])
+find = settings(settings.get_profile("ci"), phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])
 for suite in sys.argv[1:]:
     for model, make in SUITES[suite].models.items():
-        r = run_machine(suite, model, make(), list(SUITES[suite].rules), find, None)
+        kept = kept_for(suite, model)
+        r = run_machine(suite, model, make(), list(SUITES[suite].rules), find, None, **({"kept": kept} if kept else {}))
         if r.violation is not None:
-            print(json.dumps({"suite": suite, "model": model, "rule": r.violation.rule}))
+            phase = "kept" if "(kept program:" in r.violation.message else "search"
+            print(json.dumps({"suite": suite, "model": model, "rule": r.violation.rule, "phase": phase}))
             sys.exit(1)
 print(json.dumps({"ok": True}))
 """
-"""``kvledger check`` as the CLI runs it (the ``ci`` profile, contracts ``on``, every model of each suite), but
+"""``kvledger check`` as the CLI runs it (the ``ci`` profile, contracts ``on``, every model of each suite, the kept
+programs first, then the search with its targeting phase), but
 without shrinking and stopping at the first violation: whether a mutant is killed, and by which law, is
 decided when the first failing example is found; shrinking only makes the report short."""
 
 
-def run_check(view: Path, suites: list[str], timeout: float) -> tuple[str, str, float]:
-    """The default check of ``suites`` on the view: (the suite that failed or "", the law, seconds)."""
+def run_check(view: Path, suites: list[str], timeout: float) -> tuple[str, str, float, str]:
+    """The default check of ``suites`` on the view: (the suite that failed or "", the law, seconds, the phase that
+    killed: ``kept`` programs or the ``search``)."""
     env = {**os.environ, "PYTHONPATH": str(view), "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.perf_counter()
     try:
@@ -292,16 +310,16 @@ def run_check(view: Path, suites: list[str], timeout: float) -> tuple[str, str, 
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return suites[0], f"hang (no verdict within {timeout:g} s)", time.perf_counter() - start
+        return suites[0], f"hang (no verdict within {timeout:g} s)", time.perf_counter() - start, "search"
     took = time.perf_counter() - start
     if proc.returncode == 0:
-        return "", "", took
+        return "", "", took, ""
     try:
         payload = json.loads(proc.stdout.strip().splitlines()[-1])
-        return payload["suite"], payload["rule"], took
+        return payload["suite"], payload["rule"], took, payload.get("phase", "search")
     except (json.JSONDecodeError, KeyError, IndexError):
         tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        return suites[0], f"kvledger check crashed: {tail[:100]}", took
+        return suites[0], f"kvledger check crashed: {tail[:100]}", took, ""
 
 
 def pytest_kills(view: Path, timeout: float) -> bool:
@@ -327,7 +345,7 @@ def judge(view: Path, m: Mutant, timeout: float, classify: bool) -> Outcome:
     target.write_text(src)
     out = Outcome(m.id, m.before, "survived", suites_run=suites_for(m))
     try:
-        suite, law, out.seconds = run_check(view, out.suites_run, timeout)
+        suite, law, out.seconds, out.phase = run_check(view, out.suites_run, timeout)
         if suite:
             out.status, out.law, out.suite = "killed", law, suite
         if out.status == "survived" and classify:
@@ -338,11 +356,14 @@ def judge(view: Path, m: Mutant, timeout: float, classify: bool) -> Outcome:
 
 
 def report(outcomes: list[Outcome]) -> dict[str, object]:
-    """Score, per-law kills, survivors and time per kill."""
+    """Score, kills per law (and the checked laws that killed no mutant), survivors and time per kill."""
     killed = [o for o in outcomes if o.status == "killed"]
     survived = [o for o in outcomes if o.status == "survived"]
     changing = len(killed) + len(survived)
     laws = Counter(o.law for o in killed)
+    from kvledger.contracts.machines.suites import SUITES
+
+    checked = sorted({law for suite in SUITES.values() for law in suite.rules})
     return {
         "mutants": len(outcomes),
         "behaviour_changing": changing,
@@ -352,6 +373,8 @@ def report(outcomes: list[Outcome]) -> dict[str, object]:
         "invalid": [o.id for o in outcomes if o.status == "invalid"],
         "seconds_per_kill": round(sum(o.seconds for o in killed) / len(killed), 1) if killed else None,
         "kills_per_law": dict(laws.most_common()),
+        "kills_by_kept_programs": sum(o.phase == "kept" for o in killed),
+        "laws_that_killed_none": [law for law in checked if law not in laws],
         "survivors": [
             {"id": o.id, "code": o.before, "pytest_kills": o.pytest_kills, "suites": o.suites_run} for o in survived
         ],
@@ -367,6 +390,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds the check may run on one mutant")
     ap.add_argument("--no-classify", action="store_true", help="do not run pytest tests/impl on survivors")
     ap.add_argument("--out", type=Path, help="write the outcomes and the report here as JSON")
+    ap.add_argument(
+        "--checker",
+        type=Path,
+        default=ROOT,
+        help="a tree whose spec/ and contracts/ do the checking (default: this one): to score an older or newer "
+        "checker on the same mutants of this impl/",
+    )
     args = ap.parse_args(argv)
     population = list(mutants())
     if args.list:
@@ -382,11 +412,13 @@ def main(argv: list[str] | None = None) -> int:
         chosen = population
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="kvledger-mutation-") as tmp:
-        view = make_view(Path(tmp))
+        view = make_view(Path(tmp), args.checker)
         for i, m in enumerate(chosen, 1):
             o = judge(view, m, args.timeout, not args.no_classify)
             outcomes.append(o)
-            tail = f"{o.law} ({o.suite}, {o.seconds:.0f} s)" if o.status == "killed" else f"{o.seconds:.0f} s"
+            tail = (
+                f"{o.law} ({o.suite}, {o.phase}, {o.seconds:.0f} s)" if o.status == "killed" else f"{o.seconds:.0f} s"
+            )
             print(f"[{i}/{len(chosen)}] {o.status:10s} {m.id}  {m.before[:60]!r}  {tail}", flush=True)
     summary = report(outcomes)
     print(json.dumps(summary, indent=2))

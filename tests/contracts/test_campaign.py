@@ -52,7 +52,8 @@ def test_a_campaign_runs_every_job_on_workers_and_merges_the_results() -> None:
 
 
 def test_a_campaign_stops_at_the_first_violation_and_keeps_its_counterexample(tmp_path: Path) -> None:
-    spec = RunSpec(faults=("B1",), database=str(tmp_path / "db"))
+    # NOTE: kept=False: the search finds B1 and saves it, not B1's kept program
+    spec = RunSpec(faults=("B1",), database=str(tmp_path / "db"), kept=False)
     results = run_campaign(spec, jobs_for([("cache", "full")], range(50)), 2)
     failing = [r for _, r in results if not r.ok]
     assert failing and len(results) < 50, len(results)

@@ -85,3 +85,43 @@ def test_data_overwrite_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(SlotPool, "alloc", alloc)
     msg = run_expecting_failure("token")
     assert "refinement" in msg or "differs from spec model" in msg or "data integrity" in msg, msg
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_first_id_past_a_pool_is_out_of_range(kind: str) -> None:
+    state = machine_for(KINDS[kind])()
+    state.out_of_range("edge")  # rejected with OutOfRange, the pool unchanged
+    state.teardown()
+
+
+def test_a_range_check_off_by_one_at_the_end_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool whose index check lets the first slot past its end through (``>= size`` written ``> size``)."""
+    real = SlotPool.as_index
+
+    def as_index(self: SlotPool, op: str, indices: torch.Tensor) -> torch.Tensor:
+        self.size += 1  # BUG: the range check lets one slot past the end through
+        try:
+            return real(self, op, indices)
+        finally:
+            self.size -= 1
+
+    monkeypatch.setattr(SlotPool, "as_index", as_index)
+    state = machine_for(KINDS["mamba"])()
+    with pytest.raises(Exception, match=r"expected OutOfRange|invalid call accepted|out of range"):
+        state.out_of_range("edge")
+
+
+@pytest.mark.parametrize("kind", ["token", "paged", "swa"])
+def test_a_kv_write_range_check_off_by_one_is_caught(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KV write whose range check lets the first token slot past the pool's end through."""
+    from kvledger.impl import allocators, arguments
+
+    real = arguments.check_range
+
+    def off_by_one(op: str, where: str, name: str, t: torch.Tensor, lo: int, hi: int) -> None:
+        real(op, where, name, t, lo, hi + 1)  # BUG
+
+    monkeypatch.setattr(allocators, "check_range", off_by_one)
+    state = machine_for(KINDS[kind])()
+    with pytest.raises(Exception, match=r"expected OutOfRange|invalid call accepted|out of (range|bounds)"):
+        state.out_of_range("edge")
