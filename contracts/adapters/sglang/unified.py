@@ -185,19 +185,23 @@ class UnifiedAdapter:
 
     def __init__(self, config: CacheConfig, core: str) -> None:
         self._setup(config, core, None, KVBuffer())
+        self.cache = self._new_cache(tree_core_backend=core)
+        got = type(self.cache.tree_core).__name__
+        if got != CORES[core]:
+            raise RuntimeError(f"SGLang built a {got} where the {core} tree core ({CORES[core]}) was asked for")
+
+    def _new_cache(self, **extra: Any) -> Any:
+        """A ``UnifiedRadixCache`` with this config's components over this adapter's pools."""
         params = self.sg.params.CacheInitParams(
             disable=False,
             req_to_token_pool=self.pools.req_pool,
             token_to_kv_pool_allocator=self.allocator,
             page_size=self.ps,
-            sliding_window_size=config.window,
+            sliding_window_size=self.config.window,
             tree_components=tuple(self.ct[c] for c in self.comps),
-            tree_core_backend=core,
+            **extra,
         )
-        self.cache = self.sg.unified.UnifiedRadixCache(params)
-        got = type(self.cache.tree_core).__name__
-        if got != CORES[core]:
-            raise RuntimeError(f"SGLang built a {got} where the {core} tree core ({CORES[core]}) was asked for")
+        return self.sg.unified.UnifiedRadixCache(params)
 
     @classmethod
     def observing(

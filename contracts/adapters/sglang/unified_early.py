@@ -89,15 +89,7 @@ class EarlyUnifiedAdapter(UnifiedAdapter):
 
     def __init__(self, config: CacheConfig) -> None:
         self._setup(config, "python", None, KVBuffer(), self.TESTED)
-        params = self.sg.params.CacheInitParams(
-            disable=False,
-            req_to_token_pool=self.pools.req_pool,
-            token_to_kv_pool_allocator=self.allocator,
-            page_size=self.ps,
-            sliding_window_size=config.window,
-            tree_components=tuple(self.ct[c] for c in self.comps),
-        )
-        self.cache = self.sg.unified.UnifiedRadixCache(params)
+        self.cache = self._new_cache()  # NOTE: no tree core to choose before 0.5.23
         self.name = f"sglang-{self.version}/UnifiedRadixCache"
         self._settle_capabilities()
 
