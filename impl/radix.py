@@ -410,6 +410,7 @@ class RadixCache(RadixTree):
         if not isinstance(match, MatchResult):
             raise CacheError(f"verify: expected a MatchResult, got {type(match).__name__}")
         if match.length:
+            self._check_live("verify", match.last_node)  # NOTE: another cache's match, or one whose node was evicted
             toks = self._as_tokens("verify", key)[: match.length]
             pos = torch.arange(match.length, dtype=torch.int64, device=self.device)
             self.kv.verify(match.indices, toks, pos)

@@ -660,3 +660,18 @@ def test_eviction_leaves_no_reference_cycles() -> None:
         gc.garbage.clear()
         gc.enable()
     assert leaked == [] and [n.id for n in cache.nodes()] == [0]
+
+
+def test_verify_refuses_a_match_that_is_not_this_caches() -> None:
+    """Another cache's match, or one whose node was evicted since: a typed error, not a check of the wrong slots."""
+    kv, other_kv = TokenAllocator(8), TokenAllocator(8)
+    cache, other = RadixCache(kv), RadixCache(other_kv)
+    put(cache, kv, [4, 5, 6])
+    put(other, other_kv, [4, 5, 6])
+    mine, theirs = cache.match_prefix(t(4, 5, 6)), other.match_prefix(t(4, 5, 6))
+    cache.verify(mine, t(4, 5, 6))
+    with pytest.raises(CacheError, match=r"verify: node .* is not a live node of this cache"):
+        cache.verify(theirs, t(4, 5, 6))
+    assert cache.evict(FULL, 100) == 3
+    with pytest.raises(CacheError, match=r"verify: node .* is not a live node of this cache"):
+        cache.verify(mine, t(4, 5, 6))
