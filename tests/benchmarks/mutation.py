@@ -67,7 +67,7 @@ EQUIVALENT: dict[str, str] = {
     "duplicate check it guards answers no for one slot either way",
     "impl/kvview.py:188:4:negate-if": "both branches answer whether value names a slot twice (has_duplicates's scratch "
     "marks take any in-range id, a token slot of a paged pool included; torch.unique otherwise): only the cost differs",
-    "impl/memory.py:194:69:slice+1": "every caller of write_kv passes end == len(req.tokens) (admission, resume, "
+    "impl/memory.py:199:69:slice+1": "every caller of write_kv passes end == len(req.tokens) (admission, resume, "
     "extend), where a slice one past the end is the same slice",
     "impl/arguments.py:24:45:len+1": "message text only: a repr of exactly 40 characters is shown cut to 37 and '...' "
     "instead of whole; no state, result or error type changes",
