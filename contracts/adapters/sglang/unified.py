@@ -329,18 +329,26 @@ class UnifiedAdapter:
         return self._raw_match(key)[0]
 
     def lock(self, key: tuple[int, ...]) -> tuple[Match, Hashable]:
-        m, node_id = self._raw_match(key)
-        tree_lock = self.cache.lock(node_id)
-        node = self.cache.tree_core.node_by_id(node_id) if self.core == "python" else node_id
-        h = UnifiedLock(HandleId(self.next_hid), tree_lock, node, m, key)
+        m, matched = self._raw_match(key)
+        receipt, node = self._acquire(matched)
+        h = UnifiedLock(HandleId(self.next_hid), receipt, node, m, key)
         self.next_hid += 1
         self.locks[h.hid] = h
         return m, h
 
     def unlock(self, handle: Hashable) -> None:
         h = _handle(handle)
-        self.cache.unlock(h.tree_lock)
+        self._release(h)
         self.locks.pop(h.hid, None)
+
+    def _acquire(self, matched: Any) -> tuple[Any, Any]:
+        """Lock the node a match ended at: SGLang's receipt, and the node as the snapshot reads it."""
+        tree_lock = self.cache.lock(matched)
+        return tree_lock, self.cache.tree_core.node_by_id(matched) if self.core == "python" else matched
+
+    def _release(self, h: UnifiedLock) -> None:
+        """Give the lock's receipt back, as the scheduler does."""
+        self.cache.unlock(h.tree_lock)
 
     def handle_id(self, handle: Hashable) -> int:
         return int(_handle(handle).hid)

@@ -31,15 +31,15 @@ Mamba at page size 1; and the same SWA revival path is left unchecked.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 from kvledger.contracts.adapters.protocol import CacheConfig, Match
 from kvledger.contracts.adapters.sglang.common import FULL, MAMBA, KVBuffer
 from kvledger.contracts.adapters.sglang.cpu_import import EARLY_UNIFIED, TestedRange, import_sglang
-from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, UnifiedLock, _handle
-from kvledger.spec.types import Component, HandleId
+from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, UnifiedLock
+from kvledger.spec.types import Component
 
 MODULES = (
     "sglang.srt.mem_cache.unified_radix_cache",
@@ -131,19 +131,12 @@ class EarlyUnifiedAdapter(UnifiedAdapter):
         node = m.last_device_node
         return Match(len(slots), slots, self._state_at(node) if slots else None), node
 
-    def lock(self, key: tuple[int, ...]) -> tuple[Match, Hashable]:
-        m, node = self._raw_match(key)
-        result = self.cache.inc_lock_ref(node)
-        h = UnifiedLock(HandleId(self.next_hid), result, node, m, key)
-        self.next_hid += 1
-        self.locks[h.hid] = h
-        return m, h
+    def _acquire(self, matched: Any) -> tuple[Any, Any]:
+        return self.cache.inc_lock_ref(matched), matched  # NOTE: the receipt is the IncLockRefResult
 
-    def unlock(self, handle: Hashable) -> None:
-        h = _handle(handle)
+    def _release(self, h: UnifiedLock) -> None:
         params = self.sg.base.DecLockRefParams(swa_uuid_for_lock=h.tree_lock.swa_uuid_for_lock)
         self.cache.dec_lock_ref(h.node, params)
-        self.locks.pop(h.hid, None)
 
     def _cow_request(self) -> tuple[Any, Callable[[Any], Any]]:
         req = SimpleNamespace(
