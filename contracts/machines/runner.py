@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from random import Random
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
 
 import hypothesis.core
@@ -323,18 +323,22 @@ def _raised_by_kvledger(err: BaseException) -> bool:
 
     An engine's own ``assert`` failing inside a step is the engine crashing, whatever it says.
     """
-    tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
+    tb = _raised_at(err)
     if tb is None:
         return True  # NOTE: raised where no frame was recorded: only kvledger builds such errors
     return str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(_LAW_DIRS)
 
 
-def _where(err: BaseException) -> str:
+def _raised_at(err: BaseException) -> TracebackType | None:
+    """The innermost traceback entry of ``err``: where it was raised."""
     tb = err.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
+    return tb
+
+
+def _where(err: BaseException) -> str:
+    tb = _raised_at(err)
     return f"{tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}" if tb is not None else "?"
 
 
