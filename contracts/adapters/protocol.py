@@ -252,7 +252,13 @@ def load_factory(spec: str) -> AdapterFactory:
     return factory  # type: ignore[no-any-return]
 
 
-A = TypeVar("A")
+class Capable(Protocol):
+    """Anything that declares capabilities: a cache adapter or a system adapter."""
+
+    capabilities: frozenset[str]
+
+
+A = TypeVar("A", bound=Capable)
 
 
 def set_aside(adapter: A, capabilities: frozenset[str]) -> A:
@@ -260,8 +266,7 @@ def set_aside(adapter: A, capabilities: frozenset[str]) -> A:
 
     For a finding already filed: ``kvledger check --set-aside inv_lru_detached`` goes on looking past it.
     """
-    have = frozenset(getattr(adapter, "capabilities"))  # noqa: B009  (any adapter protocol)
-    setattr(adapter, "capabilities", have - capabilities)  # noqa: B010
+    adapter.capabilities = frozenset(adapter.capabilities) - capabilities
     return adapter
 
 

@@ -21,7 +21,7 @@ import re
 import pytest
 from hypothesis import settings
 
-from kvledger.contracts.adapters.protocol import ALIASES, CacheAdapter, CacheConfig, load_factory
+from kvledger.contracts.adapters.protocol import ALIASES, CacheAdapter, CacheConfig, load_factory, set_aside
 from kvledger.contracts.adapters.sglang.cpu_import import EARLY_UNIFIED, installed_version_or_none
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.suites import CACHE_MODELS
@@ -40,12 +40,10 @@ B5_VERDICT = r"inv_lock_ref_counts_handles|release_component_lock\(swa\) on node
 """What B5's SWA over-release breaks: lock pairing, or (no live handle left to count) SGLang's own assert."""
 
 
-def _make(cfg: CacheConfig, set_aside: frozenset[str] = frozenset()) -> CacheAdapter:
+def _make(cfg: CacheConfig, aside: frozenset[str] = frozenset()) -> CacheAdapter:
     from kvledger.contracts.adapters.sglang.unified_early import early_unified_factory
 
-    adapter = early_unified_factory(cfg)
-    adapter.capabilities = adapter.capabilities - set_aside  # type: ignore[misc]
-    return adapter
+    return set_aside(early_unified_factory(cfg), aside)
 
 
 def test_aliases_name_the_release_range() -> None:
@@ -96,12 +94,12 @@ def test_b5_is_found_once_b1_is_set_aside() -> None:
     assert v.steps[-1].startswith(("mamba_copy_on_write(", "inc_lock_ref_cached(cow=True")), v.steps
 
 
-def _b5_program(cfg: CacheConfig, set_aside: frozenset[str] = frozenset()) -> None:
+def _b5_program(cfg: CacheConfig, aside: frozenset[str] = frozenset()) -> None:
     """The shrunk program (0.5.12's), pasted: a lock on one prompt, a second prompt fills the Mamba pool, then a
     copy-on-write of the locked match, whose evict-to-make-room unlocks without its receipt."""
     from kvledger.contracts.machines.cache import machine_for_cache
 
-    state = machine_for_cache(lambda: _make(cfg, set_aside))()
+    state = machine_for_cache(lambda: _make(cfg, aside))()
     state.inv_all_laws()
     state.insert(borrow=False, prompt=1, suffix=())
     state.inv_all_laws()
