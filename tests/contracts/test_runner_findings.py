@@ -69,3 +69,24 @@ def test_an_untyped_crash_inside_the_implementation_is_a_finding(monkeypatch: py
     assert result.violation is not None
     assert result.violation.rule == f"{CRASH}: AxisError", result.violation.message
     assert "raised at" in result.violation.message and result.violation.steps[-1].startswith("chunk(")
+
+
+def test_an_engines_own_assert_is_a_crash_and_a_law_is_a_law() -> None:
+    """An ``AssertionError`` is a law only when kvledger's spec/ or contracts/ raised it; the engine's is a crash."""
+    from pathlib import Path
+
+    import kvledger.contracts as contracts_package
+    from kvledger.contracts.machines.runner import readable
+
+    def raised_in(filename: str) -> AssertionError:
+        try:
+            exec(compile("raise AssertionError('inv_x: the law broke')", filename, "exec"))
+        except AssertionError as err:
+            return err
+        raise RuntimeError("not raised")
+
+    inside = str(Path(contracts_package.__path__[0]) / "machines" / "some_law.py")
+    assert readable(raised_in(inside)) == ("inv_x", "inv_x: the law broke")
+    rule, message = readable(raised_in("/site-packages/engine/cache.py"))  # an engine's own assert
+    assert rule == f"{CRASH}: AssertionError"
+    assert "inv_x: the law broke" in message and "raised at cache.py:1" in message
