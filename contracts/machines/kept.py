@@ -89,6 +89,16 @@ KEPT: tuple[Kept, ...] = (
             "state.close_session(sid=1)",
         ),
     ),
+    Kept(
+        "a running session turn aborted, then a shorter turn (SGLang 0.5.10's B4, found by search, system/paged)",
+        "system",
+        SYSTEM_ALL,
+        (
+            "state.add_long_request(prompt=0, sid=2, suffix=[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1])",
+            "state.abort(pick=0)",
+            "state.add_request(budget=64, prompt=0, sid=2, suffix=[])",
+        ),
+    ),
     *(
         Kept(
             f"a resumed session turn, {op}ed, then resumed (--profile thorough --seed 1)",

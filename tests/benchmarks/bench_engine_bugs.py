@@ -59,6 +59,11 @@ class Bug:
 B5_LAWS = ("inv_lock_ref_counts_handles", "implementation crashed: AssertionError")
 """B5's SWA over-release lowers counts a live lock covers (the law), or drives one below zero (SGLang's assert)."""
 
+LOST_OWNER_LAWS = ("inv_owners_account", "inv_slots_conserved", "inv_single_owner")
+"""The ledger laws that see a slot lose its owner: B4's overwritten row entries are a slot still held by the
+session and named by nothing (``inv_owners_account``), or, when the overwrite and the loss fall in one step, a
+slot in use that no owner ever named (``inv_slots_conserved``)."""
+
 BUGS: tuple[Bug, ...] = (
     Bug("B1", "0.5.9", "cache", "mamba", "sglang-0.5.9-mamba", ("inv_lru_detached",)),
     Bug("B1", "0.5.11", "cache", "full", "sglang-0.5.11", ("inv_lru_detached",)),
@@ -67,7 +72,7 @@ BUGS: tuple[Bug, ...] = (
     Bug("B5", "0.5.12", "cache", "hybrid", "sglang-0.5.12", B5_LAWS, frozenset({"lru"})),
     Bug("B2", "0.5.9", "system", "mamba", "sglang-0.5.9-system", ("admission rolls back",)),
     Bug("B3", "0.5.10", "system", "mamba", "sglang-0.5.10-system", ("leak checker agrees with the ledgers",)),
-    Bug("B4", "0.5.10", "system", "paged", "sglang-0.5.10-system", ("inv_owners_account",)),
+    Bug("B4", "0.5.10", "system", "paged", "sglang-0.5.10-system", LOST_OWNER_LAWS),
 )
 """The seed bugs per release (``ENGINES.md``); B5's search sets B1's laws aside (0.5.11 ships both)."""
 

@@ -115,6 +115,34 @@ def test_b4_program() -> None:
 
 
 @pytest.mark.skipif(VERSION == "0.5.9", reason="streaming sessions arrive in 0.5.10")
+def test_b4_found_by_search() -> None:
+    """B4 as ``kvledger check --suite system --model paged --adapter sglang-system --seed 2`` shrinks it (4 steps).
+
+    A session's long first turn is aborted while it runs; 0.5.10 keeps the turn's KV in the
+    session slot (committed 19 tokens, a partial tail page). The next turn is shorter, its match
+    takes fewer tokens than were committed, and ``alloc_for_extend`` writes the new page over
+    the row entries the session still owns: the overwritten page is in use and nobody's
+    (``inv_slots_conserved``). 0.5.11 asserts sessions are append-only and frees the tail
+    first; there the abort releases the turn, and every law holds.
+    """
+    from kvledger.contracts.machines.suites import SYSTEM_CONFIGS
+
+    state = _machine(SYSTEM_CONFIGS["paged"])
+    state.add_long_request(prompt=0, sid=2, suffix=[1] * 14)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    state.abort(pick=0)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    state.add_request(budget=64, prompt=0, sid=2, suffix=[])  # type: ignore[attr-defined]
+    if VERSION == "0.5.10":
+        with pytest.raises(AssertionError, match=r"inv_slots_conserved: pool 'kv'"):
+            state.inv_all_laws()  # type: ignore[attr-defined]
+        return
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    state.close_session(sid=2)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(VERSION == "0.5.9", reason="streaming sessions arrive in 0.5.10")
 def test_b3_close_and_the_mamba_slot() -> None:
     """Closing the session frees its KV and row; 0.5.10 leaves its Mamba slot held, named by nobody."""
     from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
