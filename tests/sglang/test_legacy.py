@@ -1,4 +1,8 @@
-"""SGLang 0.5.9: ``RadixCache`` conforms; ``MambaRadixCache``'s ``LRUList`` breaks LRU detachment (B1)."""
+"""SGLang 0.5.9 to 0.5.12: ``RadixCache`` conforms; ``MambaRadixCache``'s ``LRUList`` breaks LRU detachment (B1).
+
+Each test runs against the installed release (CI: 0.5.9, 0.5.10 and 0.5.11); B1 shipped in all four
+and was fixed in 0.5.13, whose ``UnifiedRadixCache`` passes (``test_unified_early.py``).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,13 @@ import pytest
 from hypothesis import settings
 
 from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig
-from kvledger.contracts.adapters.sglang.cpu_import import unavailable_reason
+from kvledger.contracts.adapters.sglang.cpu_import import LEGACY, installed_version_or_none
 from kvledger.contracts.machines.profiles import register_profiles
 
-pytestmark = pytest.mark.skipif(unavailable_reason("0.5.9") is not None, reason=str(unavailable_reason("0.5.9")))
+VERSION = installed_version_or_none()
+pytestmark = pytest.mark.skipif(
+    VERSION is None or not LEGACY.contains(VERSION), reason=f"needs {LEGACY.describe()}; have {VERSION}"
+)
 register_profiles()
 CI = settings.get_profile("ci")
 
@@ -60,7 +67,7 @@ def test_adapters_are_adapters_and_refuse_what_sglang_lacks() -> None:
     from kvledger.contracts.adapters.sglang.legacy import mamba_radix_cache_factory, radix_cache_factory
 
     a = radix_cache_factory(CacheConfig())
-    assert isinstance(a, CacheAdapter) and a.version == "0.5.9"
+    assert isinstance(a, CacheAdapter) and a.version == VERSION
     with pytest.raises(NotExpressible, match="no SWA component"):
         radix_cache_factory(CacheConfig(window=2))
     with pytest.raises(NotExpressible, match="page size 1 only"):

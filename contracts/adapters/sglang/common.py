@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -154,6 +155,32 @@ def copy_on_write(match: Callable[[Any], object], request: Any, slot_of: Callabl
         raise
     idx = slot_of(request)
     return None if idx is None else int(torch.as_tensor(idx).reshape(-1)[0])
+
+
+def hybrid_rows(pool_class: Any, rows: int, mamba_slots: int, max_context: int) -> Any:
+    """SGLang's ``HybridReqToTokenPool`` (0.5.9 to 0.5.12) with one tiny Mamba layer, on CPU, no extra buffer.
+
+    From 0.5.10 the constructor also asks which layers are Mamba layers (``mamba_layer_ids``).
+    """
+    import inspect
+
+    cache_params = SimpleNamespace(
+        shape=SimpleNamespace(conv=[(1, 2)], temporal=(1, 1, 2)),
+        dtype=SimpleNamespace(conv=torch.float32, temporal=torch.float32),
+        layers=[0],
+    )
+    extra = {"mamba_layer_ids": [0]} if "mamba_layer_ids" in inspect.signature(pool_class).parameters else {}
+    return pool_class(
+        **extra,
+        size=rows,
+        mamba_size=mamba_slots,
+        mamba_spec_state_size=mamba_slots,
+        max_context_len=max_context,
+        device="cpu",
+        enable_memory_saver=False,
+        cache_params=cache_params,
+        enable_mamba_extra_buffer=False,
+    )
 
 
 def node_owner(nid: NodeId, comp: Component) -> Owner:

@@ -1,5 +1,9 @@
 """SGLang 0.5.9's radix caches behind the adapter protocol: ``RadixCache`` and ``MambaRadixCache``.
 
+Written for 0.5.9 and run unchanged on 0.5.10 to 0.5.12, whose two caches keep 0.5.9's structure
+(the installed release is named in ``version``; from 0.5.11 a node's child key is the key's own
+``child_key``). 0.5.13 reworked ``MambaRadixCache``'s Mamba slots and is outside the tested range.
+
 Factories (for ``kvledger check --adapter``): :func:`radix_cache_factory`
 and :func:`mamba_radix_cache_factory`; both take a
 :class:`~kvledger.contracts.adapters.protocol.CacheConfig` and return a fresh adapter.
@@ -67,6 +71,7 @@ from kvledger.contracts.adapters.sglang.common import (
     alloc_state,
     copy_on_write,
     free_state,
+    hybrid_rows,
     ledger,
     lru_state,
     node_owner,
@@ -219,12 +224,18 @@ class _LegacyAdapter:
     def handle_id(self, handle: Hashable) -> int:
         return int(_handle(handle).hid)
 
+    def _child_key(self, key: tuple[int, ...]) -> Any:
+        """The key of ``key``'s first edge in ``children``: the cache's function (0.5.9), the key's own (0.5.11+)."""
+        radix_key = self._key(key)
+        child_key_fn = getattr(self.cache, "get_child_key_fn", None)
+        return child_key_fn(radix_key) if child_key_fn is not None else radix_key.child_key(self.ps)
+
     def _tree_slots(self, key: tuple[int, ...]) -> list[int]:
         """The tree's slots along ``key`` as far as it is cached, read without touching the cache."""
         out: list[int] = []
         node, rest = self.cache.root_node, list(key)
         while rest:
-            child = node.children.get(self.cache.get_child_key_fn(self._key(tuple(rest))))
+            child = node.children.get(self._child_key(tuple(rest)))
             if child is None or child.value is None:
                 break
             ck = list(child.key.token_ids)
@@ -381,21 +392,7 @@ class LegacyMambaAdapter(_LegacyAdapter):
     def _build(self) -> Any:
         # NOTE: match_prefix reads mamba_cache_chunk_size from the global server args; only that field is needed.
         self.sg.server_args.set_global_server_args_for_scheduler(SimpleNamespace(mamba_cache_chunk_size=64))
-        cache_params = SimpleNamespace(
-            shape=SimpleNamespace(conv=[(1, 2)], temporal=(1, 1, 2)),
-            dtype=SimpleNamespace(conv=torch.float32, temporal=torch.float32),
-            layers=[0],
-        )
-        self.req_pool = self.sg.pool.HybridReqToTokenPool(
-            size=4,
-            mamba_size=self.config.mamba_slots,
-            mamba_spec_state_size=self.config.mamba_slots,
-            max_context_len=64,
-            device="cpu",
-            enable_memory_saver=False,
-            cache_params=cache_params,
-            enable_mamba_extra_buffer=False,
-        )
+        self.req_pool = hybrid_rows(self.sg.pool.HybridReqToTokenPool, 4, self.config.mamba_slots, 64)
         params = self.sg.params.CacheInitParams(
             disable=False,
             req_to_token_pool=self.req_pool,

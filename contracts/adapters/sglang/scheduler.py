@@ -45,7 +45,6 @@ structures only:
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -61,6 +60,7 @@ from kvledger.contracts.adapters.sglang.common import (
     MAMBA,
     NodeIds,
     NotExpressible,
+    hybrid_rows,
     node_owner,
     retraction_forced,
 )
@@ -300,24 +300,7 @@ class SchedulerAdapter:
         else:
             alloc = sg.allocator.TokenToKVPoolAllocator(c.kv_tokens, torch.int64, "cpu", None, False)
         if c.mamba:
-            cache_params = SimpleNamespace(
-                shape=SimpleNamespace(conv=[(1, 2)], temporal=(1, 1, 2)),
-                dtype=SimpleNamespace(conv=torch.float32, temporal=torch.float32),
-                layers=[0],
-            )
-            hybrid = sg.memory_pool.HybridReqToTokenPool
-            extra = {"mamba_layer_ids": [0]} if "mamba_layer_ids" in inspect.signature(hybrid).parameters else {}
-            rows = hybrid(
-                **extra,
-                size=c.rows,
-                mamba_size=c.mamba_slots,
-                mamba_spec_state_size=c.mamba_slots,
-                max_context_len=c.max_context + 8,
-                device="cpu",
-                enable_memory_saver=False,
-                cache_params=cache_params,
-                enable_mamba_extra_buffer=False,
-            )
+            rows = hybrid_rows(sg.memory_pool.HybridReqToTokenPool, c.rows, c.mamba_slots, c.max_context + 8)
         else:
             rows = sg.memory_pool.ReqToTokenPool(
                 size=c.rows, max_context_len=c.max_context + 8, device="cpu", enable_memory_saver=False
