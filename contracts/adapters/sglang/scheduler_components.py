@@ -1,5 +1,10 @@
 """SGLang's real scheduler (0.5.23; assembled from components) behind the ``SystemAdapter`` protocol.
 
+What differs by release is read through a few hooks (``_import``, ``_modules``, ``_cache_extra``,
+``_publish``, ``_release_attrs``, ``_future_map``, ``_attach``, ``_next_batch``, ``_kv``,
+``_records``); 0.5.13 supplies its own in
+:mod:`~kvledger.contracts.adapters.sglang.scheduler_components_early`.
+
 What runs for real (SGLang's own code, on CPU):
 
 * requests enter through ``Scheduler.handle_generate_request`` with a

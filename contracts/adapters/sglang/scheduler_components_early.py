@@ -59,7 +59,7 @@ class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
         ps = importlib.import_module("sglang.srt.distributed.parallel_state")
         if getattr(ps, "_TP", None) is None:
             # NOTE: the one-process tensor-parallel group (rank 0 of 1): an aborted request asks for its rank to log
-            ps._TP = SimpleNamespace(rank_in_group=0, world_size=1)
+            ps._TP = SimpleNamespace(rank_in_group=0, world_size=1)  # type: ignore[attr-defined]
         return got
 
     def _modules(self) -> SimpleNamespace:
@@ -92,10 +92,8 @@ class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
         ranks = {f"{k}_rank": 0 for k in ("tp", "pp", "dp", "attn_tp", "attn_cp", "attn_dp", "moe_ep", "moe_dp")}
         return {
             "ps": self.m.ParallelState(**one, **ranks, gpu_id=0),
-            "tp_group": None,
-            "weight_updater": SimpleNamespace(offload_tags=set()),
-            "enable_prefill_delayer": False,
-            "_engine_paused": False,
+            "tp_group": None,  # NOTE: read by init_dp_attn_adapter; one process, no group
+            "weight_updater": SimpleNamespace(offload_tags=set()),  # NOTE: its offload tags, read by the same
         }
 
     def _future_map(self, s: Any) -> Any:
