@@ -328,6 +328,7 @@ SYSTEM_ALIASES: dict[str, str] = {
         f"sglang-{v}-system": "kvledger.contracts.adapters.sglang.scheduler:scheduler_factory"
         for v in ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
     },
+    "sglang-0.5.13-system": "kvledger.contracts.adapters.sglang.scheduler_components_early:early_components_factory",
     "sglang-0.5.23-system": "kvledger.contracts.adapters.sglang.scheduler_components:scheduler_system_factory",
     "vllm": "kvledger.contracts.adapters.vllm.adapter:vllm_factory",
     "vllm-hybrid": "kvledger.contracts.adapters.vllm.adapter:vllm_hybrid_factory",

@@ -8,7 +8,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from kvledger.contracts.adapters.sglang.cpu_import import unavailable_reason
+from kvledger.contracts.adapters.sglang.cpu_import import installed_version_or_none, unavailable_reason
 from kvledger.contracts.cli import app
 
 runner = CliRunner()
@@ -40,3 +40,17 @@ def test_b5_in_sglang_0_5_11_is_found_by_the_cli_past_b1() -> None:
     verdict = r"inv_lock_ref_counts_handles|release_component_lock\(swa\) on node with lock_ref=0"
     assert re.search(verdict, f"{v['rule']}: {v['message']}") and "swa" in v["message"], v
     assert "set_aside(" in v["program"] and re.search(r"cow=True|mamba_copy_on_write", v["program"]), v["program"]
+
+
+@pytest.mark.skipif(
+    installed_version_or_none() not in ("0.5.13", "0.5.23"), reason="needs a components release (0.5.13 or 0.5.23)"
+)
+def test_sglang_system_drives_the_installed_components_scheduler_from_the_cli() -> None:
+    """``--adapter sglang-system`` picks the installed release's scheduler adapter; ``--json`` names it."""
+    args = ["check", "--suite", "system", "--adapter", "sglang-system", "--model", "full", "--examples", "2", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout[result.stdout.index("{") :])
+    assert payload["adapter_version"] == installed_version_or_none(), payload["adapter"]
+    assert payload["engine_class"] == "sglang.srt.managers.scheduler.Scheduler"
+    assert payload["adapter"].startswith(f"sglang-{installed_version_or_none()}/Scheduler"), payload["adapter"]

@@ -1,15 +1,27 @@
-"""SGLang's real scheduler (0.5.23, assembled from components) checked by the system machine on every model kind."""
+"""SGLang's real scheduler (0.5.13 and 0.5.23, assembled from components) checked by the system machine on every kind.
+
+Each test runs against the installed release through its alias (``sglang-<release>-system``):
+0.5.23's adapter (``scheduler_components``) or 0.5.13's (``scheduler_components_early``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import re
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import settings
 
-from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, installed_version_or_none, unavailable_reason
-from kvledger.contracts.adapters.system import SystemAdapter, SystemConfig, skipped_system_rules
+from kvledger.contracts.adapters.sglang.cpu_import import (
+    COMPONENTS,
+    EARLY_COMPONENTS,
+    TestedRange,
+    installed_version_or_none,
+    unavailable_reason,
+)
+from kvledger.contracts.adapters.system import SystemAdapter, SystemConfig, load_system_factory, skipped_system_rules
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.runner import run_machine
 from kvledger.contracts.machines.system import RULES, check_snapshot, machine_for_system
@@ -17,8 +29,14 @@ from kvledger.spec.types import OwnerKind
 
 HAVE = installed_version_or_none()
 pytestmark = pytest.mark.skipif(HAVE is None, reason=str(unavailable_reason(COMPONENTS.highest)))
+RELEASES = {
+    COMPONENTS: "kvledger.contracts.adapters.sglang.scheduler_components:scheduler_system_factory",
+    EARLY_COMPONENTS: "kvledger.contracts.adapters.sglang.scheduler_components_early:early_components_factory",
+}
+"""Each release range with a components scheduler adapter, and that adapter's factory."""
+TESTED = next((r for r in RELEASES if HAVE is not None and r.contains(HAVE)), None)
 needs_components = pytest.mark.skipif(
-    HAVE is None or not COMPONENTS.contains(HAVE), reason=f"needs {COMPONENTS.describe()}; {HAVE} is installed"
+    TESTED is None, reason=f"needs {' or '.join(r.describe() for r in RELEASES)}; {HAVE} is installed"
 )
 register_profiles()
 CI = settings(settings.get_profile("ci"), max_examples=25, stateful_step_count=20)
@@ -34,9 +52,8 @@ NOT_EXPRESSIBLE = {"chunk (rule)", "inject_allocation_failure (rule)", "inv_lock
 
 
 def _adapter(config: SystemConfig = MODELS["full"]) -> SystemAdapter:
-    from kvledger.contracts.adapters.sglang.scheduler_components import scheduler_system_factory
-
-    return scheduler_system_factory(config)
+    """The installed release's adapter, through its alias (``sglang-<release>-system``)."""
+    return load_system_factory(f"sglang-{HAVE}-system")(config)
 
 
 def _laws(sys: SystemAdapter) -> None:
@@ -144,17 +161,41 @@ def test_a_row_naming_a_free_slot_fails_rows_held() -> None:
 
 
 @needs_components
-@pytest.mark.parametrize("model", ["full", "mamba"])
-def test_finding_a_second_streaming_turn_in_flight_crashes_the_scheduler(model: str) -> None:
-    """Found by the system machine (shrunk to five steps): SGLang 0.5.23's own assertion fails in the scheduler.
+@pytest.mark.parametrize("licensed", [False, True])
+def test_a_rejected_session_turn_keeps_its_copy_on_write_mamba_slot_as_a_reservation(licensed: bool) -> None:
+    """The reservation, in every components release (0.5.13 and 0.5.23), shown by a kept four-step program.
 
-    A streaming session gets a second and a third turn while its first is running. SGLang marks
-    both for abort ("Streaming session already has an active request") but leaves the third in
-    the waiting queue; when the first turn ends, the next prefill matches the aborted turn
-    against the session's now-saved slot, and ``StreamingSession.try_match_prefix`` asserts
-    ``streaming session prefix shrank``: an AssertionError inside the scheduler's step, which in
-    a server ends the scheduler process. Kept as the program the machine printed.
+    A prompt's Mamba state is cached; another request runs (the adder reserves its new tokens);
+    a session's first turn for the cached prompt matches it (a copy-on-write Mamba slot) and is
+    rejected. ``_get_new_batch_prefill_raw`` frees the slot only for a request without a session,
+    so the turn keeps it: the strict ``admission rolls back`` flags it; under the ``reservations``
+    licence the adapter declares for Mamba, every law holds.
     """
+
+    def make() -> SystemAdapter:
+        adapter = _adapter(MODELS["mamba"])
+        assert "reservations" in adapter.capabilities
+        if not licensed:
+            adapter.capabilities = adapter.capabilities - {"reservations"}  # type: ignore[misc]
+        return adapter
+
+    state = machine_for_system(make)()
+    state.swarm(off=frozenset())
+    state.add_request(budget=64, prompt=0, sid=None, suffix=[])
+    state.end_or_chunk(op="finish", pick=0)
+    state.add_request(budget=64, prompt=1, sid=None, suffix=[])
+    assert [v.status for v in state.last.requests.values()] == ["finished", "running"]
+    if licensed:
+        state.add_request(budget=64, prompt=0, sid=1, suffix=[5, 6, 7])
+        state.inv_all_laws()
+        assert state.last.requests[3].status == "waiting"
+    else:
+        with pytest.raises(AssertionError, match=r"admission rolls back: rejected request 3 keeps \{'mamba'"):
+            state.add_request(budget=64, prompt=0, sid=1, suffix=[5, 6, 7])
+
+
+def _impatient_turns(model: str) -> Any:
+    """The machine's shrunk program, first four steps: a session's second and third turns sent while its first runs."""
 
     def impatient() -> SystemAdapter:
         adapter = _adapter(MODELS[model])
@@ -168,9 +209,70 @@ def test_finding_a_second_streaming_turn_in_flight_crashes_the_scheduler(model: 
     state.extend(ahead=0, n=1, pick=0)
     state.add_request(budget=64, prompt=0, sid=1, suffix=[])
     state.inv_all_laws()
+    return state
+
+
+@pytest.mark.skipif(TESTED is not COMPONENTS, reason=f"0.5.23's outcome; {HAVE} is installed")
+@pytest.mark.parametrize("model", ["full", "mamba"])
+def test_finding_a_second_streaming_turn_in_flight_crashes_the_scheduler(model: str) -> None:
+    """Found by the system machine (shrunk to five steps): SGLang 0.5.23's own assertion fails in the scheduler.
+
+    A streaming session gets a second and a third turn while its first is running. SGLang marks
+    both for abort ("Streaming session already has an active request") but leaves the third in
+    the waiting queue; when the first turn ends, the next prefill matches the aborted turn
+    against the session's now-saved slot, and ``StreamingSession.try_match_prefix`` asserts
+    ``streaming session prefix shrank``: an AssertionError inside the scheduler's step, which in
+    a server ends the scheduler process. Kept as the program the machine printed.
+    """
+    state = _impatient_turns(model)
     assert [v.status for v in state.last.requests.values()] == ["running", "aborted", "waiting"]
     with pytest.raises(AssertionError, match="streaming session prefix shrank"):
         state.end_or_chunk(op="finish", pick=0)
+
+
+@pytest.mark.skipif(TESTED is not EARLY_COMPONENTS, reason=f"0.5.13's outcome; {HAVE} is installed")
+def test_finding_0_5_13_an_aborted_turn_clears_the_guard_and_a_third_turn_crashes_the_scheduler() -> None:
+    """The same program on 0.5.13 (Mamba): the same assertion, one step later.
+
+    0.5.13 aborts only the second turn: that turn, pre-aborted while the session has no slot yet,
+    still runs as a streaming turn, and its abort path (``try_cache_finished_req`` on
+    ``FINISH_ABORT``) calls ``session.abort_req()``, which clears the session's in-flight flag
+    while the first turn still runs. The third turn is then accepted as a fresh first turn
+    (without the first turn's output in its input). With Mamba it waits; once the first turn has
+    ended and saved its slot, its match restores that slot and ``try_match_prefix`` asserts
+    ``streaming session prefix shrank`` inside the scheduler's step.
+    """
+    state = _impatient_turns("mamba")
+    assert [v.status for v in state.last.requests.values()] == ["running", "aborted", "waiting"]
+    state.end_or_chunk(op="finish", pick=0)
+    state.inv_all_laws()
+    state.admit(pick=0, budget=64)  # NOTE: the first step after the finish runs no prefill; every law holds
+    state.inv_all_laws()
+    assert [v.status for v in state.last.requests.values()] == ["finished", "aborted", "waiting"]
+    with pytest.raises(AssertionError, match="streaming session prefix shrank"):
+        state.admit(pick=0, budget=64)
+
+
+@pytest.mark.skipif(TESTED is not EARLY_COMPONENTS, reason=f"0.5.13's outcome; {HAVE} is installed")
+def test_finding_0_5_13_a_third_turn_beside_the_first_leaks_the_first_turns_row() -> None:
+    """The same program on 0.5.13 (full attention): the third turn runs beside the first, and KV leaks.
+
+    With the in-flight flag cleared (previous test), the third turn is admitted at once and runs
+    beside the first. The first turn ends and saves the session's slot; the third ends and
+    ``SessionSlot.save_from_req`` (not the first save) overwrites the slot's row with its own:
+    the first turn's row and KV are named by nothing and never freed (``inv_slots_conserved``),
+    and SGLang's own strict idle check reports the leak once the session is closed.
+    """
+    state = _impatient_turns("full")
+    assert [v.status for v in state.last.requests.values()] == ["running", "aborted", "running"]
+    state.end_or_chunk(op="finish", pick=0)
+    state.inv_all_laws()
+    with pytest.raises(AssertionError, match="inv_slots_conserved: pool 'kv'"):
+        state.end_or_chunk(op="finish", pick=0)
+        state.inv_all_laws()
+    state.sys.close_session(1)
+    verdict = state.sys.idle_check()
+    assert verdict is not None and not verdict.ok and "leak" in verdict.message, verdict
 
 
 @needs_components
@@ -187,9 +289,11 @@ def test_system_machine_on_sglangs_scheduler(model: str) -> None:
     assert "leak checker agrees with the ledgers" not in skipped_system_rules(probe.capabilities)
 
 
-@pytest.mark.skipif(HAVE is None or COMPONENTS.contains(HAVE), reason="only where the adapter is not tested")
-def test_other_releases_are_refused_with_the_tested_range() -> None:
+@pytest.mark.parametrize("tested", list(RELEASES), ids=lambda r: r.highest)
+def test_other_releases_are_refused_with_the_tested_range(tested: TestedRange) -> None:
+    if HAVE is None or tested.contains(HAVE):
+        pytest.skip(f"only where the adapter is not tested ({HAVE} is installed)")
     from kvledger.contracts.adapters.sglang.cpu_import import SGLangVersionError
 
-    with pytest.raises(SGLangVersionError, match=r"0\.5\.23"):
-        _adapter()
+    with pytest.raises(SGLangVersionError, match=re.escape(tested.describe())):
+        load_system_factory(RELEASES[tested])(MODELS["full"])

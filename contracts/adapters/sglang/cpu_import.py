@@ -36,6 +36,7 @@ from typing import Any
 
 __all__ = [
     "COMPONENTS",
+    "EARLY_COMPONENTS",
     "LEGACY",
     "SCHEDULER",
     "UNIFIED",
@@ -146,11 +147,17 @@ EARLY_UNIFIED = TestedRange(
 """0.5.11 to 0.5.13: the first ``UnifiedRadixCache``, its nodes, LRU lists and locks on the cache itself."""
 
 COMPONENTS = TestedRange("scheduler components (Scheduler, UnifiedRadixCache)", "0.5.23", "0.5.23", UNIFIED.stubs)
-"""0.5.23: the scheduler assembled from components over a ``UnifiedRadixCache`` (its Python core).
+"""0.5.23: the scheduler assembled from components over a ``UnifiedRadixCache`` (its Python core)."""
 
-NOTE: 0.5.13 also assembles its scheduler from components, but its ``UnifiedRadixCache`` keeps its nodes
-on the cache (no ``tree_core``; ``mem_cache/unified_cache_components``) and its sessions in a
-``StreamingSession`` wrapper, which the 0.5.23 abstraction this adapter reuses does not read."""
+EARLY_COMPONENTS = TestedRange(
+    "scheduler components, cache components on the cache (Scheduler, UnifiedRadixCache, 0.5.13)",
+    "0.5.13",
+    "0.5.13",
+    EARLY_UNIFIED.stubs,
+    pre_stubs=EARLY_UNIFIED.pre_stubs,
+)
+"""0.5.13: the first scheduler assembled from components, over the first ``UnifiedRadixCache`` (nodes on the
+cache, sessions in its embedded ``StreamingSession``, KV fields on the ``Req`` itself)."""
 
 
 _stubbed: list[str] = []

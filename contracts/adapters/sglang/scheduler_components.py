@@ -1,5 +1,10 @@
 """SGLang's real scheduler (0.5.23; assembled from components) behind the ``SystemAdapter`` protocol.
 
+What differs by release is read through a few hooks (``_import``, ``_modules``, ``_cache_extra``,
+``_publish``, ``_release_attrs``, ``_future_map``, ``_attach``, ``_next_batch``, ``_kv``,
+``_records``); 0.5.13 supplies its own in
+:mod:`~kvledger.contracts.adapters.sglang.scheduler_components_early`.
+
 What runs for real (SGLang's own code, on CPU):
 
 * requests enter through ``Scheduler.handle_generate_request`` with a
@@ -69,7 +74,7 @@ import torch
 
 from kvledger.contracts.adapters.protocol import CacheConfig
 from kvledger.contracts.adapters.sglang.common import FULL, MAMBA, SWA, KVBuffer, retraction_forced
-from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS
+from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, TestedRange
 from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
 from kvledger.contracts.adapters.system import IdleVerdict, RequestView, RowView, SessionView, StepResult, SystemConfig
@@ -244,6 +249,9 @@ class SchedulerSystemAdapter:
     """SGLang's ``Scheduler`` driven by request lifecycle; observed in spec terms."""
 
     engine_class = "sglang.srt.managers.scheduler.Scheduler"
+    TESTED: TestedRange = COMPONENTS
+    VIEW: type[UnifiedAdapter] = UnifiedAdapter
+    """The cache adapter whose abstraction reads this release's ``UnifiedRadixCache`` (``observing``)."""
 
     def __init__(self, config: SystemConfig) -> None:
         if (config.window is not None or config.mamba) and config.page_size != 1:
@@ -252,8 +260,8 @@ class SchedulerSystemAdapter:
                 "(SWATokenToKVPoolAllocator and MambaComponent without the extra buffer require it)"
             )
         os.environ[STRICT] = "1"
-        self.version, self.sg = _sglang(COMPONENTS)
-        self.m = _sched_modules()
+        self.version, self.sg = self._import()
+        self.m = self._modules()
         self.config = config
         self.name = f"sglang-{self.version}/Scheduler[{config.kind}]"
         caps = {"sessions", "retract", "abort", "evict", "idle_check", "sizes", "rows", "content"}
@@ -281,10 +289,10 @@ class SchedulerSystemAdapter:
             page_size=config.page_size,
             sliding_window_size=config.window,
             tree_components=comps,
-            tree_core_backend="python",
+            **self._cache_extra(),
         )
         self.cache = self.sg.unified.UnifiedRadixCache(params)
-        self.view = UnifiedAdapter.observing(self.cache, self.pools, self.cache_config, self.kv, COMPONENTS)
+        self.view = self.VIEW.observing(self.cache, self.pools, self.cache_config, self.kv, self.TESTED)
         self.oracle = _Oracle(self.kv)
         self.hooks: dict[str, int] = {}
         self.outputs: list[Any] = []
@@ -313,9 +321,8 @@ class SchedulerSystemAdapter:
             enable_streaming_session=True,
         )
         args._mamba_cache_chunk_size = 64  # NOTE: read from the model config otherwise (ENGINES.md)
-        m.rc.publish(args, role="scheduler", ranks=m.rc.SpawnRanks(world_rank=0))
+        sched = self._publish(args)
         s: Any = object.__new__(_cpu_scheduler_class(m.scheduler.Scheduler))
-        sched = m.rc.get_schedule()
         noop = self._noop
         swa, mamba = cfg.window is not None, cfg.mamba
         s.__dict__.update(
@@ -359,6 +366,7 @@ class SchedulerSystemAdapter:
                 is_encoder_decoder=False,
                 self_opened_think_start_ids=None,
                 think_end_ids=None,
+                think_end_id=None,  # NOTE: 0.5.13's name for it
             ),
             tree_cache=self.cache,
             req_to_token_pool=self.pools.req_pool,
@@ -433,12 +441,11 @@ class SchedulerSystemAdapter:
             pp_group=None,
             device_module=torch.get_device_module("cpu"),
             _confidence_budget_prepare=None,
+            **self._release_attrs(),
         )
         worker = _FakeWorker(self.oracle, self.m)
         s.tp_worker = s.model_worker = worker
-        s.future_map = s.spec_algorithm.create_future_map(
-            "cpu", self.pools.req_pool, needs_cpu_seq_lens=False, needs_confidence_relay=False
-        )
+        s.future_map = self._future_map(s)
         # NOTE: metrics, load-publishing and health-check hooks of the scheduler itself: no-ops, counted.
         for hook in ("_record_step_counters", "maybe_send_health_check_signal", "maybe_sleep_on_idle"):
             setattr(s, hook, noop(hook))
@@ -453,7 +460,41 @@ class SchedulerSystemAdapter:
             "init_deterministic_inference_config",
         ):
             getattr(s, init)()
-        s.dp_attn_adapter = m.DPAttn(
+        self._attach(s, worker)
+        return s
+
+    # ------------------------------------------------------------ what differs by release (0.5.23 here)
+
+    def _import(self) -> tuple[str, SimpleNamespace]:
+        """Import the memory manager of a release in :attr:`TESTED` (the cache adapter's import)."""
+        return _sglang(self.TESTED)
+
+    def _modules(self) -> SimpleNamespace:
+        return _sched_modules()
+
+    def _cache_extra(self) -> dict[str, Any]:
+        """``CacheInitParams`` this release needs beyond the components and pools."""
+        return {"tree_core_backend": "python"}
+
+    def _publish(self, args: Any) -> Any:
+        """Publish the server args where the release's components read them; the schedule settings."""
+        m = self.m
+        m.rc.publish(args, role="scheduler", ranks=m.rc.SpawnRanks(world_rank=0))
+        return m.rc.get_schedule()
+
+    def _release_attrs(self) -> dict[str, Any]:
+        """Scheduler attributes only this release's loop reads."""
+        return {}
+
+    def _future_map(self, s: Any) -> Any:
+        """The scheduler's ``FutureMap`` (the components read it; it relays decode input ids)."""
+        return s.spec_algorithm.create_future_map(
+            "cpu", self.pools.req_pool, needs_cpu_seq_lens=False, needs_confidence_relay=False
+        )
+
+    def _attach(self, s: Any, worker: _FakeWorker) -> None:
+        """What the scheduler's ``__init__`` builds after its components: the DP-attention adapter."""
+        s.dp_attn_adapter = self.m.DPAttn(
             model_runner=worker.model_runner,
             req_to_token_pool=self.pools.req_pool,
             token_to_kv_pool_allocator=self.pools.allocator,
@@ -464,7 +505,21 @@ class SchedulerSystemAdapter:
             spec_algorithm=s.spec_algorithm,
             get_require_mlp_sync=lambda: False,
         )
-        return s
+
+    def _next_batch(self) -> Any:
+        """The loop's ``get_next_batch_to_run``: the batch to run (the running batch updated on the scheduler)."""
+        s = self.s
+        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+        s.running_batch = plan.running_batch
+        return plan.batch_to_run
+
+    def _kv(self, req: Any) -> Any:
+        """Where a request keeps its KV fields (``req_pool_idx``, lengths, ``mamba_pool_idx``): its ``ReqKvInfo``."""
+        return req.kv
+
+    def _records(self) -> dict[int, Any]:
+        """Each session's KV record by session id: the ``ReqKvInfo`` the session owns (lent to its running turn)."""
+        return {int(sid): kv for sid, kv in self.cache.session_records().items()}
 
     def _noop(self, name: str) -> _NoOp:
         return _NoOp(name, self.hooks)
@@ -479,9 +534,7 @@ class SchedulerSystemAdapter:
     def _step(self) -> Any:
         """One iteration of ``event_loop_normal``'s body (without receiving): the batch it ran, or None (idle)."""
         s = self.s
-        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
-        s.running_batch = plan.running_batch
-        batch = plan.batch_to_run
+        batch = self._next_batch()
         s.cur_batch_for_debug = batch
         if batch:
             result = s.run_batch(batch)
@@ -527,7 +580,7 @@ class SchedulerSystemAdapter:
         if req.finished():
             # NOTE: a finished request still in the last batch is live until SGLang releases its row; once released,
             # its kv names only what it handed to the tree (stale fields, not holds)
-            live = req.kv.holds_kv and any(req is r for r in self._batch_reqs())
+            live = _holds(self._kv(req)) and any(req is r for r in self._batch_reqs())
             if not live:
                 return "aborted" if type(req.finished_reason).__name__ == "FINISH_ABORT" else "finished"
         if any(req is r for r in s.waiting_queue):
@@ -694,16 +747,15 @@ class SchedulerSystemAdapter:
         s = self.s
         if s.waiting_queue or getattr(s, "chunked_req", None) is not None:
             return False
-        return all(r.finished() and not r.kv.holds_kv for r in self._batch_reqs())
+        return all(r.finished() and not _holds(self._kv(r)) for r in self._batch_reqs())
 
     # ------------------------------------------------------------ abstraction
 
-    def _live(self) -> dict[int, Any]:
-        """Requests that hold a row of their own (a session's record is the session's)."""
-        records = {id(kv) for kv in self.cache.session_records().values()}
-        return {
-            rid: req for rid, req in self.reqs.items() if req.kv.req_pool_idx is not None and id(req.kv) not in records
-        }
+    def _live(self, records: dict[int, Any]) -> dict[int, Any]:
+        """The KV record of each request that holds a row of its own (a session's record is the session's)."""
+        named = {id(kv) for kv in records.values()}
+        kvs = {rid: self._kv(req) for rid, req in self.reqs.items()}
+        return {rid: kv for rid, kv in kvs.items() if _holds(kv) and id(kv) not in named}
 
     def _row(self, kv: Any) -> list[int]:
         row = self.pools.req_pool.req_to_token[kv.req_pool_idx]
@@ -719,23 +771,23 @@ class SchedulerSystemAdapter:
         return {int(x) for x in kv.mamba_pool_idx.reshape(-1).tolist()}
 
     def snapshot(self) -> SystemSnap:
-        live = self._live()
-        records = {int(sid): kv for sid, kv in self.cache.session_records().items()}
+        records = self._records()
+        live = self._live(records)
         opened = [int(sid) for sid in self.s.session_controller.sessions]
         pools = self.pools
-        pools.req_kv = {rid: set(self._row(req.kv)[req.kv.cache_protected_len :]) for rid, req in live.items()}
+        pools.req_kv = {rid: set(self._row(kv)[kv.cache_protected_len :]) for rid, kv in live.items()}
         lent_records = {id(kv) for kv in records.values()}  # NOTE: a session's record, lent to its running turn
         pools.req_mamba = {
-            rid: self._mamba(req.kv)
-            for rid, req in self.reqs.items()
-            if self._mamba(req.kv) and id(req.kv) not in lent_records and self._status(rid) in ("waiting", "running")
+            rid: self._mamba(kv)
+            for rid, kv in ((rid, self._kv(req)) for rid, req in self.reqs.items())
+            if self._mamba(kv) and id(kv) not in lent_records and self._status(rid) in ("waiting", "running")
         }  # NOTE: an ended request's kv keeps naming the state it handed to the tree (a stale field, not a hold)
         tree = self.view.snapshot()
         ledgers = dict(tree.ledgers)
         sess_kv = {
             session(sid): self._units(self._row(kv)[kv.cache_protected_len :])
             for sid, kv in records.items()
-            if kv.holds_kv
+            if _holds(kv)
         }
         sess_mamba = {session(sid): self._mamba(kv) for sid, kv in records.items()}
         ledgers["kv"] = _with(ledgers["kv"], sess_kv)
@@ -744,8 +796,8 @@ class SchedulerSystemAdapter:
         if "swa" in ledgers:
             ledgers["swa"] = _with(ledgers["swa"], {o: pools.swa_of(xs) for o, xs in sess_kv.items()})
         rows_pool = pools.req_pool
-        row_holders: dict[Owner, set[int]] = {request(rid): {int(req.kv.req_pool_idx)} for rid, req in live.items()}
-        row_holders.update({session(sid): {int(kv.req_pool_idx)} for sid, kv in records.items() if kv.holds_kv})
+        row_holders: dict[Owner, set[int]] = {request(rid): {int(kv.req_pool_idx)} for rid, kv in live.items()}
+        row_holders.update({session(sid): {int(kv.req_pool_idx)} for sid, kv in records.items() if _holds(kv)})
         free_rows = [int(x) for x in rows_pool.free_slots]
         ledgers["req_to_token"] = Ledger(
             "req_to_token",
@@ -756,10 +808,10 @@ class SchedulerSystemAdapter:
         )
         references = {name: dict(lg.held) for name, lg in ledgers.items()}
         rows: dict[int, RowView] = {}
-        for rid, req in live.items():
-            rows[int(req.kv.req_pool_idx)] = RowView(request(rid), tuple(self._row(req.kv)), req.kv.cache_protected_len)
+        for rid, kv in live.items():
+            rows[int(kv.req_pool_idx)] = RowView(request(rid), tuple(self._row(kv)), kv.cache_protected_len)
         for sid, kv in records.items():
-            if kv.holds_kv and int(kv.req_pool_idx) not in rows:
+            if _holds(kv) and int(kv.req_pool_idx) not in rows:
                 rows[int(kv.req_pool_idx)] = RowView(session(sid), tuple(self._row(kv)), kv.cache_protected_len)
         requests = {
             rid: RequestView(rid, self._status(rid), self.req_session.get(rid), (), 0, 0, None)
@@ -767,7 +819,7 @@ class SchedulerSystemAdapter:
         }
         for rid, req in self.reqs.items():
             status = self._status(rid)
-            kv = req.kv
+            kv = self._kv(req)
             seq = tuple(int(t) for t in list(req.origin_input_ids) + list(req.output_ids))
             requests[rid] = RequestView(
                 rid,
@@ -778,14 +830,14 @@ class SchedulerSystemAdapter:
                 self.oracle.prefix.get(req.rid, 0),
                 None if kv.req_pool_idx is None or status != "running" else int(kv.req_pool_idx),
             )
-        lent = {id(req.kv): rid for rid, req in self.reqs.items() if self._status(rid) == "running"}
+        lent = {id(self._kv(req)): rid for rid, req in self.reqs.items() if self._status(rid) == "running"}
         sessions = {
             sid: SessionView(
                 sid,
                 kv.kv_committed_len,
                 kv.kv_allocated_len,
                 None if kv.req_pool_idx is None else int(kv.req_pool_idx),
-                tuple(self._row(kv)) if kv.holds_kv and id(kv) not in lent else (),
+                tuple(self._row(kv)) if _holds(kv) and id(kv) not in lent else (),
                 lent.get(id(kv)),
             )
             for sid, kv in records.items()
@@ -804,6 +856,11 @@ class SchedulerSystemAdapter:
             content=self.kv.content(slots),
             page_size=self.config.page_size,
         )
+
+
+def _holds(kv: Any) -> bool:
+    """Whether a KV record (a request's or a session's) holds a ``req_to_token`` row."""
+    return kv.req_pool_idx is not None
 
 
 def _rid(rid: int) -> str:

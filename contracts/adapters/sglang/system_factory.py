@@ -9,6 +9,8 @@ from kvledger.contracts.adapters.system import SystemAdapter, SystemConfig
 
 MIXINS = ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
 """Releases whose scheduler is assembled from mixins (``scheduler.py``)."""
+EARLY_COMPONENTS = ("0.5.13",)
+"""The first release whose scheduler is assembled from components (``scheduler_components_early.py``)."""
 COMPONENTS = ("0.5.23",)
 """Releases whose scheduler is assembled from components and driven (``scheduler_components.py``)."""
 
@@ -23,10 +25,13 @@ def installed_system_factory(config: SystemConfig) -> SystemAdapter:
         from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
 
         return scheduler_factory(config)
+    if release in EARLY_COMPONENTS:
+        from kvledger.contracts.adapters.sglang.scheduler_components_early import early_components_factory
+
+        return early_components_factory(config)
     if release in COMPONENTS:
         from kvledger.contracts.adapters.sglang.scheduler_components import scheduler_system_factory
 
         return scheduler_system_factory(config)
-    raise Unsupported(
-        f"sglang-system: SGLang {release} is not a driven release (driven: {', '.join(MIXINS + COMPONENTS)})"
-    )
+    driven = ", ".join(MIXINS + EARLY_COMPONENTS + COMPONENTS)
+    raise Unsupported(f"sglang-system: SGLang {release} is not a driven release (driven: {driven})")

@@ -1,0 +1,136 @@
+"""SGLang 0.5.13's real scheduler (the first one assembled from components) behind the ``SystemAdapter`` protocol.
+
+Factory: :func:`early_components_factory` (alias ``sglang-0.5.13-system``;
+``sglang-system`` picks it when 0.5.13 is installed). What runs and what is
+replaced is what :mod:`~kvledger.contracts.adapters.sglang.scheduler_components`
+says for 0.5.23: the same component ``init_*`` methods, the same loop body, the
+same fake worker and no-op hooks. This module supplies only where 0.5.13 keeps
+things elsewhere:
+
+* the cache is 0.5.13's ``UnifiedRadixCache`` (its nodes, LRU lists and locks
+  on the cache itself, ``mem_cache/unified_cache_components``), read through
+  the cache adapter of 0.5.11 to 0.5.13
+  (:class:`~kvledger.contracts.adapters.sglang.unified_early.EarlyUnifiedAdapter`);
+* server args are global (``set_global_server_args_for_scheduler``), the
+  scheduler's parallel layout is a ``ParallelState`` (rank 0 of 1), and
+  ``get_next_batch_to_run()`` updates the running batch itself;
+* a ``Req`` keeps its KV fields itself (``req_pool_idx``, ``kv_committed_len``,
+  ``kv_allocated_len``, ``cache_protected_len``, ``mamba_pool_idx``; no
+  ``req.kv``);
+* a streaming session's memory is a ``SessionSlot`` in the cache's embedded
+  ``StreamingSession`` (``cache.session.slots``). Unlike 0.5.23, where the
+  session takes its first turn's record at the row allocation and lends that
+  same object to every turn, 0.5.13's first turn holds its row itself until
+  it finishes (``save_from_req`` moves it to the slot), and a later turn's
+  match *copies* the slot's fields into the request (``restore_to_req``; the
+  slot keeps naming the row). So a session's record is the slot, or, while a
+  turn that restored it waits or runs, that turn's fields: the request
+  borrows the session's row (the slot names the same ``req_pool_idx``) and
+  the slot's lengths catch up only when the turn ends.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+from typing import Any
+
+from kvledger.contracts.adapters.sglang.cpu_import import EARLY_COMPONENTS, TestedRange
+from kvledger.contracts.adapters.sglang.scheduler import _patch_page_kernels
+from kvledger.contracts.adapters.sglang.scheduler_components import SchedulerSystemAdapter, _FakeWorker
+from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter
+from kvledger.contracts.adapters.sglang.unified_early import EarlyUnifiedAdapter, _sglang
+from kvledger.contracts.adapters.system import SystemConfig
+
+__all__ = ["EarlyComponentsSchedulerAdapter", "early_components_factory"]
+
+
+class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
+    """SGLang 0.5.13's ``Scheduler`` (components) over its ``UnifiedRadixCache``, driven by request lifecycle."""
+
+    TESTED: TestedRange = EARLY_COMPONENTS
+    VIEW: type[UnifiedAdapter] = EarlyUnifiedAdapter
+
+    def _import(self) -> tuple[str, SimpleNamespace]:
+        got = _sglang(self.TESTED)
+        # NOTE: 0.5.13's paged allocator launches two Triton kernels (0.5.23's has a CPU path): run them on CPU
+        # as the mixin-era adapter does (SGLang's own alloc_extend_naive; alloc_decode_kernel transcribed)
+        _patch_page_kernels(importlib.import_module("sglang.srt.mem_cache.allocator.paged"))
+        ps = importlib.import_module("sglang.srt.distributed.parallel_state")
+        if getattr(ps, "_TP", None) is None:
+            # NOTE: the one-process tensor-parallel group (rank 0 of 1): an aborted request asks for its rank to log
+            ps._TP = SimpleNamespace(rank_in_group=0, world_size=1)  # type: ignore[attr-defined]
+        return got
+
+    def _modules(self) -> SimpleNamespace:
+        def mod(name: str) -> Any:
+            return importlib.import_module(f"sglang.srt.{name}")
+
+        return SimpleNamespace(
+            scheduler=mod("managers.scheduler"),
+            io=mod("managers.io_struct"),
+            server_args=mod("server_args"),
+            DisaggregationMode=mod("disaggregation.utils").DisaggregationMode,
+            DPAttn=mod("managers.scheduler_components.dp_attn").SchedulerDPAttnAdapter,
+            GenerationBatchResult=mod("managers.utils").GenerationBatchResult,
+            ParallelState=mod("distributed.parallel_state_wrapper").ParallelState,
+            SamplingParams=mod("sampling.sampling_params").SamplingParams,
+            ServerArgs=mod("server_args").ServerArgs,
+            SpeculativeAlgorithm=mod("speculative.spec_info").SpeculativeAlgorithm,
+        )
+
+    def _cache_extra(self) -> dict[str, Any]:
+        return {}  # NOTE: no tree core to choose before 0.5.23
+
+    def _publish(self, args: Any) -> Any:
+        # NOTE: 0.5.13's components read the global server args (pp_max_micro_batch_size, the Mamba chunk size)
+        self.m.server_args.set_global_server_args_for_scheduler(args)
+        return args  # NOTE: the schedule settings are the server args' own fields
+
+    def _release_attrs(self) -> dict[str, Any]:
+        one = {f"{k}_size": 1 for k in ("tp", "pp", "dp", "attn_tp", "attn_cp", "attn_dp", "moe_ep", "moe_dp")}
+        ranks = {f"{k}_rank": 0 for k in ("tp", "pp", "dp", "attn_tp", "attn_cp", "attn_dp", "moe_ep", "moe_dp")}
+        return {
+            "ps": self.m.ParallelState(**one, **ranks, gpu_id=0),
+            "tp_group": None,  # NOTE: read by init_dp_attn_adapter; one process, no group
+            "weight_updater": SimpleNamespace(offload_tags=set()),  # NOTE: its offload tags, read by the same
+        }
+
+    def _future_map(self, s: Any) -> Any:
+        return s.spec_algorithm.create_future_map("cpu", self.pools.req_pool, needs_cpu_seq_lens=False)
+
+    def _attach(self, s: Any, worker: _FakeWorker) -> None:
+        s.init_dp_attn_adapter()  # NOTE: 0.5.13's own init (rank 0 of 1: no tensor-parallel group)
+
+    def _next_batch(self) -> Any:
+        s = self.s
+        batch = s.get_next_batch_to_run()
+        s.cur_batch = batch
+        return batch
+
+    def _kv(self, req: Any) -> Any:
+        return req  # NOTE: 0.5.13's Req keeps its KV fields itself
+
+    def _records(self) -> dict[int, Any]:
+        records: dict[int, Any] = {}
+        for sid_name, slot in self.cache.session.slots.items():
+            sid = int(sid_name)
+            borrower = None
+            if slot.req_pool_idx is not None:
+                borrower = next(
+                    (
+                        req
+                        for rid, req in self.reqs.items()
+                        if self.req_session.get(rid) == sid
+                        and req.req_pool_idx == slot.req_pool_idx
+                        and self._status(rid) in ("waiting", "running")
+                    ),
+                    None,
+                )
+            records[sid] = slot if borrower is None else borrower
+        return records
+
+
+def early_components_factory(config: SystemConfig) -> EarlyComponentsSchedulerAdapter:
+    """SGLang 0.5.13's real scheduler over a ``UnifiedRadixCache`` of the kind ``config`` names."""
+    return EarlyComponentsSchedulerAdapter(config)
