@@ -1,6 +1,6 @@
 """Time to detection and shrunk length of the seed bugs in the real SGLang releases that shipped them.
 
-    build/sglang-0.5.11/bin/python tests/benchmarks/bench_engine_bugs.py [--seeds 10] [--bug B5] [--json PATH]
+    build/sglang-0.5.11/bin/python tests/benchmarks/bench_engine_bugs.py [--seeds 10] [--first-seed 0] [--bug B5]
 
 A benchmark, not a test: run it with each release's venv (``.ci/sglang_env``);
 it checks the bugs :data:`BUGS` lists for the installed release, as
@@ -131,6 +131,7 @@ def _med_max(xs: list[float], fmt: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds FIRST .. FIRST+SEEDS-1 (to split a run)")
     ap.add_argument("--bug", action="append", help="only these bugs (B1..B5)")
     ap.add_argument("--profile", default="ci")
     ap.add_argument("--examples", type=int, help="examples per seed (overrides the profile)")
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for bug in bugs:
         res = BugResult(bug)
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             run = run_seed(bug, seed, base)
             res.runs.append(run)
             console.print(f"{bug.name} {release} {bug.suite}/{bug.model} seed {seed}: {run}", highlight=False)
