@@ -342,10 +342,9 @@ class SlotPool:
             ids, raw, lo = self._pop_ids(n, owner, False)
             out = torch.from_numpy(ids)
             if 0 < n <= FRESH_MAX:
-                if raw is None:
-                    raw = ids.tobytes()
+                raw = ids.tobytes() if raw is None else raw
                 self._fresh.add(raw, None)
-            if 0 < n <= HANDED_MAX:
+            if raw is not None and 0 < n <= HANDED_MAX:  # NOTE: HANDED_MAX <= FRESH_MAX: raw is made above
                 handed = self._handed
                 handed[id(out)] = (out, ids, raw, lo)
                 if len(handed) > FRESH_KEEP:
@@ -421,7 +420,7 @@ class SlotPool:
                     # NOTE: the run of slots lo .. lo + k - 1 (as the alloc found it): read and freed through a slice
                     tags[lo : lo + k] = _FREE0
                     top = self._top
-                    self._free_np[top : top + k] = ids
+                    self._free_np[top : top + k] = ids  # type: ignore[index]
                     self._top = top + k
                     del self._handed[id(indices)]
                     return
