@@ -205,26 +205,33 @@ def _reversed(ids: Any) -> Any:
 # ------------------------------------------------------------------ incremental laws (tier "on")
 
 
-Pop = tuple[int, bool]
-"""Before an alloc: the free count, and whether the slots it would pop (the top ``n`` of the free stack) were all
-free-tagged."""
+_FREE_BYTES = _tag_bytes(FREE_TAG, 1)
+"""``FREE_TAG`` as int64 bytes: ``n`` free tags read from a host column are ``_FREE_BYTES * n``."""
 
-Touched = tuple[int, Any, Any]
-"""Before a release, free or transfer: the free count, the slots named (as ``_host`` keeps them) and their tags."""
+Pop = tuple[int, bool, Any]
+"""Before an alloc: the free count, whether the slots it would pop (the top ``n`` of the free stack) were all
+free-tagged, and those slots in pop order (last pushed first): int64 bytes on a CPU pool, else a tensor."""
+
+Touched = tuple[int, Any, Any, Any]
+"""Before a release, free or transfer: the free count, the slots named (as ``_host`` keeps them), their tags and, on
+a CPU pool, the slots' int64 bytes (``None`` elsewhere)."""
 
 
 def snap_alloc(self: SlotPool, n: Any) -> Pop | None:
     """The ``Pop`` of ``alloc(n)`` (``None`` for an ``n`` alloc rejects).
 
-    NOTE: the popped slots themselves are read after the call, below the old top of the free stack: a pop
-    writes nothing there (a copy of them before each call cost as much as the alloc).
+    NOTE: on a CPU pool the popped slots' bytes are one copy (a few hundred ids cost less to copy than a numpy
+    call), compared with the result's after the call.
     """
     top = self._top
     if type(n) is not int or not 0 <= n <= top:
         return None
-    free_np = self._free_np
-    span = free_np[top - n : top] if free_np is not None else self._stack[top - n : top]
-    return top, _tags_are(self, span, FREE_TAG)
+    tags = self._tags
+    if tags is not None:
+        span = self._free_np[top - n : top][::-1]  # type: ignore[index]
+        return top, tags[span].tobytes() == _FREE_BYTES * n, span.tobytes()
+    span = self._stack[top - n : top]
+    return top, _tags_are(self, span, FREE_TAG), _reversed(span)
 
 
 def snap_touched(self: SlotPool, indices: Any) -> Touched | None:
@@ -232,22 +239,24 @@ def snap_touched(self: SlotPool, indices: Any) -> Touched | None:
     range, or negative, which an index would wrap)."""
     try:
         ids = _host(self, indices)
-        return (self._top, ids, _tags(self, ids)) if _non_negative(ids) else None
+        tags = self._tags
+        if tags is not None:  # NOTE: the ids' bytes serve the sign check here and the push check after
+            raw = ids.tobytes()
+            return (self._top, ids, tags[ids], raw) if raw[_SIGN].isascii() else None
+        return (self._top, ids, _tags(self, ids), None) if _non_negative(ids) else None
     except Exception:  # a malformed call: the method itself raises its typed error
         return None
-
-
-def _popped(self: SlotPool, top: int, n: int) -> Any:
-    """The ``n`` slots an alloc pops from a free stack whose top was ``top``, in pop order (last pushed first)."""
-    if self._free_np is not None:
-        return self._free_np[top - n : top][::-1]
-    return _reversed(self._stack[top - n : top])
 
 
 def alloc_takes_free_top(self: SlotPool, old: Pop | None, got: Any, n: int) -> bool:
     """alloc hands out exactly the top ``n`` free slots, which were free-tagged (``got``: the result as ``_host``
     keeps it; ``None`` when it is not slot ids)."""
-    return old is not None and old[1] and got is not None and _same_ids(got, _popped(self, old[0], n))
+    if old is None or not old[1] or got is None:
+        return False
+    popped = old[2]
+    if isinstance(popped, bytes):
+        return len(got) == n and (got.tobytes() == popped or _same_ids(got, np.frombuffer(popped, I64)))
+    return _same_ids(got, popped)
 
 
 def alloc_count(self: SlotPool, old: Pop, n: int) -> bool:
@@ -267,11 +276,15 @@ def release_only_held(old: Touched | None) -> bool:
 
 def release_frees(self: SlotPool, old: Touched) -> bool:
     """released slots are free-tagged and pushed on the free stack exactly once (``old``: before the call)."""
-    top, ids, _ = old
+    top, ids, _, raw = old
     k = len(ids)
-    free_np = self._free_np
-    pushed = free_np[top : top + k] if free_np is not None else self._stack[top : top + k]
-    return self._top == top + k and _tags_are(self, ids, FREE_TAG) and _same_ids(pushed, ids)
+    if self._top != top + k:
+        return False
+    tags = self._tags
+    if tags is not None:
+        pushed = self._free_np[top : top + k]  # type: ignore[index]
+        return tags[ids].tobytes() == _FREE_BYTES * k and (pushed.tobytes() == raw or _same_ids(pushed, ids))
+    return _tags_are(self, ids, FREE_TAG) and _same_ids(self._stack[top : top + k], ids)
 
 
 def free_by_owner(old: Touched | None, code: int) -> bool:

@@ -161,6 +161,25 @@ def test_alloc_off_the_stack_top_is_caught(on: None, restore: None, alloc: str) 
         getattr(a.pool, alloc)(2, R1)
 
 
+def test_alloc_that_rewrites_the_stack_it_pops_is_caught(on: None, restore: None) -> None:
+    """The popped slots are read before the call: an alloc that writes a held slot onto its free stack and hands it
+    out is caught, though the stack reads as the result after the call."""
+    original = bindings._originals[(SlotPool, "alloc")]
+
+    def rewrites(self: SlotPool, n: int, owner: object) -> torch.Tensor:
+        if owner == R1:  # BUG: session 4's first slot written over the top free one, and untagged
+            self._stack[self._top - 1] = 1
+            self.owner_tag[1] = 0
+        out: torch.Tensor = original(self, n, owner)
+        return out
+
+    _broken("alloc", rewrites)
+    a = TokenAllocator(8)
+    a.pool.alloc(2, session(4))
+    with pytest.raises(icontract.ViolationError, match="alloc hands out exactly the top n free slots"):
+        a.pool.alloc(1, R1)
+
+
 def test_alloc_that_leaves_a_tag_is_caught(on: None, restore: None) -> None:
     original = bindings._originals[(SlotPool, "alloc")]
 

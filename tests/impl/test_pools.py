@@ -268,3 +268,70 @@ def test_freeing_a_changed_alloc_result_frees_what_it_names_now() -> None:
     a.free(t, R1)
     assert [a.pool.owner_of(int(s)) for s in kept] == [R1, R1]
     assert inv_free_stack_matches_tags(a.pool)
+
+
+def test_runs_of_slots_are_tagged_and_checked_as_any_other() -> None:
+    """An alloc of a run of slots (a fresh pool's, or a run freed and popped again, in either order) is tagged and
+    freed through slices: exactly those slots, and a wrong, repeated or double free is still refused with the
+    pool unchanged."""
+    from kvledger.contracts.abstraction import inv_free_stack_matches_tags
+    from kvledger.impl.slots import RUN_MIN, run_start
+
+    n = RUN_MIN + 36
+    a = TokenAllocator(4 * n)
+    pool = a.pool
+    x = a.alloc(n, R1)
+    assert x.tolist() == list(range(1, n + 1)) and run_start(host_bytes(x), n, 1, 1, pool.size) == 1
+    assert [pool.owner_of(s) for s in (1, n)] == [R1, R1] and pool.owner_of(n + 1) is None
+    rejected(a, lambda: a.free(x, R2), NotOwner)
+    a.free(x, R1)
+    rejected(a, lambda: a.free(x, R1), DoubleFree)
+    y = a.alloc(n, R1)  # x's slots popped again: descending
+    assert y.tolist() == list(range(n, 0, -1)) and run_start(host_bytes(y), n, n, 1, pool.size) == 1
+    assert abstract(a)["kv"].held == {R1: frozenset(range(1, n + 1))}
+    y.numpy()[5] = int(y[6])  # through a numpy view: a slot named twice
+    rejected(a, lambda: a.free(y, R1), InvalidArgument)
+    z = a.alloc(n, R2)  # the next run up
+    z[3] = int(y[0])  # torch in place: now it names one of R1's slots
+    rejected(a, lambda: a.free(z, R2), NotOwner)
+    assert inv_free_stack_matches_tags(pool)
+
+
+def test_run_start_proves_a_run_or_answers_no() -> None:
+    import numpy as np
+
+    from kvledger.impl.slots import run_start
+
+    def start(ids: list[int], base: int = 1, size: int = 1000) -> int:
+        return run_start(np.array(ids, dtype=np.int64).tobytes(), len(ids), ids[0], base, size)
+
+    assert start(list(range(5, 105))) == 5 and start(list(range(104, 4, -1))) == 5
+    near = list(range(5, 105))
+    near[50] = 500  # the same first and last ids, not a run
+    assert start(near) == -1 and start(near[::-1]) == -1
+    swapped = list(range(5, 105))
+    swapped[10], swapped[11] = swapped[11], swapped[10]  # the same slots, out of order
+    assert start(swapped) == -1
+    assert start(list(range(0, 100))) == -1  # slot 0 is below base
+    assert start(list(range(950, 1050))) == -1 and start(list(range(1049, 949, -1))) == -1  # past the pool
+
+
+def test_long_alloc_results_are_remembered_as_distinct() -> None:
+    """A result longer than the identity memo keeps (a long prompt's) is still known distinct by content, so its
+    insert need not prove that again; a sequence that only ends like it is not."""
+    from kvledger.impl.radix import RadixCache
+    from kvledger.impl.slots import FRESH_LONG, HANDED_MAX
+
+    n = HANDED_MAX + 8
+    kv = TokenAllocator((FRESH_LONG + 2) * n)
+    x = kv.alloc(n, R1)
+    assert kv.pool.is_fresh(host_bytes(x))
+    forged = x.clone()
+    forged[0] = int(x[1])  # the same last ids, one slot named twice
+    assert not kv.pool.is_fresh(host_bytes(forged))
+    cache = RadixCache(kv)
+    assert cache.insert(list(range(n)), x, R1).prefix_len == 0
+    assert kv.pool.owner_of(int(x[0])) == cache.match_prefix(list(range(n))).last_node.owner
+    olds = [kv.alloc(HANDED_MAX + 1, R2) for _ in range(FRESH_LONG)]
+    assert all(kv.pool.is_fresh(host_bytes(o)) for o in olds)
+    assert not kv.pool.is_fresh(host_bytes(x))  # forgotten: only the last FRESH_LONG long results are kept
