@@ -44,6 +44,8 @@ POOL_RULES = (
     "free stack matches tags",
     "data integrity",
     "rejected call leaves state unchanged",
+    "inv_domain_enforced",
+    "inv_verify_exact",
 )
 
 
@@ -120,6 +122,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "free stack matches tags",
         "leak checker agrees with the ledgers",
         "rejected call leaves state unchanged",
+        "inv_domain_enforced",
         "inv_refcount_nonnegative",
         "inv_refcount_counts_holders",
         "inv_free_iff_unheld",
@@ -147,6 +150,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
     "data integrity": (
         "inv_content",
         "data integrity",
+        "inv_verify_exact",
         "inv_index_names_carriers",
         "inv_keys_match_content",
         "extend commits",

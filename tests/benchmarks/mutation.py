@@ -55,6 +55,7 @@ SKIP_FUNCS = {"__repr__", "__str__"}
 POOLS = {"slots", "allocators", "mamba", "req_to_token", "owners", "integrity", "arguments"}
 CACHE = POOLS | {"radix", "tree", "lru", "locks", "kvview"}
 REACH: dict[str, set[str]] = {"pools": POOLS, "cache": CACHE, "system": CACHE | {"memory", "session", "admission"}}
+REACH["pools"] |= {"radix"}  # NOTE: the pool machine's constructor probe builds radix caches over its pools
 REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
