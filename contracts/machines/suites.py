@@ -122,6 +122,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "free stack matches tags",
         "leak checker agrees with the ledgers",
         "rejected call leaves state unchanged",
+        "foreign insert refused",
         "inv_domain_enforced",
         "inv_refcount_nonnegative",
         "inv_refcount_counts_holders",

@@ -176,3 +176,49 @@ def test_a_refused_constructor_raises_a_typed_error() -> None:
     )
     assert err is not None
     assert D.inv_domain_enforced(False, err) and not D.inv_domain_enforced(False, TypeError("untyped"))
+
+
+# ---------------------------------------------------------------- cache: an insert of slots the request does not hold
+
+
+def cache_machine(model: str) -> Any:
+    from kvledger.contracts.machines.suites import SUITES
+
+    return SUITES["cache"].models[model]()()
+
+
+@pytest.mark.parametrize("model", ["full", "full-paged", "swa", "hybrid"])
+@pytest.mark.parametrize("whose", ["another request", "the free list", "the cache"])
+def test_insert_foreign_is_refused_by_the_reference(model: str, whose: str) -> None:
+    m = cache_machine(model)
+    m.insert(0, (1, 2), False)  # something cached, so 'the cache' has slots to offer
+    m.inv_all_laws()
+    refused: list[str] = []
+    original = m._refused_insert
+
+    def spy(req: int, key: tuple[int, ...], offered: tuple[int, ...], w: str) -> None:
+        original(req, key, offered, w)
+        refused.append(w)
+
+    m._refused_insert = spy
+    m.insert_foreign(1, (3, 4), whose, [0, 1])
+    m.inv_all_laws()
+    assert refused == [whose]  # the misuse was made (and refused): the rule is not vacuous
+
+
+@pytest.mark.parametrize("whose", ["another request", "the free list", "the cache"])
+def test_insert_foreign_fails_on_a_cache_that_takes_any_slot(monkeypatch: pytest.MonkeyPatch, whose: str) -> None:
+    """A cache whose insert takes the offered slots without asking who holds them (it retags them)."""
+    original = RadixCache.insert
+
+    def lax(self: RadixCache, key: torch.Tensor, value: torch.Tensor, owner: Any, **kw: Any) -> Any:
+        for pool in ((self.kv.full if hasattr(self.kv, "full") else self.kv).pool,):
+            held = pool.owner_tag[value] != pool.code_of(owner, "insert")
+            pool.owner_tag[value[held]] = pool.code_of(owner, "insert")  # steals them for the request first
+        return original(self, key, value, owner, **kw)
+
+    m = cache_machine("full")
+    m.insert(0, (1, 2), False)
+    monkeypatch.setattr(RadixCache, "insert", lax)
+    with pytest.raises(AssertionError, match="foreign insert refused"):
+        m.insert_foreign(1, (3, 4), whose, [0])
