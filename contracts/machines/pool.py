@@ -28,7 +28,7 @@ from kvledger.impl.req_to_token import ReqToTokenPool
 from kvledger.spec import domains as D
 from kvledger.spec import ledger as spec
 from kvledger.spec import prefix as P
-from kvledger.spec.errors import InvalidArgument, KVLedgerError, LedgerError, PageAlignmentError
+from kvledger.spec.errors import InvalidArgument, KVLedgerError, LedgerError, PageAlignmentError, inv_names_culprit
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.types import Owner, node, request, session
 
@@ -163,6 +163,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 call()
             except KVLedgerError as err:
                 assert isinstance(err, expected), f"expected {expected.__name__}, got {type(err).__name__}: {err}"
+                assert inv_names_culprit(err), f"inv_names_culprit: {type(err).__name__} names no slot: {err}"
             else:
                 raise AssertionError(f"invalid call accepted (expected {expected.__name__})")
             assert abstract(self.pool) == before, "a rejected call changed the pool"
@@ -403,6 +404,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             except Exception as e:  # NOTE: any exception: an untyped one breaks the law too
                 err = e
             self._domain(what, False, err)
+            if isinstance(err, KVLedgerError) and not inv_names_culprit(err):
+                raise AssertionError(f"inv_names_culprit: {what}: {type(err).__name__} names no slot: {err}")
             assert abstract(self.pool) == before, f"rejected call leaves state unchanged: {what} changed the pool"
             if data is not None and data_before is not None:
                 assert torch.equal(data, data_before), f"rejected call leaves state unchanged: {what} changed data"

@@ -46,6 +46,7 @@ POOL_RULES = (
     "rejected call leaves state unchanged",
     "inv_domain_enforced",
     "inv_verify_exact",
+    "inv_names_culprit",
 )
 
 
@@ -124,6 +125,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "rejected call leaves state unchanged",
         "foreign insert refused",
         "inv_domain_enforced",
+        "inv_names_culprit",
         "inv_refcount_nonnegative",
         "inv_refcount_counts_holders",
         "inv_free_iff_unheld",

@@ -222,3 +222,23 @@ def test_insert_foreign_fails_on_a_cache_that_takes_any_slot(monkeypatch: pytest
     monkeypatch.setattr(RadixCache, "insert", lax)
     with pytest.raises(AssertionError, match="foreign insert refused"):
         m.insert_foreign(1, (3, 4), whose, [0])
+
+
+def test_a_refusal_that_names_no_slot_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``inv_names_culprit``: the first page past a pool's end refused as OutOfRange, but naming no slot."""
+    from kvledger.impl.slots import SlotPool
+    from kvledger.spec.errors import OutOfRange
+
+    m = machine("token")
+    m.out_of_range("edge")  # the reference names the slot
+    original = SlotPool.as_index
+
+    def silent(self: SlotPool, op: str, indices: torch.Tensor) -> torch.Tensor:
+        try:
+            return original(self, op, indices)
+        except OutOfRange as err:
+            raise OutOfRange(op, self.name, [], err.detail) from None
+
+    monkeypatch.setattr(SlotPool, "as_index", silent)
+    with pytest.raises(AssertionError, match="inv_names_culprit"):
+        m.out_of_range("edge")
