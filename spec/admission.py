@@ -133,6 +133,16 @@ def inv_batch_work_conserving(
     return not unreasoned_refusals(budget, tried, free, refused_keep)
 
 
+def inv_waiting_blank(kv_len: int, prefix_len: int) -> bool:
+    """A request waiting for admission (new, refused or retracted) keeps nothing it computed or matched: a refused
+    attempt rolled its match back, a retraction gave its KV back (an engine that prefills on admission).
+
+    >>> inv_waiting_blank(0, 0), inv_waiting_blank(0, 2)
+    (True, False)
+    """
+    return kv_len == 0 and prefix_len == 0
+
+
 def take(budget: Budget, new_tokens: int) -> Budget:
     """The budget left after admitting a request with ``new_tokens`` uncached tokens."""
     return Budget(budget.tokens - new_tokens, budget.requests - 1)

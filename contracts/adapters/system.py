@@ -71,8 +71,9 @@ SYSTEM_CAPABILITIES = frozenset(
 next allocation can be made to fail (:meth:`SystemAdapter.inject_failure`).
 ``targeted_admission``: ``admit(budget, rid)`` tries exactly that request.
 ``prefill_on_admit``: an admitted request has computed its whole prompt when
-``admit`` returns (``admission commits`` then checks its KV; an engine that
-prefills later, or in chunks, leaves it out). ``strict_budget``: no request is
+``admit`` returns (``admission commits`` then checks its KV, and
+``inv_waiting_blank`` that a waiting request keeps no computed or matched
+length; an engine that prefills later, or in chunks, leaves it out). ``strict_budget``: no request is
 admitted past the step's token budget (SGLang admits the first request of a
 batch whatever its size, so it does not starve; ``admission within budget``
 is then not checked). ``reservations``: a request rejected by admission may keep

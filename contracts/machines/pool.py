@@ -264,8 +264,9 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     self._expect_rejected(lambda: write(one, zero, zero), OutOfRange)
             self._expect_rejected(lambda: _free(self.pool, bad, OWNERS[0]), OutOfRange)
 
-        @rule(chunk=chunks, bad=st.sampled_from(["float", "2d", "empty", "dup"]))
-        def malformed_indices(self, chunk: Chunk, bad: str) -> None:
+        @rule(chunk=chunks, bad=st.sampled_from(["float", "2d", "empty", "dup"]), give=st.booleans())
+        def malformed_indices(self, chunk: Chunk, bad: str, give: bool = False) -> None:
+            """Free (or, with ``give``, transfer) the chunk named by a malformed index tensor: refused, unchanged."""
             if bad == "float":
                 idx = chunk.idx.to(torch.float32)
             elif bad == "2d":
@@ -277,6 +278,10 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             expected: type[KVLedgerError] = InvalidArgument
             if bad == "dup" and isinstance(self.pool, PagedAllocator):
                 expected = PageAlignmentError
+            if give:
+                other = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
+                self._expect_rejected(lambda: _transfer(self.pool, idx, chunk.owner, other), expected)
+                return
             self._expect_rejected(lambda: _free(self.pool, idx, chunk.owner), expected)
 
         @rule(chunk=chunks, bad_n=st.sampled_from([-1, -(2**40)]))

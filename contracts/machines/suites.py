@@ -166,6 +166,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "admission is a transaction",
         "admission within budget",
         "admission admits what fits",
+        "inv_waiting_blank",
     ),
     "refinement": (
         "refinement (abstract == spec model)",

@@ -93,6 +93,7 @@ RULES = (
     "inv_lock_ref_nonnegative",
     "inv_handles_owned",
     "inv_content",
+    "inv_waiting_blank",
     "rejected call leaves state unchanged",
     *SHARED_RULES,
 )
@@ -191,6 +192,14 @@ def check_snapshot(
                 "inv_handles_owned",
                 f"live handles {sorted(snap.locks.handles)}, held by running requests {sorted(owned)}",
             )
+    if "prefill_on_admit" in capabilities:
+        for r in snap.requests.values():
+            if r.status == "waiting" and not A.inv_waiting_blank(r.kv_len, r.prefix_len):
+                raise _fail(
+                    "inv_waiting_blank",
+                    f"waiting request {r.rid} keeps kv_len {r.kv_len} and prefix_len {r.prefix_len} "
+                    "(a refused attempt or a retraction left them)",
+                )
     if "content" in capabilities and "rows" in capabilities:
         for r in snap.requests.values():
             if r.status != "running" or r.row is None or not r.kv_len or r.row not in snap.rows:

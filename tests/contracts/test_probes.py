@@ -242,3 +242,19 @@ def test_a_refusal_that_names_no_slot_is_caught(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(SlotPool, "as_index", silent)
     with pytest.raises(AssertionError, match="inv_names_culprit"):
         m.out_of_range("edge")
+
+
+def test_malformed_indices_of_a_transfer_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool whose transfer takes a 2-D index tensor as if it were flat."""
+    m = machine("token")
+    c = chunk_of(m)
+    for bad in ("float", "2d", "empty", "dup"):
+        m.malformed_indices(c, bad, True)  # the reference refuses each
+    original = TokenAllocator.transfer
+
+    def flat(self: TokenAllocator, indices: torch.Tensor, src: Any, dst: Any) -> None:
+        original(self, indices.reshape(-1) if indices.dim() == 2 else indices, src, dst)
+
+    monkeypatch.setattr(TokenAllocator, "transfer", flat)
+    with pytest.raises(AssertionError, match="invalid call accepted"):
+        m.malformed_indices(c, "2d", True)

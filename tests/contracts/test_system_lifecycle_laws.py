@@ -132,3 +132,27 @@ def test_work_conservation_is_judged_per_step_order() -> None:
     _two_waiting(m)
     result = m.sys.admit(3)  # 3 tokens: the first fits, the second no longer does
     assert result.tried == (1, 2) and result.admitted == (1,) and result.rejected == (2,)
+
+
+def test_a_rollback_that_keeps_the_match_length_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``inv_waiting_blank``: a refused attempt rolls its match back; one that leaves ``prefix_len`` set leaves a
+    waiting request claiming a prefix it does not hold."""
+    real = admission.rollback
+
+    def rollback(mm: MemoryManager, a: Any) -> None:
+        kept = a.req.prefix_len
+        real(mm, a)
+        a.req.prefix_len = kept  # BUG: the match length survives the rollback
+
+    m = SUITES["system"].models["full"]()()
+    m.swarm(frozenset())
+    m.add_request(prompt=0, suffix=[], sid=None, budget=64)
+    m.inv_all_laws()
+    m.finish(pick=0)  # (1, 2, 3, 4) is cached now
+    m.inv_all_laws()
+    m.add_request(prompt=0, suffix=[3, 3, 3], sid=None, budget=1)  # matches the cached prefix, refused by the budget
+    m.inv_all_laws()
+    monkeypatch.setattr(admission, "rollback", rollback)
+    m.add_request(prompt=0, suffix=[3, 3, 3], sid=None, budget=1)
+    with pytest.raises(AssertionError, match="inv_waiting_blank: waiting request"):
+        m.inv_all_laws()
