@@ -34,6 +34,16 @@ def is_count(x: object, least: int = 1) -> bool:
     return type(x) is int and least <= x < INT64_END
 
 
+def is_amount(x: object) -> bool:
+    """How much to do, at most (``evict``'s tokens or states): an ``int`` (not a ``bool``) >= 0 of any size; more
+    than there is means all of it.
+
+    >>> is_amount(0), is_amount(1 << 70), is_amount(-1), is_amount(2.0)
+    (True, True, False, False)
+    """
+    return type(x) is int and x >= 0
+
+
 def is_shape(x: object) -> bool:
     """A tensor shape argument: a ``tuple`` of counts >= 1 (the empty tuple is a scalar's shape)."""
     return type(x) is tuple and all(is_count(d) for d in x)

@@ -42,6 +42,8 @@ from hypothesis.control import currently_in_test_context, target
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
 from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig, Match, Snapshot
+from kvledger.contracts.machines.probes import count_or_junk
+from kvledger.spec import domains as D
 from kvledger.spec import ledger as L
 from kvledger.spec import locks as K
 from kvledger.spec import lru as U
@@ -91,6 +93,7 @@ RULES = (
     "results equal the spec's",
     "foreign insert refused",
     "rejected call leaves state unchanged",
+    "inv_domain_enforced",
 )
 
 
@@ -399,6 +402,27 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             before = self._before()
             self.a.evict(comp, n)
             self._apply_evictions(before, self.a.snapshot().prefix)
+
+        @precondition(lambda self: "rejects_bad_arguments" in self.caps)
+        @rule(comp=st.sampled_from([FULL, SWA, MAMBA]), n=count_or_junk(0, 12))
+        def evict_bad(self, comp: Component, n: object) -> None:
+            """``evict`` with a count drawn from anywhere (negative, a bool, a float, past int64), or of a
+            component the cache does not have: outside its domain (``spec.domains.is_amount``) it is refused with
+            a typed error and changes nothing (``inv_domain_enforced``)."""
+            on = {FULL, *([SWA] if self.cfg.window is not None else []), *([MAMBA] if self.cfg.mamba else [])}
+            if comp in on and D.is_amount(n):
+                return
+            before = self.a.snapshot()
+            try:
+                self.a.evict(comp, n)  # type: ignore[arg-type]
+            except Exception as err:  # NOTE: any exception: an untyped one breaks the law too
+                if not D.inv_domain_enforced(False, err):
+                    raise _fail("inv_domain_enforced", f"evict({comp.value}, {n!r}) raised {err!r}") from err
+            else:
+                raise _fail("inv_domain_enforced", f"evict({comp.value}, {n!r}) lies outside its domain, was accepted")
+            after = self.a.snapshot()
+            if (after.prefix, after.ledgers, after.locks) != (before.prefix, before.ledgers, before.locks):
+                raise _fail("rejected call leaves state unchanged", f"refused evict({comp.value}, {n!r}) changed it")
 
         @precondition(lambda self: "mamba_cow" in self.caps)
         @rule(held=handles)

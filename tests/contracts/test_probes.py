@@ -258,3 +258,16 @@ def test_malformed_indices_of_a_transfer_are_caught(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(TokenAllocator, "transfer", flat)
     with pytest.raises(AssertionError, match="invalid call accepted"):
         m.malformed_indices(c, "2d", True)
+
+
+@pytest.mark.parametrize("n", [-1, True, 2.5, None])
+def test_evict_bad_is_caught_on_a_cache_that_takes_any_count(monkeypatch: pytest.MonkeyPatch, n: object) -> None:
+    """``evict`` of a negative, bool or float count: the reference refuses it; one that evicts nothing instead
+    (the count's check skipped) breaks ``inv_domain_enforced``."""
+    m = cache_machine("full")
+    m.insert(0, (1, 2), False)
+    m.evict_bad(Component.FULL, n)  # refused by the reference
+    m.evict_bad(Component.SWA, 1)  # a component the full model does not have: refused
+    monkeypatch.setattr(RadixCache, "evict", lambda self, comp, k: 0)
+    with pytest.raises(AssertionError, match="inv_domain_enforced: evict"):
+        m.evict_bad(Component.FULL, n)
