@@ -153,7 +153,7 @@ def _st(s: st.SearchStrategy[object]) -> Callable[[], st.SearchStrategy[object]]
 
 RADIX = Constructor(
     "RadixCache",
-    lambda kv, page_size, swa_window, mamba: RadixCache(kv, page_size=page_size, swa_window=swa_window, mamba=mamba),  # type: ignore[arg-type]
+    lambda kv, page_size, swa_window, mamba: RadixCache(kv, page_size=page_size, swa_window=swa_window, mamba=mamba),
     {
         "kv": _kv_or_junk,
         "page_size": lambda: st.none() | count_or_junk(1, 4),
@@ -179,12 +179,8 @@ _BAD_NAME = st.one_of(st.none(), st.integers(0, 2), st.just(b"kv"), st.builds(_J
 
 def _pool(what: str, build: Callable[..., object], counts: Mapping[str, int], named: bool = False) -> Constructor:
     """A pool constructor whose arguments are counts (each with its least value), and a name when ``named``."""
-    args: dict[str, Callable[[], st.SearchStrategy[object]]] = {
-        k: (lambda lo=lo: count_or_junk(lo)) for k, lo in counts.items()
-    }
-    valid: dict[str, Callable[[], st.SearchStrategy[object]]] = {
-        k: (lambda lo=lo: st.integers(lo, lo + 5)) for k, lo in counts.items()
-    }
+    args = {k: _st(count_or_junk(lo)) for k, lo in counts.items()}
+    valid = {k: _st(st.integers(lo, lo + 5)) for k, lo in counts.items()}
     if named:
         args["name"], valid["name"] = _st(_NAME | _BAD_NAME), _st(_NAME)
 
@@ -201,7 +197,7 @@ MAMBA = Constructor(
         conv_shape=conv_shape,
         temporal_shape=temporal_shape,
         ping_pong_size=ping_pong_size,
-        dtype=dtype,  # type: ignore[arg-type]
+        dtype=dtype,
     ),
     {
         "size": lambda: count_or_junk(1),
