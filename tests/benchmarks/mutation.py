@@ -97,6 +97,9 @@ EQUIVALENT: dict[str, str] = {
     "not torch.equal(tags, torch.full_like(tags, encode(owner))) or pool.has_duplicates(new)": (
         "the same off-CPU branch of take as its negate-if: unreachable on the CPU, where kvledger check runs"
     ),
+    "impl/slots.py:SlotPool.__init__:drop-store:self._free_np = None": (
+        "off the CPU only: the branch of a pool whose device is not the CPU; kvledger check runs on the CPU"
+    ),
     "impl/tree.py:_size:len+1:len(n)": (
         "only recompute_sizes calls _size: the slow contract tier's oracle (sizes() == recompute_sizes(), "
         "--contracts slow) and tests/impl; no cache or memory-manager path reads it, so the cache's state and "
