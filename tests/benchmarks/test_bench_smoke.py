@@ -138,6 +138,17 @@ def test_mutant_ids_survive_lines_moving() -> None:
         assert m.id == key and mut.mutated_source(m) is not None
 
 
+def test_mutation_timeout_is_no_verdict(tmp_path: Path) -> None:
+    """The tool's own time budget running out is neither a kill nor a survival (a slow machine is no finding)."""
+    mut = load("mutation")
+    view = mut.make_view(tmp_path)
+    suite, law, _, _ = mut.run_check(view, ["pools"], 0.01)
+    assert (suite, law) == ("", mut.TIMEOUT)
+    m = next(x for x in mut.mutants() if x.id not in mut.EQUIVALENT)
+    out = mut.judge(view, m, 0.01, classify=False)
+    assert out.status == "timeout" and mut.report([out])["behaviour_changing"] == 0
+
+
 def test_bench_pools_mix_is_a_balanced_seeded_stream() -> None:
     """The mixed allocator workload is the same for a seed, stays within the pool, and ends with everything freed;
     both workloads run on kvledger's allocators (SGLang's side runs the same ``workload`` in its own venv)."""
