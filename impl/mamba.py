@@ -48,7 +48,7 @@ class MambaPool:
         check_int("create", "mamba", "ping_pong_size", ping_pong_size, 0, 1 << 20)
         check_int("create", "mamba", "size", size, 1, 1 << 24)
         for name, shape in (("conv_shape", conv_shape), ("temporal_shape", temporal_shape)):
-            if not isinstance(shape, tuple) or any(type(d) is not int or d < 1 for d in shape):
+            if not isinstance(shape, tuple) or any(type(d) is not int or not 0 < d < 1 << 63 for d in shape):
                 raise InvalidArgument("create", "mamba", (), f"{name} must be a tuple of ints >= 1, got {shape!r:.40}")
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise InvalidArgument("create", "mamba", (), f"dtype must be a floating torch.dtype, got {dtype!r:.40}")
@@ -101,11 +101,13 @@ class MambaPool:
         self.temporal[s] = float(value % 997)
 
     def verify(self, slot: int, value: int) -> None:
-        """Raise ``IntegrityError`` unless ``slot`` holds the state written for ``value``."""
+        """Raise ``IntegrityError`` unless ``slot`` holds the state written for ``value`` (its fingerprint and every
+        value of its conv and temporal tensors)."""
         self._idx("verify", slot)
         check_int("verify", "mamba", "value", value, 0, 1 << 63)
         got = int(self.data[slot])
-        if got != value or float(self.conv[slot].flatten()[0]) != float(value % 1000):
+        off = torch.cat(((self.conv[slot] - value % 1000).flatten(), (self.temporal[slot] - value % 997).flatten()))
+        if got != value or bool(off.any()):
             raise IntegrityError(f"mamba: slot {slot} should hold state {value} but holds {got} (use after free?)")
 
     def _idx(self, op: str, slot: int, name: str = "slot") -> torch.Tensor:

@@ -15,7 +15,9 @@ and live handles, so they hold for any implementation of the adder:
   its back: a later free of it would be a use-after-free);
 * ``refusal_has_reason`` — work conservation: an attempt is refused only for a
   reason, its tokens over the budget or a pool short of free slots for it; a
-  request whose whole prompt fits and finds room in every pool is admitted.
+  request whose whole prompt fits and finds room in every pool is admitted;
+  ``inv_batch_work_conserving`` states it over a whole step, in the order the
+  policy tried its requests (what earlier admissions took is not left).
 
 >>> from kvledger.spec.ledger import new_ledger, allocate
 >>> from kvledger.spec.types import request
@@ -28,7 +30,7 @@ False
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvledger.spec.ledger import Ledger, Slots, held_by
@@ -74,6 +76,71 @@ def refusal_has_reason(budget: Budget, tokens: int, free: Mapping[str, int], nee
     True
     """
     return not fits(budget, tokens) or any(free.get(pool, 0) < n for pool, n in need.items())
+
+
+@dataclass(frozen=True)
+class Tried:
+    """One request an admission step tried, as :func:`unreasoned_refusals` judges it.
+
+    ``tokens``: its whole prompt; ``new_tokens``: when admitted, the uncached tokens it took from the budget;
+    ``need``: per pool, the most slots its admission can take (a row, the KV pages of its whole prompt, a Mamba
+    state and its track buffers); ``judged``: whether a refusal of it must have a reason that this law sees
+    (a session's turn may wait for its session: not judged).
+    """
+
+    rid: int
+    admitted: bool
+    tokens: int
+    new_tokens: int
+    need: Mapping[str, int]
+    judged: bool = True
+
+
+def unreasoned_refusals(
+    budget: Budget, tried: Sequence[Tried], free: Mapping[str, int], refused_keep: bool = False
+) -> tuple[int, ...]:
+    """Work conservation over one step, in the order the policy tried its requests: the refusals without a
+    reason. Walking ``tried``, the budget left shrinks by each admitted request's new tokens and the room left in
+    each pool (``free`` when the step began, evictable slots not counted) by the most it can take, a lower bound
+    of what was free when each later request was tried (admissions only allocate or evict); a refused request
+    that fit what was left of the budget and found that room (:func:`refusal_has_reason` false) is returned.
+    ``refused_keep``: a refused attempt may keep a reservation (it takes room too).
+
+    >>> a = Tried(1, True, 4, 4, {"kv": 4, "req_to_token": 1})
+    >>> b = Tried(2, False, 4, 0, {"kv": 4, "req_to_token": 1})
+    >>> unreasoned_refusals(Budget(8, 2), [a, b], {"kv": 48, "req_to_token": 4})  # 4 tokens were left: b fit
+    (2,)
+    >>> unreasoned_refusals(Budget(7, 2), [a, b], {"kv": 48, "req_to_token": 4})  # 3 were left
+    ()
+    >>> unreasoned_refusals(Budget(8, 2), [a, b], {"kv": 48, "req_to_token": 1})  # a took the last row
+    ()
+    """
+    left, room, out = budget, dict(free), []
+    for t in tried:
+        if t.admitted:
+            left = take(left, t.new_tokens)
+        elif t.judged and not refusal_has_reason(left, t.tokens, room, t.need):
+            out.append(t.rid)
+        if t.admitted or refused_keep:
+            room = {pool: n - t.need.get(pool, 0) for pool, n in room.items()}
+    return tuple(out)
+
+
+def inv_batch_work_conserving(
+    budget: Budget, tried: Sequence[Tried], free: Mapping[str, int], refused_keep: bool = False
+) -> bool:
+    """Every refusal of an admission step had a reason (:func:`unreasoned_refusals` is empty)."""
+    return not unreasoned_refusals(budget, tried, free, refused_keep)
+
+
+def inv_waiting_blank(kv_len: int, prefix_len: int) -> bool:
+    """A request waiting for admission (new, refused or retracted) keeps nothing it computed or matched: a refused
+    attempt rolled its match back, a retraction gave its KV back (an engine that prefills on admission).
+
+    >>> inv_waiting_blank(0, 0), inv_waiting_blank(0, 2)
+    (True, False)
+    """
+    return kv_len == 0 and prefix_len == 0
 
 
 def take(budget: Budget, new_tokens: int) -> Budget:

@@ -44,6 +44,20 @@ class LedgerError(KVLedgerError):
         super().__init__(f"{operation} on pool {pool!r} slots {_show(self.slots)}: {detail}")
 
 
+def inv_names_culprit(err: KVLedgerError) -> bool:
+    """A refusal about particular slots names at least one of them: an ``OutOfRange``, ``DoubleFree`` or
+    ``NotOwner`` whose ``slots`` are empty tells an engine author nothing about which slot broke the rule.
+
+    >>> inv_names_culprit(OutOfRange("free", "kv", [12], "outside [1, 12)"))
+    True
+    >>> inv_names_culprit(NotOwner("free", "kv", [], "held by another owner"))
+    False
+    """
+    if isinstance(err, OutOfRange | DoubleFree | NotOwner):
+        return bool(err.slots)
+    return True
+
+
 class OutOfRange(LedgerError):
     """A slot id outside the pool."""
 

@@ -210,6 +210,17 @@ def inv_content(s: PrefixCache, content: Mapping[SlotId, int]) -> bool:
     return all(content.get(x) == fingerprint(k[i], i) for k, xs in s.full.items() for i, x in enumerate(xs, len(k) - p))
 
 
+def inv_verify_exact(intact: bool, error: BaseException | None) -> bool:
+    """An integrity check (``verify``) flags exactly the content that differs from what was written: it raises
+    ``IntegrityError`` when any part of it changed (the KV of one slot among many, one value of one tensor of a
+    state) and nothing when all of it is intact.
+
+    >>> inv_verify_exact(False, None), inv_verify_exact(True, None), inv_verify_exact(False, e.IntegrityError("x"))
+    (False, True, True)
+    """
+    return error is None if intact else isinstance(error, e.IntegrityError)
+
+
 # ---------------------------------------------------------------- predicates
 
 

@@ -30,6 +30,7 @@ from kvledger.spec.types import Component, NodeId
 
 CAPABILITIES = frozenset(
     {"lru", "tree", "locks", "ledgers", "content", "sizes", "mamba_cow", "rejects_double_unlock", "stateless_insert"}
+    | {"rejects_foreign_insert", "rejects_bad_arguments"}
 )
 """Everything a snapshot or an adapter may provide; an adapter lists what it has.
 
@@ -40,6 +41,14 @@ a second ``unlock`` of one handle is refused and changes nothing.
 ``stateless_insert``: ``insert`` accepts ``mamba=None`` (a cache without a
 Mamba component has it trivially; SGLang's Mamba caches require a state, so a
 request that cannot get one gives up before inserting).
+``rejects_foreign_insert``: an ``insert`` offering slots the request does not
+hold (another request's, free or cached ones) where the cache would take them
+is refused with a typed error and changes nothing (an engine whose cache does
+not track who holds a slot cannot tell, and leaves it out).
+``rejects_bad_arguments``: a call with an argument outside its domain
+(``spec.domains``: ``evict`` of a negative, bool or float count, or of a
+component the cache does not have) is refused with a typed error and
+changes nothing (``inv_domain_enforced``).
 """
 
 
@@ -204,6 +213,8 @@ RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "content": ("inv_content",),
     "mamba_cow": ("mamba_copy_on_write (rule)",),
     "stateless_insert": ("insert without a Mamba state (rule)",),
+    "rejects_foreign_insert": ("foreign insert refused", "insert_foreign (rule)"),
+    "rejects_bad_arguments": ("inv_domain_enforced", "evict_bad (rule)"),
 }
 """The rules that are skipped (and reported as skipped) when an adapter lacks a capability."""
 

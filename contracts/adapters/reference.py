@@ -167,7 +167,7 @@ class ReferenceAdapter:
     version = "0.1.0"
     capabilities = frozenset(
         {"lru", "tree", "locks", "ledgers", "content", "sizes", "mamba_cow"}
-        | {"rejects_double_unlock", "stateless_insert"}
+        | {"rejects_double_unlock", "stateless_insert", "rejects_foreign_insert", "rejects_bad_arguments"}
     )
 
     def __init__(self, config: CacheConfig, device: str = "cpu") -> None:

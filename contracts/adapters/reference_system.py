@@ -187,7 +187,12 @@ class ReferenceSystemAdapter:
         else:
             waiting = [r for r in self.mm.requests.values() if r.status is Status.WAITING]
         admitted, rejected, _ = admit(self.mm, waiting, Budget(budget, max(1, len(waiting))))
-        return StepResult(admitted=tuple(r.rid for r in admitted), rejected=tuple(r.rid for r in rejected))
+        done = {r.rid for r in admitted} | {r.rid for r in rejected}
+        return StepResult(
+            admitted=tuple(r.rid for r in admitted),
+            rejected=tuple(r.rid for r in rejected),
+            tried=tuple(r.rid for r in waiting if r.rid in done),  # NOTE: admit tries ``waiting`` in its order
+        )
 
     def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
         if type(n) is not int or n < 1:

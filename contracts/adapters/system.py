@@ -71,8 +71,9 @@ SYSTEM_CAPABILITIES = frozenset(
 next allocation can be made to fail (:meth:`SystemAdapter.inject_failure`).
 ``targeted_admission``: ``admit(budget, rid)`` tries exactly that request.
 ``prefill_on_admit``: an admitted request has computed its whole prompt when
-``admit`` returns (``admission commits`` then checks its KV; an engine that
-prefills later, or in chunks, leaves it out). ``strict_budget``: no request is
+``admit`` returns (``admission commits`` then checks its KV, and
+``inv_waiting_blank`` that a waiting request keeps no computed or matched
+length; an engine that prefills later, or in chunks, leaves it out). ``strict_budget``: no request is
 admitted past the step's token budget (SGLang admits the first request of a
 batch whatever its size, so it does not starve; ``admission within budget``
 is then not checked). ``reservations``: a request rejected by admission may keep
@@ -85,8 +86,11 @@ ledgers see it held by its request. It is a licence, not a feature: the
 reference implementation does not declare it. ``work_conserving``: a request
 tried alone whose whole prompt fits the budget and finds room in every pool
 (free slots, not counting what the cache could evict) is admitted
-(``spec.admission.refusal_has_reason``: the law ``admission admits what fits``);
-an engine that holds back headroom (SGLang's new-token ratio) leaves it out.
+(``spec.admission.refusal_has_reason``: the law ``admission admits what fits``),
+and where a step reports the order it tried its requests (``StepResult.tried``),
+each refused one fit neither what earlier admissions left of the budget nor of
+the pools (``spec.admission.inv_batch_work_conserving``); an engine that holds
+back headroom (SGLang's new-token ratio) leaves it out.
 """
 
 
@@ -214,6 +218,9 @@ class StepResult:
     rejected: tuple[int, ...] = ()
     finished: tuple[int, ...] = ()
     retracted: tuple[int, ...] = ()
+    tried: tuple[int, ...] = ()
+    """An admission step's admitted and rejected requests in the order its policy tried them (empty: not
+    reported; then ``admission admits what fits`` judges only a request tried alone)."""
 
 
 @dataclass(frozen=True)

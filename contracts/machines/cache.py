@@ -42,6 +42,8 @@ from hypothesis.control import currently_in_test_context, target
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
 from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig, Match, Snapshot
+from kvledger.contracts.machines.probes import count_or_junk
+from kvledger.spec import domains as D
 from kvledger.spec import ledger as L
 from kvledger.spec import locks as K
 from kvledger.spec import lru as U
@@ -89,6 +91,9 @@ RULES = (
     "inv_sizes",
     "inv_content",
     "results equal the spec's",
+    "foreign insert refused",
+    "rejected call leaves state unchanged",
+    "inv_domain_enforced",
 )
 
 
@@ -300,6 +305,76 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             if held:
                 self._unlock(held)
 
+        @precondition(lambda self: "rejects_foreign_insert" in self.caps)
+        @rule(
+            prompt=st.integers(0, len(PROMPTS) - 1),
+            suffix=suffixes,
+            whose=st.sampled_from(["another request", "the free list", "the cache"]),
+            at=st.lists(st.integers(0, 15), min_size=1, max_size=3),
+        )
+        def insert_foreign(self, prompt: int, suffix: tuple[int, ...], whose: str, at: list[int]) -> None:
+            """Misuse: a request inserts its sequence offering, among its own slots, pages it does not hold (another
+            request's, free ones, cached ones) where the cache would take them. The cache must refuse
+            (``spec.ledger.check_transfer``: the slots are not the request's to hand over) and change nothing."""
+            key = self._key(prompt, suffix)
+            have = P.cached_len(self.prefix, key)  # NOTE: what insert finds cached (its prefix_len), not a match
+            ps = self.cfg.page_size
+            if len(key) <= have or (self.cfg.mamba and "stateless_insert" not in self.caps):
+                return
+            req = self._new_req()
+            own = self._alloc(req, len(key))
+            if own is None:
+                return
+            self.a.write_kv(own, key, 0)
+            pages = sorted({have // ps + i % ((len(key) - have) // ps) for i in at})  # NOTE: pages of the new part
+            victim = None
+            if whose == "another request":
+                victim = self._new_req()
+                theirs = self._alloc(victim, len(pages) * ps)
+                foreign = list(theirs or ())
+            else:
+                snap = self.a.snapshot()
+                if whose == "the cache":
+                    foreign = [x for xs in snap.prefix.full.values() for x in xs]
+                else:
+                    grain = ps if ps > 1 and not self.cfg.window else 1
+                    free = sorted(snap.ledgers["kv"].free) if "ledgers" in self.caps else []
+                    foreign = [u * grain + j for u in free for j in range(grain)] if grain > 1 else free
+                    foreign = [x for x in foreign if x not in own]
+                foreign = foreign[: len(pages) * ps]
+            if len(foreign) == len(pages) * ps:
+                offered = list(own)
+                for n, pg in enumerate(pages):
+                    offered[pg * ps : (pg + 1) * ps] = foreign[n * ps : (n + 1) * ps]
+                self._refused_insert(req, key, tuple(offered), whose)
+            self.a.free_kv(req, own)
+            self.req_kv[req] -= set(own)
+            if victim is not None and foreign:
+                self.a.free_kv(victim, tuple(foreign))
+                self.req_kv[victim] -= set(foreign)
+
+        def _refused_insert(self, req: int, key: tuple[int, ...], offered: tuple[int, ...], whose: str) -> None:
+            before = self.a.snapshot()
+            try:
+                self.a.insert(req, key, offered, None)
+            except KVLedgerError as err:
+                after = self.a.snapshot()
+                if (after.prefix, after.ledgers, after.locks, after.sizes) != (
+                    before.prefix,
+                    before.ledgers,
+                    before.locks,
+                    before.sizes,
+                ):
+                    raise _fail(
+                        "rejected call leaves state unchanged",
+                        f"refused insert({key}) of request {req} with slots of {whose} changed the cache: {err}",
+                    ) from err
+                return
+            raise _fail(
+                "foreign insert refused",
+                f"request {req} inserted {key} offering slots {offered} (some of {whose}, not its own); accepted",
+            )
+
         def _alloc(self, req: int, n: int) -> tuple[int, ...] | None:
             got = self.a.alloc_kv(req, n)
             if got is None:
@@ -327,6 +402,27 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             before = self._before()
             self.a.evict(comp, n)
             self._apply_evictions(before, self.a.snapshot().prefix)
+
+        @precondition(lambda self: "rejects_bad_arguments" in self.caps)
+        @rule(comp=st.sampled_from([FULL, SWA, MAMBA]), n=count_or_junk(0, 12))
+        def evict_bad(self, comp: Component, n: object) -> None:
+            """``evict`` with a count drawn from anywhere (negative, a bool, a float, past int64), or of a
+            component the cache does not have: outside its domain (``spec.domains.is_amount``) it is refused with
+            a typed error and changes nothing (``inv_domain_enforced``)."""
+            on = {FULL, *([SWA] if self.cfg.window is not None else []), *([MAMBA] if self.cfg.mamba else [])}
+            if comp in on and D.is_amount(n):
+                return
+            before = self.a.snapshot()
+            try:
+                self.a.evict(comp, n)  # type: ignore[arg-type]
+            except Exception as err:  # NOTE: any exception: an untyped one breaks the law too
+                if not D.inv_domain_enforced(False, err):
+                    raise _fail("inv_domain_enforced", f"evict({comp.value}, {n!r}) raised {err!r}") from err
+            else:
+                raise _fail("inv_domain_enforced", f"evict({comp.value}, {n!r}) lies outside its domain, was accepted")
+            after = self.a.snapshot()
+            if (after.prefix, after.ledgers, after.locks) != (before.prefix, before.ledgers, before.locks):
+                raise _fail("rejected call leaves state unchanged", f"refused evict({comp.value}, {n!r}) changed it")
 
         @precondition(lambda self: "mamba_cow" in self.caps)
         @rule(held=handles)

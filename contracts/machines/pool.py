@@ -21,11 +21,14 @@ from hypothesis.control import currently_in_test_context, target
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, rule
 
 from kvledger.contracts.abstraction import AnyPool, abstract, inv_free_stack_matches_tags, pools_of
+from kvledger.contracts.machines.probes import Call, constructor_calls, id_or_junk, owner_or_junk, run_call
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.req_to_token import ReqToTokenPool
+from kvledger.spec import domains as D
 from kvledger.spec import ledger as spec
-from kvledger.spec.errors import InvalidArgument, KVLedgerError, LedgerError, PageAlignmentError
+from kvledger.spec import prefix as P
+from kvledger.spec.errors import InvalidArgument, KVLedgerError, LedgerError, PageAlignmentError, inv_names_culprit
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.types import Owner, node, request, session
 
@@ -87,6 +90,14 @@ def _transfer(pool: AnyPool, idx: torch.Tensor, src: Owner, dst: Owner) -> None:
         pool.transfer(idx, src, dst)
 
 
+def _raised(call: Callable[[], object]) -> BaseException | None:
+    try:
+        call()
+    except Exception as err:
+        return err
+    return None
+
+
 def _data(pool: AnyPool) -> torch.Tensor | None:
     if isinstance(pool, ReqToTokenPool):
         return None
@@ -116,6 +127,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self.model: dict[str, Ledger] = abstract(self.pool)
             self.stamp = 0
             self.expect: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # stamp -> (slots, fingerprints)
+            self.written: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # stamp -> (tokens, positions) of KV
             self.released: list[Chunk] = []
             self.pressure = 0.0  # the most of any pool held at once (0..1)
 
@@ -151,6 +163,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 call()
             except KVLedgerError as err:
                 assert isinstance(err, expected), f"expected {expected.__name__}, got {type(err).__name__}: {err}"
+                assert inv_names_culprit(err), f"inv_names_culprit: {type(err).__name__} names no slot: {err}"
             else:
                 raise AssertionError(f"invalid call accepted (expected {expected.__name__})")
             assert abstract(self.pool) == before, "a rejected call changed the pool"
@@ -179,7 +192,9 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             if data is not None:
                 from kvledger.impl.integrity import fingerprint
 
-                fp = fingerprint(torch.full_like(idx, owner.ident), torch.arange(idx.numel()) + 100 * self.stamp)
+                tokens, positions = torch.full_like(idx, owner.ident), torch.arange(idx.numel()) + 100 * self.stamp
+                fp = fingerprint(tokens, positions)
+                self.written[self.stamp] = (tokens, positions)
                 if isinstance(self.pool, MambaPool):
                     for slot, value in zip(idx.tolist(), fp.tolist(), strict=True):
                         self.pool.write_fingerprint(slot, value)
@@ -194,6 +209,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             _free(self.pool, chunk.idx, chunk.owner)
             self._apply("free", effects)
             self.expect.pop(chunk.stamp, None)
+            self.written.pop(chunk.stamp, None)
             self.released.append(chunk)
 
         @rule(target=chunks, chunk=consumes(chunks), dst=st.sampled_from(OWNERS))
@@ -248,8 +264,9 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     self._expect_rejected(lambda: write(one, zero, zero), OutOfRange)
             self._expect_rejected(lambda: _free(self.pool, bad, OWNERS[0]), OutOfRange)
 
-        @rule(chunk=chunks, bad=st.sampled_from(["float", "2d", "empty", "dup"]))
-        def malformed_indices(self, chunk: Chunk, bad: str) -> None:
+        @rule(chunk=chunks, bad=st.sampled_from(["float", "2d", "empty", "dup"]), give=st.booleans())
+        def malformed_indices(self, chunk: Chunk, bad: str, give: bool = False) -> None:
+            """Free (or, with ``give``, transfer) the chunk named by a malformed index tensor: refused, unchanged."""
             if bad == "float":
                 idx = chunk.idx.to(torch.float32)
             elif bad == "2d":
@@ -261,6 +278,10 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             expected: type[KVLedgerError] = InvalidArgument
             if bad == "dup" and isinstance(self.pool, PagedAllocator):
                 expected = PageAlignmentError
+            if give:
+                other = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
+                self._expect_rejected(lambda: _transfer(self.pool, idx, chunk.owner, other), expected)
+                return
             self._expect_rejected(lambda: _free(self.pool, idx, chunk.owner), expected)
 
         @rule(chunk=chunks, bad_n=st.sampled_from([-1, -(2**40)]))
@@ -315,6 +336,136 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             fps = fps.clone()
             fps[-1] = int(self.pool.data[s])
             self.expect[dst.stamp] = (slots, fps)
+
+        # ---------------------------------------------------------- probes at the domains' edge (spec.domains)
+
+        def _domain(self, call: object, inside: bool, err: BaseException | None) -> None:
+            if D.inv_domain_enforced(inside, err):
+                return
+            what = call if isinstance(call, str) else repr(call)
+            if inside:
+                raise AssertionError(f"inv_domain_enforced: {what} lies in its domain, was refused: {err!r}")
+            got = "was accepted" if err is None else f"raised {type(err).__name__} (not a KVLedgerError): {err}"
+            raise AssertionError(f"inv_domain_enforced: {what} lies outside its domain and {got}")
+
+        @rule(call=constructor_calls(kind.name))
+        def construct(self, call: Call) -> None:
+            """Build one of this pool kind's public types (the pool, a cache over it) with arguments drawn from
+            anywhere, one of them junk at most: built inside its domain, refused with a typed error outside."""
+            self._domain(call, call.inside, run_call(call))
+
+        @rule(chunk=chunks, owner=owner_or_junk(), how=st.sampled_from(["alloc", "free", "give", "take"]))
+        def bad_owner(self, chunk: Chunk, owner: object, how: str) -> None:
+            """A call naming an owner drawn from anywhere (no Owner, a node without a component, a request with
+            one, a bool or negative id): outside ``spec.domains.is_owner`` it is refused, and changes nothing."""
+            if D.is_owner(owner):
+                return
+            calls: dict[str, Callable[[], object]] = {
+                "alloc": lambda: _alloc(self.pool, 1, owner),  # type: ignore[arg-type]
+                "free": lambda: _free(self.pool, chunk.idx, owner),  # type: ignore[arg-type]
+                "give": lambda: _transfer(self.pool, chunk.idx, chunk.owner, owner),  # type: ignore[arg-type]
+                "take": lambda: _transfer(self.pool, chunk.idx, owner, chunk.owner),  # type: ignore[arg-type]
+            }
+            self._expect_outside(f"{how} with owner {owner!r}", calls[how])
+
+        @rule(chunk=chunks, bad=id_or_junk(16), how=st.integers(0, 3))
+        def bad_id(self, chunk: Chunk, bad: object, how: int) -> None:
+            """A method taking one slot, row or state id, given an id drawn from anywhere: outside the pool
+            (``spec.domains.is_id``) it is refused, and changes nothing."""
+            pool, good, owner = self.pool, int(chunk.idx[0]), chunk.owner
+            slots = pools_of(pool)
+            size = next(iter(slots.values())).size
+            if D.is_id(bad, size):
+                return
+            calls: list[tuple[str, Callable[[], object]]]
+            if isinstance(pool, MambaPool):
+                calls = [
+                    ("write_fingerprint", lambda: pool.write_fingerprint(bad, 1)),  # type: ignore[arg-type]
+                    ("verify", lambda: pool.verify(bad, 1)),  # type: ignore[arg-type]
+                    ("copy_state from", lambda: pool.copy_state(bad, good, owner)),  # type: ignore[arg-type]
+                    ("copy_state to", lambda: pool.copy_state(good, bad, owner)),  # type: ignore[arg-type]
+                ]
+            elif isinstance(pool, ReqToTokenPool):
+                other = OWNERS[1] if owner != OWNERS[1] else OWNERS[0]
+                calls = [
+                    ("free", lambda: pool.free(bad, owner)),  # type: ignore[arg-type]
+                    ("transfer", lambda: pool.transfer(bad, owner, other)),  # type: ignore[arg-type]
+                    ("read", lambda: pool.read(bad, 0, 1)),  # type: ignore[arg-type]
+                    ("write", lambda: pool.write(bad, 0, torch.tensor([1]), owner)),  # type: ignore[arg-type]
+                ]
+            else:
+                first = next(iter(slots.values()))
+                calls = [("owner_of", lambda: first.owner_of(bad))]  # type: ignore[arg-type]
+            what, call = calls[how % len(calls)]
+            self._expect_outside(f"{what} of id {bad!r}", call)
+
+        def _expect_outside(self, what: str, call: Callable[[], object]) -> None:
+            before = abstract(self.pool)
+            data = _data(self.pool)
+            data_before = None if data is None else data.clone()
+            err: BaseException | None = None
+            try:
+                call()
+            except Exception as e:  # NOTE: any exception: an untyped one breaks the law too
+                err = e
+            self._domain(what, False, err)
+            if isinstance(err, KVLedgerError) and not inv_names_culprit(err):
+                raise AssertionError(f"inv_names_culprit: {what}: {type(err).__name__} names no slot: {err}")
+            assert abstract(self.pool) == before, f"rejected call leaves state unchanged: {what} changed the pool"
+            if data is not None and data_before is not None:
+                assert torch.equal(data, data_before), f"rejected call leaves state unchanged: {what} changed data"
+
+        @rule(
+            chunk=chunks,
+            parts=st.sets(st.sampled_from(["data", "conv", "temporal", "swa"]), min_size=1),
+            at=st.lists(st.integers(0, 63), min_size=1, max_size=3),
+        )
+        def corrupt(self, chunk: Chunk, parts: frozenset[str], at: list[int]) -> None:
+            """Change an arbitrary part of what ``chunk`` holds (some of its KV slots, its SWA copies; one value of
+            one of a Mamba state's tensors, its fingerprint) and ask the pool's own ``verify``: it must flag it
+            (``spec.prefix.inv_verify_exact``); with the content put back, it must pass."""
+            pool = self.pool
+            if isinstance(pool, ReqToTokenPool) or chunk.stamp not in self.expect:
+                return
+            check: Callable[[], object]
+            if isinstance(pool, MambaPool):
+                slot = int(self.expect[chunk.stamp][0][-1])
+                value = int(self.expect[chunk.stamp][1][-1])
+                check = lambda: pool.verify(slot, value)  # noqa: E731
+                tensors = {"data": pool.data, "conv": pool.conv, "temporal": pool.temporal}
+                targets = [(tensors[p][slot].view(-1), at) for p in sorted(parts) if p in tensors]
+            else:
+                tokens, positions = self.written[chunk.stamp]
+                slots = self.expect[chunk.stamp][0]
+                if isinstance(pool, SWATokenAllocator):
+                    pool.write_fingerprint(slots, tokens, positions)  # NOTE: the SWA copies too
+                check = lambda: pool.verify(slots, tokens, positions)  # noqa: E731
+                full = pool.full.data if isinstance(pool, SWATokenAllocator) else pool.data
+                targets = [(full, [int(slots[i % slots.numel()]) for i in at])] if "data" in parts else []
+                if isinstance(pool, SWATokenAllocator) and "swa" in parts:
+                    live = pool.translate(slots)
+                    live = live[live != 0]
+                    if live.numel():
+                        targets.append((pool.swa.data, [int(live[i % live.numel()]) for i in at]))
+            if not targets:
+                return
+            saved = [(t, t.clone()) for t, _ in targets]
+            for t, where in targets:
+                for i in where:
+                    t[i % t.numel()] += 1 + (i % 5)  # NOTE: a fingerprint never wraps to itself
+            try:
+                err = _raised(check)
+                if not P.inv_verify_exact(False, err):
+                    raise AssertionError(
+                        f"inv_verify_exact: chunk {chunk} with {sorted(parts)} changed at {at}: verify "
+                        + ("passed" if err is None else f"raised {type(err).__name__}: {err}")
+                    )
+            finally:
+                for t, old in saved:
+                    t.copy_(old)
+            err = _raised(check)
+            if not P.inv_verify_exact(True, err):
+                raise AssertionError(f"inv_verify_exact: chunk {chunk} intact, verify raised {err!r}")
 
         # ---------------------------------------------------------- invariants
 

@@ -44,6 +44,9 @@ POOL_RULES = (
     "free stack matches tags",
     "data integrity",
     "rejected call leaves state unchanged",
+    "inv_domain_enforced",
+    "inv_verify_exact",
+    "inv_names_culprit",
 )
 
 
@@ -120,6 +123,9 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "free stack matches tags",
         "leak checker agrees with the ledgers",
         "rejected call leaves state unchanged",
+        "foreign insert refused",
+        "inv_domain_enforced",
+        "inv_names_culprit",
         "inv_refcount_nonnegative",
         "inv_refcount_counts_holders",
         "inv_free_iff_unheld",
@@ -147,6 +153,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
     "data integrity": (
         "inv_content",
         "data integrity",
+        "inv_verify_exact",
         "inv_index_names_carriers",
         "inv_keys_match_content",
         "extend commits",
@@ -159,6 +166,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "admission is a transaction",
         "admission within budget",
         "admission admits what fits",
+        "inv_waiting_blank",
     ),
     "refinement": (
         "refinement (abstract == spec model)",

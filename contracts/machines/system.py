@@ -20,9 +20,9 @@ after every step checks on the adapter's snapshot (:func:`check_snapshot`):
   matched or computed, and computes at least its last token;
   ``admission within budget`` (``spec.admission.fits``): a batch admits no
   more new tokens than its budget; ``admission admits what fits``
-  (``spec.admission.refusal_has_reason``, work conservation): a request tried
-  alone whose whole prompt fits the budget and finds free room in every pool
-  is admitted;
+  (``spec.admission.inv_batch_work_conserving``, work conservation): in the
+  order a step tried its requests, one whose whole prompt fits what is left of
+  the budget and finds room left in every pool is admitted;
   ``extend commits``: a decode of ``n`` tokens adds exactly ``n`` and keeps
   the earlier ones; ``resume is append-only`` and
   ``inv_committed_within_allocated`` (``spec.session``);
@@ -45,7 +45,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvledger.contracts.adapters.reference_system import ReferenceSystemAdapter
 from kvledger.contracts.adapters.reference_system import build_manager as _build_reference
-from kvledger.contracts.adapters.system import IdleVerdict, SystemAdapter, SystemConfig, SystemSnapshot
+from kvledger.contracts.adapters.system import IdleVerdict, StepResult, SystemAdapter, SystemConfig, SystemSnapshot
 from kvledger.contracts.machines.shared_laws import SHARED_RULES, check_refused, check_shared_laws, check_transition
 from kvledger.impl.memory import MemoryManager
 from kvledger.spec import admission as A
@@ -64,11 +64,17 @@ boundary an off-by-one budget check gets wrong)."""
 SUFFIXES = st.lists(st.integers(1, 3), max_size=4)
 LONG_SUFFIXES = st.lists(st.integers(1, 3), min_size=5, max_size=14)  # NOTE: prompts up to 18 of a 24-token row
 
-SWARM = ("sessions", "speculative", "long prompts", "tight budgets", "batches")
+SWARM = ("sessions", "speculative", "long prompts", "tight budgets")
 """Argument-level features one example may switch off (swarm testing). Hypothesis already switches whole
 rules off per example (its feature flags); these reach inside rules: an example without ``sessions`` runs
 ordinary requests only, one without ``tight budgets`` admits under the roomy budget, and so on. The
 features off are drawn first, so the draw shrinks towards every feature on. The laws are always checked."""
+
+SWARM_OFF = st.tuples(*(st.booleans() for _ in SWARM)).map(
+    lambda bs: frozenset(f for f, b in zip(SWARM, bs, strict=True) if b)
+)
+"""Which features an example switches off: each one on its own coin (a set drawn as a collection kept nearly every
+example's ``batches`` off: its draws repeat), shrinking towards every feature on."""
 
 RULES = (
     "inv_slots_conserved",
@@ -87,6 +93,7 @@ RULES = (
     "inv_lock_ref_nonnegative",
     "inv_handles_owned",
     "inv_content",
+    "inv_waiting_blank",
     "rejected call leaves state unchanged",
     *SHARED_RULES,
 )
@@ -185,6 +192,14 @@ def check_snapshot(
                 "inv_handles_owned",
                 f"live handles {sorted(snap.locks.handles)}, held by running requests {sorted(owned)}",
             )
+    if "prefill_on_admit" in capabilities:
+        for r in snap.requests.values():
+            if r.status == "waiting" and not A.inv_waiting_blank(r.kv_len, r.prefix_len):
+                raise _fail(
+                    "inv_waiting_blank",
+                    f"waiting request {r.rid} keeps kv_len {r.kv_len} and prefix_len {r.prefix_len} "
+                    "(a refused attempt or a retraction left them)",
+                )
     if "content" in capabilities and "rows" in capabilities:
         for r in snap.requests.values():
             if r.status != "running" or r.row is None or not r.kv_len or r.row not in snap.rows:
@@ -248,7 +263,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
 
         # ---------------------------------------------------------- rules
 
-        @initialize(off=st.frozensets(st.sampled_from(SWARM), max_size=len(SWARM)))
+        @initialize(off=SWARM_OFF)
         def swarm(self, off: frozenset[str]) -> None:
             """Swarm testing: this example runs with the features ``off`` switched off."""
             self.off = frozenset(off)
@@ -262,6 +277,32 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
         def add_request(self, prompt: int, suffix: list[int], sid: int | None, budget: int) -> None:
             """A request arrives and the scheduler tries to admit it at once (it may be rejected and wait)."""
             self._add(PROMPTS[prompt] + tuple(suffix), sid, budget)
+
+        @precondition(lambda self: len(self.ids("waiting")) < 8)  # NOTE: a queue a scheduler keeps short
+        @rule(
+            prompt=st.integers(0, len(PROMPTS) - 1),
+            suffix=SUFFIXES,
+            step=st.booleans(),
+            budget=BUDGETS,
+            edge=st.none() | st.integers(-1, 1),
+        )
+        def arrive(
+            self, prompt: int, suffix: list[int], step: bool = False, budget: int = 64, edge: int | None = None
+        ) -> None:
+            """A request arrives while the scheduler is busy: it joins the queue (queues build up). With ``step``,
+            the scheduler then runs one prefill step over its whole queue, in its own order: under ``budget``, or
+            with ``edge`` under what the whole queue asks (whole prompts) give or take a token."""
+            tokens = PROMPTS[prompt] + tuple(suffix)
+            rid = self.sys.add_request(tokens, None)
+            self.prompts[rid] = tokens
+            if not step:
+                return
+            self.last = self.sys.snapshot()
+            if edge is not None:
+                budget = self._edge(self.ids("waiting"), edge)
+            if not self.on("tight budgets"):
+                budget = max(budget, 64)
+            self._admit(rid, None, budget, batch=True)
 
         @precondition(lambda self: "long prompts" not in self.off)
         @rule(prompt=st.integers(0, len(PROMPTS) - 1), suffix=LONG_SUFFIXES, sid=st.sampled_from((None, *SESSIONS)))
@@ -281,16 +322,28 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             self._admit(rid, sid, budget)
 
         @precondition(lambda self: self.some("waiting"))
-        @rule(pick=st.integers(0, 7), budget=BUDGETS, batch=st.booleans())
-        def admit(self, pick: int, budget: int, batch: bool = False) -> None:
-            """One prefill step: try one waiting request, or (``batch``) every waiting one in the engine's order."""
+        @rule(pick=st.integers(0, 7), budget=BUDGETS, batch=st.booleans(), edge=st.none() | st.integers(-1, 1))
+        def admit(self, pick: int, budget: int, batch: bool = False, edge: int | None = None) -> None:
+            """One prefill step: try one waiting request, or (``batch``) every waiting one in the engine's order.
+
+            ``edge``: the budget is what the first requests of the queue ask in all (their whole prompts), give or
+            take a token: the boundary where a budget miscounted by one admits one request more or less."""
             waiting = self.ids("waiting")
             if not waiting:
                 return  # NOTE: a kept program replayed where nothing waits
             rid = waiting[pick % len(waiting)]
+            if edge is not None:
+                budget = self._edge(waiting[: 1 + pick % len(waiting)] if batch else [rid], edge)
             if not self.on("tight budgets"):
                 budget = max(budget, 64)
-            self._admit(rid, self.last.requests[rid].session, budget, batch and self.on("batches"))
+            self._admit(rid, self.last.requests[rid].session, budget, batch)
+
+        def _edge(self, queue: list[int], edge: int) -> int:
+            """A budget at the edge of what a step can admit: the whole prompts of the first requests of ``queue``
+            (as many as there are free request rows), give or take ``edge`` tokens."""
+            rows = self.last.ledgers.get("req_to_token")
+            first = queue[: max(1, len(rows.free))] if rows is not None else queue
+            return max(1, edge + sum(len(self.last.requests[r].tokens) for r in first))
 
         def _admit(self, rid: int, sid: int | None, budget: int, batch: bool = False) -> None:
             """One admission step trying ``rid`` (its session ``sid``), checked as a transaction per request."""
@@ -318,8 +371,9 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 if self.has("strict_budget") and not A.fits(left, new):
                     raise _fail("admission within budget", f"request {r} admitted with {new} new tokens, {left} left")
                 left = A.take(left, new)
-            if targeted and rid in result.rejected and sid is None and self.has("work_conserving"):
-                self._check_refusal(before, rid, budget)
+            tried = result.tried or ((rid,) if targeted else ())
+            if tried and self.has("work_conserving"):
+                self._check_refusals(before, after, result, tried, budget)
             if any(self.last.requests[r].session is None for r in result.admitted):
                 self.unspent = 0  # NOTE: it allocated its last token's KV: no injected failure is left
             for r in result.rejected:
@@ -368,24 +422,35 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                     if got.prefix_len > committed:
                         raise _fail("resume is append-only", f"request {r} resumed {got.prefix_len} > {committed}")
 
-        def _check_refusal(self, before: SystemSnapshot, rid: int, budget: int) -> None:
-            """``admission admits what fits`` (``spec.admission.refusal_has_reason``) for a request tried alone."""
-            known = before.requests.get(rid)
-            tokens = len(known.tokens if known is not None else self.prompts[rid])
+        def _check_refusals(
+            self, before: SystemSnapshot, after: SystemSnapshot, result: StepResult, tried: tuple[int, ...], budget: int
+        ) -> None:
+            """``admission admits what fits`` (``spec.admission.inv_batch_work_conserving``): walking the requests in
+            the order the step tried them, a refused one had a reason given what earlier admissions left."""
             ps = max(1, before.page_size)
-            need = {"req_to_token": 1, "kv": -(-tokens // ps)}
-            if "mamba" in before.ledgers:
-                need["mamba"] = 1 + self.sys.config.ping_pong
+            steps = []
+            for r in tried:
+                known = before.requests.get(r)
+                tokens = len(known.tokens if known is not None else self.prompts[r])
+                need = {"req_to_token": 1, "kv": -(-tokens // ps)}
+                if "mamba" in before.ledgers:
+                    need["mamba"] = 1 + self.sys.config.ping_pong
+                admitted = r in result.admitted
+                new = tokens - after.requests[r].prefix_len if admitted and r in after.requests else 0
+                session = known.session if known is not None else after.requests[r].session
+                steps.append(A.Tried(r, admitted, tokens, new, need, judged=session is None))
             free = {name: len(lg.free) for name, lg in before.ledgers.items()}
-            if not A.refusal_has_reason(A.Budget(budget, 1), tokens, free, need):
-                if self.unspent:
-                    # NOTE: an attempt that fits with room allocates, and the first injected failure refuses it
-                    self.unspent -= 1
-                    return
+            refused = A.unreasoned_refusals(A.Budget(budget, len(tried)), steps, free, self.has("reservations"))
+            excused = min(len(refused), self.unspent)  # NOTE: each injected failure may refuse one that fit
+            self.unspent -= excused
+            if len(refused) > excused:
+                rid = refused[excused]
+                t = next(s for s in steps if s.rid == rid)
                 raise _fail(
                     "admission admits what fits",
-                    f"request {rid} ({tokens} tokens) refused under a budget of {budget} tokens with free {free} "
-                    f"(it needs at most {need})",
+                    f"request {rid} ({t.tokens} tokens) refused under a budget of {budget} tokens, tried in the order "
+                    f"{list(tried)} (admitted {list(result.admitted)}), with free {free} when the step began (it "
+                    f"needs at most {dict(t.need)})",
                 )
 
         @staticmethod

@@ -27,7 +27,7 @@ The score is ``killed / (mutants - equivalent)``. Usage (the whole population is
 
     nice -n 10 python tests/benchmarks/mutation.py --sample 30 --seed 1
     python tests/benchmarks/mutation.py --list            # every mutant id, nothing run
-    python tests/benchmarks/mutation.py --only impl/lru.py:196:12:drop-store
+    python tests/benchmarks/mutation.py --only impl/lru.py:196:12:drop-store   # where it is now, or its id
 """
 
 from __future__ import annotations
@@ -55,39 +55,88 @@ SKIP_FUNCS = {"__repr__", "__str__"}
 POOLS = {"slots", "allocators", "mamba", "req_to_token", "owners", "integrity", "arguments"}
 CACHE = POOLS | {"radix", "tree", "lru", "locks", "kvview"}
 REACH: dict[str, set[str]] = {"pools": POOLS, "cache": CACHE, "system": CACHE | {"memory", "session", "admission"}}
+REACH["pools"] |= {"radix"}  # NOTE: the pool machine's constructor probe builds radix caches over its pools
 REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
-    "impl/admission.py:105:45:slice+1": "the key is one token longer only when it is unaligned or past its end; "
-    "match_prefix matches whole pages and a slice past the end is the whole key, so the match is the same",
-    "impl/allocators.py:339:12:drop-call": "a defensive check: the SWA slots of full slots held by src are tagged "
-    "swa_owner(src) in every reachable state (the full check just before passed), so it can never fail",
-    "impl/allocators.py:32:7:boundary": "s.numel() > 1 made >= 1: a one-slot write cannot name a slot twice, so the "
-    "duplicate check it guards answers no for one slot either way",
-    "impl/kvview.py:188:4:negate-if": "both branches answer whether value names a slot twice (has_duplicates's scratch "
-    "marks take any in-range id, a token slot of a paged pool included; torch.unique otherwise): only the cost differs",
-    "impl/memory.py:199:69:slice+1": "every caller of write_kv passes end == len(req.tokens) (admission, resume, "
-    "extend), where a slice one past the end is the same slice",
-    "impl/arguments.py:24:45:len+1": "message text only: a repr of exactly 40 characters is shown cut to 37 and '...' "
-    "instead of whole; no state, result or error type changes",
+    "impl/admission.py:_acquire:slice+1:: len(key) - len(key) % mm.cache.page_size": (
+        "the key is one token longer only when it is unaligned or past its end; match_prefix matches whole "
+        "pages and a slice past the end is the whole key, so the match is the same"
+    ),
+    (
+        "impl/allocators.py:SWATokenAllocator.transfer:drop-call:"
+        'self.swa.pool.check_held("transfer", live, swa_owner(src))'
+    ): (
+        "a defensive check: the SWA slots of full slots held by src are tagged swa_owner(src) in every "
+        "reachable state (the full check just before passed), so it can never fail"
+    ),
+    "impl/allocators.py:check_kv_write:boundary:s.numel() > 1": (
+        "s.numel() > 1 made >= 1: a one-slot write cannot name a slot twice, so the duplicate check it guards"
+        " answers no for one slot either way"
+    ),
+    "impl/kvview.py:_repeats:negate-if:if grain == 1:": (
+        "both branches answer whether value names a slot twice (has_duplicates's scratch marks take any in-"
+        "range id, a token slot of a paged pool included; torch.unique otherwise): only the cost differs"
+    ),
+    "impl/memory.py:MemoryManager.write_kv:slice+1:start:end#2": (
+        "every caller of write_kv passes end == len(req.tokens) (admission, resume, extend), where a slice "
+        "one past the end is the same slice"
+    ),
+    "impl/arguments.py:_what:len+1:len(text)": (
+        "message text only: a repr of exactly 40 characters is shown cut to 37 and '...' instead of whole; no"
+        " state, result or error type changes"
+    ),
+    "impl/kvview.py:KVView.take:negate-if:"
+    "if not torch.equal(tags, torch.full_like(tags, encode(owner))) or pool.has_duplicates(new):": (
+        "off the CPU only: take reaches this check when its pool is not on the CPU (_fast is the CPU path, an SWA "
+        "allocator returns earlier), and kvledger check runs on the CPU; there take goes through SlotPool.claim, "
+        "which the cache machine's insert_foreign rule holds to refusing slots the request does not hold"
+    ),
+    "impl/kvview.py:KVView.take:and-or:"
+    "not torch.equal(tags, torch.full_like(tags, encode(owner))) or pool.has_duplicates(new)": (
+        "the same off-CPU branch of take as its negate-if: unreachable on the CPU, where kvledger check runs"
+    ),
+    "impl/slots.py:SlotPool.__init__:drop-store:self._free_np = None": (
+        "off the CPU only: the branch of a pool whose device is not the CPU; kvledger check runs on the CPU"
+    ),
+    "impl/tree.py:_size:len+1:len(n)": (
+        "only recompute_sizes calls _size: the slow contract tier's oracle (sizes() == recompute_sizes(), "
+        "--contracts slow) and tests/impl; no cache or memory-manager path reads it, so the cache's state and "
+        "results are the same (pytest tests/impl and the slow tier kill it)"
+    ),
 }
-"""Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor)."""
+"""Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
+the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
 
 
 @dataclass(frozen=True)
 class Mutant:
-    """One change: ``file`` (relative to the repo), the node's position and the operator."""
+    """One change: ``file`` (relative to the repo), the node's position, the operator, and where it is by name.
+
+    ``line`` and ``col`` find the node in this version of the file; the ``id`` does not use them (an edit above
+    a mutant must not rename it, or a set-aside in ``EQUIVALENT`` would silently stop matching): it is the file,
+    the enclosing function's qualified name, the operator and the mutated node's first source line (``before``),
+    with ``#k`` when the same text and operator occur ``k`` times in one function.
+    """
 
     file: str
     line: int
     col: int
     op: str
     before: str
+    where: str = "<module>"
+    nth: int = 1
 
     @property
     def id(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}:{self.op}"
+        again = f"#{self.nth}" if self.nth > 1 else ""
+        return f"{self.file}:{self.where}:{self.op}:{self.before}{again}"
+
+    @property
+    def at(self) -> str:
+        """Where the mutant is in this version of the file (``file:line:col``; changes when lines move)."""
+        return f"{self.file}:{self.line}:{self.col}"
 
 
 @dataclass
@@ -96,7 +145,7 @@ class Outcome:
 
     id: str
     before: str
-    status: str  # "killed", "survived", "equivalent", "invalid" (the mutant does not compile)
+    status: str  # "killed", "survived", "equivalent", "invalid" (the mutant does not compile), "timeout" (no verdict)
     law: str = ""
     suite: str = ""
     seconds: float = 0.0
@@ -117,10 +166,30 @@ class _Sites(ast.NodeVisitor):
 
     def __init__(self) -> None:
         self.sites: list[tuple[ast.AST, str]] = []
+        self.where: dict[int, str] = {}  # id(node) -> the qualified name of the function or class around it
+        self._scope: list[str] = []
+
+    def _enter(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> None:
+        self._scope.append(node.name)
+        self.generic_visit(node)
+        self._scope.pop()
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         if node.name not in SKIP_FUNCS:
-            self.generic_visit(node)
+            self._enter(node)
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        if node.name not in SKIP_FUNCS:
+            self._enter(node)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self._enter(node)
+
+    def visit(self, node: ast.AST) -> None:
+        n = len(self.sites)
+        super().visit(node)
+        for site, _ in self.sites[n:]:
+            self.where.setdefault(id(site), ".".join(self._scope) or "<module>")
 
     def visit_Expr(self, node: ast.Expr) -> None:
         if isinstance(node.value, ast.Call):
@@ -199,17 +268,26 @@ def _sites(tree: ast.Module) -> list[tuple[ast.AST, str]]:
     return finder.sites
 
 
+def mutants_of(file: str, source: str) -> Iterator[Mutant]:
+    """Every mutant of one module's ``source`` (``file``: its path in the repo), in source order."""
+    finder = _Sites()
+    finder.visit(ast.parse(source))
+    seen: Counter[tuple[str, str, str]] = Counter()
+    for node, op in finder.sites:
+        seg = ast.get_source_segment(source, node) or ""
+        first = seg.strip().splitlines()[0] if seg.strip() else ""
+        where = finder.where.get(id(node), "<module>")
+        seen[(where, op, first[:100])] += 1
+        pos = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+        yield Mutant(file, pos[0], pos[1], op, first[:100], where, seen[(where, op, first[:100])])
+
+
 def mutants() -> Iterator[Mutant]:
     """Every mutant of every ``impl/`` module, in a stable order."""
     for path in sorted(IMPL.glob("*.py")):
         if path.name in SKIP_FILES:
             continue
-        source = path.read_text()
-        for node, op in _sites(ast.parse(source)):
-            seg = ast.get_source_segment(source, node) or ""
-            first = seg.strip().splitlines()[0] if seg.strip() else ""
-            pos = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
-            yield Mutant(f"impl/{path.name}", pos[0], pos[1], op, first[:100])
+        yield from mutants_of(f"impl/{path.name}", path.read_text())
 
 
 def mutated_source(m: Mutant) -> str | None:
@@ -294,6 +372,9 @@ without shrinking and stopping at the first violation: whether a mutant is kille
 decided when the first failing example is found; shrinking only makes the report short."""
 
 
+TIMEOUT = "no verdict within --timeout"
+
+
 def run_check(view: Path, suites: list[str], timeout: float) -> tuple[str, str, float, str]:
     """The default check of ``suites`` on the view: (the suite that failed or "", the law, seconds, the phase that
     killed: ``kept`` programs or the ``search``)."""
@@ -310,7 +391,9 @@ def run_check(view: Path, suites: list[str], timeout: float) -> tuple[str, str, 
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return suites[0], f"hang (no verdict within {timeout:g} s)", time.perf_counter() - start, "search"
+        # NOTE: not a kill: the check's own watchdog reports a step that hangs (law ``hang``) within its budget;
+        # this is the tool's budget for every suite together, which a slow machine can use up on a survivor
+        return "", TIMEOUT, time.perf_counter() - start, ""
     took = time.perf_counter() - start
     if proc.returncode == 0:
         return "", "", took, ""
@@ -348,6 +431,8 @@ def judge(view: Path, m: Mutant, timeout: float, classify: bool) -> Outcome:
         suite, law, out.seconds, out.phase = run_check(view, out.suites_run, timeout)
         if suite:
             out.status, out.law, out.suite = "killed", law, suite
+        elif law == TIMEOUT:
+            out.status, out.law = "timeout", law
         if out.status == "survived" and classify:
             out.pytest_kills = pytest_kills(view, timeout)
     finally:
@@ -371,6 +456,7 @@ def report(outcomes: list[Outcome]) -> dict[str, object]:
         "score": round(len(killed) / changing, 3) if changing else None,
         "equivalent": [o.id for o in outcomes if o.status == "equivalent"],
         "invalid": [o.id for o in outcomes if o.status == "invalid"],
+        "timeout": [o.id for o in outcomes if o.status == "timeout"],  # no verdict: neither killed nor survived
         "seconds_per_kill": round(sum(o.seconds for o in killed) / len(killed), 1) if killed else None,
         "kills_per_law": dict(laws.most_common()),
         "kills_by_kept_programs": sum(o.phase == "kept" for o in killed),
@@ -401,11 +487,12 @@ def main(argv: list[str] | None = None) -> int:
     population = list(mutants())
     if args.list:
         for m in population:
-            print(m.id, "|", m.before)
+            print(m.id, "|", f"{m.at}:{m.op}")
         print(f"{len(population)} mutants", file=sys.stderr)
         return 0
     if args.only:
-        chosen = [m for m in population if m.id in set(args.only)]
+        only = set(args.only)  # NOTE: an id, or where a mutant is in this version of the file (file:line:col:op)
+        chosen = [m for m in population if m.id in only or f"{m.at}:{m.op}" in only]
     elif args.sample:
         chosen = sorted(random.Random(args.seed).sample(population, min(args.sample, len(population))), key=str)
     else:
@@ -419,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
             tail = (
                 f"{o.law} ({o.suite}, {o.phase}, {o.seconds:.0f} s)" if o.status == "killed" else f"{o.seconds:.0f} s"
             )
-            print(f"[{i}/{len(chosen)}] {o.status:10s} {m.id}  {m.before[:60]!r}  {tail}", flush=True)
+            print(f"[{i}/{len(chosen)}] {o.status:10s} {m.id}  ({m.at})  {tail}", flush=True)
     summary = report(outcomes)
     print(json.dumps(summary, indent=2))
     if args.out is not None:

@@ -112,6 +112,43 @@ def test_mutation_operators_make_compiling_mutants() -> None:
         compile(src, m.file, "exec")  # a mutant is a program, not a syntax error
 
 
+def test_mutant_ids_survive_lines_moving() -> None:
+    """A mutant's id names its function, operator and source line, not its line number: a blank line or a new
+    function above it keeps every id (so a set-aside in ``EQUIVALENT`` keeps matching), a repeated line gets
+    ``#2``, and an edit of the mutated line itself gives a new id."""
+    mut = load("mutation")
+    src = (mut.ROOT / "impl" / "lru.py").read_text()
+    ids = [m.id for m in mut.mutants_of("impl/lru.py", src)]
+    assert len(ids) == len(set(ids)) > 10
+    first = src.index("\ndef ") + 1
+    moved = src[:first] + "\n\ndef _added(x: int) -> int:\n    return x\n\n" + src[first:]
+    shifted = list(mut.mutants_of("impl/lru.py", "\n" + moved))
+    assert [m.id for m in shifted] == ids
+    assert [m.line for m in shifted] != [m.line for m in mut.mutants_of("impl/lru.py", src)]
+    twice = "def f(a: list[int]) -> None:\n    a.append(1)\n    a.append(1)\n"
+    assert [m.id for m in mut.mutants_of("impl/x.py", twice)] == [
+        "impl/x.py:f:drop-call:a.append(1)",
+        "impl/x.py:f:drop-call:a.append(1)#2",
+    ]
+    edited = "def f(a: list[int]) -> None:\n    a.append(2)\n"
+    assert [m.id for m in mut.mutants_of("impl/x.py", edited)] == ["impl/x.py:f:drop-call:a.append(2)"]
+    every = {m.id: m for m in mut.mutants()}
+    for key in mut.EQUIVALENT:  # the --only form by position finds the same mutant
+        m = every[key]
+        assert m.id == key and mut.mutated_source(m) is not None
+
+
+def test_mutation_timeout_is_no_verdict(tmp_path: Path) -> None:
+    """The tool's own time budget running out is neither a kill nor a survival (a slow machine is no finding)."""
+    mut = load("mutation")
+    view = mut.make_view(tmp_path)
+    suite, law, _, _ = mut.run_check(view, ["pools"], 0.01)
+    assert (suite, law) == ("", mut.TIMEOUT)
+    m = next(x for x in mut.mutants() if x.id not in mut.EQUIVALENT)
+    out = mut.judge(view, m, 0.01, classify=False)
+    assert out.status == "timeout" and mut.report([out])["behaviour_changing"] == 0
+
+
 def test_bench_pools_mix_is_a_balanced_seeded_stream() -> None:
     """The mixed allocator workload is the same for a seed, stays within the pool, and ends with everything freed;
     both workloads run on kvledger's allocators (SGLang's side runs the same ``workload`` in its own venv)."""

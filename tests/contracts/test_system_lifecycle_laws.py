@@ -91,3 +91,68 @@ def test_work_conservation_holds_on_the_reference_under_swarm() -> None:
     for model in ("full", "paged", "mamba"):
         result = run(model)
         assert result.ok, result.violation and result.violation.message
+
+
+def _budget_one_short(b: Any, **kw: Any) -> Any:
+    """``dataclasses.replace`` as admission uses it to shrink a batch's budget, taking one token too many."""
+    import dataclasses
+
+    return dataclasses.replace(b, **{**kw, "tokens": kw["tokens"] - 1})
+
+
+def _two_waiting(m: Any) -> None:
+    m.swarm(frozenset())
+    for _ in range(2):
+        m.add_request(prompt=2, suffix=[], sid=None, budget=1)  # 2 tokens over a budget of 1: both wait
+        m.inv_all_laws()
+    assert sorted(r.status for r in m.last.requests.values()) == ["waiting", "waiting"]
+
+
+def test_a_batch_whose_budget_shrinks_too_fast_is_caught_by_work_conservation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch of two under a budget of exactly their four tokens: the reference admits both; a budget that shrinks
+    by one token more per admitted request refuses the second, which fit what was left."""
+    m = SUITES["system"].models["full"]()()
+    _two_waiting(m)
+    m.admit(pick=1, budget=64, batch=True, edge=0)
+    m.inv_all_laws()
+    assert sorted(r.status for r in m.last.requests.values()) == ["running", "running"]
+
+    m = SUITES["system"].models["full"]()()
+    _two_waiting(m)
+    monkeypatch.setattr(admission, "replace", _budget_one_short)
+    with pytest.raises(AssertionError, match=r"admission admits what fits: request 2 .* tried in the order"):
+        m.admit(pick=1, budget=64, batch=True, edge=0)
+
+
+def test_work_conservation_is_judged_per_step_order() -> None:
+    """``StepResult.tried`` is the order the reference tried its batch (the law walks it)."""
+    m = SUITES["system"].models["full"]()()
+    _two_waiting(m)
+    result = m.sys.admit(3)  # 3 tokens: the first fits, the second no longer does
+    assert result.tried == (1, 2) and result.admitted == (1,) and result.rejected == (2,)
+
+
+def test_a_rollback_that_keeps_the_match_length_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``inv_waiting_blank``: a refused attempt rolls its match back; one that leaves ``prefix_len`` set leaves a
+    waiting request claiming a prefix it does not hold."""
+    real = admission.rollback
+
+    def rollback(mm: MemoryManager, a: Any) -> None:
+        kept = a.req.prefix_len
+        real(mm, a)
+        a.req.prefix_len = kept  # BUG: the match length survives the rollback
+
+    m = SUITES["system"].models["full"]()()
+    m.swarm(frozenset())
+    m.add_request(prompt=0, suffix=[], sid=None, budget=64)
+    m.inv_all_laws()
+    m.finish(pick=0)  # (1, 2, 3, 4) is cached now
+    m.inv_all_laws()
+    m.add_request(prompt=0, suffix=[3, 3, 3], sid=None, budget=1)  # matches the cached prefix, refused by the budget
+    m.inv_all_laws()
+    monkeypatch.setattr(admission, "rollback", rollback)
+    m.add_request(prompt=0, suffix=[3, 3, 3], sid=None, budget=1)
+    with pytest.raises(AssertionError, match="inv_waiting_blank: waiting request"):
+        m.inv_all_laws()

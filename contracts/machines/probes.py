@@ -1,0 +1,268 @@
+"""Probes at the edge of the domains: calls with one argument drawn from anywhere, checked by ``spec.domains``.
+
+The machines build pools, caches and owners only with valid arguments, so a
+check an implementation forgot (a dtype, a window on the wrong allocator, an
+owner whose kind and component do not go together, an id one past the end)
+changes nothing they see. A probe draws each argument of a call from its
+valid values or from a broad junk strategy (non-positive and huge ints,
+bools, floats, ``None``, strings, lists for tuples, wrong types), at most one
+argument junk per call so that a check later in the call is reached, decides
+with the ``spec.domains`` predicates whether the call is inside its domain,
+and holds the implementation to :func:`kvledger.spec.domains.inv_domain_enforced`:
+accepted inside, refused with a typed ``KVLedgerError`` outside.
+
+:data:`CONSTRUCTORS` names, per pool kind of the pool machine, the public
+types built on that kind of pool (the pool itself, and the radix cache over a
+KV allocator or a Mamba pool); :func:`constructor_calls` draws calls of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
+from kvledger.impl.mamba import MambaPool
+from kvledger.impl.radix import RadixCache
+from kvledger.impl.req_to_token import ReqToTokenPool
+from kvledger.spec import domains as D
+from kvledger.spec.types import Component, Owner, OwnerKind
+
+__all__ = ["CONSTRUCTORS", "Call", "constructor_calls", "id_or_junk", "owner_or_junk", "run_call"]
+
+
+class _Junk:
+    """An object of no type an entry point takes (its repr says so)."""
+
+    def __repr__(self) -> str:
+        return "<junk object>"
+
+
+JUNK_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=True, allow_infinity=True) | st.integers(-3, 8).map(float),
+    st.text(max_size=2),
+    st.builds(_Junk),
+)
+"""Values of the wrong type for any int argument (a bool is an int to Python, not to a count)."""
+
+
+def count_or_junk(least: int = 1, most: int = 6) -> st.SearchStrategy[object]:
+    """A count in ``[least, most]``, or junk: below ``least``, past int64, or of the wrong type."""
+    below = st.integers(least - 3, least - 1)
+    return st.one_of(st.integers(least, most), below, st.integers(D.INT64_END, D.INT64_END + 3), JUNK_SCALARS)
+
+
+def id_or_junk(size: int) -> st.SearchStrategy[object]:
+    """An id in ``[0, size)`` or junk: negative, the first ids past the end, past int64, or of the wrong type."""
+    return st.one_of(
+        st.integers(0, size - 1), st.integers(-3, -1), st.integers(size, size + 2), st.just(D.INT64_END), JUNK_SCALARS
+    )
+
+
+def shape_or_junk() -> st.SearchStrategy[object]:
+    """A tensor shape (a tuple of counts) or junk: a list, a tuple holding a non-count, a scalar."""
+    dims = st.lists(st.integers(1, 3), max_size=2)
+    bad_dims = st.lists(count_or_junk(1, 3), min_size=1, max_size=2).filter(lambda ds: not D.is_shape(tuple(ds)))
+    return st.one_of(dims.map(tuple), dims.map(list), bad_dims.map(tuple), JUNK_SCALARS)
+
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+OTHER_DTYPES = (torch.int64, torch.int32, torch.int8, torch.bool, torch.complex64)
+
+
+def dtype_or_junk() -> st.SearchStrategy[object]:
+    """A floating torch dtype, or another dtype, or a dtype's name, or junk."""
+    return st.one_of(st.sampled_from(FLOAT_DTYPES), st.sampled_from(OTHER_DTYPES), st.just("float32"), JUNK_SCALARS)
+
+
+def owner_or_junk() -> st.SearchStrategy[object]:
+    """An :class:`Owner` whose fields are each drawn from anywhere (a node without a component, a request with
+    one, a negative, bool, float or huge id, a kind that is no ``OwnerKind``), or an object that is no owner."""
+    kinds = st.sampled_from(OwnerKind) | st.sampled_from(["req", 1, None])
+    comps = st.none() | st.sampled_from(Component) | st.sampled_from(["full", 0])
+    idents = st.integers(0, 40) | st.integers(-3, -1) | st.just(D.INT64_END) | JUNK_SCALARS
+    owners = st.builds(Owner, kinds, idents, comps)  # NOTE: Owner is a plain dataclass: it checks nothing itself
+    return st.one_of(owners, st.tuples(st.sampled_from(OwnerKind), st.integers(0, 9)), JUNK_SCALARS)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call a probe makes: what it builds, its keyword arguments, and whether they lie in its domain."""
+
+    what: str
+    args: tuple[tuple[str, object], ...]
+    inside: bool
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={_show(v)}" for k, v in self.args)
+        return f"{self.what}({shown})"
+
+
+def _show(v: object) -> str:
+    """A value as a counterexample shows it: a pool by its type (its repr is an address), anything else by repr."""
+    pool = (TokenAllocator, PagedAllocator, SWATokenAllocator, ReqToTokenPool, MambaPool)
+    return f"<a {type(v).__name__}>" if isinstance(v, pool) else repr(v)
+
+
+@dataclass(frozen=True)
+class Constructor:
+    """A public type: how to build it from keyword arguments, and each argument's valid-or-junk strategy."""
+
+    what: str
+    build: Callable[..., object]
+    args: Mapping[str, Callable[[], st.SearchStrategy[object]]]
+    inside: Callable[[Mapping[str, object]], bool]
+    valid: Mapping[str, Callable[[], st.SearchStrategy[object]]]
+
+
+def _kv_or_junk() -> st.SearchStrategy[object]:
+    kvs = st.sampled_from(["token", "paged", "swa"]).map(_kv)
+    return st.one_of(kvs, st.sampled_from(["mamba", "rows"]).map(_other_pool), JUNK_SCALARS)
+
+
+def _kv(kind: str) -> object:
+    if kind == "paged":
+        return PagedAllocator(4, 2)
+    return SWATokenAllocator(8, 4) if kind == "swa" else TokenAllocator(8)
+
+
+def _other_pool(kind: str) -> object:
+    return MambaPool(2, conv_shape=(2,), temporal_shape=(2,)) if kind == "mamba" else ReqToTokenPool(2, 4)
+
+
+def _radix_inside(a: Mapping[str, object]) -> bool:
+    kv, ps, window, mamba = a["kv"], a["page_size"], a["swa_window"], a["mamba"]
+    if not isinstance(kv, TokenAllocator | PagedAllocator | SWATokenAllocator):
+        return False
+    grain = kv.page_size
+    return (
+        (ps is None or D.is_page_size(ps, grain))
+        and D.is_window(window, isinstance(kv, SWATokenAllocator))
+        and (mamba is None or isinstance(mamba, MambaPool))
+    )
+
+
+def _st(s: st.SearchStrategy[object]) -> Callable[[], st.SearchStrategy[object]]:
+    return lambda: s
+
+
+RADIX = Constructor(
+    "RadixCache",
+    lambda kv, page_size, swa_window, mamba: RadixCache(kv, page_size=page_size, swa_window=swa_window, mamba=mamba),
+    {
+        "kv": _kv_or_junk,
+        "page_size": lambda: st.none() | count_or_junk(1, 4),
+        "swa_window": lambda: st.none() | count_or_junk(1, 4),
+        "mamba": lambda: (
+            st.none()
+            | st.sampled_from(["mamba", "token"]).map(lambda k: _other_pool(k) if k == "mamba" else _kv(k))
+            | JUNK_SCALARS
+        ),
+    },
+    _radix_inside,
+    {
+        "kv": lambda: st.sampled_from(["token", "paged", "swa"]).map(_kv),
+        "page_size": _st(st.none()),
+        "swa_window": _st(st.none()),
+        "mamba": lambda: st.none() | st.just("mamba").map(_other_pool),
+    },
+)
+
+_NAME = st.sampled_from(["kv", "x"])
+_BAD_NAME = st.one_of(st.none(), st.integers(0, 2), st.just(b"kv"), st.builds(_Junk))
+
+
+def _pool(what: str, build: Callable[..., object], counts: Mapping[str, int], named: bool = False) -> Constructor:
+    """A pool constructor whose arguments are counts (each with its least value), and a name when ``named``."""
+    args = {k: _st(count_or_junk(lo)) for k, lo in counts.items()}
+    valid = {k: _st(st.integers(lo, lo + 5)) for k, lo in counts.items()}
+    if named:
+        args["name"], valid["name"] = _st(_NAME | _BAD_NAME), _st(_NAME)
+
+    def inside(a: Mapping[str, object]) -> bool:
+        return all(D.is_count(a[k], lo) for k, lo in counts.items()) and (not named or isinstance(a["name"], str))
+
+    return Constructor(what, build, args, inside, valid)
+
+
+MAMBA = Constructor(
+    "MambaPool",
+    lambda size, conv_shape, temporal_shape, ping_pong_size, dtype: MambaPool(
+        size,
+        conv_shape=conv_shape,
+        temporal_shape=temporal_shape,
+        ping_pong_size=ping_pong_size,
+        dtype=dtype,
+    ),
+    {
+        "size": lambda: count_or_junk(1),
+        "conv_shape": shape_or_junk,
+        "temporal_shape": shape_or_junk,
+        "ping_pong_size": lambda: count_or_junk(0),
+        "dtype": dtype_or_junk,
+    },
+    lambda a: (
+        D.is_count(a["size"])
+        and D.is_shape(a["conv_shape"])
+        and D.is_shape(a["temporal_shape"])
+        and D.is_count(a["ping_pong_size"], least=0)
+        and a["dtype"] in FLOAT_DTYPES
+    ),
+    {
+        "size": _st(st.integers(1, 6)),
+        "conv_shape": _st(st.just((2,))),
+        "temporal_shape": _st(st.just((2, 2))),
+        "ping_pong_size": _st(st.integers(0, 2)),
+        "dtype": _st(st.sampled_from(FLOAT_DTYPES)),
+    },
+)
+
+CONSTRUCTORS: dict[str, tuple[Constructor, ...]] = {
+    "token": (
+        _pool("TokenAllocator", lambda size, name: TokenAllocator(size, name=name), {"size": 1}, named=True),
+        RADIX,
+    ),
+    "paged": (
+        _pool(
+            "PagedAllocator",
+            lambda num_pages, page_size, name: PagedAllocator(num_pages, page_size, name=name),
+            {"num_pages": 1, "page_size": 1},
+            named=True,
+        ),
+        RADIX,
+    ),
+    "swa": (_pool("SWATokenAllocator", SWATokenAllocator, {"size": 1, "swa_size": 1}), RADIX),
+    "req_to_token": (_pool("ReqToTokenPool", ReqToTokenPool, {"size": 1, "max_context_len": 1}),),
+    "mamba": (MAMBA, RADIX),
+}
+"""Per pool kind of the pool machine: the public types built from that kind of pool."""
+
+
+@st.composite
+def _call(draw: st.DrawFn, c: Constructor) -> Call:
+    names = list(c.args)
+    broken = draw(st.sampled_from([None, *names]))  # NOTE: one junk argument at most: every check is reachable
+    args = {k: draw(c.args[k]() if k == broken else c.valid[k]()) for k in names}
+    return Call(c.what, tuple(args.items()), c.inside(args))
+
+
+def constructor_calls(kind: str) -> st.SearchStrategy[Call]:
+    """Calls of the constructors of ``kind`` (:data:`CONSTRUCTORS`), each argument valid or (one) junk."""
+    return st.one_of(*(_call(c) for c in CONSTRUCTORS[kind]))
+
+
+_BY_NAME = {c.what: c for cs in CONSTRUCTORS.values() for c in cs}
+
+
+def run_call(call: Call) -> BaseException | None:
+    """Make ``call``; the exception it raised, or ``None``."""
+    try:
+        _BY_NAME[call.what].build(**dict(call.args))
+    except Exception as err:  # NOTE: any exception: an untyped one breaks the law as much as an accepted call
+        return err
+    return None

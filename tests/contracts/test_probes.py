@@ -1,0 +1,273 @@
+"""The pool machine's probes at the domains' edge (``spec.domains``) and of ``verify``
+(``spec.prefix.inv_verify_exact``): they pass on the reference pools and fail, naming the law, on a hand-broken one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from kvledger.contracts.machines.pool import KINDS, Chunk, machine_for
+from kvledger.contracts.machines.probes import CONSTRUCTORS, Call, constructor_calls, run_call
+from kvledger.impl.allocators import TokenAllocator
+from kvledger.impl.mamba import MambaPool
+from kvledger.impl.radix import RadixCache
+from kvledger.spec import domains as D
+from kvledger.spec.errors import IntegrityError
+from kvledger.spec.types import Component, Owner, OwnerKind, request
+
+
+def machine(kind: str) -> Any:
+    return machine_for(KINDS[kind])()
+
+
+def chunk_of(m: Any, n: int = 2) -> Chunk:
+    return m.allocate(request(1), n)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("kind", sorted(CONSTRUCTORS))
+def test_constructor_calls_obey_the_domain_law_on_the_reference(kind: str) -> None:
+    """Every drawn call of the reference's constructors: built inside its domain, a typed error outside."""
+
+    @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(constructor_calls(kind))
+    def check(call: Call) -> None:
+        assert D.inv_domain_enforced(call.inside, run_call(call)), call
+
+    check()
+
+
+def test_construct_fails_on_a_cache_that_takes_a_window_over_a_full_only_allocator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    original = RadixCache.__init__
+
+    def lax(self: RadixCache, kv: Any, page_size: Any = None, swa_window: Any = None, mamba: Any = None) -> None:
+        original(self, kv, page_size=page_size, swa_window=None, mamba=mamba)  # the window check forgotten
+
+    call = Call(
+        "RadixCache", (("kv", TokenAllocator(8)), ("page_size", None), ("swa_window", 2), ("mamba", None)), False
+    )
+    machine("token").construct(call)  # the reference refuses it
+    monkeypatch.setattr(RadixCache, "__init__", lax)
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: RadixCache.*outside its domain and was accepted"):
+        machine("token").construct(call)
+
+
+def test_construct_fails_on_a_mamba_pool_that_takes_an_integer_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = MambaPool.__init__
+
+    def lax(self: MambaPool, size: int, **kw: Any) -> None:
+        original(self, size, **{**kw, "dtype": torch.float32})  # the dtype check forgotten
+
+    args = (("size", 2), ("conv_shape", (2,)), ("temporal_shape", (2,)), ("ping_pong_size", 0), ("dtype", torch.int64))
+    call = Call("MambaPool", args, False)
+    machine("mamba").construct(call)
+    monkeypatch.setattr(MambaPool, "__init__", lax)
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: MambaPool"):
+        machine("mamba").construct(call)
+
+
+BAD_OWNERS = [
+    Owner(OwnerKind.NODE, 3, None),  # a node without a component
+    Owner(OwnerKind.REQUEST, 3, Component.FULL),  # a request with one
+    Owner(OwnerKind.REQUEST, True),  # a bool id
+    Owner(OwnerKind.REQUEST, -1),
+    (OwnerKind.REQUEST, 1),  # no Owner at all
+]
+
+
+@pytest.mark.parametrize("owner", BAD_OWNERS, ids=repr)
+def test_bad_owner_fails_on_a_pool_that_takes_any_owner(monkeypatch: pytest.MonkeyPatch, owner: object) -> None:
+    assert not D.is_owner(owner)
+    m = machine("token")
+    c = chunk_of(m)
+    for how in ("alloc", "free", "give", "take"):
+        m.bad_owner(c, owner, how)  # the reference refuses each, changing nothing
+    original = TokenAllocator.alloc
+
+    def lax(self: TokenAllocator, n: int, who: Any) -> torch.Tensor:
+        return original(self, n, who if D.is_owner(who) else request(9))  # an owner it cannot encode, taken as another
+
+    monkeypatch.setattr(TokenAllocator, "alloc", lax)
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: alloc with owner .* was accepted"):
+        m.bad_owner(c, owner, "alloc")
+
+
+@pytest.mark.parametrize("bad", [-1, 6, 7, True, 2.0, None, 1 << 63])
+def test_bad_id_fails_on_a_mamba_pool_that_wraps_negative_ids(monkeypatch: pytest.MonkeyPatch, bad: object) -> None:
+    m = machine("mamba")
+    c = chunk_of(m)
+    for how in range(4):
+        m.bad_id(c, bad, how)
+
+    def wraps(self: MambaPool, slot: Any, value: int) -> None:
+        self.data[int(slot) % self.data.numel()] = value  # no id check: -1 is the last slot
+
+    monkeypatch.setattr(MambaPool, "write_fingerprint", wraps)
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: write_fingerprint of id|rejected call leaves"):
+        m.bad_id(c, bad, 0)
+
+
+@pytest.mark.parametrize("kind", ["token", "paged", "swa", "mamba"])
+def test_corrupt_passes_on_the_reference(kind: str) -> None:
+    m = machine(kind)
+    c = chunk_of(m, 3)
+    for parts in ({"data"}, {"conv"}, {"temporal"}, {"swa"}, {"data", "conv", "temporal", "swa"}):
+        m.corrupt(c, frozenset(parts), [0, 5])
+    m.inv_data_integrity()
+
+
+def test_corrupt_fails_on_a_verify_that_reads_one_value_of_a_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Mamba ``verify`` before issue 19's third round: the fingerprint and the first conv value only."""
+
+    def first_value_only(self: MambaPool, slot: int, value: int) -> None:
+        if int(self.data[slot]) != value or float(self.conv[slot].flatten()[0]) != float(value % 1000):
+            raise IntegrityError("mamba: wrong state")
+
+    m = machine("mamba")
+    c = chunk_of(m)
+    monkeypatch.setattr(MambaPool, "verify", first_value_only)
+    m.corrupt(c, frozenset({"conv"}), [0])  # the one value it reads: flagged
+    with pytest.raises(AssertionError, match=r"inv_verify_exact: .*'temporal'.* verify passed"):
+        m.corrupt(c, frozenset({"temporal"}), [3])
+
+
+def test_corrupt_fails_on_a_verify_that_needs_both_parts_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = MambaPool.verify
+
+    def both(self: MambaPool, slot: int, value: int) -> None:
+        data = int(self.data[slot])
+        self.data[slot] = value  # flags only a state whose fingerprint AND tensors changed
+        try:
+            original(self, slot, value)
+        except IntegrityError:
+            if data != value:
+                raise
+        finally:
+            self.data[slot] = data
+
+    m = machine("mamba")
+    c = chunk_of(m)
+    monkeypatch.setattr(MambaPool, "verify", both)
+    with pytest.raises(AssertionError, match=r"inv_verify_exact"):
+        m.corrupt(c, frozenset({"conv"}), [1])
+
+
+def test_corrupt_fails_on_a_kv_verify_that_reads_the_first_slot_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = TokenAllocator.verify
+
+    def first_only(self: TokenAllocator, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        original(self, slots[:1], tokens[:1], positions[:1])
+
+    m = machine("token")
+    c = chunk_of(m, 3)
+    monkeypatch.setattr(TokenAllocator, "verify", first_only)
+    with pytest.raises(AssertionError, match=r"inv_verify_exact"):
+        m.corrupt(c, frozenset({"data"}), [2])
+
+
+def test_a_refused_constructor_raises_a_typed_error() -> None:
+    """The reference's refusals are typed (what the law asks), e.g. a window over a full-only allocator."""
+    err = run_call(
+        Call("RadixCache", (("kv", TokenAllocator(8)), ("page_size", None), ("swa_window", 2), ("mamba", None)), False)
+    )
+    assert err is not None
+    assert D.inv_domain_enforced(False, err) and not D.inv_domain_enforced(False, TypeError("untyped"))
+
+
+# ---------------------------------------------------------------- cache: an insert of slots the request does not hold
+
+
+def cache_machine(model: str) -> Any:
+    from kvledger.contracts.machines.suites import SUITES
+
+    return SUITES["cache"].models[model]()()
+
+
+@pytest.mark.parametrize("model", ["full", "full-paged", "swa", "hybrid"])
+@pytest.mark.parametrize("whose", ["another request", "the free list", "the cache"])
+def test_insert_foreign_is_refused_by_the_reference(model: str, whose: str) -> None:
+    m = cache_machine(model)
+    m.insert(0, (1, 2), False)  # something cached, so 'the cache' has slots to offer
+    m.inv_all_laws()
+    refused: list[str] = []
+    original = m._refused_insert
+
+    def spy(req: int, key: tuple[int, ...], offered: tuple[int, ...], w: str) -> None:
+        original(req, key, offered, w)
+        refused.append(w)
+
+    m._refused_insert = spy
+    m.insert_foreign(1, (3, 4), whose, [0, 1])
+    m.inv_all_laws()
+    assert refused == [whose]  # the misuse was made (and refused): the rule is not vacuous
+
+
+@pytest.mark.parametrize("whose", ["another request", "the free list", "the cache"])
+def test_insert_foreign_fails_on_a_cache_that_takes_any_slot(monkeypatch: pytest.MonkeyPatch, whose: str) -> None:
+    """A cache whose insert takes the offered slots without asking who holds them (it retags them)."""
+    original = RadixCache.insert
+
+    def lax(self: RadixCache, key: torch.Tensor, value: torch.Tensor, owner: Any, **kw: Any) -> Any:
+        for pool in ((self.kv.full if hasattr(self.kv, "full") else self.kv).pool,):
+            held = pool.owner_tag[value] != pool.code_of(owner, "insert")
+            pool.owner_tag[value[held]] = pool.code_of(owner, "insert")  # steals them for the request first
+        return original(self, key, value, owner, **kw)
+
+    m = cache_machine("full")
+    m.insert(0, (1, 2), False)
+    monkeypatch.setattr(RadixCache, "insert", lax)
+    with pytest.raises(AssertionError, match="foreign insert refused"):
+        m.insert_foreign(1, (3, 4), whose, [0])
+
+
+def test_a_refusal_that_names_no_slot_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``inv_names_culprit``: the first page past a pool's end refused as OutOfRange, but naming no slot."""
+    from kvledger.impl.slots import SlotPool
+    from kvledger.spec.errors import OutOfRange
+
+    m = machine("token")
+    m.out_of_range("edge")  # the reference names the slot
+    original = SlotPool.as_index
+
+    def silent(self: SlotPool, op: str, indices: torch.Tensor) -> torch.Tensor:
+        try:
+            return original(self, op, indices)
+        except OutOfRange as err:
+            raise OutOfRange(op, self.name, [], err.detail) from None
+
+    monkeypatch.setattr(SlotPool, "as_index", silent)
+    with pytest.raises(AssertionError, match="inv_names_culprit"):
+        m.out_of_range("edge")
+
+
+def test_malformed_indices_of_a_transfer_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool whose transfer takes a 2-D index tensor as if it were flat."""
+    m = machine("token")
+    c = chunk_of(m)
+    for bad in ("float", "2d", "empty", "dup"):
+        m.malformed_indices(c, bad, True)  # the reference refuses each
+    original = TokenAllocator.transfer
+
+    def flat(self: TokenAllocator, indices: torch.Tensor, src: Any, dst: Any) -> None:
+        original(self, indices.reshape(-1) if indices.dim() == 2 else indices, src, dst)
+
+    monkeypatch.setattr(TokenAllocator, "transfer", flat)
+    with pytest.raises(AssertionError, match="invalid call accepted"):
+        m.malformed_indices(c, "2d", True)
+
+
+@pytest.mark.parametrize("n", [-1, True, 2.5, None])
+def test_evict_bad_is_caught_on_a_cache_that_takes_any_count(monkeypatch: pytest.MonkeyPatch, n: object) -> None:
+    """``evict`` of a negative, bool or float count: the reference refuses it; one that evicts nothing instead
+    (the count's check skipped) breaks ``inv_domain_enforced``."""
+    m = cache_machine("full")
+    m.insert(0, (1, 2), False)
+    m.evict_bad(Component.FULL, n)  # refused by the reference
+    m.evict_bad(Component.SWA, 1)  # a component the full model does not have: refused
+    monkeypatch.setattr(RadixCache, "evict", lambda self, comp, k: 0)
+    with pytest.raises(AssertionError, match="inv_domain_enforced: evict"):
+        m.evict_bad(Component.FULL, n)
