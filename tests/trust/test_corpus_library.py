@@ -892,6 +892,7 @@ INTERNAL = {
     "allocators.not_int64_1d": "a predicate: a reason or None",
     "allocators.swa_owner": "maps an owner; encode validates it where it is used",
     "slots.host_bytes": "bytes of a validated tensor",
+    "slots.run_start": "a query on bytes: -1 for anything it does not show to be a run of the pool's slots",
     "faults": "the fault switches (enable attacked; the rest take no user value)",
     "ByComponent": "a Mapping view of a node's pointers (KeyError for a key that is no component: the protocol)",
     "integrity.fingerprint_unchecked": "the mix of tensors the allocators' writes checked (fingerprint checks)",
