@@ -78,6 +78,9 @@ class SlotPool:
             self._free_np = None
             self._stack = torch.arange(self.size - 1, base - 1, -1, dtype=torch.int64, device=self.device)
         self._top = capacity
+        # NOTE: allocations of at least run_min slots are looked at as a run of slots (tagged and freed through
+        # slices); a speed setting that changes no result (the pool machine lowers it to drive the run path)
+        self.run_min = RUN_MIN
         # Provenance: origin[s] is the ``stamp`` in force when slot s last got its owner (alloc or
         # transfer). Whoever drives the pool (the memory manager) sets ``stamp`` to an event id it logs.
         self.origin = torch.zeros(self.size, dtype=torch.int64, device=self.device)
@@ -382,7 +385,7 @@ class SlotPool:
         ids = free_np[top - n : top][::-1].copy()  # NOTE: a copy: the caller's ids must not see later pushes
         self._top = top - n
         raw, lo = None, -1
-        if n >= RUN_MIN and free_np.item(top - n) - (first := free_np.item(top - 1)) in (n - 1, 1 - n):
+        if n >= self.run_min and free_np.item(top - n) - (first := free_np.item(top - 1)) in (n - 1, 1 - n):
             raw = ids.tobytes()  # NOTE: its first and last ids n - 1 apart: most likely a run (the pool's are in range)
             lo = run_start(raw, n, first, self.base, self.size)
         if lo >= 0:

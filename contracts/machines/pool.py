@@ -18,13 +18,14 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context, target
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, rule
 
 from kvledger.contracts.abstraction import AnyPool, abstract, inv_free_stack_matches_tags, pools_of
 from kvledger.contracts.machines.probes import Call, constructor_calls, id_or_junk, owner_or_junk, run_call
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.req_to_token import ReqToTokenPool
+from kvledger.impl.slots import RUN_MIN
 from kvledger.spec import domains as D
 from kvledger.spec import ledger as spec
 from kvledger.spec import prefix as P
@@ -130,6 +131,13 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self.written: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # stamp -> (tokens, positions) of KV
             self.released: list[Chunk] = []
             self.pressure = 0.0  # the most of any pool held at once (0..1)
+
+        @initialize(run_min=st.sampled_from((RUN_MIN, 1, 2, 3)))
+        def runs(self, run_min: int) -> None:
+            """How long an allocation must be for the pool to look at it as a run of slots (tagged and freed
+            through slices): the default, or short enough that this machine's small pools take that path too."""
+            for pool in pools_of(self.pool).values():
+                pool.run_min = run_min
 
         def teardown(self) -> None:
             """Guide the search (``hypothesis.target``) towards a full pool (exhaustion and refusal paths)."""

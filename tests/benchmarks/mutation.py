@@ -100,6 +100,17 @@ EQUIVALENT: dict[str, str] = {
     "impl/slots.py:SlotPool.__init__:drop-store:self._free_np = None": (
         "off the CPU only: the branch of a pool whose device is not the CPU; kvledger check runs on the CPU"
     ),
+    "impl/slots.py:SlotPool.alloc:drop-call:self.origin.index_fill_(0, out, self._stamp)": (
+        "off the CPU only: alloc's branch for a pool whose device is not the CPU (a CPU pool pops through _pop_ids);"
+        " kvledger check runs on the CPU"
+    ),
+    "impl/slots.py:SlotPool.release:drop-store:self._stack[top : top + k] = idx": (
+        "off the CPU only: release's branch for a pool whose device is not the CPU; kvledger check runs on the CPU"
+    ),
+    "impl/slots.py:SlotPool.__init__:drop-call:_grow_runs(self.size)": (
+        "speed only: without the id table grown to this pool's size, run_start answers -1 (it checks the table's "
+        "length) and the pool tags and frees those slots through a fancy index, with the same result"
+    ),
     "impl/tree.py:_size:len+1:len(n)": (
         "only recompute_sizes calls _size: the slow contract tier's oracle (sizes() == recompute_sizes(), "
         "--contracts slow) and tests/impl; no cache or memory-manager path reads it, so the cache's state and "

@@ -297,6 +297,38 @@ def test_runs_of_slots_are_tagged_and_checked_as_any_other() -> None:
     assert inv_free_stack_matches_tags(pool)
 
 
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 6)), max_size=30))
+def test_run_min_is_a_speed_setting_that_changes_no_result(ops: list[tuple[bool, int]]) -> None:
+    """A pool looks at an allocation as a run of slots from ``run_min`` slots on (the pool machine lowers it so
+    its small pools take that path): the same calls give the same slots, ledgers and refusals at any setting."""
+    from kvledger.contracts.abstraction import inv_free_stack_matches_tags
+    from kvledger.impl.slots import RUN_MIN
+
+    def run(run_min: int) -> list[object]:
+        a = TokenAllocator(12)
+        a.pool.run_min = run_min
+        live: list[torch.Tensor] = []
+        seen: list[object] = []
+        for is_alloc, n in ops:
+            if is_alloc:
+                try:
+                    live.append(a.alloc(n, R1))
+                    seen.append(live[-1].tolist())
+                except OverAllocation:
+                    seen.append("refused")
+            elif live:
+                a.free(live.pop(n % len(live)), R1)
+            seen.append(abstract(a)["kv"])
+            assert inv_free_stack_matches_tags(a.pool)
+        for x in live:
+            a.free(x, R1)
+            rejected(a, lambda x=x: a.free(x, R1), DoubleFree)
+        return seen
+
+    default = run(RUN_MIN)
+    assert run(1) == default and run(2) == default
+
+
 def test_run_start_proves_a_run_or_answers_no() -> None:
     import numpy as np
 
