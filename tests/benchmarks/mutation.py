@@ -64,6 +64,14 @@ EQUIVALENT: dict[str, str] = {
         "the key is one token longer only when it is unaligned or past its end; match_prefix matches whole "
         "pages and a slice past the end is the whole key, so the match is the same"
     ),
+    "impl/admission.py:_acquire:len+1:len(key)": (
+        "the match key made one token longer (the aligned length + 1, or past the key's end): match_prefix matches "
+        "whole pages and a slice past the end is the whole key, so the match is the same (as the slice+1 above)"
+    ),
+    "impl/radix.py:RadixCache.dec_lock_ref:boundary:(held := x.refs[I_FULL if c is FULL else SLOT[c]]) <= 0": (
+        "a defensive check: a live handle's covered counters are at least 1 in every reachable state (only "
+        "releasing a handle lowers them, and a released handle is refused before the loop), so held is never 0"
+    ),
     (
         "impl/allocators.py:SWATokenAllocator.transfer:drop-call:"
         'self.swa.pool.check_held("transfer", live, swa_owner(src))'
