@@ -230,6 +230,7 @@ ALIASES: dict[str, str] = {
     "sglang-0.5.10-mamba": "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory",
     "sglang-0.5.11-mamba": "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory",
     "sglang-0.5.12-mamba": "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory",
+    "sglang-0.5.13-mamba": "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory",
     "sglang-0.5.11": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
     "sglang-0.5.12": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
     "sglang-0.5.13": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
@@ -242,8 +243,8 @@ the tree components each model kind names (``full``/``full-paged``: FULL;
 ``swa``: FULL+SWA; ``mamba``: FULL+MAMBA; ``hybrid``: all three), so one run
 checks every kind; ``--model swa`` checks one. ``sglang-0.5.9``: 0.5.9's
 ``RadixCache`` (full attention); ``sglang-0.5.9-mamba``: its ``MambaRadixCache``;
-``sglang-0.5.10`` and ``sglang-0.5.10-mamba`` the same in 0.5.10, ``sglang-0.5.11-mamba`` and
-``sglang-0.5.12-mamba`` the ``MambaRadixCache`` those releases still ship beside the unified one.
+``sglang-0.5.10`` and ``sglang-0.5.10-mamba`` the same in 0.5.10, ``sglang-0.5.11-mamba`` to
+``sglang-0.5.13-mamba`` the ``MambaRadixCache`` those releases still ship beside the unified one.
 ``sglang-0.5.11``, ``sglang-0.5.12``, ``sglang-0.5.13``: the installed release's first
 ``UnifiedRadixCache`` (components on the cache; every kind, as ``sglang`` does).
 """

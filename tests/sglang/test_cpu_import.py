@@ -16,7 +16,7 @@ from kvledger.contracts.adapters.sglang.cpu_import import (
 
 
 def test_tested_ranges_name_their_versions() -> None:
-    assert LEGACY.contains("0.5.9") and LEGACY.contains("0.5.12") and not LEGACY.contains("0.5.13")
+    assert LEGACY.contains("0.5.9") and LEGACY.contains("0.5.13") and not LEGACY.contains("0.5.14")
     assert not LEGACY.contains("0.5.8")
     assert UNIFIED.contains("0.5.23") and not UNIFIED.contains("0.5.24")
     assert UNIFIED.describe() == "SGLang 0.5.23"

@@ -158,7 +158,7 @@ def copy_on_write(match: Callable[[Any], object], request: Any, slot_of: Callabl
 
 
 def hybrid_rows(pool_class: Any, rows: int, mamba_slots: int, max_context: int) -> Any:
-    """SGLang's ``HybridReqToTokenPool`` (0.5.9 to 0.5.12) with one tiny Mamba layer, on CPU, no extra buffer.
+    """SGLang's ``HybridReqToTokenPool`` (0.5.9 to 0.5.13) with one tiny Mamba layer, on CPU, no extra buffer.
 
     From 0.5.10 the constructor also asks which layers are Mamba layers (``mamba_layer_ids``).
     """

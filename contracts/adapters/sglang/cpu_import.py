@@ -100,7 +100,7 @@ class TestedRange:
 LEGACY = TestedRange(
     "legacy (RadixCache, MambaRadixCache)",
     "0.5.9",
-    "0.5.12",
+    "0.5.13",
     (
         "sgl_kernel.*",
         "sglang.srt.utils.hf_transformers_utils",
@@ -111,11 +111,10 @@ LEGACY = TestedRange(
     # NOTE: from 0.5.10 utils/common.py imports torchvision.io at module level (see SCHEDULER).
     pre_stubs=("torchvision.*",),
 )
-"""0.5.9 to 0.5.12: ``RadixCache`` and ``MambaRadixCache`` as they were before the unified rewrite.
+"""0.5.9 to 0.5.13: ``RadixCache`` and ``MambaRadixCache`` as they were before (and beside) the unified rewrite.
 
-NOTE: 0.5.13's ``MambaRadixCache`` moved Mamba slots to a separate ``mamba_allocator`` and donates a
-request's slot on insert; the adapter does not read it that way yet (its first kvledger run loses four KV
-slots on a repeated insert, an adapter misreading until shown otherwise), so 0.5.13 is outside the range.
+NOTE: 0.5.13's ``MambaRadixCache`` allocates Mamba slots from ``mamba_allocator``, and from 0.5.10 its
+insert frees the duplicates past ``prev_prefix_len`` itself; the adapter reads both from the installed code.
 """
 
 SCHEDULER = TestedRange(

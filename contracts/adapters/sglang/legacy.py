@@ -1,8 +1,16 @@
 """SGLang 0.5.9's radix caches behind the adapter protocol: ``RadixCache`` and ``MambaRadixCache``.
 
-Written for 0.5.9 and run unchanged on 0.5.10 to 0.5.12, whose two caches keep 0.5.9's structure
-(the installed release is named in ``version``; from 0.5.11 a node's child key is the key's own
-``child_key``). 0.5.13 reworked ``MambaRadixCache``'s Mamba slots and is outside the tested range.
+Written for 0.5.9 and run on 0.5.10 to 0.5.13, whose two caches keep 0.5.9's structure (the
+installed release is named in ``version``). What moved, and how the adapter follows it, each read from
+the installed code rather than from a version number:
+
+* from 0.5.10, ``MambaRadixCache.insert`` frees the duplicates past ``InsertParams.prev_prefix_len``
+  itself (``cache_finished_req`` passes ``req.cache_protected_len``): the adapter passes the protected
+  length and reports those duplicates as ``dups_freed``, so the caller does not free them again;
+* from 0.5.11 a node's child key is the key's own ``child_key``;
+* from 0.5.13 Mamba slots come from ``HybridReqToTokenPool.mamba_allocator`` (``MambaPool`` keeps only
+  the state tensors), and a copy-on-write match only records its source (``mamba_cow_src_index``: the
+  forward pass copies); the slot handed out is the same.
 
 Factories (for ``kvledger check --adapter``): :func:`radix_cache_factory`
 and :func:`mamba_radix_cache_factory`; both take a
@@ -25,7 +33,8 @@ How the protocol maps onto 0.5.9 (SGLang's own names):
   duplicates to the caller**: as ``cache_finished_req`` does, the adapter
   reports ``value[cache_protected_len:prefix_len]`` as duplicates (the
   protected length is how many leading offered slots are the tree's own,
-  read before the insert), and the machine frees them. A duplicate Mamba
+  read before the insert), and the machine frees them (``MambaRadixCache``
+  from 0.5.10 frees them itself: ``dups_freed``). A duplicate Mamba
   state is the offered one when ``mamba_exist``.
 * ``evict``: ``evict(EvictParams(num_tokens=n))`` (``mamba_num=n`` for MAMBA).
 * ``mamba_cow``: ``match_prefix(..., cow_mamba=True, req=...)`` with a
@@ -54,6 +63,7 @@ What 0.5.9 cannot express (those laws are skipped and reported):
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -399,17 +409,26 @@ class LegacyMambaAdapter(_LegacyAdapter):
             token_to_kv_pool_allocator=self.allocator,
             page_size=self.ps,
         )
-        return self.sg.mamba.MambaRadixCache(params)
+        cache = self.sg.mamba.MambaRadixCache(params)
+        self.frees_dups = "prev_prefix_len" in inspect.signature(cache._insert_helper).parameters
+        """Whether this release's insert frees the duplicates past ``prev_prefix_len`` itself (0.5.10 on)."""
+        return cache
 
     @property
     def mamba_pool(self) -> Any:
+        """The state tensors (``MambaPool``)."""
         return self.req_pool.mamba_pool
 
+    @property
+    def mamba_allocator(self) -> Any:
+        """Where Mamba slots are allocated and freed: ``mamba_allocator`` from 0.5.13, ``MambaPool`` before."""
+        return getattr(self.req_pool, "mamba_allocator", None) or self.req_pool.mamba_pool
+
     def alloc_mamba(self, req: int) -> int | None:
-        return alloc_state(self.mamba_pool, req, self.req_mamba)
+        return alloc_state(self.mamba_allocator, req, self.req_mamba)
 
     def free_mamba(self, req: int, slot: int) -> None:
-        free_state(self.mamba_pool, req, slot, self.req_mamba)
+        free_state(self.mamba_allocator, req, slot, self.req_mamba)
 
     def write_mamba(self, slot: int, value: int) -> None:
         self.mamba_pool.mamba_cache.temporal[:, slot] = float(value)
@@ -429,20 +448,25 @@ class LegacyMambaAdapter(_LegacyAdapter):
         if mamba is None:
             raise NotExpressible("SGLang 0.5.9 MambaRadixCache.insert requires a Mamba state (no stateless_insert)")
         protected = self._protected_len(key, slots)
+        extra = {"prev_prefix_len": protected} if self.frees_dups else {}
         r = self.cache.insert(
             self.sg.base.InsertParams(
                 key=self._key(key),
                 value=torch.tensor(slots, dtype=torch.int64),
                 mamba_value=torch.tensor([mamba], dtype=torch.int64),
+                **extra,
             )
         )
         prefix_len = int(r.prefix_len)
         dups = slots[protected:prefix_len]
         dup_mamba = mamba if r.mamba_exist else None
-        self.req_kv.setdefault(req, set()).difference_update(set(slots) - set(dups))
+        held = self.req_kv.setdefault(req, set())
+        held.difference_update(set(slots) - set(dups))
+        if self.frees_dups:
+            held.difference_update(dups)
         if dup_mamba is None:
             self.req_mamba.setdefault(req, set()).discard(mamba)
-        return Inserted(prefix_len, dups, dup_mamba)
+        return Inserted(prefix_len, dups, dup_mamba, dups if self.frees_dups else ())
 
     def evict(self, component: Component, n: int) -> int:
         if component is MAMBA:
@@ -485,7 +509,7 @@ class LegacyMambaAdapter(_LegacyAdapter):
         full, end, owners = self._base_snapshot()
         states, mamba_owners, mamba_ref, cached = self.mamba_tree()
         prefix = PrefixCache(self.ps, None, True, full, frozenset(), states)  # type: ignore[arg-type]
-        pool = self.mamba_pool
+        pool = self.mamba_allocator
         mamba_ledger = ledger(
             "mamba", pool.size, 1, [int(x) for x in pool.free_slots.tolist()], mamba_owners, self.req_mamba
         )
