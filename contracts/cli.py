@@ -231,11 +231,23 @@ def check(
             budget = parse_duration(for_)
         except ValueError as err:
             _fail_usage(str(err))
-    if (jobs_n > 1 or seeds > 1 or budget is not None) and probe is not None:
-        _fail_usage("--jobs/--seeds/--for run campaigns of the reference suites; check an adapter without them")
     if jobs_n > 1 or seeds > 1 or budget is not None:
         _campaign(
-            jobs, profile, examples, steps, seed, contracts, faults_on, db, jobs_n, seeds, budget, as_json, kept_first
+            jobs,
+            profile,
+            examples,
+            steps,
+            seed,
+            contracts,
+            faults_on,
+            db,
+            jobs_n,
+            seeds,
+            budget,
+            as_json,
+            kept_first,
+            probe,
+            unsupported,
         )
     register_profiles()
     overrides: dict[str, object] = {}
@@ -330,13 +342,17 @@ def _campaign(
     seconds: float | None,
     as_json: bool,
     kept: bool = True,
+    probe: _Probe | None = None,
+    unsupported: dict[str, str] | None = None,
 ) -> NoReturn:
     """``--jobs``/``--seeds``/``--for``: every (suite, model) for each seed, over worker processes, merged.
 
     Stops handing out jobs at the first violation (shrunk in the worker that found it) or when time is up;
     each (suite, model) row adds up its seeds' examples, steps and time and keeps its first violation.
+    With ``probe`` (``--adapter``) the jobs check that adapter; the models it declines are reported skipped.
     """
     import random
+    from dataclasses import replace
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -344,6 +360,10 @@ def _campaign(
     from kvledger.contracts.machines.runner import CheckResult
 
     spec = C.RunSpec(profile, examples, steps, contracts, tuple(faults_on), None if db is None else str(db), kept)
+    declined = unsupported or {}
+    if probe is not None:
+        spec = replace(spec, adapter=probe.spec, system=probe.system, set_aside=tuple(sorted(probe.set_aside)))
+        pairs = [(s, m) for s, m in pairs if m not in declined]
     drawn = C.fresh_seeds(random.Random(seed)) if seconds is not None else iter(C.seeds_for(seed, seeds))
     console = Console(stderr=True, highlight=False)
     with Progress(
@@ -369,15 +389,20 @@ def _campaign(
     for job, r in done:
         key = (job.suite, job.model)
         seeds_run.setdefault(key, []).append(job.seed)
-        m = merged.setdefault(key, CheckResult(job.suite, job.model, r.rules))
+        m = merged.setdefault(key, CheckResult(job.suite, job.model, r.rules, skipped=list(r.skipped)))
         m.examples, m.steps, m.seconds = m.examples + r.examples, m.steps + r.steps, m.seconds + r.seconds
         if m.violation is None and r.violation is not None:
             m.violation = r.violation
     results = list(merged.values())
     ok = all(r.ok for r in results)
+    if probe is not None:
+        for m, why in declined.items():
+            results.append(CheckResult(probe.suite, m, [], skipped=[f"model not supported by the adapter: {why}"]))
+            seeds_run[(probe.suite, m)] = []
     if as_json:
         payload = {
             "ok": ok,
+            "adapter": probe.name if probe is not None else "kvledger-reference",
             "campaign": {"workers": workers, "jobs": len(done), "seconds": seconds},
             "faults": faults_on,
             "examples": sum(r.examples for r in results),
@@ -391,7 +416,7 @@ def _campaign(
         typer.echo(json.dumps(payload, indent=2))
     else:
         out = Console()
-        _print_table(out, results, faults_on, None)
+        _print_table(out, results, faults_on, probe.name if probe is not None else None)
         out.print(f"campaign: {len(done)} jobs on {workers} worker(s)", highlight=False)
     raise typer.Exit(0 if ok else 1)
 
@@ -550,31 +575,20 @@ def _adapter_run(
     database: ExampleDatabase | None = None,
 ) -> CheckResult:
     """Run the suite's machine for ``model`` on an adapter; unsupported models and capabilities are skipped."""
-    from kvledger.contracts.adapters.protocol import skipped_rules
-    from kvledger.contracts.adapters.system import skipped_system_rules
-    from kvledger.contracts.machines.cache import machine_for_cache
+    from kvledger.contracts.machines.campaign import check_adapter_model
     from kvledger.contracts.machines.regression import render
-    from kvledger.contracts.machines.runner import CheckResult, run_machine
-    from kvledger.contracts.machines.suites import SUITES
-    from kvledger.contracts.machines.system import machine_for_system
+    from kvledger.contracts.machines.runner import CheckResult
 
     if unsupported is not None:
         return CheckResult(probe.suite, model, [], skipped=[f"model not supported by the adapter: {unsupported}"])
     config = probe.configs()[model]
-    caps = probe.build(config, model).capabilities
 
     def regression(rule: str, lines: list[str]) -> str:
         return render(probe.suite, model, faults_on, rule, lines, adapter=probe.spec, set_aside=probe.set_aside)
 
-    build = machine_for_system if probe.system else machine_for_cache
-    machine = build(lambda: probe.build(config, model))
-    rules = list(SUITES[probe.suite].rules)
-    result = run_machine(
-        probe.suite, model, machine, rules, run_settings, seed, regression, progress, database=database
+    return check_adapter_model(
+        lambda: probe.build(config, model), probe.system, model, run_settings, seed, regression, progress, database
     )
-    result.skipped = skipped_system_rules(caps) if probe.system else skipped_rules(caps)
-    result.rules = [r for r in result.rules if r not in result.skipped]
-    return result
 
 
 class _CheckDisplay:

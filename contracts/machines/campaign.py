@@ -10,6 +10,10 @@ there, so a failure found tonight is replayed first tomorrow.
 
 A worker is a fresh (spawned) interpreter: it installs the contract tier and
 the faults itself, so nothing depends on what the parent process imported.
+With ``--adapter`` the jobs check an engine's adapter instead of the reference
+suites: the worker loads the same factory by its spec (an alias or
+``package.module:factory``), so a campaign runs in the engine's environment
+(the workers are that interpreter) and engine imports are paid once per worker.
 """
 
 from __future__ import annotations
@@ -57,6 +61,62 @@ class RunSpec:
     faults: tuple[str, ...] = ()
     database: str | None = None
     kept: bool = True  # replay the kept programs before each job's search
+    adapter: str | None = None
+    """An adapter factory's spec (``--adapter``): the jobs check it instead of the reference suites."""
+    system: bool = False
+    """``adapter`` names a request-level system adapter (``--suite system``), else a cache adapter."""
+    set_aside: tuple[str, ...] = ()
+    """Capabilities the adapter is checked without (``--set-aside``)."""
+
+
+def check_adapter_model(
+    build: Callable[[], Any],
+    system: bool,
+    model: str,
+    run_settings: Any,
+    seed: int | None,
+    regression: Callable[[str, list[str]], str],
+    progress: Any = None,
+    database: Any = None,
+) -> CheckResult:
+    """Run the cache (or system) machine for ``model`` on the adapters ``build`` makes; skipped laws reported.
+
+    Shared by ``kvledger check --adapter`` and the campaign workers: the laws an
+    adapter's capabilities cannot express are listed in ``skipped`` and left out of ``rules``.
+    """
+    from kvledger.contracts.adapters.protocol import skipped_rules
+    from kvledger.contracts.adapters.system import skipped_system_rules
+    from kvledger.contracts.machines.cache import machine_for_cache
+    from kvledger.contracts.machines.runner import run_machine
+    from kvledger.contracts.machines.suites import SUITES
+    from kvledger.contracts.machines.system import machine_for_system
+
+    suite = "system" if system else "cache"
+    caps = build().capabilities
+    machine = (machine_for_system if system else machine_for_cache)(build)
+    result = run_machine(
+        suite, model, machine, list(SUITES[suite].rules), run_settings, seed, regression, progress, database=database
+    )
+    result.skipped = skipped_system_rules(caps) if system else skipped_rules(caps)
+    result.rules = [r for r in result.rules if r not in result.skipped]
+    return result
+
+
+def adapter_builder(spec: RunSpec, model: str) -> Callable[[], Any]:
+    """What builds ``spec.adapter``'s adapters for ``model`` in a worker (the parent validated the spec)."""
+    from kvledger.contracts.adapters.protocol import load_factory, set_aside
+    from kvledger.contracts.adapters.system import load_system_factory
+    from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_CONFIGS
+
+    assert spec.adapter is not None
+    factory = load_system_factory(spec.adapter) if spec.system else load_factory(spec.adapter)
+    config = (SYSTEM_CONFIGS if spec.system else CACHE_MODELS)[model]
+
+    def build() -> Any:
+        made = factory(config)
+        return set_aside(made, frozenset(spec.set_aside)) if spec.set_aside else made
+
+    return build
 
 
 def run_job(spec: RunSpec, job: Job) -> dict[str, Any]:
@@ -83,23 +143,31 @@ def run_job(spec: RunSpec, job: Job) -> dict[str, Any]:
     bindings.install(spec.contracts)  # type: ignore[arg-type]
     faults.enable(*spec.faults)
     try:
-        suite = SUITES[job.suite]
 
         def regression(rule: str, lines: list[str]) -> str:
-            return render(job.suite, job.model, list(spec.faults), rule, lines)
+            extra: dict[str, Any] = {}
+            if spec.adapter is not None:
+                extra = {"adapter": spec.adapter, "set_aside": frozenset(spec.set_aside)}
+            return render(job.suite, job.model, list(spec.faults), rule, lines, **extra)
 
-        machine = suite.models[job.model]()
-        result = run_machine(
-            job.suite,
-            job.model,
-            machine,
-            list(suite.rules),
-            run_settings,
-            job.seed,
-            regression,
-            database=database,
-            kept=kept_for(job.suite, job.model) if spec.kept else (),
-        )
+        if spec.adapter is not None:
+            build = adapter_builder(spec, job.model)
+            result = check_adapter_model(
+                build, spec.system, job.model, run_settings, job.seed, regression, database=database
+            )
+        else:
+            suite = SUITES[job.suite]
+            result = run_machine(
+                job.suite,
+                job.model,
+                suite.models[job.model](),
+                list(suite.rules),
+                run_settings,
+                job.seed,
+                regression,
+                database=database,
+                kept=kept_for(job.suite, job.model) if spec.kept else (),
+            )
     finally:
         faults.disable()
         bindings.uninstall()

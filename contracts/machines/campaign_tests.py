@@ -12,8 +12,11 @@ jobs on pytest-xdist's workers, local or remote (``pip install
 and ``models`` (comma-separated; default every one), ``seeds`` (``A:B``, the
 half-open range; default ``0:8``), ``profile``, ``examples``, ``steps``,
 ``contracts``, ``faults`` (comma-separated) and ``db`` (a database path on
-each worker). A failing job fails its test with the law and the shrunk
-program; ``-x`` stops the campaign at the first.
+each worker); ``adapter`` (an ``--adapter`` spec: the jobs check that engine
+adapter in the ``cache`` suite, or in ``system`` with ``suites=system``) and
+``set_aside`` (comma-separated capabilities it is checked without). A failing
+job fails its test with the law and the shrunk program; ``-x`` stops the
+campaign at the first.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from kvledger.contracts.machines.profiles import PROFILES
 from kvledger.contracts.tiers import LEVELS
 from kvledger.impl.faults import FAULTS
 
-KEYS = frozenset({"suites", "models", "seeds", "profile", "examples", "steps", "contracts", "faults", "db"})
+KEYS = frozenset(
+    {"suites", "models", "seeds", "profile", "examples", "steps", "contracts", "faults", "db", "adapter", "set_aside"}
+)
 
 
 def parse_campaign(text: str) -> tuple[RunSpec, list[Job]]:
@@ -38,23 +43,19 @@ def parse_campaign(text: str) -> tuple[RunSpec, list[Job]]:
     fields: dict[str, str] = {}
     for part in text.split():
         key, sep, value = part.partition("=")
-        if not sep or key not in {
-            "suites",
-            "models",
-            "seeds",
-            "profile",
-            "examples",
-            "steps",
-            "contracts",
-            "faults",
-            "db",
-        }:
+        if not sep or key not in KEYS:
             raise ValueError(f"KVLEDGER_CAMPAIGN: cannot read {part!r} (expected key=value with a known key)")
         fields[key] = value
-    suites = [s for s in fields.get("suites", ",".join(SUITES)).split(",") if s]
+    adapter = fields.get("adapter") or None
+    suites = [s for s in fields.get("suites", "cache" if adapter else ",".join(SUITES)).split(",") if s]
     for s in suites:
         if s not in SUITES:
             raise ValueError(f"KVLEDGER_CAMPAIGN: unknown suite {s!r}; expected one of {', '.join(SUITES)}")
+    if adapter is not None and suites not in (["cache"], ["system"]):
+        raise ValueError(f"KVLEDGER_CAMPAIGN: adapter={adapter} checks one suite: suites=cache or suites=system")
+    set_aside = tuple(c for c in fields.get("set_aside", "").split(",") if c)
+    if set_aside and adapter is None:
+        raise ValueError("KVLEDGER_CAMPAIGN: set_aside takes capabilities from an adapter (adapter=...)")
     models = [m for m in fields.get("models", "").split(",") if m]
     lo, sep, hi = fields.get("seeds", "0:8").partition(":")
     if not sep or not lo.isdigit() or not hi.isdigit() or int(hi) <= int(lo):
@@ -75,6 +76,9 @@ def parse_campaign(text: str) -> tuple[RunSpec, list[Job]]:
         contracts=fields.get("contracts", "on"),
         faults=faults,
         database=fields.get("db") or None,
+        adapter=adapter,
+        system=suites == ["system"],
+        set_aside=set_aside,
     )
     return spec, list(jobs_for(pairs, range(int(lo), int(hi))))
 

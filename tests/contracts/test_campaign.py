@@ -123,4 +123,43 @@ def test_check_runs_a_campaign_from_the_command_line() -> None:
     assert payload["campaign"]["jobs"] == 3 and sorted(payload["results"][0]["seeds"]) == [0, 1, 2]
     bad = runner.invoke(app, ["check", "--for", "soon"])
     assert bad.exit_code == 2 and "positive duration" in bad.output
-    assert runner.invoke(app, ["check", "--adapter", "reference", "--jobs", "2"]).exit_code == 2
+
+
+def test_a_campaign_checks_an_adapter_from_the_command_line() -> None:
+    """``--adapter`` with ``--jobs``/``--seeds``: each worker loads the adapter by its spec; a law it breaks stops
+    the campaign with the adapter's regression program, and the laws its capabilities lack are reported skipped."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvledger.contracts.cli import app
+
+    runner = CliRunner()
+    base = ["check", "--adapter", "reference", "--model", "full", "--jobs", "2", "--seeds", "2", "--json"]
+    held = runner.invoke(app, [*base, "--examples", "2", "--set-aside", "lru"])
+    assert held.exit_code == 0, held.output
+    payload = json.loads(held.output[held.output.index("{") :])
+    assert payload["campaign"]["jobs"] == 2
+    (row,) = payload["results"]
+    assert row["suite"] == "cache" and sorted(row["seeds"]) == [0, 1] and row["examples"] == 4
+    assert "inv_lru_detached" in row["skipped"] and "inv_lru_detached" not in row["rules"]
+    broken = runner.invoke(app, [*base, "--fault", "B1", "--examples", "30"])
+    assert broken.exit_code == 1, broken.output
+    failed = json.loads(broken.output[broken.output.index("{") :])
+    (v,) = failed["violations"]
+    assert v["rule"] in FAULTS["B1"].laws, v
+    program = failed["results"][0]["violation"]["program"]
+    assert "load_factory('reference')" in program, program
+
+
+def test_campaign_settings_name_an_adapter() -> None:
+    from kvledger.contracts.machines.campaign_tests import parse_campaign
+
+    spec, jobs = parse_campaign("adapter=reference set_aside=lru seeds=0:2 models=full")
+    assert (spec.adapter, spec.system, spec.set_aside) == ("reference", False, ("lru",))
+    assert jobs == [Job("cache", "full", 0), Job("cache", "full", 1)]
+    spec, _ = parse_campaign("adapter=reference suites=system seeds=0:1 models=full")
+    assert spec.system
+    for bad in ("adapter=reference suites=pools", "adapter=reference suites=cache,system", "set_aside=lru"):
+        with pytest.raises(ValueError, match="KVLEDGER_CAMPAIGN"):
+            parse_campaign(bad)
