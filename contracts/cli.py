@@ -396,9 +396,9 @@ def _campaign(
     results = list(merged.values())
     ok = all(r.ok for r in results)
     if probe is not None:
-        for m, why in declined.items():
-            results.append(CheckResult(probe.suite, m, [], skipped=[f"model not supported by the adapter: {why}"]))
-            seeds_run[(probe.suite, m)] = []
+        for name, why in declined.items():
+            results.append(CheckResult(probe.suite, name, [], skipped=[f"model not supported by the adapter: {why}"]))
+            seeds_run[(probe.suite, name)] = []
     if as_json:
         payload = {
             "ok": ok,

@@ -109,8 +109,8 @@ def adapter_builder(spec: RunSpec, model: str) -> Callable[[], Any]:
     from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_CONFIGS
 
     assert spec.adapter is not None
-    factory = load_system_factory(spec.adapter) if spec.system else load_factory(spec.adapter)
-    config = (SYSTEM_CONFIGS if spec.system else CACHE_MODELS)[model]
+    factory: Callable[[Any], Any] = load_system_factory(spec.adapter) if spec.system else load_factory(spec.adapter)
+    config: Any = SYSTEM_CONFIGS[model] if spec.system else CACHE_MODELS[model]
 
     def build() -> Any:
         made = factory(config)
