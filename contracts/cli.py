@@ -393,6 +393,7 @@ def _campaign(
         m.examples, m.steps, m.seconds = m.examples + r.examples, m.steps + r.steps, m.seconds + r.seconds
         if m.violation is None and r.violation is not None:
             m.violation = r.violation
+        m.cut = m.cut or r.cut
     results = list(merged.values())
     ok = all(r.ok for r in results)
     if probe is not None:
@@ -417,7 +418,9 @@ def _campaign(
     else:
         out = Console()
         _print_table(out, results, faults_on, probe.name if probe is not None else None)
-        out.print(f"campaign: {len(done)} jobs on {workers} worker(s)", highlight=False)
+        cut = sum(r.cut for _, r in done)
+        ended = f"; {cut} stopped when the time was up" if cut else ""
+        out.print(f"campaign: {len(done)} jobs on {workers} worker(s){ended}", highlight=False)
     raise typer.Exit(0 if ok else 1)
 
 

@@ -24,7 +24,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from typing import Any
 
@@ -67,6 +67,8 @@ class RunSpec:
     """``adapter`` names a request-level system adapter (``--suite system``), else a cache adapter."""
     set_aside: tuple[str, ...] = ()
     """Capabilities the adapter is checked without (``--set-aside``)."""
+    stop_at: float | None = None
+    """A ``time.time()`` after which a job starts no new example (``--for``: set by :func:`run_campaign`)."""
 
 
 def check_adapter_model(
@@ -78,6 +80,7 @@ def check_adapter_model(
     regression: Callable[[str, list[str]], str],
     progress: Any = None,
     database: Any = None,
+    stop_at: float | None = None,
 ) -> CheckResult:
     """Run the cache (or system) machine for ``model`` on the adapters ``build`` makes; skipped laws reported.
 
@@ -94,8 +97,9 @@ def check_adapter_model(
     suite = "system" if system else "cache"
     caps = build().capabilities
     machine = (machine_for_system if system else machine_for_cache)(build)
+    rules = list(SUITES[suite].rules)
     result = run_machine(
-        suite, model, machine, list(SUITES[suite].rules), run_settings, seed, regression, progress, database=database
+        suite, model, machine, rules, run_settings, seed, regression, progress, database=database, stop_at=stop_at
     )
     result.skipped = skipped_system_rules(caps) if system else skipped_rules(caps)
     result.rules = [r for r in result.rules if r not in result.skipped]
@@ -153,7 +157,14 @@ def run_job(spec: RunSpec, job: Job) -> dict[str, Any]:
         if spec.adapter is not None:
             build = adapter_builder(spec, job.model)
             result = check_adapter_model(
-                build, spec.system, job.model, run_settings, job.seed, regression, database=database
+                build,
+                spec.system,
+                job.model,
+                run_settings,
+                job.seed,
+                regression,
+                database=database,
+                stop_at=spec.stop_at,
             )
         else:
             suite = SUITES[job.suite]
@@ -167,6 +178,7 @@ def run_job(spec: RunSpec, job: Job) -> dict[str, Any]:
                 regression,
                 database=database,
                 kept=kept_for(job.suite, job.model) if spec.kept else (),
+                stop_at=spec.stop_at,
             )
     finally:
         faults.disable()
@@ -181,7 +193,15 @@ def from_json(d: dict[str, Any]) -> CheckResult:
     v = d.get("violation")
     violation = None if v is None else Violation(v["rule"], v["message"], list(v["steps"]), v["program"])
     return CheckResult(
-        d["suite"], d["model"], list(d["rules"]), d["examples"], d["steps"], d["seconds"], violation, list(d["skipped"])
+        d["suite"],
+        d["model"],
+        list(d["rules"]),
+        d["examples"],
+        d["steps"],
+        d["seconds"],
+        violation,
+        list(d["skipped"]),
+        cut=bool(d.get("cut", False)),
     )
 
 
@@ -226,8 +246,11 @@ def run_campaign(
     """Run ``jobs`` over ``workers`` spawned processes; stop handing out jobs when time is up or a law broke.
 
     Returns every finished job with its result, in the order they finished
-    (the first violation found is the first failing entry).
+    (the first violation found is the first failing entry). With ``seconds``, the jobs running when the
+    time is up start no new example (each ends after the one it is running, or after shrinking a violation).
     """
+    if seconds is not None:
+        spec = replace(spec, stop_at=time.time() + seconds)
     start = time.perf_counter()
     pending = iter(jobs)
     results: list[tuple[Job, CheckResult]] = []

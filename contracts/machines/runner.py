@@ -154,6 +154,8 @@ class CheckResult:
     skipped: list[str] = field(default_factory=list)
     shrink_runs: int = 0
     kept: int = 0
+    cut: bool = False
+    """The run stopped before the profile's examples were drawn: a campaign's time was up (``--for``)."""
 
     @property
     def ok(self) -> bool:
@@ -165,6 +167,15 @@ class CheckResult:
         if self.violation is not None:
             out["violation"]["length"] = self.violation.length
         return out
+
+
+class OutOfTime(KeyboardInterrupt):
+    """A campaign's time is up: raised before an example starts, so no example is cut in the middle.
+
+    A ``KeyboardInterrupt`` because that is the one exception Hypothesis lets through at once, without
+    replaying the example or calling the test flaky; a run that found a violation is never stopped (its
+    shrinking goes on to the end).
+    """
 
 
 class Scoped(ExampleDatabase):
@@ -192,7 +203,10 @@ Progress = Callable[[int, int, bool], None]
 
 
 def counted(
-    machine: type[RuleBasedStateMachine], progress: Progress | None = None, watchdog: Watchdog | None = None
+    machine: type[RuleBasedStateMachine],
+    progress: Progress | None = None,
+    watchdog: Watchdog | None = None,
+    stop_at: float | None = None,
 ) -> tuple[type[RuleBasedStateMachine], dict[str, int]]:
     """A subclass of ``machine`` that counts what ``--examples``/``--steps`` promise.
 
@@ -202,12 +216,15 @@ def counted(
     ``steps``: rules those examples ran. The counting overrides Hypothesis'
     invariant check instead of adding an invariant, so printed programs show
     only the machine's own calls. With ``watchdog``, each example's
-    construction and each step (a rule and the laws after it) runs under its deadline.
+    construction and each step (a rule and the laws after it) runs under its deadline. With ``stop_at``
+    (a ``time.time()``), no example starts after it unless a violation is being shrunk (:class:`OutOfTime`).
     """
     counts = {"examples": 0, "steps": 0, "shrink_runs": 0, "found": 0}
 
     class Counted(machine):  # type: ignore[valid-type,misc]
         def __init__(self) -> None:
+            if stop_at is not None and not counts["found"] and time.time() >= stop_at:
+                raise OutOfTime
             self._kvl_checks = 0
             self._kvl_checking = False
             super().__init__()
@@ -377,6 +394,7 @@ def run_machine(
     database: ExampleDatabase | None = None,
     step_timeout: float = STEP_TIMEOUT,
     kept: Sequence[Kept] = (),
+    stop_at: float | None = None,
 ) -> CheckResult:
     """Run ``machine`` under ``settings``; return what happened (never raises for a violation).
 
@@ -386,6 +404,8 @@ def run_machine(
     keeps failing examples between runs (``None``: nowhere); ``step_timeout``:
     seconds a step may run before it fails as a hang (0: no watchdog); ``kept``: programs replayed before the
     search (:mod:`kvledger.contracts.machines.kept`); the first one that breaks a law is the verdict.
+    ``stop_at``: a ``time.time()`` after which no new example starts (a campaign's ``--for``); a run
+    stopped so holds with what it ran, marked ``cut``.
     """
     result = CheckResult(suite, model, rules)
     watchdog = Watchdog(step_timeout)
@@ -401,7 +421,7 @@ def run_machine(
         result.violation = Violation(rule, f"{message}\n(kept program: {first.origin})", steps, text)
         result.seconds = time.perf_counter() - start
         return result
-    counted_machine, counts = counted(machine, progress, watchdog)
+    counted_machine, counts = counted(machine, progress, watchdog, stop_at)
     saved_seed = hypothesis.core.global_force_seed
     saved_random = hypothesis.core.threadlocal._hypothesis_global_random
     if database is None:
@@ -419,6 +439,8 @@ def run_machine(
                 counted_machine,
                 settings=Settings(settings, database=database, print_blob=False, report_multiple_bugs=False),
             )
+    except OutOfTime:
+        result.cut = True
     except (AssertionError, Exception, Flaky) as err:
         notes = "\n".join(getattr(err, "__notes__", []))
         steps = parse_counterexample(notes)

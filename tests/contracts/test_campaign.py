@@ -72,6 +72,35 @@ def test_a_timed_campaign_draws_fresh_seeds_until_time_is_up() -> None:
     assert results and len({j.seed for j, _ in results}) == len(results) and all(r.ok for _, r in results)
 
 
+def test_a_timed_campaign_stops_its_running_jobs_when_time_is_up() -> None:
+    """``--for`` bounds the campaign, not only the hand-out of jobs: a job running when time is up starts no
+    new example (a ``thorough`` job would otherwise run its 1,000 examples to the end)."""
+    spec = RunSpec(profile="thorough")
+    results = run_campaign(spec, jobs_for([("pools", "token")], fresh_seeds(random.Random(2))), 2, seconds=2.0)
+    assert results and all(r.ok and r.cut for _, r in results), [(r.examples, r.cut) for _, r in results]
+    assert all(r.examples < 1000 for _, r in results)
+
+
+def test_a_run_past_its_stop_time_starts_no_example() -> None:
+    import time
+
+    from hypothesis import settings
+
+    from kvledger.contracts.machines.profiles import register_profiles
+    from kvledger.contracts.machines.runner import run_machine
+    from kvledger.contracts.machines.suites import SUITES
+
+    register_profiles()
+    suite = SUITES["pools"]
+    machine = suite.models["token"]()
+    run = run_machine("pools", "token", machine, list(suite.rules), settings.get_profile("ci"), 0, stop_at=time.time())
+    assert run.ok and run.cut and run.examples == 0 and run.steps == 0
+    whole = run_machine(
+        "pools", "token", machine, list(suite.rules), settings(settings.get_profile("ci"), max_examples=3)
+    )
+    assert whole.ok and not whole.cut and whole.examples == 3
+
+
 def test_run_job_in_process_reports_its_seed() -> None:
     out = run_job(RunSpec(examples=2, steps=5), Job("pools", "token", 3))
     assert out["seed"] == 3 and out["ok"] and out["examples"] >= 1
