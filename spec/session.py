@@ -11,7 +11,8 @@ ping-pong track buffers) of the last request. The laws:
   ``prefix_len`` rounded *up* to a page boundary (a paged allocator frees
   whole pages and the partial page still holds committed tokens); the
   remainder ``[prefix_len, start)`` stays with the row;
-* **release on close** — closing frees everything the session holds;
+* **release on close** — closing frees everything the session holds, at once or, while a turn
+  still runs on its memory, when that turn ends (``inv_released_on_close``);
 * **held equals recorded** — what the ledgers say the session holds is exactly
   what its slot records (``inv_session_holds_recorded``).
 
@@ -23,6 +24,7 @@ ping-pong track buffers) of the last request. The laws:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import icontract
@@ -153,6 +155,19 @@ def resume(s: SessionSlot, prefix_len: int, page_size: int) -> ResumePlan:
 def close(s: SessionSlot) -> tuple[SessionSlot, ResumePlan]:
     """Close: everything the session holds is released (row, every KV slot, Mamba state and track buffers)."""
     return new_session(s.sid), ResumePlan(0, s.row, (), s.kv, s.mamba)
+
+
+def inv_released_on_close(ledgers: Mapping[str, Ledger], sid: int) -> bool:
+    """Release on close: once a session is closed with no turn of it running, it holds nothing in any pool.
+
+    (An engine may defer the release while a turn runs on the session's memory; with none running, nothing
+    is left to wait for.)
+
+    >>> kv = Ledger("kv", 4, frozenset({0, 1}), {session(1): frozenset({2, 3})})
+    >>> inv_released_on_close({"kv": kv}, 1), inv_released_on_close({"kv": kv}, 2)
+    (False, True)
+    """
+    return all(not held_by(lg, session(sid)) for lg in ledgers.values())
 
 
 def inv_session_holds_recorded(

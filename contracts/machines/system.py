@@ -554,6 +554,15 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                     if self.last.requests[r].session == sid:
                         self.sys.abort(r)
             self.sys.close_session(sid)
+            after = self.sys.snapshot()
+            turning = [r.rid for r in after.requests.values() if r.session == sid and r.status == "running"]
+            if not turning and not S.inv_released_on_close(after.ledgers, sid):
+                kept = {name: sorted(L.held_by(lg, session(sid))) for name, lg in after.ledgers.items()}
+                raise _fail(
+                    "inv_released_on_close",
+                    f"session {sid} was closed with no turn running and still holds "
+                    + ", ".join(f"{name} {xs}" for name, xs in kept.items() if xs),
+                )
 
         @precondition(lambda self: self.has("evict"))
         @rule(comp=st.sampled_from([Component.FULL, Component.MAMBA]), n=st.integers(1, 8))

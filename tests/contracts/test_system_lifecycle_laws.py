@@ -156,3 +156,18 @@ def test_a_rollback_that_keeps_the_match_length_is_caught(monkeypatch: pytest.Mo
     m.add_request(prompt=0, suffix=[3, 3, 3], sid=None, budget=1)
     with pytest.raises(AssertionError, match="inv_waiting_blank: waiting request"):
         m.inv_all_laws()
+
+
+def test_a_close_that_keeps_the_sessions_memory_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvledger.impl.session import Sessions
+
+    real = Sessions.close
+
+    def close(self: Sessions, sid: int) -> None:
+        if self.slots[sid].row is None:
+            real(self, sid)  # BUG: a session holding memory is never released (its close deferred forever)
+
+    monkeypatch.setattr(Sessions, "close", close)
+    result = run("paged")
+    assert result.violation is not None and result.violation.rule == "inv_released_on_close", result.violation
+    assert "was closed with no turn running and still holds" in result.violation.message

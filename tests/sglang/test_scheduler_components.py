@@ -276,6 +276,59 @@ def test_finding_0_5_13_a_third_turn_beside_the_first_leaks_the_first_turns_row(
 
 
 @needs_components
+@pytest.mark.parametrize("model", ["full", "paged"])
+def test_a_session_closed_after_its_waiting_turn_is_aborted_releases_its_memory(model: str) -> None:
+    """Found by a campaign on 0.5.13 (``--suite system --adapter sglang-0.5.13-system --for 8m``; this is its
+    program cut to the close): a session's next turn is sent while another request runs, waits, and is
+    aborted, and the session is closed.
+
+    0.5.13 marks a streaming session in flight when the turn is created (``Session._inflight``); a turn
+    aborted while waiting is popped from the queue and nothing clears the flag (``abort_req`` runs only on
+    a turn's finish path). So ``close`` defers the release to a turn that will never finish: the session's
+    row and KV are kept for good (``inv_released_on_close``), and every later turn of it is refused
+    ("already has an active request"). SGLang's own idle check does not see it (the slot still names
+    the memory). 0.5.23 releases at once.
+    """
+    state = machine_for_system(lambda: _adapter(MODELS[model]))()
+    state.inv_all_laws()
+    state.add_request(budget=64, prompt=0, sid=1, suffix=[])
+    state.finish(pick=0)
+    state.inv_all_laws()
+    state.add_request(budget=64, prompt=0, sid=None, suffix=[])
+    state.add_request(budget=64, prompt=0, sid=1, suffix=[])
+    state.inv_all_laws()
+    assert [(v.status, v.session) for v in state.last.requests.values()][-1] == ("waiting", 1)
+    if TESTED is EARLY_COMPONENTS:
+        with pytest.raises(AssertionError, match=r"inv_released_on_close: session 1 was closed with no turn running"):
+            state.close_session(sid=1)
+        return
+    state.close_session(sid=1)
+    state.inv_all_laws()
+
+
+@needs_components
+def test_a_turn_aborted_while_waiting_is_not_read_as_holding_its_sessions_row() -> None:
+    """The campaign's shrunk program (8 steps), which first failed ``inv_slots_conserved``: the adapter's misreading.
+
+    On 0.5.13 a waiting turn whose match restored its session's slot keeps a copy of the slot's
+    ``req_pool_idx`` after it is aborted; the slot still holds the row. The adapter read the aborted
+    request as a second holder of the session's row and pages; every law holds once it does not.
+    """
+    state = machine_for_system(lambda: _adapter(MODELS["paged"]))()
+    state.inv_all_laws()
+    state.add_request(budget=64, prompt=0, sid=1, suffix=[])
+    state.finish(pick=0)
+    state.add_request(budget=64, prompt=0, sid=None, suffix=[])
+    state.abort(pick=0)
+    state.add_request(budget=64, prompt=0, sid=None, suffix=[])
+    state.add_request(budget=64, prompt=0, sid=1, suffix=[])
+    state.inv_all_laws()
+    state.abort(pick=1)
+    state.inv_all_laws()
+    assert [v.status for v in state.last.requests.values()][-1] == "aborted"
+
+
+@needs_components
 @pytest.mark.slow
 @pytest.mark.parametrize("model", list(MODELS))
 def test_system_machine_on_sglangs_scheduler(model: str) -> None:

@@ -26,7 +26,11 @@ things elsewhere:
   slot keeps naming the row). So a session's record is the slot, or, while a
   turn that restored it waits or runs, that turn's fields: the request
   borrows the session's row (the slot names the same ``req_pool_idx``) and
-  the slot's lengths catch up only when the turn ends.
+  the slot's lengths catch up only when the turn ends. A turn that restored the
+  slot and then ended without giving it back (aborted while waiting: the
+  scheduler pops it from the queue and releases nothing) keeps a stale copy of
+  the slot's ``req_pool_idx``; the slot still holds the row, so such a request
+  is not read as a second holder.
 """
 
 from __future__ import annotations
@@ -110,6 +114,17 @@ class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
 
     def _kv(self, req: Any) -> Any:
         return req  # NOTE: 0.5.13's Req keeps its KV fields itself
+
+    def _live(self, records: dict[int, Any]) -> dict[int, Any]:
+        slots = self.cache.session.slots
+
+        def stale_copy(rid: int, kv: Any) -> bool:
+            sid = self.req_session.get(rid)
+            slot = None if sid is None else slots.get(str(sid))
+            ended = self._status(rid) not in ("waiting", "running")
+            return ended and slot is not None and slot.req_pool_idx == kv.req_pool_idx
+
+        return {rid: kv for rid, kv in super()._live(records).items() if not stale_copy(rid, kv)}
 
     def _records(self) -> dict[int, Any]:
         records: dict[int, Any] = {}
