@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -720,6 +721,22 @@ class SchedulerSystemAdapter:
 
     def close_session(self, sid: int) -> None:
         self.s.close_session(self.m.io.CloseSessionReqInput(session_id=str(sid)))
+        self._reap()
+
+    def _reap(self) -> None:
+        """One pass of the session reaper, as the loop makes it within a second (``maybe_reap`` in
+        ``process_input_requests``): a close deferred to a turn that has since ended completes here.
+
+        NOTE: the reaper runs at most once a second by the wall clock; it is told a second has passed, and its
+        clock is then put back, so the engine's own timing is unchanged.
+        """
+        sc = self.s.session_controller
+        reap = getattr(sc, "maybe_reap", None)
+        if reap is None:
+            return
+        last = sc._last_reap_time
+        reap(time.monotonic() + 2.0)
+        sc._last_reap_time = last
 
     def evict(self, component: Component, n: int) -> int:
         comps = {FULL, *([SWA] if self.config.window is not None else []), *([MAMBA] if self.config.mamba else [])}
