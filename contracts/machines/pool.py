@@ -21,7 +21,15 @@ from hypothesis.control import currently_in_test_context, target
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, rule
 
 from kvledger.contracts.abstraction import AnyPool, abstract, inv_free_stack_matches_tags, pools_of
-from kvledger.contracts.machines.probes import Call, constructor_calls, id_or_junk, owner_or_junk, run_call
+from kvledger.contracts.machines.calls import SCENARIOS, probe
+from kvledger.contracts.machines.probes import (
+    Call,
+    constructor_calls,
+    id_or_junk,
+    owner_or_junk,
+    raised,
+    run_call,
+)
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.req_to_token import ReqToTokenPool
@@ -89,14 +97,6 @@ def _transfer(pool: AnyPool, idx: torch.Tensor, src: Owner, dst: Owner) -> None:
         pool.pool.transfer(idx, src, dst)
     else:
         pool.transfer(idx, src, dst)
-
-
-def _raised(call: Callable[[], object]) -> BaseException | None:
-    try:
-        call()
-    except Exception as err:
-        return err
-    return None
 
 
 def _data(pool: AnyPool) -> torch.Tensor | None:
@@ -411,17 +411,22 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             before = abstract(self.pool)
             data = _data(self.pool)
             data_before = None if data is None else data.clone()
-            err: BaseException | None = None
-            try:
-                call()
-            except Exception as e:  # NOTE: any exception: an untyped one breaks the law too
-                err = e
+            err = raised(call)
             self._domain(what, False, err)
             if isinstance(err, KVLedgerError) and not inv_names_culprit(err):
                 raise AssertionError(f"inv_names_culprit: {what}: {type(err).__name__} names no slot: {err}")
             assert abstract(self.pool) == before, f"rejected call leaves state unchanged: {what} changed the pool"
             if data is not None and data_before is not None:
                 assert torch.equal(data, data_before), f"rejected call leaves state unchanged: {what} changed data"
+
+        @rule(data=st.data())
+        def public_call(self, data: st.DataObject) -> None:
+            """A public call of a live object built on this kind of pool (``calls.SCENARIOS``: a radix cache with
+            sequences cached, locked and evicted; a memory manager with requests at every stage), one argument
+            drawn from its junk at most: outside its domain refused with a typed error and nothing changed, a
+            reading call inside accepted and nothing changed (``calls.probe``)."""
+            make = data.draw(st.sampled_from(SCENARIOS[kind.name]), label="scenario")
+            probe(make(kind.name, data.draw), data.draw)
 
         @rule(
             chunk=chunks,
@@ -462,7 +467,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 for i in where:
                     t[i % t.numel()] += 1 + (i % 5)  # NOTE: a fingerprint never wraps to itself
             try:
-                err = _raised(check)
+                err = raised(check)
                 if not P.inv_verify_exact(False, err):
                     raise AssertionError(
                         f"inv_verify_exact: chunk {chunk} with {sorted(parts)} changed at {at}: verify "
@@ -471,7 +476,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             finally:
                 for t, old in saved:
                     t.copy_(old)
-            err = _raised(check)
+            err = raised(check)
             if not P.inv_verify_exact(True, err):
                 raise AssertionError(f"inv_verify_exact: chunk {chunk} intact, verify raised {err!r}")
 
