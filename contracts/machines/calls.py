@@ -56,7 +56,18 @@ from kvledger.spec import domains as D
 from kvledger.spec.errors import KVLedgerError, OverAllocation, inv_names_culprit
 from kvledger.spec.types import Component, Owner, request
 
-__all__ = ["SCENARIOS", "Arg", "Method", "Scenario", "probe"]
+__all__ = [
+    "SCENARIOS",
+    "Arg",
+    "Draw",
+    "Method",
+    "Scenario",
+    "cache_scenario",
+    "judge",
+    "manager_scenario",
+    "manager_scenario_of",
+    "probe",
+]
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
 Draw = Callable[[st.SearchStrategy[object]], object]
@@ -78,12 +89,14 @@ class Method:
     """A public call of a live object: how to make it from keyword arguments, and each argument's domain.
 
     ``reads``: inside its domain the call changes nothing (it only answers), so the probe makes it there too.
+    ``weight``: how often it is drawn against the others (a call whose domain depends on much state: more often).
     """
 
     what: str
     call: Callable[..., object]
     args: Mapping[str, Arg]
     reads: bool = False
+    weight: int = 1
 
 
 @dataclass
@@ -254,7 +267,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
         cache.evict(draw(st.sampled_from(cache.components)), draw(st.integers(1, 6)))  # type: ignore[arg-type]
     live = {id(n) for n in cache.nodes()}
     stale = [n for n in seen if id(n) not in live]
-    matches = [(m, k) for m, k in matches if id(m.last_node) in live]
+    matches = [(m, k) for m, k in matches if m.length and id(m.last_node) in live]
     prober = request(90)
     held = kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(0, 3))), prober).tolist()  # type: ignore[operator]
     state = None
@@ -333,6 +346,7 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
                     "key": _arg(_covering_key, _short_key, _covers, after=True),
                 },
                 reads=True,
+                weight=3,
             )
         )
         states = [(m, k) for m, k in c.matches if m.mamba_slot is not None]
@@ -345,6 +359,7 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
                         "match": _arg(st.sampled_from(states), st.sampled_from([None, 1]), _is_match(cache)),
                         "owner": _arg(st.just(request(92)), owner_or_junk(), D.is_owner),
                     },
+                    weight=3,
                 )
             )
     if len(c.held) >= ps:
@@ -426,13 +441,15 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         )
 
     again = own[:ps] * 2 + own[2 * ps :]
+    theirs = [
+        s
+        for s in (swap(foreign), swap(free), swap(cached), st.just(_slots(again)) if pages > 1 else None)
+        if s is not None
+    ]
     bad_values = [
         s
         for s in (
-            swap(foreign),
-            swap(free),
-            swap(cached),
-            st.just(_slots(again)) if pages > 1 else None,
+            st.one_of(*theirs) if theirs else None,  # NOTE: slots it does not hold, or one twice: half the junk
             st.just(_slots(own[:-ps])),
             st.just(_slots(own + own[:ps])),
             st.just(_slots(own).float()),
@@ -474,7 +491,9 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         lambda key, value, owner, mamba_slot: cache.insert(key, value, owner, mamba_slot=mamba_slot),  # type: ignore[arg-type]
         {
             "key": _arg(st.lists(st.integers(1, 3), min_size=n, max_size=n).map(torch.tensor), junk_keys(n), _is_key),
-            "value": _arg(st.just(_slots(own)), st.one_of(*bad_values), value_inside, after=True),
+            "value": _arg(
+                st.just(_slots(own)), st.one_of(bad_values[0], st.one_of(*bad_values[1:])), value_inside, after=True
+            ),
             "owner": _arg(
                 st.just(c.prober), owner_or_junk() | st.sampled_from([*c.others, request(93)]), lambda x: x == c.prober
             ),
@@ -485,6 +504,7 @@ def _insert_method(c: _Cache, ps: int) -> Method:
                 after=True,
             ),
         },
+        weight=4,
     )
 
 
@@ -588,7 +608,7 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
         lambda x: isinstance(x, tuple) and D.is_tokens(list(x)) and 0 < len(x) <= mm.rows.max_context_len,
     )
     methods = [
-        Method("alloc_kv", mm.alloc_kv, {"owner": owner, "n": count}),
+        Method("alloc_kv", mm.alloc_kv, {"owner": owner, "n": count}, weight=2),
         Method("round_up", mm.round_up, {"n": _arg(st.integers(0, 9), count_or_junk(0, 9), D.is_amount)}, reads=True),
         Method(
             "add_request",
@@ -689,7 +709,12 @@ def _end_inside(x: object, d: Drawn) -> bool:
 def manager_scenario(kind: str, draw: Draw) -> Scenario:
     """A memory manager (token or paged KV; a Mamba pool for ``mamba``) with requests at every stage."""
     mm, story = _build_manager(kind, draw)
-    return Scenario("MemoryManager", _manager_methods(mm), lambda: _manager_fingerprint(mm), story)
+    return manager_scenario_of(mm, story)
+
+
+def manager_scenario_of(mm: MemoryManager, story: list[str] | None = None) -> Scenario:
+    """The public calls of the live manager ``mm`` (``story``: how it came to its state)."""
+    return Scenario("MemoryManager", _manager_methods(mm), lambda: _manager_fingerprint(mm), story or [])
 
 
 SCENARIOS: dict[str, tuple[Callable[[str, Draw], Scenario], ...]] = {
@@ -711,7 +736,7 @@ def probe(scenario: Scenario, draw: Draw) -> str:
     Raises ``AssertionError`` naming the law it broke: ``inv_domain_enforced`` (a call outside accepted or
     refused untyped, a reading call inside refused), ``inv_names_culprit``, ``rejected call leaves state
     unchanged`` (a refused call, or a reading one, changed the fingerprint)."""
-    method: Method = draw(st.sampled_from(scenario.methods))  # type: ignore[assignment]
+    method: Method = draw(st.sampled_from([m for m in scenario.methods for _ in range(m.weight)]))  # type: ignore[assignment]
     names = list(method.args)
     broken = draw(st.sampled_from(names if not method.reads else [None, *names]))
     got: dict[str, object] = {}
@@ -723,11 +748,17 @@ def probe(scenario: Scenario, draw: Draw) -> str:
             return f"{scenario.what}.{method.what}: no {'junk' if k == broken else 'valid'} {k} in this state"
         got[k] = draw(strategy)
         inside = inside and arg.inside(got[k], got)
-    what = f"{scenario.what}.{method.what}({', '.join(f'{k}={_show(v)}' for k, v in got.items())})"
     if inside and not method.reads:
-        return what  # NOTE: a valid call that changes the state: the conformance rules make those
+        return f"{scenario.what}.{method.what}: inside"  # NOTE: a valid call that changes state: the rules make those
+    return judge(scenario, method, got, inside)
+
+
+def judge(scenario: Scenario, method: Method, args: Mapping[str, object], inside: bool) -> str:
+    """Make ``method(**args)`` on ``scenario``'s object, ``inside`` its domain or not, and hold it to the law (see
+    :func:`probe`); what was called."""
+    what = f"{scenario.what}.{method.what}({', '.join(f'{k}={_show(v)}' for k, v in args.items())})"
     before = scenario.fingerprint()
-    err = raised(lambda: method.call(**got))
+    err = raised(lambda: method.call(**args))
     story = "; ".join(scenario.story)
     if not D.inv_domain_enforced(inside, err):
         side = "lies in its domain" if inside else "lies outside its domain"
