@@ -224,10 +224,10 @@ def _cache_fingerprint(c: RadixCache) -> object:
 def _build_cache(kind: str, draw: Draw) -> _Cache:
     kv = _kv(kind)
     window = draw(st.integers(1, 4)) if kind == "swa" else None
-    mamba = MambaPool(draw(st.integers(1, 3)), conv_shape=(2,), temporal_shape=(2,)) if kind == "mamba" else None
+    mamba = MambaPool(draw(st.integers(2, 3)), conv_shape=(2,), temporal_shape=(2,)) if kind == "mamba" else None
     cache = RadixCache(kv, swa_window=window, mamba=mamba)
     ps = cache.page_size
-    seqs: list[list[int]] = draw(st.lists(st.lists(st.integers(1, 3), min_size=ps, max_size=6), max_size=4))  # type: ignore[assignment]
+    seqs: list[list[int]] = draw(st.lists(st.lists(st.integers(1, 3), min_size=ps, max_size=6), min_size=1, max_size=4))  # type: ignore[assignment]
     keys, seen = [], list[TreeNode]()
     others: dict[Owner, list[int]] = {}
     for r, seq in enumerate(seqs, 1):
@@ -255,7 +255,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
         seen.extend(n for n in cache.nodes() if n is not cache.root)
     matches: list[tuple[MatchResult, list[int]]] = []
     released: list[LockHandle] = []
-    for key in draw(st.lists(st.sampled_from(keys), max_size=2)) if keys else []:  # type: ignore[union-attr]
+    for key in draw(st.lists(st.sampled_from(keys), min_size=1, max_size=2)) if keys else []:  # type: ignore[union-attr]
         m = cache.match_prefix(torch.tensor(key))
         h = cache.inc_lock_ref(m.last_node)
         if draw(st.booleans()):
@@ -272,7 +272,9 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
     held = kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(0, 3))), prober).tolist()  # type: ignore[operator]
     state = None
     if mamba is not None and mamba.available_size() and draw(st.booleans()):
-        state = int(mamba.alloc(1, prober)[0])
+        # NOTE: the prober takes every state left (a full pool: copy-on-write must then evict), or one
+        states = mamba.alloc(mamba.available_size() if draw(st.booleans()) else 1, prober)
+        state = int(states[0])
     other = request(91)
     others[other] = kv.alloc(min(kv.available_size(), 2 * ps), other).tolist()
     return _Cache(cache, keys, matches, stale, released, prober, held, state, others)

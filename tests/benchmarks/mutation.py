@@ -121,6 +121,12 @@ EQUIVALENT: dict[str, str] = {
         "speed only: without the id table grown to this pool's size, run_start answers -1 (it checks the table's "
         "length) and the pool tags and frees those slots through a fancy index, with the same result"
     ),
+    "impl/lru.py:LRUList.order:len+1:len(self._members)": (
+        "a defensive bound: on a list whose links are whole the walk from the head meets exactly len(members) "
+        "nodes before the tail, so neither bound fires; only a list a second bug corrupted (a node linked twice) "
+        "walks past it, and then the mutant raises one node later (the cache machine's inv_lru_* laws see that "
+        "corruption on their own)"
+    ),
     "impl/tree.py:_size:len+1:len(n)": (
         "only recompute_sizes calls _size: the slow contract tier's oracle (sizes() == recompute_sizes(), "
         "--contracts slow) and tests/impl; no cache or memory-manager path reads it, so the cache's state and "
