@@ -292,8 +292,7 @@ def _comp_arg(cache: RadixCache, any_on: bool = False) -> Arg:
 def _node_arg(c: _Cache, root: bool = True) -> Arg:
     cache = c.cache
     live = [n for n in cache.nodes() if root or n is not cache.root]
-    foreign = RadixCache(TokenAllocator(2)).root  # NOTE: another cache's node
-    junk: list[object] = [*c.stale_nodes, foreign, 0, None, "node"]
+    junk: list[object] = [*c.stale_nodes, _foreign()[0], 0, None, "node"]
     return _arg(
         st.sampled_from(live) if live else None,
         st.sampled_from(junk),
@@ -330,7 +329,7 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
             {
                 "handle": _arg(
                     None,
-                    st.sampled_from([*c.released, _foreign_handle(), 1, None]),
+                    st.sampled_from([*c.released, _foreign()[1], 1, None]),
                     lambda x: isinstance(x, LockHandle) and cache.is_live(x),
                 )
             },
@@ -374,10 +373,15 @@ def _first(x: object) -> object:
     return x[0] if isinstance(x, tuple) and x else x
 
 
-def _foreign_handle() -> LockHandle:
-    """A live handle of another cache."""
-    other = RadixCache(TokenAllocator(2))
-    return other.inc_lock_ref(other.root)
+_FOREIGN: list[tuple[TreeNode, LockHandle]] = []
+
+
+def _foreign() -> tuple[TreeNode, LockHandle]:
+    """A node and a live handle of another cache (one, made once: no probe changes it)."""
+    if not _FOREIGN:
+        other = RadixCache(TokenAllocator(2))
+        _FOREIGN.append((other.root, other.inc_lock_ref(other.root)))
+    return _FOREIGN[0]
 
 
 def _is_key(x: object) -> bool:
