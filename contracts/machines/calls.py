@@ -35,6 +35,7 @@ from array import array
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 import torch
 from hypothesis import strategies as st
@@ -70,7 +71,15 @@ __all__ = [
 ]
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
-Draw = Callable[[st.SearchStrategy[object]], object]
+T = TypeVar("T")
+
+
+class Draw(Protocol):
+    """How a probe draws a value: ``data.draw`` of a Hypothesis rule (``st.data()``)."""
+
+    def __call__(self, strategy: st.SearchStrategy[T], /) -> T: ...
+
+
 Drawn = Mapping[str, object]
 
 
@@ -120,7 +129,7 @@ def _arg(
     arguments, nor does ``inside`` unless ``after`` (then it takes them)."""
     v = valid if callable(valid) and not isinstance(valid, st.SearchStrategy) else (lambda _d, s=valid: s)
     j = junk if callable(junk) and not isinstance(junk, st.SearchStrategy) else (lambda _d, s=junk: s)
-    ins = inside if after else (lambda x, _d, f=inside: f(x))  # type: ignore[misc]
+    ins = inside if after else (lambda x, _d, f=inside: f(x))
     return Arg(v, j, ins)  # type: ignore[arg-type]
 
 
@@ -227,7 +236,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
     mamba = MambaPool(draw(st.integers(2, 3)), conv_shape=(2,), temporal_shape=(2,)) if kind == "mamba" else None
     cache = RadixCache(kv, swa_window=window, mamba=mamba)
     ps = cache.page_size
-    seqs: list[list[int]] = draw(st.lists(st.lists(st.integers(1, 3), min_size=ps, max_size=6), min_size=1, max_size=4))  # type: ignore[assignment]
+    seqs: list[list[int]] = draw(st.lists(st.lists(st.integers(1, 3), min_size=ps, max_size=6), min_size=1, max_size=4))
     keys, seen = [], list[TreeNode]()
     others: dict[Owner, list[int]] = {}
     for r, seq in enumerate(seqs, 1):
@@ -255,7 +264,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
         seen.extend(n for n in cache.nodes() if n is not cache.root)
     matches: list[tuple[MatchResult, list[int]]] = []
     released: list[LockHandle] = []
-    for key in draw(st.lists(st.sampled_from(keys), min_size=1, max_size=2)) if keys else []:  # type: ignore[union-attr]
+    for key in draw(st.lists(st.sampled_from(keys), min_size=1, max_size=2)) if keys else []:
         m = cache.match_prefix(torch.tensor(key))
         h = cache.inc_lock_ref(m.last_node)
         if draw(st.booleans()):
@@ -263,13 +272,14 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
             released.append(h)
         else:
             matches.append((m, key))
-    if keys and draw(st.booleans()):
-        cache.evict(draw(st.sampled_from(cache.components)), draw(st.integers(1, 6)))  # type: ignore[arg-type]
+    evict = draw(st.booleans())
+    if keys and evict:
+        cache.evict(draw(st.sampled_from(cache.components)), draw(st.integers(1, 6)))
     live = {id(n) for n in cache.nodes()}
     stale = [n for n in seen if id(n) not in live]
     matches = [(m, k) for m, k in matches if m.length and id(m.last_node) in live]
     prober = request(90)
-    held = kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(0, 3))), prober).tolist()  # type: ignore[operator]
+    held = kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(0, 3))), prober).tolist()
     state = None
     if mamba is not None and mamba.available_size() and draw(st.booleans()):
         # NOTE: the prober takes every state left (a full pool: copy-on-write must then evict), or one
@@ -408,7 +418,7 @@ def _covering_key(d: Drawn) -> st.SearchStrategy[object]:
 
 
 def _short_key(d: Drawn) -> st.SearchStrategy[object]:
-    m, key = d["match"] if isinstance(d["match"], tuple) else (None, [1])  # type: ignore[misc]
+    m, key = d["match"] if isinstance(d["match"], tuple) else (None, [1])
     n = m.length if m is not None else 1
     return junk_keys(n) | st.just(key[:n]) | st.just(torch.tensor(key[: n - 1], dtype=torch.int64))
 
@@ -434,7 +444,7 @@ def _insert_method(c: _Cache, ps: int) -> Method:
     grain, end = _grain(cache), kv.size * _grain(cache)
     foreign = [x for xs in c.others.values() for x in xs]
     snap = snapshot_of(cache).prefix
-    cached = [x for xs in snap.full.values() for x in xs]
+    cached = [int(x) for xs in snap.full.values() for x in xs]
     free = [x for x in range(kv.base * grain, end) if x not in mine and x not in foreign]
     free = [x for x in free if x not in set(cached)]
 
@@ -494,7 +504,7 @@ def _insert_method(c: _Cache, ps: int) -> Method:
 
     return Method(
         "insert",
-        lambda key, value, owner, mamba_slot: cache.insert(key, value, owner, mamba_slot=mamba_slot),  # type: ignore[arg-type]
+        lambda key, value, owner, mamba_slot: cache.insert(key, value, owner, mamba_slot=mamba_slot),
         {
             "key": _arg(st.lists(st.integers(1, 3), min_size=n, max_size=n).map(torch.tensor), junk_keys(n), _is_key),
             "value": _arg(
@@ -551,11 +561,11 @@ def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
     cfg = SystemConfig(page_size=ps, mamba=kind == "mamba", kv_tokens=16, rows=3, max_context=12, mamba_slots=4)
     mm = build_manager(cfg)
     story = []
-    for sid in draw(st.lists(st.integers(0, 2), max_size=1, unique=True)):  # type: ignore[union-attr]
-        mm.sessions.open(sid)  # type: ignore[arg-type]
+    for sid in draw(st.lists(st.integers(0, 2), max_size=1, unique=True)):
+        mm.sessions.open(sid)
         story.append(f"open session {sid}")
-    for _ in range(draw(st.integers(1, 4))):  # type: ignore[arg-type]
-        toks: tuple[int, ...] = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=6)))  # type: ignore[arg-type]
+    for _ in range(draw(st.integers(1, 4))):
+        toks: tuple[int, ...] = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=6)))
         req = mm.add_request(toks)
         move = draw(st.sampled_from(["wait", "admit", "extend", "finish", "abort", "retract"]))
         story.append(f"request {req.rid} {toks}: {move}")
@@ -569,12 +579,12 @@ def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
             continue
         if move == "extend" and req.kv_len < 10:
             with suppress(OverAllocation):
-                mm.extend(req, (1,), draw(st.integers(0, 1)))  # type: ignore[arg-type]
+                mm.extend(req, (1,), draw(st.integers(0, 1)))
         elif move == "finish":
             mm.finish(req)
         elif move == "retract":
             mm.retract(req)
-    mm.fail_next = draw(st.integers(0, 1))  # type: ignore[assignment]
+    mm.fail_next = draw(st.integers(0, 1))
     story.append(f"fail_next = {mm.fail_next}")
     return mm, story
 
@@ -630,7 +640,7 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
         ),
         Method(
             "extend",
-            lambda req, new_tokens, ahead: mm.extend(req, new_tokens, ahead),  # type: ignore[arg-type]
+            lambda req, new_tokens, ahead: mm.extend(req, new_tokens, ahead),
             {
                 "req": req_arg(running),
                 "new_tokens": _arg(  # NOTE: none at all is a decode step that only allocates ``ahead``
@@ -675,7 +685,7 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
             methods.append(
                 Method(
                     "free_mamba",
-                    lambda owner, m: mm.free_mamba(owner, m),  # type: ignore[arg-type]
+                    lambda owner, m: mm.free_mamba(owner, m),
                     {
                         "m": _arg(
                             st.sampled_from([m for _, m in held]),
@@ -742,7 +752,7 @@ def probe(scenario: Scenario, draw: Draw) -> str:
     Raises ``AssertionError`` naming the law it broke: ``inv_domain_enforced`` (a call outside accepted or
     refused untyped, a reading call inside refused), ``inv_names_culprit``, ``rejected call leaves state
     unchanged`` (a refused call, or a reading one, changed the fingerprint)."""
-    method: Method = draw(st.sampled_from([m for m in scenario.methods for _ in range(m.weight)]))  # type: ignore[assignment]
+    method: Method = draw(st.sampled_from([m for m in scenario.methods for _ in range(m.weight)]))
     names = list(method.args)
     broken = draw(st.sampled_from(names if not method.reads else [None, *names]))
     got: dict[str, object] = {}
