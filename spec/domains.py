@@ -80,3 +80,12 @@ def inv_domain_enforced(inside: bool, error: BaseException | None) -> bool:
 def is_id(x: object, size: int) -> bool:
     """A slot, row or state id of a pool of ``size`` ids: an ``int`` (not a ``bool``) in ``[0, size)``."""
     return is_count(x, least=0) and isinstance(x, int) and x < size
+
+
+def is_tokens(xs: object) -> bool:
+    """Token ids (a key's, a request's): a list or tuple of ``int`` s (not ``bool`` s) >= 0 that an int64 holds.
+
+    >>> is_tokens([1, 2]), is_tokens((0,)), is_tokens([1, -1]), is_tokens([True]), is_tokens([1.0]), is_tokens("ab")
+    (True, True, False, False, False, False)
+    """
+    return type(xs) in (list, tuple) and all(is_count(x, least=0) for x in xs)  # type: ignore[attr-defined]

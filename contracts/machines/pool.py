@@ -18,10 +18,27 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context, target
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, rule
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
 
 from kvledger.contracts.abstraction import AnyPool, abstract, inv_free_stack_matches_tags, pools_of
-from kvledger.contracts.machines.probes import Call, constructor_calls, id_or_junk, owner_or_junk, run_call
+from kvledger.contracts.machines.calls import SCENARIOS, Draw, Scenario, cache_scenario, manager_scenario, probe
+from kvledger.contracts.machines.probes import (
+    Call,
+    constructor_calls,
+    id_or_junk,
+    owner_or_junk,
+    raised,
+    run_call,
+)
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.req_to_token import ReqToTokenPool
@@ -91,12 +108,19 @@ def _transfer(pool: AnyPool, idx: torch.Tensor, src: Owner, dst: Owner) -> None:
         pool.transfer(idx, src, dst)
 
 
-def _raised(call: Callable[[], object]) -> BaseException | None:
-    try:
-        call()
-    except Exception as err:
-        return err
-    return None
+def _contents(pool: AnyPool) -> tuple[torch.Tensor, ...]:
+    """Every tensor of ``pool`` a call can write (slot data, SWA copies, Mamba states, the request table): copies."""
+    if isinstance(pool, ReqToTokenPool):
+        return (pool.table.clone(),)
+    if isinstance(pool, SWATokenAllocator):
+        return (pool.full.data.clone(), pool.swa.data.clone())
+    if isinstance(pool, MambaPool):
+        return (pool.data.clone(), pool.conv.clone(), pool.temporal.clone())
+    return (pool.data.clone(),)
+
+
+def _same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def _data(pool: AnyPool) -> torch.Tensor | None:
@@ -131,6 +155,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self.written: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # stamp -> (tokens, positions) of KV
             self.released: list[Chunk] = []
             self.pressure = 0.0  # the most of any pool held at once (0..1)
+            self.scenarios: dict[str, Scenario] = {}  # the live objects the public-call probes call, by maker
 
         @initialize(run_min=st.sampled_from((RUN_MIN, 1, 2, 3)))
         def runs(self, run_min: int) -> None:
@@ -165,8 +190,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
 
         def _expect_rejected(self, call: Callable[[], object], expected: type[KVLedgerError]) -> None:
             before = abstract(self.pool)
-            data = _data(self.pool)
-            data_before = None if data is None else data.clone()
+            contents = _contents(self.pool)
             try:
                 call()
             except KVLedgerError as err:
@@ -174,9 +198,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 assert inv_names_culprit(err), f"inv_names_culprit: {type(err).__name__} names no slot: {err}"
             else:
                 raise AssertionError(f"invalid call accepted (expected {expected.__name__})")
-            assert abstract(self.pool) == before, "a rejected call changed the pool"
-            if data is not None and data_before is not None:
-                assert torch.equal(data, data_before), "a rejected call changed slot data"
+            assert abstract(self.pool) == before, "rejected call leaves state unchanged: the pool changed"
+            assert _same(_contents(self.pool), contents), "rejected call leaves state unchanged: slot data changed"
 
         # ---------------------------------------------------------- spec transitions
 
@@ -245,13 +268,26 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 return
             self._expect_rejected(lambda: _free(self.pool, chunk.idx, chunk.owner), type(err))
 
-        @rule(chunk=chunks, thief=st.sampled_from(OWNERS))
-        def foreign_free(self, chunk: Chunk, thief: Owner) -> None:
+        @rule(chunk=chunks, thief=st.sampled_from(OWNERS), how=st.sampled_from(["free", "give", "use"]))
+        def foreign_free(self, chunk: Chunk, thief: Owner, how: str = "free") -> None:
+            """A call on the chunk's slots by an owner that does not hold them (the ownership domain of every call
+            that names an owner): free them, give them away, or use them (a Mamba state copied into, a row
+            written, SWA slots freed); refused with ``NotOwner``, nothing changed."""
             if thief == chunk.owner:
                 return
             from kvledger.spec.errors import NotOwner
 
-            self._expect_rejected(lambda: _free(self.pool, chunk.idx, thief), NotOwner)
+            pool, first, last = self.pool, int(chunk.idx[0]), int(chunk.idx[-1])
+            call: Callable[[], object] = lambda: _free(pool, chunk.idx, thief)  # noqa: E731
+            if how == "give":
+                call = lambda: _transfer(pool, chunk.idx, thief, chunk.owner)  # noqa: E731
+            elif how == "use" and isinstance(pool, MambaPool) and first != last:
+                call = lambda: pool.copy_state(first, last, thief)  # noqa: E731  (a state into itself: refused anyway)
+            elif how == "use" and isinstance(pool, ReqToTokenPool):
+                call = lambda: pool.write(first, 0, torch.tensor([1], dtype=torch.int64), thief)  # noqa: E731
+            elif how == "use" and isinstance(pool, SWATokenAllocator):
+                call = lambda: pool.free_swa(chunk.idx, thief)  # noqa: E731
+            self._expect_rejected(call, NotOwner)
 
         @rule(where=st.sampled_from(["below", "above", "edge"]))
         def out_of_range(self, where: str) -> None:
@@ -409,19 +445,37 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
 
         def _expect_outside(self, what: str, call: Callable[[], object]) -> None:
             before = abstract(self.pool)
-            data = _data(self.pool)
-            data_before = None if data is None else data.clone()
-            err: BaseException | None = None
-            try:
-                call()
-            except Exception as e:  # NOTE: any exception: an untyped one breaks the law too
-                err = e
+            contents = _contents(self.pool)
+            err = raised(call)
             self._domain(what, False, err)
             if isinstance(err, KVLedgerError) and not inv_names_culprit(err):
                 raise AssertionError(f"inv_names_culprit: {what}: {type(err).__name__} names no slot: {err}")
             assert abstract(self.pool) == before, f"rejected call leaves state unchanged: {what} changed the pool"
-            if data is not None and data_before is not None:
-                assert torch.equal(data, data_before), f"rejected call leaves state unchanged: {what} changed data"
+            assert _same(_contents(self.pool), contents), f"rejected call leaves state unchanged: {what} changed data"
+
+        def _public_calls(self, data: st.DataObject, make: Callable[[str, Draw], Scenario]) -> None:
+            # NOTE: built at the first such step and probed for the rest of the example: a refused call and a
+            # reading one change nothing (the law checks it), so every later probe meets the state built
+            scenario = self.scenarios.get(make.__name__)
+            if scenario is None:
+                scenario = self.scenarios[make.__name__] = make(kind.name, data.draw)
+            for _ in range(data.draw(st.integers(1, 3), label="calls")):
+                probe(scenario, data.draw)
+
+        @precondition(lambda self: cache_scenario in SCENARIOS[kind.name])
+        @rule(data=st.data())
+        def cache_call(self, data: st.DataObject) -> None:
+            """A public call of a radix cache over this kind of pool, with sequences cached, locked and evicted,
+            one argument drawn from its junk at most (``calls.probe``): outside its domain refused with a typed
+            error and nothing changed; a reading call inside accepted and nothing changed."""
+            self._public_calls(data, cache_scenario)
+
+        @precondition(lambda self: manager_scenario in SCENARIOS[kind.name])
+        @rule(data=st.data())
+        def manager_call(self, data: st.DataObject) -> None:
+            """The same for a memory manager on this kind of pool, with requests at every stage of their life and
+            an allocation failure pending or not."""
+            self._public_calls(data, manager_scenario)
 
         @rule(
             chunk=chunks,
@@ -462,7 +516,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 for i in where:
                     t[i % t.numel()] += 1 + (i % 5)  # NOTE: a fingerprint never wraps to itself
             try:
-                err = _raised(check)
+                err = raised(check)
                 if not P.inv_verify_exact(False, err):
                     raise AssertionError(
                         f"inv_verify_exact: chunk {chunk} with {sorted(parts)} changed at {at}: verify "
@@ -471,7 +525,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             finally:
                 for t, old in saved:
                     t.copy_(old)
-            err = _raised(check)
+            err = raised(check)
             if not P.inv_verify_exact(True, err):
                 raise AssertionError(f"inv_verify_exact: chunk {chunk} intact, verify raised {err!r}")
 

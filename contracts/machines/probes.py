@@ -31,7 +31,7 @@ from kvledger.impl.req_to_token import ReqToTokenPool
 from kvledger.spec import domains as D
 from kvledger.spec.types import Component, Owner, OwnerKind
 
-__all__ = ["CONSTRUCTORS", "Call", "constructor_calls", "id_or_junk", "owner_or_junk", "run_call"]
+__all__ = ["CONSTRUCTORS", "Call", "constructor_calls", "id_or_junk", "owner_or_junk", "raised", "run_call"]
 
 
 class _Junk:
@@ -259,10 +259,16 @@ def constructor_calls(kind: str) -> st.SearchStrategy[Call]:
 _BY_NAME = {c.what: c for cs in CONSTRUCTORS.values() for c in cs}
 
 
-def run_call(call: Call) -> BaseException | None:
-    """Make ``call``; the exception it raised, or ``None``."""
+def raised(call: Callable[[], object]) -> BaseException | None:
+    """Make ``call``; the exception it raised, or ``None`` (any ``Exception``: an untyped one breaks a law as much
+    as an accepted call does, so the caller judges it)."""
     try:
-        _BY_NAME[call.what].build(**dict(call.args))
-    except Exception as err:  # NOTE: any exception: an untyped one breaks the law as much as an accepted call
+        call()
+    except Exception as err:
         return err
     return None
+
+
+def run_call(call: Call) -> BaseException | None:
+    """Make ``call``; the exception it raised, or ``None``."""
+    return raised(lambda: _BY_NAME[call.what].build(**dict(call.args)))

@@ -56,6 +56,8 @@ POOLS = {"slots", "allocators", "mamba", "req_to_token", "owners", "integrity", 
 CACHE = POOLS | {"radix", "tree", "lru", "locks", "kvview"}
 REACH: dict[str, set[str]] = {"pools": POOLS, "cache": CACHE, "system": CACHE | {"memory", "session", "admission"}}
 REACH["pools"] |= {"radix"}  # NOTE: the pool machine's constructor probe builds radix caches over its pools
+# NOTE: and its public-call probe (``contracts/machines/calls.py``) drives a live radix cache and memory manager
+REACH["pools"] |= CACHE | {"memory", "session", "admission", "requests"}
 REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
@@ -118,6 +120,12 @@ EQUIVALENT: dict[str, str] = {
     "impl/slots.py:SlotPool.__init__:drop-call:_grow_runs(self.size)": (
         "speed only: without the id table grown to this pool's size, run_start answers -1 (it checks the table's "
         "length) and the pool tags and frees those slots through a fancy index, with the same result"
+    ),
+    "impl/lru.py:LRUList.order:len+1:len(self._members)": (
+        "a defensive bound: on a list whose links are whole the walk from the head meets exactly len(members) "
+        "nodes before the tail, so neither bound fires; only a list a second bug corrupted (a node linked twice) "
+        "walks past it, and then the mutant raises one node later (the cache machine's inv_lru_* laws see that "
+        "corruption on their own)"
     ),
     "impl/tree.py:_size:len+1:len(n)": (
         "only recompute_sizes calls _size: the slow contract tier's oracle (sizes() == recompute_sizes(), "

@@ -1,0 +1,800 @@
+"""Probes of the public calls of the radix cache (its tree included) and the memory manager, on a live object.
+
+:mod:`kvledger.contracts.machines.probes` holds the pools' constructors and
+their id and owner arguments to ``spec.domains``. The objects built on the
+pools take arguments too, and most of their domains depend on the state: a
+node id names a *live* node, a match must still be live, a slot offered to
+``insert`` must be held by the caller and offered once, a request must be
+one of the manager's and in the right stage of its life. A scenario here
+builds a small live object (a :class:`RadixCache` over the kind's pool, with
+a few sequences cached, some locked, some evicted; a :class:`MemoryManager`
+with requests at every stage, an allocation failure pending or not) and
+lists its public calls as :class:`Method` s: per argument, its valid values
+and its junk (wrong types, malformed ids and keys, out-of-range lengths,
+another holder's or a repeated slot, a stale node, a released handle), each
+a strategy of the scenario's state, with the ``spec.domains`` predicate
+that says which side of the edge a drawn value is on.
+
+:func:`probe` makes one call with at most one argument drawn from the junk
+(so every check of the call is reachable) and holds it to the law at the
+domain's edge (``spec.domains.inv_domain_enforced``) with the state
+fingerprinted before and after:
+
+* outside its domain the call raises a typed ``KVLedgerError`` (an
+  ``OutOfRange``, ``DoubleFree`` or ``NotOwner`` names a slot,
+  ``spec.errors.inv_names_culprit``) and changes nothing at all: ledgers,
+  tree, LRU order, locks, sizes, slot data, pending injected failures
+  (``rejected call leaves state unchanged``);
+* a call that only reads (``Method.reads``) is made inside its domain too:
+  it is accepted and changes nothing.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Mapping
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+import torch
+from hypothesis import strategies as st
+
+from kvledger.contracts.abstraction import pools_of
+from kvledger.contracts.adapters.reference import snapshot_of
+from kvledger.contracts.adapters.reference_system import build_manager, system_snapshot_of
+from kvledger.contracts.adapters.system import SystemConfig
+from kvledger.contracts.machines.probes import JUNK_SCALARS, count_or_junk, id_or_junk, owner_or_junk, raised
+from kvledger.impl.admission import Budget, admit
+from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
+from kvledger.impl.locks import LockHandle
+from kvledger.impl.mamba import MambaAlloc, MambaPool
+from kvledger.impl.memory import MemoryManager
+from kvledger.impl.radix import RadixCache
+from kvledger.impl.requests import Request, Status
+from kvledger.impl.tree import MatchResult, TreeNode
+from kvledger.spec import domains as D
+from kvledger.spec.errors import KVLedgerError, OverAllocation, inv_names_culprit
+from kvledger.spec.types import Component, Owner, request
+
+__all__ = [
+    "SCENARIOS",
+    "Arg",
+    "Draw",
+    "Method",
+    "Scenario",
+    "cache_scenario",
+    "judge",
+    "manager_scenario",
+    "manager_scenario_of",
+    "probe",
+]
+
+FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
+T = TypeVar("T")
+
+
+class Draw(Protocol):
+    """How a probe draws a value: ``data.draw`` of a Hypothesis rule (``st.data()``)."""
+
+    def __call__(self, strategy: st.SearchStrategy[T], /) -> T: ...
+
+
+Drawn = Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a public call: its valid values, its junk, and which side of the domain's edge a value is
+    on; each may depend on the arguments drawn before it (``Drawn``)."""
+
+    valid: Callable[[Drawn], st.SearchStrategy[object] | None]
+    junk: Callable[[Drawn], st.SearchStrategy[object] | None]
+    inside: Callable[[object, Drawn], bool]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A public call of a live object: how to make it from keyword arguments, and each argument's domain.
+
+    ``reads``: inside its domain the call changes nothing (it only answers), so the probe makes it there too.
+    ``weight``: how often it is drawn against the others (a call whose domain depends on much state: more often).
+    """
+
+    what: str
+    call: Callable[..., object]
+    args: Mapping[str, Arg]
+    reads: bool = False
+    weight: int = 1
+
+
+@dataclass
+class Scenario:
+    """A live object, its public calls, and a fingerprint of everything a call could change."""
+
+    what: str
+    methods: tuple[Method, ...]
+    fingerprint: Callable[[], object]
+    story: list[str] = field(default_factory=list)
+
+
+def _arg(
+    valid: st.SearchStrategy[object] | Callable[[Drawn], st.SearchStrategy[object] | None] | None,
+    junk: st.SearchStrategy[object] | Callable[[Drawn], st.SearchStrategy[object] | None] | None,
+    inside: Callable[[object], bool] | Callable[[object, Drawn], bool],
+    *,
+    after: bool = False,
+) -> Arg:
+    """An ``Arg``; strategies given as values (``None``: there is none in this state) do not depend on earlier
+    arguments, nor does ``inside`` unless ``after`` (then it takes them)."""
+    v = valid if callable(valid) and not isinstance(valid, st.SearchStrategy) else (lambda _d, s=valid: s)
+    j = junk if callable(junk) and not isinstance(junk, st.SearchStrategy) else (lambda _d, s=junk: s)
+    ins = inside if after else (lambda x, _d, f=inside: f(x))
+    return Arg(v, j, ins)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- keys and token ids
+
+
+def _as(tokens: list[int], how: str) -> object:
+    """``tokens`` as a caller may pass a key: an int64, int32 or strided tensor, a list, a tuple, an array."""
+    if how == "int64":
+        return torch.tensor(tokens, dtype=torch.int64)
+    if how == "int32":
+        return torch.tensor(tokens, dtype=torch.int32)
+    if how == "strided":
+        return torch.tensor([x for t in tokens for x in (t, 0)], dtype=torch.int64)[::2]
+    if how == "array":
+        return array("q", tokens)
+    return tokens if how == "list" else tuple(tokens)
+
+
+KEY_FORMS = ("int64", "int32", "strided", "list", "tuple", "array")
+
+
+TENSOR_FORMS = ("int64", "int32", "strided")
+
+
+def key_forms(tokens: list[int], forms: tuple[str, ...] = KEY_FORMS) -> st.SearchStrategy[object]:
+    """``tokens`` in any of ``forms`` (``KEY_FORMS``: every form a key takes; ``TENSOR_FORMS``: the tensors)."""
+    return st.sampled_from(forms).map(lambda how: _as(tokens, how))
+
+
+def junk_keys(length: int) -> st.SearchStrategy[object]:
+    """Keys of ``length`` tokens that are no key: floats, bools, 2-D, negative ids, a string, a scalar."""
+    toks = list(range(1, length + 1)) or [1]
+    return st.one_of(
+        st.just(torch.tensor(toks, dtype=torch.float32)),
+        st.just(torch.tensor([True] * len(toks))),
+        st.just(torch.tensor([toks])),
+        st.just([*toks[:-1], -1]),
+        st.just(torch.tensor([*toks[:-1], -1])),
+        st.just([float(t) for t in toks]),
+        st.just([True for _ in toks]),
+        st.just("ab"),
+        JUNK_SCALARS,
+    )
+
+
+def tokens_of(key: object) -> list[int] | None:
+    """The token ids ``key`` names when it is a key (``spec.domains.is_tokens`` on its values), else ``None``."""
+    if isinstance(key, torch.Tensor):
+        if key.dim() != 1 or key.dtype not in (torch.int64, torch.int32, torch.int16):
+            return None
+        xs: list[int] = key.tolist()
+    elif (isinstance(key, array) and key.typecode == "q") or isinstance(key, list | tuple):
+        xs = list(key)
+    else:
+        return None
+    return xs if D.is_tokens(xs) else None
+
+
+def _slots(xs: list[int]) -> torch.Tensor:
+    return torch.tensor(xs, dtype=torch.int64)
+
+
+def _data_bytes(*ts: torch.Tensor | None) -> tuple[bytes, ...]:
+    return tuple(b"" if t is None else t.cpu().numpy().tobytes() for t in ts)
+
+
+# ---------------------------------------------------------------- the radix cache
+
+
+def _kv(kind: str) -> TokenAllocator | PagedAllocator | SWATokenAllocator:
+    if kind == "paged":
+        return PagedAllocator(8, 2)
+    return SWATokenAllocator(16, 8) if kind == "swa" else TokenAllocator(16)
+
+
+@dataclass
+class _Cache:
+    """A small live cache and what the scenario knows of it."""
+
+    cache: RadixCache
+    keys: list[list[int]]  # every key inserted (some evicted since)
+    matches: list[tuple[MatchResult, list[int]]]  # live matches (each locked) and their keys
+    stale_nodes: list[TreeNode]  # nodes evicted since they were seen
+    released: list[LockHandle]  # handles already released
+    prober: Owner  # a request holding ``held`` (token slots) and ``state`` (a Mamba state), for insert calls
+    held: list[int]
+    state: int | None
+    others: dict[Owner, list[int]]  # other requests' token slots
+
+
+def _cache_fingerprint(c: RadixCache) -> object:
+    snap = snapshot_of(c)
+    data = c.kv.full.data if isinstance(c.kv, SWATokenAllocator) else c.kv.data
+    swa = c.kv.swa.data if isinstance(c.kv, SWATokenAllocator) else None
+    m = c.mamba
+    mamba = _data_bytes(m.data, m.conv, m.temporal) if m is not None else ()
+    return (snap, _data_bytes(data, swa), mamba, c.node_count(), c.sizes())
+
+
+def _build_cache(kind: str, draw: Draw) -> _Cache:
+    kv = _kv(kind)
+    window = draw(st.integers(1, 4)) if kind == "swa" else None
+    mamba = MambaPool(draw(st.integers(2, 3)), conv_shape=(2,), temporal_shape=(2,)) if kind == "mamba" else None
+    cache = RadixCache(kv, swa_window=window, mamba=mamba)
+    ps = cache.page_size
+    seqs: list[list[int]] = draw(st.lists(st.lists(st.integers(1, 3), min_size=ps, max_size=6), min_size=1, max_size=4))
+    keys, seen = [], list[TreeNode]()
+    others: dict[Owner, list[int]] = {}
+    for r, seq in enumerate(seqs, 1):
+        key = seq[: len(seq) - len(seq) % ps]
+        owner = request(r)
+        if kv.available_size() < len(key):
+            cache.evict(FULL, len(key))  # NOTE: before the match: an eviction after it could free matched slots
+        m = cache.match_prefix(torch.tensor(key, dtype=torch.int64))
+        new = len(key) - m.length
+        if new > kv.available_size():
+            continue
+        slots = kv.alloc(new, owner)
+        pos = torch.arange(m.length, len(key), dtype=torch.int64)
+        kv.write_fingerprint(slots, torch.tensor(key[m.length :], dtype=torch.int64), pos)
+        state = None
+        if mamba is not None and mamba.available_size():
+            state = int(mamba.alloc(1, owner)[0])
+            mamba.write_fingerprint(state, r)
+        res = cache.insert(torch.tensor(key), torch.cat((m.indices, slots)), owner, mamba_slot=state)
+        if res.dup_indices.numel():
+            kv.free(res.dup_indices, owner)
+        if res.dup_mamba is not None and mamba is not None:
+            mamba.free(torch.tensor([res.dup_mamba]), owner)
+        keys.append(key)
+        seen.extend(n for n in cache.nodes() if n is not cache.root)
+    matches: list[tuple[MatchResult, list[int]]] = []
+    released: list[LockHandle] = []
+    for key in draw(st.lists(st.sampled_from(keys), min_size=1, max_size=2)) if keys else []:
+        m = cache.match_prefix(torch.tensor(key))
+        h = cache.inc_lock_ref(m.last_node)
+        if draw(st.booleans()):
+            cache.dec_lock_ref(h)
+            released.append(h)
+        else:
+            matches.append((m, key))
+    evict = draw(st.booleans())
+    if keys and evict:
+        cache.evict(draw(st.sampled_from(cache.components)), draw(st.integers(1, 6)))
+    live = {id(n) for n in cache.nodes()}
+    stale = [n for n in seen if id(n) not in live]
+    matches = [(m, k) for m, k in matches if m.length and id(m.last_node) in live]
+    prober = request(90)
+    held = kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(0, 3))), prober).tolist()
+    state = None
+    if mamba is not None and mamba.available_size() and draw(st.booleans()):
+        # NOTE: the prober takes every state left (a full pool: copy-on-write must then evict), or one
+        states = mamba.alloc(mamba.available_size() if draw(st.booleans()) else 1, prober)
+        state = int(states[0])
+    other = request(91)
+    others[other] = kv.alloc(min(kv.available_size(), 2 * ps), other).tolist()
+    return _Cache(cache, keys, matches, stale, released, prober, held, state, others)
+
+
+def _comp_arg(cache: RadixCache, any_on: bool = False) -> Arg:
+    """A component: one the cache has (``any_on``: any ``Component``, the cache answering for those it has not)."""
+    return _arg(
+        st.sampled_from(list(Component) if any_on else cache.components),
+        st.sampled_from(list(Component)) | st.sampled_from(["full", 0, None]),
+        lambda x: type(x) is Component and (any_on or x in cache.components),
+    )
+
+
+def _node_arg(c: _Cache, root: bool = True) -> Arg:
+    cache = c.cache
+    live = [n for n in cache.nodes() if root or n is not cache.root]
+    junk: list[object] = [*c.stale_nodes, _foreign()[0], 0, None, "node"]
+    return _arg(
+        st.sampled_from(live) if live else None,
+        st.sampled_from(junk),
+        lambda x: isinstance(x, TreeNode) and cache._nodes.get(x.id) is x and (root or x is not cache.root),
+    )
+
+
+def _cache_methods(c: _Cache) -> tuple[Method, ...]:
+    cache, ps = c.cache, c.cache.page_size
+    comp, node = _comp_arg(cache), _node_arg(c)
+    live_ids = [n.id for n in cache.nodes()]
+    methods = [
+        Method("evictable_size", cache.evictable_size, {"comp": comp}, reads=True),
+        Method("protected_size", cache.protected_size, {"comp": comp}, reads=True),
+        Method("lru", cache.lru, {"comp": comp}, reads=True),
+        Method("prefix", cache.prefix, {"n": node}, reads=True),
+        Method("holds", cache.holds, {"n": _node_arg(c, root=False), "comp": _comp_arg(cache, True)}, reads=True),
+        Method(
+            "node",
+            cache.node,
+            {
+                "ident": _arg(
+                    st.sampled_from(live_ids),
+                    id_or_junk(cache._next_id + 1),
+                    lambda x: type(x) is int and x in cache._nodes,
+                )
+            },
+            reads=True,
+        ),
+        Method("inc_lock_ref", cache.inc_lock_ref, {"n": node}),
+        Method(
+            "dec_lock_ref",
+            cache.dec_lock_ref,
+            {
+                "handle": _arg(
+                    None,
+                    st.sampled_from([*c.released, _foreign()[1], 1, None]),
+                    lambda x: isinstance(x, LockHandle) and cache.is_live(x),
+                )
+            },
+        ),
+        Method("evict", cache.evict, {"comp": comp, "n": _arg(st.integers(0, 4), count_or_junk(0, 4), D.is_amount)}),
+        Method("match_prefix", cache.match_prefix, {"key": _arg(key_forms([1, 2]), junk_keys(2), _is_key)}),
+    ]
+    if c.matches:  # NOTE: matches of length >= 1: ``verify`` of an empty match reads no key at all
+        methods.append(
+            Method(
+                "verify",
+                lambda match, key: cache.verify(_first(match), key),  # type: ignore[arg-type]
+                {
+                    "match": _arg(st.sampled_from(c.matches), st.sampled_from([None, 1, "match"]), _is_match(cache)),
+                    "key": _arg(_covering_key, _short_key, _covers, after=True),
+                },
+                reads=True,
+                weight=3,
+            )
+        )
+        states = [(m, k) for m, k in c.matches if m.mamba_slot is not None]
+        if cache.mamba is not None and states:
+            methods.append(
+                Method(
+                    "mamba_copy_on_write",
+                    lambda match, owner: cache.mamba_copy_on_write(_first(match), owner),  # type: ignore[arg-type]
+                    {
+                        "match": _arg(st.sampled_from(states), st.sampled_from([None, 1]), _is_match(cache)),
+                        "owner": _arg(st.just(request(92)), owner_or_junk(), D.is_owner),
+                    },
+                    weight=3,
+                )
+            )
+    if len(c.held) >= ps:
+        methods.append(_insert_method(c, ps))
+    return tuple(methods)
+
+
+def _first(x: object) -> object:
+    """A drawn match (the match and its key) as the call takes it: the match; junk as it is."""
+    return x[0] if isinstance(x, tuple) and x else x
+
+
+_FOREIGN: list[tuple[TreeNode, LockHandle]] = []
+
+
+def _foreign() -> tuple[TreeNode, LockHandle]:
+    """A node and a live handle of another cache (one, made once: no probe changes it)."""
+    if not _FOREIGN:
+        other = RadixCache(TokenAllocator(2))
+        _FOREIGN.append((other.root, other.inc_lock_ref(other.root)))
+    return _FOREIGN[0]
+
+
+def _is_key(x: object) -> bool:
+    return tokens_of(x) is not None
+
+
+def _is_match(cache: RadixCache) -> Callable[[object], bool]:
+    def inside(x: object) -> bool:
+        if not isinstance(x, tuple):
+            return False
+        m = x[0]
+        return isinstance(m, MatchResult) and cache._nodes.get(m.last_node.id) is m.last_node
+
+    return inside
+
+
+def _covering_key(d: Drawn) -> st.SearchStrategy[object]:
+    """A key of the drawn match: its matched tokens, then anything (``verify`` reads the first ``length``)."""
+    if not isinstance(d["match"], tuple):
+        return key_forms([1], TENSOR_FORMS)  # NOTE: the match is the junk argument
+    m, key = d["match"]
+    head = key[: m.length]
+    return st.lists(st.integers(1, 3), max_size=3).flatmap(lambda more: key_forms(head + more, TENSOR_FORMS))
+
+
+def _short_key(d: Drawn) -> st.SearchStrategy[object]:
+    m, key = d["match"] if isinstance(d["match"], tuple) else (None, [1])
+    n = m.length if m is not None else 1
+    return junk_keys(n) | st.just(key[:n]) | st.just(torch.tensor(key[: n - 1], dtype=torch.int64))
+
+
+def _covers(x: object, d: Drawn) -> bool:
+    """A key covering the match: the matched tokens first (a key with other tokens is inside the domain, and then
+    ``verify`` raises ``IntegrityError``: the probe draws none)."""
+    if not isinstance(d["match"], tuple):
+        return True  # NOTE: the match is the junk argument
+    toks = tokens_of(x) if isinstance(x, torch.Tensor) else None  # NOTE: ``verify`` takes a tensor only
+    m, key = d["match"]
+    return toks is not None and toks[: m.length] == key[: m.length]
+
+
+def _insert_method(c: _Cache, ps: int) -> Method:
+    """``insert(key, value, owner, mamba_slot)`` by the prober, of slots it holds, or of junk: another request's
+    slots, free or cached ones, one of its own pages twice, too few or too many, malformed tensors, ids past the
+    pool; another owner; a Mamba state it does not hold."""
+    cache, held = c.cache, c.held
+    n = len(held) - len(held) % ps
+    own, pages, mine = held[:n], n // ps, set(held)
+    kv = pools_of(cache.kv)["kv"]
+    grain, end = _grain(cache), kv.size * _grain(cache)
+    foreign = [x for xs in c.others.values() for x in xs]
+    snap = snapshot_of(cache).prefix
+    cached = [int(x) for xs in snap.full.values() for x in xs]
+    free = [x for x in range(kv.base * grain, end) if x not in mine and x not in foreign]
+    free = [x for x in free if x not in set(cached)]
+
+    def swap(src: list[int]) -> st.SearchStrategy[object] | None:
+        src = src[: len(src) - len(src) % ps]
+        if not src:
+            return None
+        return st.tuples(st.integers(0, pages - 1), st.integers(0, len(src) // ps - 1)).map(
+            lambda ij: _slots(own[: ij[0] * ps] + src[ij[1] * ps : ij[1] * ps + ps] + own[ij[0] * ps + ps :])
+        )
+
+    again = own[:ps] * 2 + own[2 * ps :]
+    theirs = [
+        s
+        for s in (swap(foreign), swap(free), swap(cached), st.just(_slots(again)) if pages > 1 else None)
+        if s is not None
+    ]
+    bad_values = [
+        s
+        for s in (
+            st.one_of(*theirs) if theirs else None,  # NOTE: slots it does not hold, or one twice: half the junk
+            st.just(_slots(own[:-ps])),
+            st.just(_slots(own + own[:ps])),
+            st.just(_slots(own).float()),
+            st.just(_slots(own).reshape(1, -1)),
+            st.just(own),
+            st.just(_slots([*own[:-1], end + 3])),
+            st.just(_slots([*own[:-1], -1])),
+        )
+        if s is not None
+    ]
+
+    def value_inside(v: object, d: Drawn) -> bool:
+        """Whole pages: each the cache's own for that position of the key, or the prober's; distinct."""
+        key = tokens_of(d["key"])
+        if key is None:
+            return True  # NOTE: the key is the junk argument
+        if not (isinstance(v, torch.Tensor) and v.dtype == torch.int64 and v.dim() == 1 and v.numel() == n):
+            return False
+        xs = v.tolist()
+        if len(set(xs)) != n:
+            return False
+        for p in range(pages):
+            page = tuple(xs[p * ps : (p + 1) * ps])
+            if snap.full.get(tuple(key[: (p + 1) * ps])) == page:
+                continue
+            if not all(x in mine for x in page) or (grain > 1 and page != tuple(range(page[0], page[0] + ps))):
+                return False
+        return True
+
+    states = [c.state] if c.state is not None else []
+    mamba = cache.mamba
+
+    def state_inside(x: object, d: Drawn) -> bool:
+        key = tokens_of(d["key"])
+        return x is None or x in states or (key is not None and snap.mamba_state.get(tuple(key)) == x)
+
+    return Method(
+        "insert",
+        lambda key, value, owner, mamba_slot: cache.insert(key, value, owner, mamba_slot=mamba_slot),
+        {
+            "key": _arg(st.lists(st.integers(1, 3), min_size=n, max_size=n).map(torch.tensor), junk_keys(n), _is_key),
+            "value": _arg(
+                st.just(_slots(own)), st.one_of(bad_values[0], st.one_of(*bad_values[1:])), value_inside, after=True
+            ),
+            "owner": _arg(
+                st.just(c.prober), owner_or_junk() | st.sampled_from([*c.others, request(93)]), lambda x: x == c.prober
+            ),
+            "mamba_slot": _arg(
+                st.sampled_from([None, *states]),
+                id_or_junk(mamba.pool.size if mamba is not None else 4),
+                state_inside,
+                after=True,
+            ),
+        },
+        weight=4,
+    )
+
+
+def _grain(cache: RadixCache) -> int:
+    return cache.kv.page_size if isinstance(cache.kv, PagedAllocator) else 1
+
+
+def cache_scenario(kind: str, draw: Draw) -> Scenario:
+    """A radix cache over a fresh pool of ``kind`` (token, paged, SWA; a Mamba pool beside a token one)."""
+    c = _build_cache(kind, draw)
+    story = [f"RadixCache over {kind}: cached {c.keys}, locked {[k for _, k in c.matches]}"]
+    return Scenario("RadixCache", _cache_methods(c), lambda: _cache_fingerprint(c.cache), story)
+
+
+# ---------------------------------------------------------------- the memory manager
+
+
+def _manager_fingerprint(mm: MemoryManager) -> object:
+    reqs = tuple(
+        (r.rid, r.status, r.tokens, r.row, r.prefix_len, r.own_from, r.kv_len, r.alloc_len, r.handle, r.mamba)
+        for r in mm.requests.values()
+    )
+    m = mm.mamba
+    mamba = _data_bytes(m.data, m.conv, m.temporal) if m is not None else ()
+    return (
+        system_snapshot_of(mm),
+        _cache_fingerprint(mm.cache),
+        mm.fail_next,
+        reqs,
+        _data_bytes(mm.kv.data, mm.rows.table),
+        mamba,
+        tuple(sorted(mm.sessions.slots)),
+    )
+
+
+def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
+    ps = 2 if kind == "paged" else 1
+    cfg = SystemConfig(page_size=ps, mamba=kind == "mamba", kv_tokens=16, rows=3, max_context=12, mamba_slots=4)
+    mm = build_manager(cfg)
+    story = []
+    for sid in draw(st.lists(st.integers(0, 2), max_size=1, unique=True)):
+        mm.sessions.open(sid)
+        story.append(f"open session {sid}")
+    for _ in range(draw(st.integers(1, 4))):
+        toks: tuple[int, ...] = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=6)))
+        req = mm.add_request(toks)
+        move = draw(st.sampled_from(["wait", "admit", "extend", "finish", "abort", "retract"]))
+        story.append(f"request {req.rid} {toks}: {move}")
+        if move == "wait":
+            continue
+        if move == "abort":
+            mm.abort(req)
+            continue
+        admit(mm, [req], Budget(24, 1))
+        if req.status is not Status.RUNNING:
+            continue
+        if move == "extend" and req.kv_len < 10:
+            with suppress(OverAllocation):
+                mm.extend(req, (1,), draw(st.integers(0, 1)))
+        elif move == "finish":
+            mm.finish(req)
+        elif move == "retract":
+            mm.retract(req)
+    mm.fail_next = draw(st.integers(0, 1))
+    story.append(f"fail_next = {mm.fail_next}")
+    return mm, story
+
+
+def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
+    reqs = list(mm.requests.values())
+    other = Request(reqs[0].rid, reqs[0].tokens) if reqs else Request(1, (1,))  # NOTE: not this manager's
+    not_requests = st.sampled_from([other, 1, None, "req"])
+    mine = [r for r in reqs if r.status is not Status.ABORTED and r.status is not Status.FINISHED]
+
+    def req_arg(ok: Callable[[Request], bool]) -> Arg:
+        good = [r for r in reqs if ok(r)]
+        bad = [r for r in reqs if not ok(r)]
+        return _arg(
+            st.sampled_from(good) if good else None,
+            not_requests | st.sampled_from(bad) if bad else not_requests,
+            lambda x: isinstance(x, Request) and mm.requests.get(x.rid) is x and ok(x),
+        )
+
+    def running(r: Request) -> bool:
+        return r.status is Status.RUNNING
+
+    count = _arg(st.integers(1, 3), count_or_junk(0, 3), D.is_amount)  # NOTE: too many is a refusal for room
+    owner = _arg(st.just(request(95)), owner_or_junk(), D.is_owner)
+    sessions = sorted(mm.sessions.slots)
+    tokens = _arg(
+        st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple),
+        st.one_of(
+            st.just(()),
+            st.just((1, -1)),
+            st.just((1.0, 2.0)),
+            st.just((True,)),
+            st.just(tuple(range(1, mm.rows.max_context_len + 2))),
+            st.just("ab"),
+            JUNK_SCALARS,
+        ),
+        lambda x: isinstance(x, tuple) and D.is_tokens(list(x)) and 0 < len(x) <= mm.rows.max_context_len,
+    )
+    methods = [
+        Method("alloc_kv", mm.alloc_kv, {"owner": owner, "n": count}, weight=2),
+        Method("round_up", mm.round_up, {"n": _arg(st.integers(0, 9), count_or_junk(0, 9), D.is_amount)}, reads=True),
+        Method(
+            "add_request",
+            mm.add_request,
+            {
+                "tokens": tokens,
+                "session": _arg(
+                    st.sampled_from([None, *sessions]),
+                    st.sampled_from([3, -1, True, 1.0, "s"]),
+                    lambda x: x is None or (type(x) is int and x in mm.sessions.slots),
+                ),
+            },
+        ),
+        Method(
+            "extend",
+            lambda req, new_tokens, ahead: mm.extend(req, new_tokens, ahead),
+            {
+                "req": req_arg(running),
+                "new_tokens": _arg(  # NOTE: none at all is a decode step that only allocates ``ahead``
+                    st.just((1,)), tokens.junk({}), lambda x: isinstance(x, tuple) and D.is_tokens(list(x))
+                ),
+                "ahead": _arg(
+                    st.integers(0, 1),
+                    count_or_junk(0, 1) | st.just(mm.rows.max_context_len),
+                    _ahead_inside(mm),
+                    after=True,
+                ),
+            },
+        ),
+        Method("finish", mm.finish, {"req": req_arg(running)}),
+        Method("chunk", mm.chunk, {"req": req_arg(running)}),
+        Method("retract", mm.retract, {"req": req_arg(running)}),
+        Method("abort", mm.abort, {"req": req_arg(lambda r: r in mine)}),
+        Method(
+            "write_kv",
+            mm.write_kv,
+            {
+                "req": req_arg(lambda r: True),  # NOTE: one of its requests; a row is needed only to write something
+                "start": _arg(st.just(0), count_or_junk(0, 0), lambda x: D.is_amount(x)),
+                "end": _arg(st.just(0), count_or_junk(0, 0), _end_inside, after=True),
+            },
+        ),
+        Method(
+            "open_session",
+            mm.sessions.open,
+            {"sid": _arg(None, st.sampled_from([*sessions, -1, True, 1.5, None, 1 << 70]), lambda x: False)},
+        ),
+        Method(
+            "close_session",
+            mm.sessions.close,
+            {"sid": _arg(None, st.sampled_from([3, -1, True, 1.5, None]), lambda x: False)},
+        ),
+    ]
+    if mm.mamba is not None:
+        held = [(r.owner, r.mamba) for r in reqs if r.mamba is not None]
+        methods.append(Method("alloc_mamba", mm.alloc_mamba, {"owner": owner}))
+        if held:
+            methods.append(
+                Method(
+                    "free_mamba",
+                    lambda owner, m: mm.free_mamba(owner, m),
+                    {
+                        "m": _arg(
+                            st.sampled_from([m for _, m in held]),
+                            st.sampled_from([1, None, (1, ()), MambaAlloc(0, (1 << 40,))]),
+                            lambda x: isinstance(x, MambaAlloc) and any(x is m for _, m in held),
+                        ),
+                        "owner": _arg(
+                            lambda d: st.sampled_from([o for o, m in held if m is d["m"]] or [request(96)]),
+                            st.sampled_from([request(96), *(o for o, _ in held)]) | owner_or_junk(),
+                            lambda x, d: any(x == o and m is d["m"] for o, m in held),
+                            after=True,
+                        ),
+                    },
+                )
+            )
+    return tuple(methods)
+
+
+def _ahead_inside(mm: MemoryManager) -> Callable[[object, Drawn], bool]:
+    def inside(x: object, d: Drawn) -> bool:
+        req, toks = d["req"], d["new_tokens"]
+        if not isinstance(req, Request) or not isinstance(toks, tuple):
+            return D.is_count(x, least=0)  # NOTE: another argument is the junk one
+        return D.is_count(x, least=0) and req.kv_len + len(toks) + x <= mm.rows.max_context_len  # type: ignore[operator]
+
+    return inside
+
+
+def _end_inside(x: object, d: Drawn) -> bool:
+    """``write_kv``'s end: an int >= 0, past ``start`` only up to the request's slots and tokens."""
+    req, start = d["req"], d["start"]
+    if not D.is_amount(x) or not D.is_amount(start) or not isinstance(req, Request):
+        return D.is_amount(x)
+    return x <= start or x <= min(req.alloc_len, len(req.tokens))  # type: ignore[operator]
+
+
+def manager_scenario(kind: str, draw: Draw) -> Scenario:
+    """A memory manager (token or paged KV; a Mamba pool for ``mamba``) with requests at every stage."""
+    mm, story = _build_manager(kind, draw)
+    return manager_scenario_of(mm, story)
+
+
+def manager_scenario_of(mm: MemoryManager, story: list[str] | None = None) -> Scenario:
+    """The public calls of the live manager ``mm`` (``story``: how it came to its state)."""
+    return Scenario("MemoryManager", _manager_methods(mm), lambda: _manager_fingerprint(mm), story or [])
+
+
+SCENARIOS: dict[str, tuple[Callable[[str, Draw], Scenario], ...]] = {
+    "token": (cache_scenario, manager_scenario),
+    "paged": (cache_scenario, manager_scenario),
+    "swa": (cache_scenario,),
+    "mamba": (cache_scenario, manager_scenario),
+    "req_to_token": (manager_scenario,),
+}
+"""Per pool kind of the pool machine: the live objects built on that kind of pool whose public calls it probes."""
+
+
+# ---------------------------------------------------------------- the probe
+
+
+def probe(scenario: Scenario, draw: Draw) -> str:
+    """Make one public call of ``scenario`` (one argument junk at most) and hold it to the law; what was called.
+
+    Raises ``AssertionError`` naming the law it broke: ``inv_domain_enforced`` (a call outside accepted or
+    refused untyped, a reading call inside refused), ``inv_names_culprit``, ``rejected call leaves state
+    unchanged`` (a refused call, or a reading one, changed the fingerprint)."""
+    method: Method = draw(st.sampled_from([m for m in scenario.methods for _ in range(m.weight)]))
+    names = list(method.args)
+    broken = draw(st.sampled_from(names if not method.reads else [None, *names]))
+    got: dict[str, object] = {}
+    inside = True
+    for k in names:
+        arg = method.args[k]
+        strategy = arg.junk(got) if k == broken else arg.valid(got)
+        if strategy is None:
+            return f"{scenario.what}.{method.what}: no {'junk' if k == broken else 'valid'} {k} in this state"
+        got[k] = draw(strategy)
+        inside = inside and arg.inside(got[k], got)
+    if inside and not method.reads:
+        return f"{scenario.what}.{method.what}: inside"  # NOTE: a valid call that changes state: the rules make those
+    return judge(scenario, method, got, inside)
+
+
+def judge(scenario: Scenario, method: Method, args: Mapping[str, object], inside: bool) -> str:
+    """Make ``method(**args)`` on ``scenario``'s object, ``inside`` its domain or not, and hold it to the law (see
+    :func:`probe`); what was called."""
+    what = f"{scenario.what}.{method.what}({', '.join(f'{k}={_show(v)}' for k, v in args.items())})"
+    before = scenario.fingerprint()
+    err = raised(lambda: method.call(**args))
+    story = "; ".join(scenario.story)
+    if not D.inv_domain_enforced(inside, err):
+        side = "lies in its domain" if inside else "lies outside its domain"
+        verdict = f"was refused: {err!r}" if inside else ("was accepted" if err is None else f"raised {err!r}")
+        raise AssertionError(f"inv_domain_enforced: {what} {side} and {verdict} (after: {story})")
+    if isinstance(err, KVLedgerError) and not inv_names_culprit(err):
+        raise AssertionError(f"inv_names_culprit: {what}: {type(err).__name__} names no slot: {err}")
+    if scenario.fingerprint() != before:
+        how = "a call that only reads" if inside else "a rejected call"
+        raise AssertionError(f"rejected call leaves state unchanged: {how}, {what}, changed the state (after: {story})")
+    return what
+
+
+def _show(v: object) -> str:
+    if isinstance(v, torch.Tensor):
+        return f"tensor({v.tolist()}, {v.dtype})"
+    if isinstance(v, tuple) and v and isinstance(v[0], MatchResult):
+        return f"match of {v[1]} (length {v[0].length})"
+    if isinstance(v, MatchResult):
+        return f"match (length {v.length})"
+    if isinstance(v, Request):
+        return f"request {v.rid} ({v.status.value})"
+    return repr(v)[:60]

@@ -1,0 +1,217 @@
+"""The public-call probes of the radix cache and the memory manager (``contracts/machines/calls.py``) and the pool
+machine's ownership probe: they hold on the reference and fail, naming the law, on a hand-broken object."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from kvledger.contracts.adapters.reference_system import build_manager
+from kvledger.contracts.adapters.system import SystemConfig
+from kvledger.contracts.machines import calls as C
+from kvledger.contracts.machines.pool import KINDS, Chunk, machine_for
+from kvledger.impl.admission import Budget, admit
+from kvledger.impl.mamba import MambaPool
+from kvledger.impl.memory import MemoryManager
+from kvledger.impl.radix import RadixCache
+from kvledger.impl.req_to_token import ReqToTokenPool
+from kvledger.impl.tree import MatchResult, RadixTree
+from kvledger.spec import domains as D
+from kvledger.spec.errors import CacheError, IntegrityError, OverAllocation
+from kvledger.spec.types import request
+
+Maker = Callable[[str, C.Draw], C.Scenario]
+CASES = [(kind, make) for kind, makes in sorted(C.SCENARIOS.items()) for make in makes]
+
+
+def run_probes(kind: str, make: Maker, examples: int) -> None:
+    """Probe scenarios of ``kind`` (``make``), a few calls each; the first law broken is raised."""
+
+    @settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        scenario = make(kind, data.draw)
+        for _ in range(4):
+            C.probe(scenario, data.draw)
+
+    check()
+
+
+def fails(kind: str, make: Maker, law: str, examples: int = 400) -> str:
+    with pytest.raises(AssertionError) as got:
+        run_probes(kind, make, examples)
+    assert str(got.value).startswith(law), got.value
+    return str(got.value)
+
+
+@pytest.mark.parametrize(("kind", "make"), CASES, ids=[f"{k}-{m.__name__}" for k, m in CASES])
+def test_public_calls_obey_the_domain_law_on_the_reference(kind: str, make: Maker) -> None:
+    run_probes(kind, make, 120)
+
+
+def test_every_public_call_is_probed() -> None:
+    """Each method of each scenario is drawn and made (a probe that never runs is no probe)."""
+    seen: set[str] = set()
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
+    @given(st.data())
+    def collect(data: st.DataObject) -> None:
+        kind, make = data.draw(st.sampled_from(CASES))
+        scenario = make(kind, data.draw)
+        for _ in range(4):
+            what = C.probe(scenario, data.draw)
+            if "(" in what:  # NOTE: a call made (not a valid one left to the rules, not one with no value here)
+                seen.add(what.split("(")[0])
+
+    collect()
+    wanted = {"MemoryManager." + m for m in ("alloc_kv", "add_request", "extend", "finish", "abort", "write_kv")}
+    wanted |= {"RadixCache." + m for m in ("insert", "verify", "node", "match_prefix", "inc_lock_ref", "evict")}
+    assert wanted <= seen, sorted(wanted - seen)
+
+
+def manager(fail_next: int) -> C.Scenario:
+    """A manager with one running request and ``fail_next`` allocation failures pending."""
+    mm = build_manager(SystemConfig(kv_tokens=16, rows=3, max_context=12))
+    admit(mm, [mm.add_request((1, 2, 3))], Budget(24, 1))
+    mm.fail_next = fail_next
+    return C.manager_scenario_of(mm, ["request 1 admitted"])
+
+
+@pytest.mark.parametrize("n", [-1, 1.5, True])
+def test_a_refused_alloc_that_spends_an_injected_failure_is_caught(monkeypatch: pytest.MonkeyPatch, n: object) -> None:
+    """An alloc_kv that counts an injected failure before it checks its count changes the state it refuses."""
+    scenario = manager(1)
+    alloc = {m.what: m for m in scenario.methods}["alloc_kv"]
+    C.judge(scenario, alloc, {"owner": request(5), "n": n}, inside=False)  # the reference refuses, unchanged
+    original = MemoryManager.alloc_kv
+
+    def spends(self: MemoryManager, owner: Any, n: Any) -> torch.Tensor:
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            raise OverAllocation("alloc", "kv", (), "injected")
+        return original(self, owner, n)
+
+    monkeypatch.setattr(MemoryManager, "alloc_kv", spends)
+    broken = manager(1)
+    alloc = {m.what: m for m in broken.methods}["alloc_kv"]
+    with pytest.raises(AssertionError, match="rejected call leaves state unchanged: a rejected call, MemoryManager"):
+        C.judge(broken, alloc, {"owner": request(5), "n": n}, inside=False)
+
+
+def test_verify_that_reads_past_the_match_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verify that reads one token of the key past the match refuses a longer key it must accept."""
+    original = RadixCache.verify
+
+    def too_far(self: RadixCache, match: Any, key: Any) -> None:
+        if isinstance(key, torch.Tensor) and isinstance(match, MatchResult) and key.numel() > match.length > 0:
+            raise IntegrityError("verify: slots and tokens differ")  # NOTE: what comparing key[: length + 1] meets
+        original(self, match, key)
+
+    monkeypatch.setattr(RadixCache, "verify", too_far)
+    fails("token", C.cache_scenario, "inv_domain_enforced")
+
+
+def test_node_that_takes_a_bool_id_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = RadixTree.node
+
+    def lax(self: RadixTree, ident: Any) -> Any:
+        return original(self, int(ident) if isinstance(ident, bool | float) else ident)
+
+    monkeypatch.setattr(RadixTree, "node", lax)
+    msg = fails("token", C.cache_scenario, "inv_domain_enforced")
+    assert "RadixCache.node" in msg
+
+
+def test_insert_that_crashes_on_a_repeated_slot_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An insert offered one slot for two positions must refuse it typed, not crash (the kvview check_fresh)."""
+    original = RadixCache.insert
+
+    def crashes(self: RadixCache, key: Any, value: Any, owner: Any, **kw: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() == 1 and value.unique().numel() < value.numel():
+            raise RuntimeError("shape mismatch")
+        return original(self, key, value, owner, **kw)
+
+    monkeypatch.setattr(RadixCache, "insert", crashes)
+    msg = fails("token", C.cache_scenario, "inv_domain_enforced", 600)
+    assert "RadixCache.insert" in msg and "RuntimeError" in msg
+
+
+def test_copy_on_write_that_evicts_before_checking_its_owner_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = RadixCache.mamba_copy_on_write
+
+    def evicts_first(self: RadixCache, match: Any, owner: Any) -> int:
+        if self.mamba is not None and not self.mamba.available_size():
+            self.evict(self.components[-1], 1)
+        return original(self, match, owner)
+
+    monkeypatch.setattr(RadixCache, "mamba_copy_on_write", evicts_first)
+    msg = fails("mamba", C.cache_scenario, "rejected call leaves state unchanged", 800)
+    assert "mamba_copy_on_write" in msg
+
+
+def test_a_node_lookup_must_not_refuse_a_live_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reading call inside its domain that is refused breaks the law too."""
+
+    def refuses(self: RadixTree, ident: Any) -> Any:
+        raise CacheError("node: refused")
+
+    monkeypatch.setattr(RadixTree, "node", refuses)
+    msg = fails("token", C.cache_scenario, "inv_domain_enforced")
+    assert "lies in its domain and was refused" in msg
+
+
+def test_is_tokens_is_the_key_domain() -> None:
+    assert C.tokens_of(torch.tensor([1, 2])) == [1, 2]
+    assert C.tokens_of(torch.tensor([1, 2], dtype=torch.int32)[::1]) == [1, 2]
+    assert C.tokens_of(torch.tensor([1.0])) is None
+    assert C.tokens_of([1, -1]) is None and C.tokens_of("ab") is None
+    assert D.is_tokens((1, 2)) and not D.is_tokens([True])
+
+
+# ---------------------------------------------------------------- the pool machine's ownership probe
+
+
+def chunk_of(m: Any, n: int = 2) -> Chunk:
+    return m.allocate(request(1), n)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("how", ["free", "give", "use"])
+def test_a_call_by_an_owner_that_holds_nothing_is_refused_by_the_reference(kind: str, how: str) -> None:
+    m = machine_for(KINDS[kind])()
+    m.foreign_free(chunk_of(m, 1 if kind == "req_to_token" else 2), request(2), how)
+
+
+@pytest.mark.parametrize(
+    ("kind", "cls", "name"),
+    [("mamba", MambaPool, "copy_state"), ("req_to_token", ReqToTokenPool, "write")],
+)
+def test_a_use_without_the_holder_check_is_caught(
+    monkeypatch: pytest.MonkeyPatch, kind: str, cls: type, name: str
+) -> None:
+    """``copy_state`` into, or ``write`` of, a slot the caller does not hold: the holder check forgotten."""
+    from kvledger.impl.slots import SlotPool
+
+    m = machine_for(KINDS[kind])()
+    chunk = chunk_of(m, 1 if kind == "req_to_token" else 2)
+    original = SlotPool.check_held
+
+    def lax(self: SlotPool, op: str, idx: Any, owner: Any) -> Any:
+        return None if op == name else original(self, op, idx, owner)
+
+    monkeypatch.setattr(SlotPool, "check_held", lax)
+    with pytest.raises(AssertionError, match=r"invalid call accepted|rejected call leaves state unchanged"):
+        m.foreign_free(chunk, request(2), "use")
