@@ -336,22 +336,79 @@ def _result_ids(self: SlotPool, result: Any) -> Any:
 
 
 def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Tier ``on`` for ``SlotPool.alloc`` / ``alloc_ids``: the top of the free stack before, the result after."""
+    """Tier ``on`` for ``SlotPool.alloc`` / ``alloc_ids``: the top of the free stack before, the result after.
+
+    NOTE: on a CPU pool the laws are inlined (no helper frames): before the call one gather of the top ``n`` slots'
+    tags and one copy of their ids; after it the result's ids and one gather of their tags, each compared as bytes.
+    The helpers (``snap_alloc``, ``alloc_takes_free_top``, ...) state the same laws and take every other case.
+    """
     names = [p for p in inspect.signature(fn).parameters][1:]
+
+    def fail(
+        description: str, law: Callable[..., bool], n: Any, owner: Any, args: Any, kwargs: Any, result: Any
+    ) -> Any:
+        return _violation(description, law, names, (n, owner, *args), kwargs, result)
 
     @functools.wraps(fn)
     def wrapper(self: SlotPool, n: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
+        tags = self._tags
+        top = self._top
+        if tags is not None and type(n) is int and n == 1 and top:
+            # NOTE: one slot (a decode step, a Mamba state): read and compared as scalars, as the laws below read it
+            slot = self._free_np.item(top - 1)  # type: ignore[union-attr]
+            free_before = tags.item(slot) == FREE_TAG
+            result = fn(self, n, owner, *args, **kwargs)
+            if type(result) is torch.Tensor and result.dtype == torch.int64 and result.is_cpu:
+                got = result.numpy()
+                _remember(result, got)
+            else:
+                got = _result_ids(self, result)
+            if not (free_before and got is not None and got.shape == (1,) and got.item(0) == slot):
+                raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
+            if self._top != top - 1:
+                raise fail(ALLOC_COUNT, alloc_count, n, owner, args, kwargs, result)
+            seen = self._seen
+            if tags.item(slot) != (seen[1] if owner is seen[0] else self.code_of(owner, "alloc")):
+                raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
+            return result
+        if tags is not None and type(n) is int and 0 < n <= top:
+            span = self._free_np[top - n : top]  # type: ignore[index]
+            free_before = tags[span].tobytes() == _FREE_BYTES * n
+            popped = span.tobytes()  # NOTE: a copy: an alloc that rewrites its stack top is read as it was
+            result = fn(self, n, owner, *args, **kwargs)
+            if type(result) is torch.Tensor and result.dtype == torch.int64 and result.is_cpu:
+                got = result.numpy()
+                _remember(result, got)
+            elif type(result) is np.ndarray and result.dtype == I64:
+                got = result
+            else:
+                got = _result_ids(self, result)
+                _remember(result, got)
+            if not (
+                free_before
+                and got is not None
+                and len(got) == n
+                and (got[::-1].tobytes() == popped or _same_ids(got, np.frombuffer(popped, I64)))
+            ):
+                raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
+            if self._top != top - n:
+                raise fail(ALLOC_COUNT, alloc_count, n, owner, args, kwargs, result)
+            seen = self._seen
+            code = seen[1] if owner is seen[0] else self.code_of(owner, "alloc")
+            if tags[got].tobytes() != _tag_bytes(code, n):
+                raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
+            return result
         old = snap_alloc(self, n)
         result = fn(self, n, owner, *args, **kwargs)
         got = _result_ids(self, result)
         _remember(result, got)
         if not alloc_takes_free_top(self, old, got, n):
-            raise _violation(ALLOC_TOP, alloc_takes_free_top, names, (n, owner, *args), kwargs, result)
+            raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
         assert old is not None
         if not alloc_count(self, old, n):
-            raise _violation(ALLOC_COUNT, alloc_count, names, (n, owner, *args), kwargs, result)
+            raise fail(ALLOC_COUNT, alloc_count, n, owner, args, kwargs, result)
         if not alloc_tags_owner(self, got, self.code_of(owner, "alloc")):
-            raise _violation(ALLOC_TAGS, alloc_tags_owner, names, (n, owner, *args), kwargs, result)
+            raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
         return result
 
     return _laws(wrapper, fn, ALLOC_TOP, ALLOC_COUNT, ALLOC_TAGS)
@@ -378,7 +435,11 @@ def on_release(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Tier ``on`` for ``SlotPool.free``: the named slots' tags before; after, the release's laws on them."""
+    """Tier ``on`` for ``SlotPool.free``: the named slots' tags before; after, the release's laws on them.
+
+    NOTE: on a CPU pool the laws after the call are inlined (no helper frames): one gather of the slots' tags and one
+    read of the pushed span, each compared as bytes with what the snapshot read.
+    """
     names = [p for p in inspect.signature(fn).parameters][1:]
 
     @functools.wraps(fn)
@@ -390,11 +451,32 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
             fn(self, indices, owner)
         finally:
             _inside.pool = outer
-        if not free_by_owner(old, self.code_of(owner, "free")):
+        seen = self._seen
+        code = seen[1] if owner is seen[0] else self.code_of(owner, "free")
+        tags = self._tags
+        if old is None or not (
+            old[2].tobytes() == _tag_bytes(code, len(old[2])) if tags is not None else free_by_owner(old, code)
+        ):
             raise _violation(FREE_OWNER, free_by_owner, names, (indices, owner), {}, None)
-        assert old is not None  # NOTE: held by the owner, so held (> 0): ``release_only_held`` holds too
-        if not release_frees(self, old):
-            raise _violation(RELEASE_FREES, release_frees, names, (indices, owner), {}, None)
+        # NOTE: held by the owner, so held (> 0): ``release_only_held`` holds too
+        top, ids, _, raw = old
+        if tags is not None:
+            k = len(ids)
+            if k == 1 and ids.shape == (1,):  # NOTE: one slot: the same reads as scalars
+                slot = ids.item(0)
+                if self._top == top + 1 and tags.item(slot) == FREE_TAG:
+                    pushed = self._free_np.item(top)  # type: ignore[union-attr]
+                    if pushed == slot or pushed == int.from_bytes(raw, sys.byteorder, signed=True):
+                        return
+            elif (
+                self._top == top + k
+                and tags[ids].tobytes() == _FREE_BYTES * k
+                and (self._free_np[top : top + k].tobytes() == raw or _same_ids(self._free_np[top : top + k], ids))  # type: ignore[index]
+            ):
+                return
+        elif release_frees(self, old):
+            return
+        raise _violation(RELEASE_FREES, release_frees, names, (indices, owner), {}, None)
 
     return _laws(wrapper, fn, FREE_OWNER, RELEASE_FREES)
 

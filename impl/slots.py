@@ -344,14 +344,15 @@ class SlotPool:
         if self._free_np is not None:
             ids, raw, lo = self._pop_ids(n, owner, False)
             out = torch.from_numpy(ids)
-            if 0 < n <= FRESH_MAX:
+            if 0 < n <= HANDED_MAX:
                 raw = ids.tobytes() if raw is None else raw
-                self._fresh.add(raw, None)
-            if raw is not None and 0 < n <= HANDED_MAX:  # NOTE: HANDED_MAX <= FRESH_MAX: raw is made above
+                self._fresh.add_short(raw, None)
                 handed = self._handed
                 handed[id(out)] = (out, ids, raw, lo)
                 if len(handed) > FRESH_KEEP:
                     del handed[next(iter(handed))]
+            elif 0 < n <= FRESH_MAX:
+                self._fresh.add(ids.tobytes() if raw is None else raw, None)
             return out
         code = self.check_alloc(n, owner)
         top = self._top
@@ -382,7 +383,9 @@ class SlotPool:
         if not (owner is seen[0] and type(n) is int and 0 <= n <= top):
             self.check_alloc(n, owner)  # NOTE: raises, or makes ``owner`` the last owner seen
             seen = self._seen
-        ids = free_np[top - n : top][::-1].copy()  # NOTE: a copy: the caller's ids must not see later pushes
+        # NOTE: a copy (the caller's ids must not see later pushes), reversed by one negative-step slice (a stop of
+        # -1 would read as the end: the bottom of the stack is popped through a reversed view)
+        ids = (free_np[top - 1 : top - n - 1 : -1] if top > n else free_np[top - n : top][::-1]).copy()
         self._top = top - n
         raw, lo = None, -1
         if n >= self.run_min and free_np.item(top - n) - (first := free_np.item(top - 1)) in (n - 1, 1 - n):
@@ -611,6 +614,13 @@ class RecentAllocs(Generic[V]):
             items, keep = self._long, FRESH_LONG
         items[raw[-64:]] = (raw, value)
         if len(items) > keep:
+            del items[next(iter(items))]
+
+    def add_short(self, raw: bytes, value: V) -> None:
+        """``add`` of a result of at most ``HANDED_MAX`` ids already as ``bytes`` (an alloc's hot path)."""
+        items = self._items
+        items[raw[-64:]] = (raw, value)
+        if len(items) > FRESH_KEEP:
             del items[next(iter(items))]
 
     def find(self, raw: bytes | bytearray) -> tuple[bytes, V] | None:
