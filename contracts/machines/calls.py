@@ -47,6 +47,7 @@ from kvledger.contracts.adapters.system import SystemConfig
 from kvledger.contracts.machines.probes import JUNK_SCALARS, count_or_junk, id_or_junk, owner_or_junk, raised
 from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
+from kvledger.impl.leaks import check_leaks
 from kvledger.impl.locks import LockHandle
 from kvledger.impl.mamba import MambaAlloc, MambaPool
 from kvledger.impl.memory import MemoryManager
@@ -116,6 +117,8 @@ class Scenario:
     methods: tuple[Method, ...]
     fingerprint: Callable[[], object]
     story: list[str] = field(default_factory=list)
+    audit: Callable[[Draw], str] | None = None
+    """A check of the object's own checker, run once per probing step (the manager's leak checker)."""
 
 
 def _arg(
@@ -730,7 +733,43 @@ def manager_scenario(kind: str, draw: Draw) -> Scenario:
 
 def manager_scenario_of(mm: MemoryManager, story: list[str] | None = None) -> Scenario:
     """The public calls of the live manager ``mm`` (``story``: how it came to its state)."""
-    return Scenario("MemoryManager", _manager_methods(mm), lambda: _manager_fingerprint(mm), story or [])
+    return Scenario(
+        "MemoryManager",
+        _manager_methods(mm),
+        lambda: _manager_fingerprint(mm),
+        story or [],
+        lambda draw: leak_audit(mm, draw),
+    )
+
+
+PHANTOM = request(10**6)
+"""An owner no structure of a manager references (the planted leak's)."""
+
+
+def leak_audit(mm: MemoryManager, draw: Draw) -> str:
+    """The leak checker under test: a healthy manager is reported clean, and one slot of a pool planted for an
+    owner nothing references is reported, and only it, as leaked by that owner; the plant is then taken back.
+
+    Raises ``AssertionError`` naming ``leak checker agrees with the ledgers`` when either fails."""
+    law = "leak checker agrees with the ledgers"
+    found = check_leaks(mm).findings
+    if found:
+        raise AssertionError(f"{law}: a healthy manager was reported: {found[0]}")
+    pools = [(name, pool) for name, pool in mm.pools().items() if pool.available_size() > 0]
+    if not pools:
+        return "leak audit: no free slot to plant"
+    name, pool = draw(st.sampled_from(pools))
+    planted = pool.alloc(1, PHANTOM)
+    try:
+        slot = int(planted[0])
+        found = check_leaks(mm).findings
+        named = [f for f in found if (f.pool, f.slot, f.kind) == (name, slot, "leaked") and str(PHANTOM) in f.owner]
+        if len(found) != 1 or not named:
+            seen = "; ".join(map(str, found)) or "nothing"
+            raise AssertionError(f"{law}: {name} slot {slot} planted for {PHANTOM}, nobody referencing it: {seen}")
+    finally:
+        pool.free(planted, PHANTOM)
+    return f"leak audit: {name} slot {slot}"
 
 
 SCENARIOS: dict[str, tuple[Callable[[str, Draw], Scenario], ...]] = {
@@ -744,6 +783,11 @@ SCENARIOS: dict[str, tuple[Callable[[str, Draw], Scenario], ...]] = {
 
 
 # ---------------------------------------------------------------- the probe
+
+
+def audit(scenario: Scenario, draw: Draw) -> str:
+    """Run ``scenario``'s audit of its own checker, if it has one; what was audited."""
+    return "" if scenario.audit is None else scenario.audit(draw)
 
 
 def probe(scenario: Scenario, draw: Draw) -> str:

@@ -30,7 +30,15 @@ from hypothesis.stateful import (
 )
 
 from kvledger.contracts.abstraction import AnyPool, abstract, inv_free_stack_matches_tags, pools_of
-from kvledger.contracts.machines.calls import SCENARIOS, Draw, Scenario, cache_scenario, manager_scenario, probe
+from kvledger.contracts.machines.calls import (
+    SCENARIOS,
+    Draw,
+    Scenario,
+    audit,
+    cache_scenario,
+    manager_scenario,
+    probe,
+)
 from kvledger.contracts.machines.probes import (
     Call,
     constructor_calls,
@@ -461,6 +469,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 scenario = self.scenarios[make.__name__] = make(kind.name, data.draw)
             for _ in range(data.draw(st.integers(1, 3), label="calls")):
                 probe(scenario, data.draw)
+            audit(scenario, data.draw)
 
         @precondition(lambda self: cache_scenario in SCENARIOS[kind.name])
         @rule(data=st.data())

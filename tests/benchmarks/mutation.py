@@ -57,7 +57,7 @@ CACHE = POOLS | {"radix", "tree", "lru", "locks", "kvview"}
 REACH: dict[str, set[str]] = {"pools": POOLS, "cache": CACHE, "system": CACHE | {"memory", "session", "admission"}}
 REACH["pools"] |= {"radix"}  # NOTE: the pool machine's constructor probe builds radix caches over its pools
 # NOTE: and its public-call probe (``contracts/machines/calls.py``) drives a live radix cache and memory manager
-REACH["pools"] |= CACHE | {"memory", "session", "admission", "requests"}
+REACH["pools"] |= CACHE | {"memory", "session", "admission", "requests", "leaks"}
 REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 

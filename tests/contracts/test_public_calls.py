@@ -215,3 +215,48 @@ def test_a_use_without_the_holder_check_is_caught(
     monkeypatch.setattr(SlotPool, "check_held", lax)
     with pytest.raises(AssertionError, match=r"invalid call accepted|rejected call leaves state unchanged"):
         m.foreign_free(chunk, request(2), "use")
+
+
+def _choosing(name: str) -> C.Draw:
+    """A draw that picks pool ``name`` from the audit's ``sampled_from`` of (name, pool)."""
+    return lambda strategy: next(p for p in strategy.elements if p[0] == name)  # type: ignore[attr-defined]
+
+
+def _running_manager(mamba: bool) -> MemoryManager:
+    mm = build_manager(SystemConfig(mamba=mamba, kv_tokens=16, rows=3, max_context=12, mamba_slots=4))
+    admit(mm, [mm.add_request((1, 2, 3))], Budget(24, 1))
+    return mm
+
+
+@pytest.mark.parametrize("mamba", [False, True])
+def test_the_leak_audit_plants_a_leak_in_each_pool_and_takes_it_back(mamba: bool) -> None:
+    mm = _running_manager(mamba)
+    before = C._manager_fingerprint(mm)
+    for name in mm.pools():
+        assert C.leak_audit(mm, _choosing(name)).startswith(f"leak audit: {name} slot ")
+        assert C._manager_fingerprint(mm) == before
+
+
+def test_a_leak_checker_that_reports_nothing_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvledger.impl.leaks import LeakReport
+
+    mm = _running_manager(False)
+    monkeypatch.setattr(C, "check_leaks", lambda mm: LeakReport())  # BUG: the checker finds nothing
+    with pytest.raises(AssertionError, match=r"leak checker agrees with the ledgers: kv slot \d+ planted for req:"):
+        C.leak_audit(mm, _choosing("kv"))
+
+
+def test_a_leak_checker_that_reports_a_healthy_manager_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvledger.impl import leaks
+
+    mm = _running_manager(False)
+    real = leaks.check_leaks
+
+    def noisy(m: MemoryManager) -> leaks.LeakReport:
+        report = real(m)
+        report.findings.append(leaks.Finding("kv", 1, "leaked", "req:1", "nobody", "alloc", 0))  # BUG: a false alarm
+        return report
+
+    monkeypatch.setattr(C, "check_leaks", noisy)
+    with pytest.raises(AssertionError, match="leak checker agrees with the ledgers: a healthy manager was reported"):
+        C.leak_audit(mm, _choosing("kv"))
