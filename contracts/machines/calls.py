@@ -535,7 +535,31 @@ def cache_scenario(kind: str, draw: Draw) -> Scenario:
     """A radix cache over a fresh pool of ``kind`` (token, paged, SWA; a Mamba pool beside a token one)."""
     c = _build_cache(kind, draw)
     story = [f"RadixCache over {kind}: cached {c.keys}, locked {[k for _, k in c.matches]}"]
-    return Scenario("RadixCache", _cache_methods(c), lambda: _cache_fingerprint(c.cache), story)
+    return Scenario(
+        "RadixCache", _cache_methods(c), lambda: _cache_fingerprint(c.cache), story, lambda draw: cache_audit(c.cache)
+    )
+
+
+def cache_audit(cache: RadixCache) -> str:
+    """The cache's own self-checks and counters agree with its state: each component's LRU list passes its
+    ``check()``, and ``node_count()`` is the number of nodes a walk from the root through ``children`` meets.
+
+    Raises ``AssertionError`` naming ``self-checks agree with the state`` otherwise (a healthy cache whose own
+    check raises, or whose counter bounds a walk wrongly, misleads every caller that trusts them)."""
+    law = "self-checks agree with the state"
+    for comp in cache.components:
+        err = raised(cache.lru(comp).check)
+        if err is not None:
+            raise AssertionError(f"{law}: {comp.value} LRU list's check() raised on a healthy cache: {err!r}")
+    seen, todo = {cache.root.id}, [cache.root]
+    while todo:
+        for child in todo.pop().children.values():
+            if child.id not in seen:
+                seen.add(child.id)
+                todo.append(child)
+    if cache.node_count() != len(seen):
+        raise AssertionError(f"{law}: node_count() is {cache.node_count()}, a walk from the root meets {len(seen)}")
+    return f"cache audit: {len(seen)} nodes, lists of {', '.join(c.value for c in cache.components)}"
 
 
 # ---------------------------------------------------------------- the memory manager

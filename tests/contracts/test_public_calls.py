@@ -260,3 +260,41 @@ def test_a_leak_checker_that_reports_a_healthy_manager_fails_the_audit(monkeypat
     monkeypatch.setattr(C, "check_leaks", noisy)
     with pytest.raises(AssertionError, match="leak checker agrees with the ledgers: a healthy manager was reported"):
         C.leak_audit(mm, _choosing("kv"))
+
+
+def _cached(kind: str = "token") -> RadixCache:
+    return C._build_cache(kind, _first_choice).cache
+
+
+def _first_choice(strategy: Any) -> Any:
+    """A deterministic draw: each strategy's simplest example (Hypothesis' own minimal value)."""
+    from hypothesis import find
+
+    return find(strategy, lambda _: True, settings=settings(database=None, max_examples=1))
+
+
+def test_the_cache_audit_holds_on_a_healthy_cache() -> None:
+    c = _cached()
+    assert C.cache_audit(c).startswith("cache audit: ")
+
+
+def test_a_self_check_that_raises_on_a_healthy_list_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvledger.impl.lru import LRUList
+    from kvledger.spec.errors import IntegrityError
+
+    c = _cached()
+
+    def check(self: Any) -> None:
+        raise IntegrityError("inv_lru_links_symmetric: broken")  # BUG: the list's own check misreads a good list
+
+    monkeypatch.setattr(LRUList, "check", check)
+    with pytest.raises(AssertionError, match=r"self-checks agree with the state: full LRU list's check\(\) raised"):
+        C.cache_audit(c)
+
+
+def test_a_node_count_off_by_one_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    c = _cached()
+    real = RadixTree.node_count
+    monkeypatch.setattr(RadixTree, "node_count", lambda self: real(self) + 1)  # BUG: counts one node too many
+    with pytest.raises(AssertionError, match=r"self-checks agree with the state: node_count\(\) is \d+, a walk"):
+        C.cache_audit(c)
