@@ -296,6 +296,26 @@ class LRUList(Generic[N]):
             raise NotInList("lru_touch", self.component.value, _ident(bad), "not in the list (evicted node touched?)")
         if len(named) != len(rest) or (j and not named.isdisjoint(order[:j])):
             raise AlreadyInList("lru_touch", self.component.value, _ident(rest[0]), "a node named twice in one touch")
+        self._place_runs(pos, rest)
+
+    def _reorder(self, order: list[N]) -> None:
+        """``place`` for a caller that guarantees ``order`` names distinct members: no checks (the radix tree's own
+        paths, a descent from the root: each node is in the tree, so in the FULL list, and is passed once)."""
+        i = self.slot
+        pos: Linked = self.head
+        j = 0
+        for node in order:
+            if pos.next[i] is not node:
+                break
+            pos = node
+            j += 1
+        else:
+            return
+        self._place_runs(pos, order[j:] if j else order)
+
+    def _place_runs(self, pos: Linked, rest: list[N]) -> None:
+        """Put members ``rest`` (distinct, not yet in place) just after ``pos`` in that order, run by run."""
+        i = self.slot
         first = last = rest[0]
         for node in rest[1:]:
             if last.next[i] is node:
@@ -335,6 +355,11 @@ class LRUList(Generic[N]):
             raise NotInList("lru_insert", self.component.value, _ident(anchor), "anchor is not in the list")
         self._check_unlinked("lru_insert", node)
         self._link_after(anchor, node)
+
+    def _link_new(self, prev: Linked, node: N) -> None:
+        """Link ``node`` just after ``prev`` (a member, or ``head``) with no checks: for a node that its caller has just
+        made, so it was never in a list (the radix tree's new leaves and split nodes). ``insert_behind`` checked."""
+        self._link_after(prev, node)
 
     # ------------------------------------------------------------ pointer surgery
 

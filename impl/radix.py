@@ -170,11 +170,16 @@ class RadixCache(RadixTree):
         ``key``: as for ``match_prefix``.
         """
         op = "insert"
-        raw_key, value = key_bytes(op, key), self._as_tokens(op, value)
-        encode(owner, op, self._kv.pool.name)
+        memo = self._walked
+        raw_key = key.tobytes() if type(key) is array and key.typecode == "q" else None
+        if raw_key is None or memo is None or memo.raw != raw_key:
+            raw_key = key_bytes(op, key)
+            memo = self._walk_of(raw_key)
+        # NOTE: else the key of the last match, whose ids were checked there
+        value = self._as_tokens(op, value)
+        self._kv.pool.code_of(owner, op)  # NOTE: ``encode(owner)``'s check, remembered for the owner last seen
         if mamba_slot is not None and self.mamba is not None:
             check_id(op, "mamba", "mamba_slot", mamba_slot, 0, self.mamba.pool.size)
-        memo = self._walk_of(raw_key)
         q = array("q", raw_key) if memo is None else memo.key  # NOTE: the match's tokens of this key
         slots = host_bytes(value)
         n = len(q)
