@@ -356,11 +356,6 @@ class LRUList(Generic[N]):
         self._check_unlinked("lru_insert", node)
         self._link_after(anchor, node)
 
-    def _link_new(self, prev: Linked, node: N) -> None:
-        """Link ``node`` just after ``prev`` (a member, or ``head``) with no checks: for a node that its caller has just
-        made, so it was never in a list (the radix tree's new leaves and split nodes). ``insert_behind`` checked."""
-        self._link_after(prev, node)
-
     # ------------------------------------------------------------ pointer surgery
 
     def _check_unlinked(self, op: str, node: Linked) -> None:
@@ -370,7 +365,9 @@ class LRUList(Generic[N]):
         if node.prev[i] is not None or node.next[i] is not None:
             raise AlreadyInList(op, self.component.value, node.id, "still linked (in another list, or left dangling)")
 
-    def _link_after(self, prev: Linked, node: Linked) -> None:  # NOTE: ``node`` checked by the caller
+    def _link_after(self, prev: Linked, node: Linked) -> None:
+        """Link non-member ``node`` just after ``prev`` (a member, or ``head``), unchecked: the callers check, or
+        (the radix tree) link a node they have just made, so never in a list."""
         i = self.slot
         nxt = prev.next[i]
         assert nxt is not None

@@ -85,8 +85,9 @@ _SIGN = 7 if sys.byteorder == "little" else 0
 
 
 class Walk(NamedTuple):
-    """The last match's walk: its key (``raw`` bytes, ``key`` tokens), its matched path from the root's child down,
-    and the slots of its matched positions (int64 bytes). It stays true while no node on ``path`` changes."""
+    """The last match's walk: its key (``raw`` bytes, ``key`` tokens), its matched path from the root's child down
+    (empty when nothing matched: a walk from the root), and the slots of its matched positions (int64 bytes). It
+    stays true while no node on ``path`` changes."""
 
     raw: bytes | bytearray
     key: Tokens
@@ -373,7 +374,7 @@ class RadixTree:
         resumes at its end (no node it went through has changed since).
         """
         g, n = self.page_size, len(key)
-        if memo is not None:
+        if memo is not None and memo.path:
             path = list(memo.path)
             x = path[-1]
             pos = x.end
@@ -491,11 +492,11 @@ class RadixTree:
         # NOTE: ``p`` was made just now: linked without ``insert_ahead_of``'s checks (``c`` is a member of each)
         ahead = c.prev[I_FULL]
         assert ahead is not None
-        self._full._link_new(ahead, p)
+        self._full._link_after(ahead, p)
         if self._swa is not None and not p.swa_tombstone:
             ahead = c.prev[I_SWA]
             assert ahead is not None
-            self._swa._link_new(ahead, p)
+            self._swa._link_after(ahead, p)
         return p
 
     def _new_leaf(
@@ -517,18 +518,19 @@ class RadixTree:
         if not taken:
             assert new is not None
             self._kv.move(new, owner, leaf.owner)
-        parent.children[self._child_key(key)] = leaf
-        self._nodes[leaf.id] = leaf
+        g = self.page_size
+        parent.children[key[0] if g == 1 else key[:g].tobytes()] = leaf  # NOTE: ``_child_key(key)``
+        self._nodes[ident] = leaf
         # NOTE: the leaf goes where the insert's path touch puts it, just behind its parent (a parent
-        # the match before has touched is then already in place, so the touch moves nothing)
-        # NOTE: ``leaf`` was made just now: linked without ``insert_behind``'s checks (every node but the root
-        # holds FULL content, so ``parent`` is a member unless it is the root)
+        # the match before has touched is then already in place, so the touch moves nothing). It was made
+        # just now: linked without ``insert_behind``'s checks (every node but the root holds FULL content,
+        # so ``parent`` is a member unless it is the root)
         full = self._full
-        full._link_new(full.head if parent.parent is None else parent, leaf)
+        full._link_after(full.head if parent.parent is None else parent, leaf)
         self._evictable[I_FULL] += len(key)
         if self._swa is not None:
             swa = self._swa
-            swa._link_new(parent if parent in swa else swa.head, leaf)
+            swa._link_after(parent if parent in swa else swa.head, leaf)
             self._evictable[I_SWA] += len(key)
         return leaf
 
