@@ -173,7 +173,7 @@ class RadixCache(RadixTree):
         """
         op = "insert"
         memo = self._walked
-        raw_key = key.tobytes() if type(key) is array and key.typecode == "q" else None
+        raw_key: bytes | bytearray | None = key.tobytes() if type(key) is array and key.typecode == "q" else None
         if raw_key is None or memo is None or memo.raw != raw_key:
             raw_key = key_bytes(op, key)
             memo = self._walk_of(raw_key)
