@@ -296,6 +296,26 @@ class LRUList(Generic[N]):
             raise NotInList("lru_touch", self.component.value, _ident(bad), "not in the list (evicted node touched?)")
         if len(named) != len(rest) or (j and not named.isdisjoint(order[:j])):
             raise AlreadyInList("lru_touch", self.component.value, _ident(rest[0]), "a node named twice in one touch")
+        self._place_runs(pos, rest)
+
+    def _reorder(self, order: list[N]) -> None:
+        """``place`` for a caller that guarantees ``order`` names distinct members: no checks (the radix tree's own
+        paths, a descent from the root: each node is in the tree, so in the FULL list, and is passed once)."""
+        i = self.slot
+        pos: Linked = self.head
+        j = 0
+        for node in order:
+            if pos.next[i] is not node:
+                break
+            pos = node
+            j += 1
+        else:
+            return
+        self._place_runs(pos, order[j:] if j else order)
+
+    def _place_runs(self, pos: Linked, rest: list[N]) -> None:
+        """Put members ``rest`` (distinct, not yet in place) just after ``pos`` in that order, run by run."""
+        i = self.slot
         first = last = rest[0]
         for node in rest[1:]:
             if last.next[i] is node:
@@ -345,7 +365,9 @@ class LRUList(Generic[N]):
         if node.prev[i] is not None or node.next[i] is not None:
             raise AlreadyInList(op, self.component.value, node.id, "still linked (in another list, or left dangling)")
 
-    def _link_after(self, prev: Linked, node: Linked) -> None:  # NOTE: ``node`` checked by the caller
+    def _link_after(self, prev: Linked, node: Linked) -> None:
+        """Link non-member ``node`` just after ``prev`` (a member, or ``head``), unchecked: the callers check, or
+        (the radix tree) link a node they have just made, so never in a list."""
         i = self.slot
         nxt = prev.next[i]
         assert nxt is not None

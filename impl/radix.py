@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping
+from ctypes import string_at
 
 import torch
 
@@ -148,6 +149,7 @@ class RadixCache(RadixTree):
                     ends.append(n.end)
             length = longest_match(pos, self.page_size, self.swa_window, tombs, None if self.mamba is None else ends)
         if not length:
+            self._walked = Walk(raw, q, [], b"")  # NOTE: an insert of this key then starts from the root, key checked
             return MatchResult(0, self._empty, self.root, None)
         last, rest, up = self._cut(path, length)
         self._refresh(up, rest)
@@ -170,16 +172,22 @@ class RadixCache(RadixTree):
         ``key``: as for ``match_prefix``.
         """
         op = "insert"
-        raw_key, value = key_bytes(op, key), self._as_tokens(op, value)
-        encode(owner, op, self._kv.pool.name)
+        memo = self._walked
+        raw_key: bytes | bytearray | None = key.tobytes() if type(key) is array and key.typecode == "q" else None
+        if raw_key is None or memo is None or memo.raw != raw_key:
+            raw_key = key_bytes(op, key)
+            memo = self._walk_of(raw_key)
+        # NOTE: else the key of the last match, whose ids were checked there
+        value = self._as_tokens(op, value)
+        self._kv.pool.code_of(owner, op)  # NOTE: ``encode(owner)``'s check, remembered for the owner last seen
         if mamba_slot is not None and self.mamba is not None:
             check_id(op, "mamba", "mamba_slot", mamba_slot, 0, self.mamba.pool.size)
-        memo = self._walk_of(raw_key)
         q = array("q", raw_key) if memo is None else memo.key  # NOTE: the match's tokens of this key
-        slots = host_bytes(value)
         n = len(q)
         if value.numel() != n:
             raise LengthMismatch(op, tuple(q), f"{value.numel()} slots for {n} tokens")
+        # NOTE: an int64 CPU tensor (``_as_tokens``) of n ids, read at its data pointer as ``host_bytes`` does
+        slots = string_at(value.data_ptr(), 8 * n) if self._on_cpu and value.is_contiguous() else host_bytes(value)
         if n % self.page_size:
             raise UnalignedKey(op, tuple(q), f"length {n} is not a multiple of page size {self.page_size}")
         if mamba_slot is not None and (self.mamba is None or n == 0):
@@ -205,7 +213,7 @@ class RadixCache(RadixTree):
         dups = self._empty if taken else self._check_insert(q, value, hit, self._tensor(bytearray(cached)), owner)
         # NOTE: all checks are done; nothing below can fail on the caller's input.
         if hit < n:
-            self._new_id()  # NOTE: ``ident``, reserved above
+            self._next_id = ident + 1  # NOTE: ``ident``, reserved above (``_new_id``)
         last, rest, up = self._cut(path, hit)
         if hit < n:
             last = self._new_leaf(ident, last, q[hit:], value, hit, array("q", raw), owner, taken)

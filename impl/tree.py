@@ -17,6 +17,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from kvledger.impl.arguments import has_bool, not_ids
@@ -25,7 +26,7 @@ from kvledger.impl.locks import Counter, LockTable
 from kvledger.impl.lru import SLOT, ByComponent, Linked, LRUList
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.owners import node_tag
-from kvledger.impl.slots import Tokens, host_bytes
+from kvledger.impl.slots import I64, Tokens, host_bytes
 from kvledger.spec.errors import CacheError, ComponentDisabled, IntegrityError
 from kvledger.spec.types import Component, NodeId, Owner, node
 
@@ -73,20 +74,20 @@ def key_bytes(op: str, t: Key) -> bytes | bytearray:
             raise CacheError(f"{op}: token ids must be int64 integers ({e})") from None
         if has_bool(t):
             raise CacheError(f"{op}: token ids must be ints, not bools (True/False)")
-    if raw and bytes(raw[_SIGN::8]).translate(None, _LOW):  # NOTE: a high byte >= 0x80 is left: a negative id
+    if not raw[_SIGN::8].isascii():  # NOTE: a high byte >= 0x80: a negative id
         raise CacheError(f"{op}: token ids must be >= 0, got {min(array('q', raw))}")
     return raw
 
 
 _SIGN = 7 if sys.byteorder == "little" else 0
-_LOW = bytes(range(0x80))
-"""Where the sign bit of each int64 lies in native-order bytes, and the high bytes of ids >= 0 (a key's ids are
-checked for sign on its bytes: a C pass, no per-id Python work)."""
+"""Where the sign bit of each int64 lies in native-order bytes: the ids are >= 0 when those bytes are all below
+0x80, which ``isascii`` tells in one C pass (no per-id Python work)."""
 
 
 class Walk(NamedTuple):
-    """The last match's walk: its key (``raw`` bytes, ``key`` tokens), its matched path from the root's child down,
-    and the slots of its matched positions (int64 bytes). It stays true while no node on ``path`` changes."""
+    """The last match's walk: its key (``raw`` bytes, ``key`` tokens), its matched path from the root's child down
+    (empty when nothing matched: a walk from the root), and the slots of its matched positions (int64 bytes). It
+    stays true while no node on ``path`` changes."""
 
     raw: bytes | bytearray
     key: Tokens
@@ -95,18 +96,17 @@ class Walk(NamedTuple):
 
 
 def common_prefix(a: Tokens, b: Tokens, pos: int) -> int:
-    """The length of the longest common prefix of ``a`` and ``b[pos:]``."""
+    """The length of the longest common prefix of ``a`` and ``b[pos:]``.
+
+    NOTE: one numpy comparison of the two runs (views of the arrays, no copy) and the first difference found in
+    C: a node's key runs to thousands of tokens, where halving with slices copies half the run at every step.
+    """
     hi = min(len(a), len(b) - pos)
-    if a[:hi] == b[pos : pos + hi]:
-        return hi
-    lo = 0  # NOTE: a[:lo] agrees and a[:hi] does not; halve until they are adjacent
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[pos + lo : pos + mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    if hi <= 0:
+        return 0
+    differs = np.frombuffer(a, I64, hi) != np.frombuffer(b, I64, hi, 8 * pos)
+    first = int(differs.argmax())
+    return first if differs[first] else hi
 
 
 class TreeNode(Linked):
@@ -136,7 +136,6 @@ class TreeNode(Linked):
         "refs",
         "slots",
         "swa_tombstone",
-        "tag",
     )
 
     def __init__(
@@ -155,7 +154,6 @@ class TreeNode(Linked):
         self.swa_tombstone = False
         self.mamba_slot: int | None = None
         self.refs = [0] * _LISTS
-        self.tag = node_tag(ident)  # NOTE: ``encode(self.owner)``, the tag of the full slots the node holds
         self.full_site: Counter = (NodeId(ident), FULL)  # its FULL lock counter, as handles name it
 
     @property
@@ -273,6 +271,7 @@ class RadixTree:
         self.mamba = mamba
         self.device = kv.device
         self._on_device = self.device.type != "cpu"  # NOTE: nodes keep a device copy of their slots only there
+        self._on_cpu = not self._on_device
         on = (True, swa_window is not None, mamba is not None)
         self.components: tuple[Component, ...] = tuple(c for c, b in zip((FULL, SWA, MAMBA), on, strict=True) if b)
         self._empty = torch.zeros(0, dtype=torch.int64, device=self.device)
@@ -375,7 +374,7 @@ class RadixTree:
         resumes at its end (no node it went through has changed since).
         """
         g, n = self.page_size, len(key)
-        if memo is not None:
+        if memo is not None and memo.path:
             path = list(memo.path)
             x = path[-1]
             pos = x.end
@@ -448,13 +447,15 @@ class RadixTree:
         ``up[-1]``): SGLang refreshes the node it splits, so its remainder stays as recent as the matched part.
         """
         order = up if rest is None else [*up, rest]
-        self._full.place(order)
+        # NOTE: ``_reorder`` skips ``place``'s checks: a path from the root names each node once, and every node
+        # holds FULL content (the other lists get only their members)
+        self._full._reorder(order)
         if self._swa is not None:
             swa = self._swa
-            swa.place([x for x in order if x in swa])
+            swa._reorder([x for x in order if x in swa])
         if self._mamba is not None:
             mamba = self._mamba
-            mamba.place([x for x in order if x in mamba])
+            mamba._reorder([x for x in order if x in mamba])
 
     # ------------------------------------------------------------ growing
 
@@ -475,7 +476,7 @@ class RadixTree:
         p = TreeNode(self._new_id(), parent, c.key[:k], upper, c.slots[:k], c.start + k)
         p.swa_tombstone = c.swa_tombstone
         if self._kv.swa is None:
-            self._kv.retag(p.slots, p.tag)
+            self._kv.retag(p.slots, node_tag(p.id))
         else:
             self._kv.move(p.value, c.owner, p.owner)
         c.key, c._value, c.slots = c.key[k:], lower, c.slots[k:]
@@ -488,9 +489,14 @@ class RadixTree:
         if refs[I_FULL] or refs[I_SWA]:
             inherited = [comp for comp, i in ((FULL, I_FULL), (SWA, I_SWA)) if refs[i] > 0]
             self._locks.extend_on_split(NodeId(c.id), NodeId(p.id), inherited)
-        self._full.insert_ahead_of(c, p)
+        # NOTE: ``p`` was made just now: linked without ``insert_ahead_of``'s checks (``c`` is a member of each)
+        ahead = c.prev[I_FULL]
+        assert ahead is not None
+        self._full._link_after(ahead, p)
         if self._swa is not None and not p.swa_tombstone:
-            self._swa.insert_ahead_of(c, p)
+            ahead = c.prev[I_SWA]
+            assert ahead is not None
+            self._swa._link_after(ahead, p)
         return p
 
     def _new_leaf(
@@ -512,20 +518,19 @@ class RadixTree:
         if not taken:
             assert new is not None
             self._kv.move(new, owner, leaf.owner)
-        parent.children[self._child_key(key)] = leaf
-        self._nodes[leaf.id] = leaf
+        g = self.page_size
+        parent.children[key[0] if g == 1 else key[:g].tobytes()] = leaf  # NOTE: ``_child_key(key)``
+        self._nodes[ident] = leaf
         # NOTE: the leaf goes where the insert's path touch puts it, just behind its parent (a parent
-        # the match before has touched is then already in place, so the touch moves nothing)
-        if parent.parent is not None:  # NOTE: every node but the root holds FULL content
-            self._full.insert_behind(parent, leaf)
-        else:
-            self._full.insert_mru(leaf)
+        # the match before has touched is then already in place, so the touch moves nothing). It was made
+        # just now: linked without ``insert_behind``'s checks (every node but the root holds FULL content,
+        # so ``parent`` is a member unless it is the root)
+        full = self._full
+        full._link_after(full.head if parent.parent is None else parent, leaf)
         self._evictable[I_FULL] += len(key)
         if self._swa is not None:
-            if parent in self._swa:
-                self._swa.insert_behind(parent, leaf)
-            else:
-                self._swa.insert_mru(leaf)
+            swa = self._swa
+            swa._link_after(parent if parent in swa else swa.head, leaf)
             self._evictable[I_SWA] += len(key)
         return leaf
 
@@ -554,14 +559,16 @@ class RadixTree:
             self.kv.free(n.value, n.owner)  # NOTE: full and SWA slots together, checked (SWA caches are not batched)
         else:
             freed.append(n)
-        self._drop_state(n)
-        size = len(n.key)
+        if n.mamba_slot is not None:
+            self._drop_state(n)
+        key = n.key
+        size = len(key)
         self._full.remove(n)
         self._evictable[I_FULL] -= size
         if self._swa is not None and not n.swa_tombstone:
             self._swa.remove(n)
             self._evictable[I_SWA] -= size
-        del parent.children[self._child_key(n.key)]
+        del parent.children[key[0] if self.page_size == 1 else key[: self.page_size].tobytes()]
         del self._nodes[n.id]
         n.parent = None
         return size
@@ -662,6 +669,14 @@ class RadixTree:
             raise CacheError(f"{op}: node {n.id} is not a live node of this cache (evicted, or another cache's)")
 
     def _as_tokens(self, op: str, t: torch.Tensor) -> torch.Tensor:
+        if (
+            type(t) is torch.Tensor
+            and t.dtype is torch.int64
+            and t.layout is torch.strided
+            and t.dim() == 1
+            and (t.is_cpu if self._on_cpu else not t.is_meta and t.device == self.device)
+        ):
+            return t  # NOTE: the common case, decided without making a device object
         if not isinstance(t, torch.Tensor):
             raise CacheError(f"{op}: expected a 1-D integer tensor, got {type(t).__name__}")
         if t.dtype != torch.int64 or t.dim() != 1 or t.layout != torch.strided or t.is_meta:

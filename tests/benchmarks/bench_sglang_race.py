@@ -524,22 +524,85 @@ def run_trace(ops: Any, requests: list[list[int]], page: int, slack: int = 0) ->
     }
 
 
-def run_workload(variant: str, w: Workload, page: int) -> dict[str, Any]:
-    """``variant`` on workload ``w`` at ``page``, in a fresh cache and pool: one result."""
+PHASES = ("match", "lock", "evict", "alloc", "insert", "unlock")
+"""The steps of one request in ``run_trace``'s loop, as ``--phases`` times them (``evict`` includes the free count)."""
+
+
+def run_phases(ops: Any, requests: list[list[int]], page: int, slack: int = 0) -> dict[str, Any]:
+    """``run_trace``'s loop with each step timed apart (``--phases``): seconds per phase, and the counts.
+
+    NOTE: by ``time.perf_counter_ns`` inside the worker, whatever ``--clock`` says: the CPU clock costs
+    ~1.4 µs a reading on this machine, more than a lock step, so it would drown the small phases. Run on a fresh
+    cache, apart from the timed loop (whose ratios stay the benchmark's), with the same requests and results.
+    """
+    now = time.perf_counter_ns
+    keys = [ops.key(t[: len(t) - len(t) % page]) for t in requests]
+    spent = dict.fromkeys(PHASES, 0)
+    hit = evicted = 0
+    gc.collect()
+    for r, key in enumerate(keys, 1):
+        n = len(key)
+        t0 = now()
+        matched, prefix, node = ops.match(key)
+        t1 = now()
+        h = ops.lock(node)
+        t2 = now()
+        spent["match"] += t1 - t0
+        spent["lock"] += t2 - t1
+        need = n - matched
+        if need:
+            short = need - ops.available()
+            if short > 0:
+                evicted += ops.evict(short + slack)
+            t3 = now()
+            new = ops.alloc(r, need)
+            t4 = now()
+            ops.insert(r, key, prefix, new, matched)
+            t5 = now()
+            spent["evict"] += t3 - t2
+            spent["alloc"] += t4 - t3
+            spent["insert"] += t5 - t4
+        else:
+            t5 = now()
+        ops.unlock(h)
+        spent["unlock"] += now() - t5
+        hit += matched
+    return {"phase_seconds": {k: v / 1e9 for k, v in spent.items()}, "phase_hits": hit, "phase_evicted": evicted}
+
+
+def run_workload(variant: str, w: Workload, page: int, phases: bool = False) -> dict[str, Any]:
+    """``variant`` on workload ``w`` at ``page``, in a fresh cache and pool: one result (``phases``: and the loop's
+    steps timed apart, in another fresh cache: ``run_phases``)."""
     pool = w.pool(page)
     requests = [t for t in w.requests if len(t) >= page]  # NOTE: every variant drops a request shorter than a page
     if variant.startswith("vllm"):
         result = run_vllm_trace(requests, pool, page)
     else:
         result = run_trace(build(variant, pool, page), requests, page, w.slack(page))
+        if phases:
+            split = run_phases(build(variant, pool, page), requests, page, w.slack(page))
+            if (split.pop("phase_hits"), split.pop("phase_evicted")) != (
+                result["hit_tokens"],
+                result["evicted_tokens"],
+            ):
+                raise RuntimeError(f"{variant} {w.name}: the phase-timed loop disagrees with the timed loop")
+            result.update(split)
     return {"variant": variant, "workload": w.name, "page": page, "pool": pool, "slack": w.slack(page), **result}
 
 
-def worker(variant: str, names: list[str], requests: int, page: int, scale: float, clock_name: str = "wall") -> None:
+def worker(
+    variant: str,
+    names: list[str],
+    requests: int,
+    page: int,
+    scale: float,
+    clock_name: str = "wall",
+    phases: bool = False,
+) -> None:
     global clock
     clock = CLOCKS[clock_name]
     for name in names:
-        result = run_workload(variant, make_workload(name, requests, scale=scale), page)
+        result = run_workload(variant, make_workload(name, requests, scale=scale), page, phases)
         print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -565,6 +628,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     )
     parser.add_argument("--small", action="store_true", help="a few dozen short requests per workload (smoke test)")
     parser.add_argument("--detail", action="store_true", help="also a table per workload and page, every column")
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="also time each step of the loop apart (match, lock, evict, alloc, insert, unlock; in a second, fresh "
+        "cache, by the wall clock inside the worker) and print where each variant's time goes",
+    )
     parser.add_argument("--venv-059", type=Path, default=ROOT / "build" / "sglang-0.5.9")
     parser.add_argument("--venv-0523", type=Path, default=ROOT / "build" / "sglang-0.5.23")
     parser.add_argument(
@@ -582,7 +651,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         parser.error(f"unknown workload {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
     requests, scale = (SMALL["requests"], SMALL["scale"]) if args.small else (args.requests, 1.0)
     if args.worker:
-        worker(args.worker, names, int(requests), args.page, scale, args.clock)
+        worker(args.worker, names, int(requests), args.page, scale, args.clock, args.phases)
         return []
     venvs = {"0.5.9": args.venv_059, "0.5.23": args.venv_0523}
     for version, path in venvs.items():
@@ -608,7 +677,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     continue
                 cmd = [str(py), __file__, "--worker", variant, "--page", str(page), "--workload", ",".join(names)]
                 cmd += ["--small"] if args.small else ["--requests", str(requests)]
-                cmd += ["--clock", args.clock]
+                cmd += ["--clock", args.clock] + (["--phases"] if args.phases else [])
                 proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT, env=env.get(variant))
                 lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
                 got = [{**json.loads(ln[len("RESULT ") :]), "round": round_} for ln in lines]
@@ -650,6 +719,8 @@ def best_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for k in ("seconds", "match_seconds", "hash_seconds"):
             if k in r:
                 b[k] = min(b[k], r[k])
+        if "phase_seconds" in r:  # NOTE: each phase's best round on its own (the noise is per phase)
+            b["phase_seconds"] = {k: min(v, r["phase_seconds"][k]) for k, v in b["phase_seconds"].items()}
     return list(best.values())
 
 
@@ -732,8 +803,33 @@ def report(results: list[dict[str, Any]], variants: list[str], skipped: list[str
         if detail:
             for n in names:
                 report_detail(console, page, n, [rows[(v, n)] for v in variants if (v, n) in rows])
+        if any("phase_seconds" in r for r in rows.values()):
+            report_phases(console, page, names, [[rows[(v, n)] for v in variants if (v, n) in rows] for n in names])
     for s in skipped:
         console.print(f"  not run: {s}")
+
+
+def report_phases(console: Any, page: int, names: list[str], rows: list[list[dict[str, Any]]]) -> None:
+    """Where each variant's time goes (``--phases``): µs a request per step, each the best of its rounds."""
+    from rich.table import Table
+
+    table = Table(title=f"where the time goes, page size {page}: µs a request, per step (wall clock in the worker)")
+    for c in ["workload", "implementation", *PHASES, "sum", "timed loop"]:
+        table.add_column(c, justify="left" if c in ("workload", "implementation") else "right")
+    for name, group in zip(names, rows, strict=True):
+        for r in group:
+            split = r.get("phase_seconds")
+            if split is None:
+                continue
+            us = [1e6 * split[p] / r["requests"] for p in PHASES]
+            table.add_row(
+                name,
+                short_name(r["variant"]),
+                *(f"{u:.1f}" for u in us),
+                f"{sum(us):.1f}",
+                f"{1e6 * r['seconds'] / r['requests']:.1f}",
+            )
+    console.print(table)
 
 
 def report_detail(console: Any, page: int, name: str, rows: list[dict[str, Any]]) -> None:

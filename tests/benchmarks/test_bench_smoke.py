@@ -249,6 +249,28 @@ def test_race_kvledger_loop_matches_an_unbounded_oracle() -> None:
         bindings.install(level)
 
 
+def test_race_phases_time_every_step_of_the_same_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    race = load("bench_sglang_race")
+    level = bindings.current_level()
+    try:
+        w = race.make_workload("prefix-exact", 48, scale=race.SMALL["scale"])
+        r = race.run_workload("kvledger", w, 1, phases=True)
+        assert set(r["phase_seconds"]) == set(race.PHASES) and r["evicted_tokens"] > 0
+        assert all(r["phase_seconds"][p] > 0 for p in ("match", "lock", "evict", "alloc", "insert", "unlock"))
+        # the phase-timed loop must reproduce the timed loop's hits and evictions, or the run stops
+        real = race.run_phases
+
+        def off_by_one(*args: Any) -> dict[str, Any]:
+            out = real(*args)
+            return {**out, "phase_hits": out["phase_hits"] + 1}
+
+        monkeypatch.setattr(race, "run_phases", off_by_one)
+        with pytest.raises(RuntimeError, match="disagrees"):
+            race.run_workload("kvledger", w, 1, phases=True)
+    finally:
+        bindings.install(level)
+
+
 ENGINES = [ROOT / "build" / f"sglang-{v}" / "bin" / "python" for v in ("0.5.9", "0.5.23")]
 
 
