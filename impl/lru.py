@@ -27,7 +27,7 @@ pointer of it, bug B1) and ``inv_lru_links_symmetric``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Generic, TypeVar, cast
 
 from kvledger.spec.errors import AlreadyInList, IntegrityError, NotInList, UnknownNode
@@ -275,16 +275,10 @@ class LRUList(Generic[N]):
             raise NotInList(
                 "lru_touch", self.component.value, -1, f"expected a list of nodes, got {type(order).__name__}"
             )
-        i = self.slot
-        pos: Linked = self.head
-        j = 0
-        for node in order:  # NOTE: the nodes already in place; a node linked from the head is a member
-            if pos.next[i] is not node:
-                break
-            pos = node
-            j += 1
-        else:
+        placed = self._in_place(order)
+        if placed is None:
             return
+        pos, j = placed
         rest = order[j:] if j else order
         members = self._members
         try:
@@ -301,17 +295,21 @@ class LRUList(Generic[N]):
     def _reorder(self, order: list[N]) -> None:
         """``place`` for a caller that guarantees ``order`` names distinct members: no checks (the radix tree's own
         paths, a descent from the root: each node is in the tree, so in the FULL list, and is passed once)."""
+        placed = self._in_place(order)
+        if placed is not None:
+            pos, j = placed
+            self._place_runs(pos, order[j:] if j else order)
+
+    def _in_place(self, order: Sequence[object]) -> tuple[Linked, int] | None:
+        """How much of ``order`` already follows the head in that order: the last such node (or the head) and
+        their count; ``None`` when all of it does. A node linked from the head is a member."""
         i = self.slot
         pos: Linked = self.head
-        j = 0
-        for node in order:
+        for j, node in enumerate(order):
             if pos.next[i] is not node:
-                break
-            pos = node
-            j += 1
-        else:
-            return
-        self._place_runs(pos, order[j:] if j else order)
+                return pos, j
+            pos = cast(Linked, node)  # NOTE: it is pos's successor, so a linked member
+        return None
 
     def _place_runs(self, pos: Linked, rest: list[N]) -> None:
         """Put members ``rest`` (distinct, not yet in place) just after ``pos`` in that order, run by run."""
