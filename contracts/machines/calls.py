@@ -35,6 +35,7 @@ from array import array
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol, TypeVar
 
 import torch
@@ -182,7 +183,9 @@ def junk_keys(length: int) -> st.SearchStrategy[object]:
 def tokens_of(key: object) -> list[int] | None:
     """The token ids ``key`` names when it is a key (``spec.domains.is_tokens`` on its values), else ``None``."""
     if isinstance(key, torch.Tensor):
-        if key.dim() != 1 or key.dtype not in (torch.int64, torch.int32, torch.int16):
+        if key.layout != torch.strided or key.is_meta or key.dim() != 1:
+            return None  # NOTE: a sparse or a meta tensor holds no readable ids
+        if key.dtype not in (torch.int64, torch.int32, torch.int16):
             return None
         xs: list[int] = key.tolist()
     elif (isinstance(key, array) and key.typecode == "q") or isinstance(key, list | tuple):
@@ -776,6 +779,11 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
 
     Raises ``AssertionError`` naming ``leak checker agrees with the ledgers`` when either fails."""
     law = "leak checker agrees with the ledgers"
+    junks: tuple[object, ...] = (None, mm.kv, "mm")
+    for junk in junks:
+        err = raised(partial(check_leaks, junk))  # type: ignore[arg-type]  # NOTE: junk on purpose
+        if not D.inv_domain_enforced(False, err):
+            raise AssertionError(f"inv_domain_enforced: check_leaks({junk!r:.40}) lies outside its domain: {err!r}")
     found = check_leaks(mm).findings
     if found:
         raise AssertionError(f"{law}: a healthy manager was reported: {found[0]}")

@@ -62,6 +62,15 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/slots.py:RecentAllocs.add_short:drop-store:items[raw[-64:]] = (raw, value)": (
+        "a speed memo: a short alloc result not remembered is proven distinct again by the slow path when it is "
+        "inserted or freed (the same answer, one scan more)"
+    ),
+    "impl/slots.py:SlotPool.__init__:drop-store:self.owner_tag[:base] = RESERVED_TAG": (
+        "the slots below a pool's base are in no call's range (as_index and check_id take [base, size) except "
+        "owner_of, which answers None for a free and a reserved tag alike), and every other reader of the tags "
+        "(the abstraction, the SWA held count) starts at the base or treats FREE and RESERVED alike"
+    ),
     "impl/admission.py:_acquire:slice+1:: len(key) - len(key) % mm.cache.page_size": (
         "the key is one token longer only when it is unaligned or past its end; match_prefix matches whole "
         "pages and a slice past the end is the whole key, so the match is the same"
