@@ -136,6 +136,10 @@ EQUIVALENT: dict[str, str] = {
         "walks past it, and then the mutant raises one node later (the cache machine's inv_lru_* laws see that "
         "corruption on their own)"
     ),
+    "impl/tree.py:RadixTree.recompute_sizes:aug-sign:out[c][int(n.refs[SLOT[c]] > 0)] += _size(n, c)": (
+        "recompute_sizes is the slow contract tier's oracle (sizes() == recompute_sizes()) and tests/impl's; no "
+        "cache path reads it, and kvledger check runs at tier on (as _size below)"
+    ),
     "impl/tree.py:_size:len+1:len(n)": (
         "only recompute_sizes calls _size: the slow contract tier's oracle (sizes() == recompute_sizes(), "
         "--contracts slow) and tests/impl; no cache or memory-manager path reads it, so the cache's state and "
