@@ -9,7 +9,7 @@ import torch
 from hypothesis import settings
 from hypothesis.errors import Flaky
 
-from kvledger.contracts.machines.pool import KINDS, machine_for
+from kvledger.contracts.machines.pool import KINDS, OWNERS, machine_for
 from kvledger.impl.slots import SlotPool
 
 
@@ -20,7 +20,9 @@ def test_pool_conforms_to_ledger_spec(kind: str) -> None:
 
 def run_expecting_failure(kind: str) -> str:
     case = machine_for(KINDS[kind]).TestCase()
-    case.settings = settings(case.settings, max_examples=200, print_blob=False, report_multiple_bugs=False)
+    case.settings = settings(
+        case.settings, max_examples=200, print_blob=False, report_multiple_bugs=False, database=None
+    )
     with pytest.raises((AssertionError, Flaky)) as info:
         case.runTest()
     return str(info.value)
@@ -55,12 +57,29 @@ def untagged_alloc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+LEAK_CAUGHT = ("free stack does not match tags", "differs from spec model", "free count", "released slots are free")
+"""The laws a leaky free may break first (the last: tier on's free checks the release it makes)."""
+
+
 @pytest.mark.usefixtures("leaky_release")
-@pytest.mark.parametrize("kind", ["token", "paged", "mamba"])
+@pytest.mark.parametrize("kind", ["paged", "mamba"])
 def test_leaky_free_is_caught(kind: str) -> None:
     msg = run_expecting_failure(kind)
-    caught = ("free stack does not match tags", "differs from spec model", "free count", "released slots are free")
-    assert any(law in msg for law in caught), msg  # NOTE: the last: tier on's free checks the release it makes
+    assert any(law in msg for law in LEAK_CAUGHT), msg
+
+
+@pytest.mark.usefixtures("leaky_release")
+def test_leaky_free_of_tokens_is_caught() -> None:
+    """The token pool's case as a program (its search found it in 200 examples in one run and not in a clean CI
+    clone, after the public-call probes took a share of the steps): three slots allocated, freed, laws checked."""
+    state = machine_for(KINDS["token"])()
+    chunk = state.allocate(owner=OWNERS[0], n=3)
+    with pytest.raises(AssertionError) as info:
+        state.free(chunk)
+        state.inv_refines_spec()
+        state.inv_ledger_laws()
+        state.inv_free_stack()
+    assert any(law in str(info.value) for law in LEAK_CAUGHT), info.value
 
 
 @pytest.mark.usefixtures("untagged_alloc")

@@ -38,7 +38,8 @@ def test_b3_close_half_alone_is_caught_by_ownership(monkeypatch: pytest.MonkeyPa
     """Only the leak on close (the idle check correct): the closed session still holds its Mamba slots."""
     monkeypatch.setattr(Sessions, "release_state", lambda self, slot: None)
     result = run("mamba")
-    assert result.violation is not None and result.violation.rule == "inv_owners_account", result.violation
+    laws = ("inv_released_on_close", "inv_owners_account")  # NOTE: at the close itself, or at the next snapshot
+    assert result.violation is not None and result.violation.rule in laws, result.violation
 
 
 def test_b3_checker_half_alone_is_a_false_positive(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,6 +61,8 @@ def test_checker_that_misses_a_leak_is_a_false_negative(monkeypatch: pytest.Monk
         return report
 
     monkeypatch.setattr("kvledger.contracts.adapters.reference_system.check_leaks", blind)
+    # NOTE: the release-on-close law would see B4's leak at a close first; this test is about the checker
+    monkeypatch.setattr("kvledger.spec.session.inv_released_on_close", lambda ledgers, sid: True)
     with faults.injected("B4"):
         result = run("full")
     assert result.violation is not None and result.violation.rule == "leak checker agrees with the ledgers"

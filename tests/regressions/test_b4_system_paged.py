@@ -21,7 +21,7 @@ def program(state) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_b4_system_paged_fails_with_fault() -> None:
-    with faults.injected("B4"), pytest.raises(AssertionError, match="inv_owners_account"):
+    with faults.injected("B4"), pytest.raises(AssertionError, match=r"inv_owners_account|inv_released_on_close"):
         program(SUITES["system"].models["paged"]()())
 
 
