@@ -32,7 +32,7 @@ fingerprinted before and after:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
@@ -45,7 +45,17 @@ from kvledger.contracts.abstraction import pools_of
 from kvledger.contracts.adapters.reference import snapshot_of
 from kvledger.contracts.adapters.reference_system import build_manager, system_snapshot_of
 from kvledger.contracts.adapters.system import SystemConfig
-from kvledger.contracts.machines.probes import JUNK_SCALARS, count_or_junk, id_or_junk, owner_or_junk, raised
+from kvledger.contracts.machines.probes import (
+    JUNK_SCALARS,
+    OWNER_EDGES,
+    SCALAR_EDGES,
+    count_edges,
+    count_or_junk,
+    id_edges,
+    id_or_junk,
+    owner_or_junk,
+    raised,
+)
 from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
 from kvledger.impl.leaks import check_leaks
@@ -70,6 +80,7 @@ __all__ = [
     "manager_scenario",
     "manager_scenario_of",
     "probe",
+    "sweep",
 ]
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
@@ -93,6 +104,9 @@ class Arg:
     valid: Callable[[Drawn], st.SearchStrategy[object] | None]
     junk: Callable[[Drawn], st.SearchStrategy[object] | None]
     inside: Callable[[object, Drawn], bool]
+    edges: Callable[[Drawn], Sequence[object]] | None = None
+    """A finite catalogue with one value of each kind of junk the argument takes (``None``: none), for
+    :func:`sweep`: a draw of ``junk`` meets each kind only now and then, a sweep meets all of them at once."""
 
 
 @dataclass(frozen=True)
@@ -128,13 +142,16 @@ def _arg(
     inside: Callable[[object], bool] | Callable[[object, Drawn], bool],
     *,
     after: bool = False,
+    edges: Sequence[object] | Callable[[Drawn], Sequence[object]] | None = None,
 ) -> Arg:
     """An ``Arg``; strategies given as values (``None``: there is none in this state) do not depend on earlier
-    arguments, nor does ``inside`` unless ``after`` (then it takes them)."""
+    arguments, nor does ``inside`` unless ``after`` (then it takes them); ``edges`` given as a sequence does not
+    either."""
     v = valid if callable(valid) and not isinstance(valid, st.SearchStrategy) else (lambda _d, s=valid: s)
     j = junk if callable(junk) and not isinstance(junk, st.SearchStrategy) else (lambda _d, s=junk: s)
     ins = inside if after else (lambda x, _d, f=inside: f(x))
-    return Arg(v, j, ins)  # type: ignore[arg-type]
+    e = edges if edges is None or callable(edges) else (lambda _d, xs=tuple(edges): xs)
+    return Arg(v, j, ins, e)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- keys and token ids
@@ -164,20 +181,30 @@ def key_forms(tokens: list[int], forms: tuple[str, ...] = KEY_FORMS) -> st.Searc
     return st.sampled_from(forms).map(lambda how: _as(tokens, how))
 
 
-def junk_keys(length: int) -> st.SearchStrategy[object]:
-    """Keys of ``length`` tokens that are no key: floats, bools, 2-D, negative ids, a string, a scalar."""
+def junk_key_values(length: int) -> tuple[object, ...]:
+    """Keys of ``length`` tokens that are no key, one of each kind: floats, bools, 2-D, a negative id (in a tensor
+    and in a list), float and bool lists, int64 ids in a sparse and in a meta tensor (the right dtype and shape, no
+    readable values), a string, and a scalar of each wrong type."""
     toks = list(range(1, length + 1)) or [1]
-    return st.one_of(
-        st.just(torch.tensor(toks, dtype=torch.float32)),
-        st.just(torch.tensor([True] * len(toks))),
-        st.just(torch.tensor([toks])),
-        st.just([*toks[:-1], -1]),
-        st.just(torch.tensor([*toks[:-1], -1])),
-        st.just([float(t) for t in toks]),
-        st.just([True for _ in toks]),
-        st.just("ab"),
-        JUNK_SCALARS,
+    ids = torch.tensor(toks, dtype=torch.int64)
+    return (
+        ids.float(),
+        torch.tensor([True] * len(toks)),
+        ids.reshape(1, -1),
+        torch.tensor([*toks[:-1], -1]),
+        ids.to_sparse(),
+        ids.to("meta"),
+        [*toks[:-1], -1],
+        [float(t) for t in toks],
+        [True for _ in toks],
+        "ab",
+        *SCALAR_EDGES,
     )
+
+
+def junk_keys(length: int) -> st.SearchStrategy[object]:
+    """A key of ``length`` tokens that is no key (:func:`junk_key_values`, or any scalar)."""
+    return st.sampled_from(junk_key_values(length)) | JUNK_SCALARS
 
 
 def tokens_of(key: object) -> list[int] | None:
@@ -334,6 +361,7 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
                     st.sampled_from(live_ids),
                     id_or_junk(cache._next_id + 1),
                     lambda x: type(x) is int and x in cache._nodes,
+                    edges=id_edges(cache._next_id + 1),
                 )
             },
             reads=True,
@@ -350,8 +378,16 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
                 )
             },
         ),
-        Method("evict", cache.evict, {"comp": comp, "n": _arg(st.integers(0, 4), count_or_junk(0, 4), D.is_amount)}),
-        Method("match_prefix", cache.match_prefix, {"key": _arg(key_forms([1, 2]), junk_keys(2), _is_key)}),
+        Method(
+            "evict",
+            cache.evict,
+            {"comp": comp, "n": _arg(st.integers(0, 4), count_or_junk(0, 4), D.is_amount, edges=count_edges(0))},
+        ),
+        Method(
+            "match_prefix",
+            cache.match_prefix,
+            {"key": _arg(key_forms([1, 2]), junk_keys(2), _is_key, edges=junk_key_values(2))},
+        ),
     ]
     if c.matches:  # NOTE: matches of length >= 1: ``verify`` of an empty match reads no key at all
         methods.append(
@@ -360,7 +396,7 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
                 lambda match, key: cache.verify(_first(match), key),  # type: ignore[arg-type]
                 {
                     "match": _arg(st.sampled_from(c.matches), st.sampled_from([None, 1, "match"]), _is_match(cache)),
-                    "key": _arg(_covering_key, _short_key, _covers, after=True),
+                    "key": _arg(_covering_key, _short_key, _covers, after=True, edges=_short_key_edges),
                 },
                 reads=True,
                 weight=3,
@@ -374,7 +410,7 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
                     lambda match, owner: cache.mamba_copy_on_write(_first(match), owner),  # type: ignore[arg-type]
                     {
                         "match": _arg(st.sampled_from(states), st.sampled_from([None, 1]), _is_match(cache)),
-                        "owner": _arg(st.just(request(92)), owner_or_junk(), D.is_owner),
+                        "owner": _arg(st.just(request(92)), owner_or_junk(), D.is_owner, edges=OWNER_EDGES),
                     },
                     weight=3,
                 )
@@ -427,6 +463,11 @@ def _short_key(d: Drawn) -> st.SearchStrategy[object]:
     m, key = d["match"] if isinstance(d["match"], tuple) else (None, [1])
     n = m.length if m is not None else 1
     return junk_keys(n) | st.just(key[:n]) | st.just(torch.tensor(key[: n - 1], dtype=torch.int64))
+
+
+def _short_key_edges(d: Drawn) -> Sequence[object]:
+    n = d["match"][0].length if isinstance(d["match"], tuple) else 1
+    return junk_key_values(n)
 
 
 def _covers(x: object, d: Drawn) -> bool:
@@ -512,18 +553,27 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         "insert",
         lambda key, value, owner, mamba_slot: cache.insert(key, value, owner, mamba_slot=mamba_slot),
         {
-            "key": _arg(st.lists(st.integers(1, 3), min_size=n, max_size=n).map(torch.tensor), junk_keys(n), _is_key),
+            "key": _arg(
+                st.lists(st.integers(1, 3), min_size=n, max_size=n).map(torch.tensor),
+                junk_keys(n),
+                _is_key,
+                edges=junk_key_values(n),
+            ),
             "value": _arg(
                 st.just(_slots(own)), st.one_of(bad_values[0], st.one_of(*bad_values[1:])), value_inside, after=True
             ),
             "owner": _arg(
-                st.just(c.prober), owner_or_junk() | st.sampled_from([*c.others, request(93)]), lambda x: x == c.prober
+                st.just(c.prober),
+                owner_or_junk() | st.sampled_from([*c.others, request(93)]),
+                lambda x: x == c.prober,
+                edges=(*c.others, request(93), *OWNER_EDGES),
             ),
             "mamba_slot": _arg(
                 st.sampled_from([None, *states]),
                 id_or_junk(mamba.pool.size if mamba is not None else 4),
                 state_inside,
                 after=True,
+                edges=id_edges(mamba.pool.size if mamba is not None else 4),
             ),
         },
         weight=4,
@@ -637,25 +687,24 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
     def running(r: Request) -> bool:
         return r.status is Status.RUNNING
 
-    count = _arg(st.integers(1, 3), count_or_junk(0, 3), D.is_amount)  # NOTE: too many is a refusal for room
-    owner = _arg(st.just(request(95)), owner_or_junk(), D.is_owner)
+    count = _arg(st.integers(1, 3), count_or_junk(0, 3), D.is_amount, edges=count_edges(0))  # NOTE: too many: no room
+    owner = _arg(st.just(request(95)), owner_or_junk(), D.is_owner, edges=OWNER_EDGES)
     sessions = sorted(mm.sessions.slots)
+    bad_tokens = ((), (1, -1), (1.0, 2.0), (True,), tuple(range(1, mm.rows.max_context_len + 2)), "ab")
     tokens = _arg(
         st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple),
-        st.one_of(
-            st.just(()),
-            st.just((1, -1)),
-            st.just((1.0, 2.0)),
-            st.just((True,)),
-            st.just(tuple(range(1, mm.rows.max_context_len + 2))),
-            st.just("ab"),
-            JUNK_SCALARS,
-        ),
+        st.sampled_from(bad_tokens) | JUNK_SCALARS,
         lambda x: isinstance(x, tuple) and D.is_tokens(list(x)) and 0 < len(x) <= mm.rows.max_context_len,
+        edges=(*bad_tokens, *SCALAR_EDGES),
     )
     methods = [
         Method("alloc_kv", mm.alloc_kv, {"owner": owner, "n": count}, weight=2),
-        Method("round_up", mm.round_up, {"n": _arg(st.integers(0, 9), count_or_junk(0, 9), D.is_amount)}, reads=True),
+        Method(
+            "round_up",
+            mm.round_up,
+            {"n": _arg(st.integers(0, 9), count_or_junk(0, 9), D.is_amount, edges=count_edges(0))},
+            reads=True,
+        ),
         Method(
             "add_request",
             mm.add_request,
@@ -674,13 +723,17 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
             {
                 "req": req_arg(running),
                 "new_tokens": _arg(  # NOTE: none at all is a decode step that only allocates ``ahead``
-                    st.just((1,)), tokens.junk({}), lambda x: isinstance(x, tuple) and D.is_tokens(list(x))
+                    st.just((1,)),
+                    tokens.junk({}),
+                    lambda x: isinstance(x, tuple) and D.is_tokens(list(x)),
+                    edges=(*bad_tokens[1:], *SCALAR_EDGES),
                 ),
                 "ahead": _arg(
                     st.integers(0, 1),
                     count_or_junk(0, 1) | st.just(mm.rows.max_context_len),
                     _ahead_inside(mm),
                     after=True,
+                    edges=(*count_edges(0), mm.rows.max_context_len),
                 ),
             },
         ),
@@ -693,8 +746,8 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
             mm.write_kv,
             {
                 "req": req_arg(lambda r: True),  # NOTE: one of its requests; a row is needed only to write something
-                "start": _arg(st.just(0), count_or_junk(0, 0), lambda x: D.is_amount(x)),
-                "end": _arg(st.just(0), count_or_junk(0, 0), _end_inside, after=True),
+                "start": _arg(st.just(0), count_or_junk(0, 0), lambda x: D.is_amount(x), edges=count_edges(0)),
+                "end": _arg(st.just(0), count_or_junk(0, 0), _end_inside, after=True, edges=count_edges(0)),
             },
         ),
         Method(
@@ -845,6 +898,40 @@ def probe(scenario: Scenario, draw: Draw) -> str:
     return judge(scenario, method, got, inside)
 
 
+def sweep(scenario: Scenario, draw: Draw) -> str:
+    """Make one public call of ``scenario`` with each value of one argument's catalogue of junk (``Arg.edges``) in
+    turn, the other arguments valid, and hold each to the law (see :func:`probe`); what was swept.
+
+    A probe draws one kind of junk for one argument, so a check weakened for one kind (a sparse tensor let
+    through, a bool taken for an int) is met only now and then; a sweep meets every kind for one drawn argument."""
+    pairs = [(m, k) for m in scenario.methods for k, a in m.args.items() if a.edges is not None]
+    if not pairs:
+        return f"{scenario.what}: no argument with a catalogue of junk"
+    method, broken = draw(st.sampled_from(pairs))
+    swept, i = 0, -1
+    while True:
+        i += 1
+        got: dict[str, object] = {}
+        inside = True
+        for k, arg in method.args.items():
+            if k == broken:
+                assert arg.edges is not None
+                values = arg.edges(got)
+                if i >= len(values):
+                    return f"{scenario.what}.{method.what}: {swept} junk {broken}"
+                got[k] = values[i]
+            else:
+                strategy = arg.valid(got)
+                if strategy is None:
+                    return f"{scenario.what}.{method.what}: no valid {k} in this state"
+                got[k] = draw(strategy)
+            inside = inside and arg.inside(got[k], got)
+        if inside and not method.reads:
+            continue  # NOTE: a catalogue value that is valid here (an owner that is the holder): the rules make those
+        judge(scenario, method, got, inside)
+        swept += 1
+
+
 def judge(scenario: Scenario, method: Method, args: Mapping[str, object], inside: bool) -> str:
     """Make ``method(**args)`` on ``scenario``'s object, ``inside`` its domain or not, and hold it to the law (see
     :func:`probe`); what was called."""
@@ -866,6 +953,8 @@ def judge(scenario: Scenario, method: Method, args: Mapping[str, object], inside
 
 def _show(v: object) -> str:
     if isinstance(v, torch.Tensor):
+        if v.is_meta or v.layout != torch.strided:
+            return f"a {'meta' if v.is_meta else v.layout} tensor of {tuple(v.shape)} {v.dtype}"
         return f"tensor({v.tolist()}, {v.dtype})"
     if isinstance(v, tuple) and v and isinstance(v[0], MatchResult):
         return f"match of {v[1]} (length {v[0].length})"

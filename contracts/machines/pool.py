@@ -38,6 +38,7 @@ from kvledger.contracts.machines.calls import (
     cache_scenario,
     manager_scenario,
     probe,
+    sweep,
 )
 from kvledger.contracts.machines.probes import (
     Call,
@@ -316,11 +317,16 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     self._expect_rejected(lambda: write(one, zero, zero), OutOfRange)
             self._expect_rejected(lambda: _free(self.pool, bad, OWNERS[0]), OutOfRange)
 
-        @rule(chunk=chunks, bad=st.sampled_from(["float", "2d", "empty", "dup"]), give=st.booleans())
+        @rule(chunk=chunks, bad=st.sampled_from(["float", "2d", "empty", "dup", "sparse", "meta"]), give=st.booleans())
         def malformed_indices(self, chunk: Chunk, bad: str, give: bool = False) -> None:
-            """Free (or, with ``give``, transfer) the chunk named by a malformed index tensor: refused, unchanged."""
+            """Free (or, with ``give``, transfer) the chunk named by a malformed index tensor: refused, unchanged
+            (a sparse or a meta tensor of int64 ids has the right dtype and shape, and no readable values)."""
             if bad == "float":
                 idx = chunk.idx.to(torch.float32)
+            elif bad == "sparse":
+                idx = chunk.idx.to_sparse()
+            elif bad == "meta":
+                idx = chunk.idx.to("meta")
             elif bad == "2d":
                 idx = chunk.idx.reshape(1, -1)
             elif bad == "empty":
@@ -469,6 +475,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 scenario = self.scenarios[make.__name__] = make(kind.name, data.draw)
             for _ in range(data.draw(st.integers(1, 3), label="calls")):
                 probe(scenario, data.draw)
+            sweep(scenario, data.draw)
             audit(scenario, data.draw)
 
         @precondition(lambda self: cache_scenario in SCENARIOS[kind.name])

@@ -31,7 +31,19 @@ from kvledger.impl.req_to_token import ReqToTokenPool
 from kvledger.spec import domains as D
 from kvledger.spec.types import Component, Owner, OwnerKind
 
-__all__ = ["CONSTRUCTORS", "Call", "constructor_calls", "id_or_junk", "owner_or_junk", "raised", "run_call"]
+__all__ = [
+    "CONSTRUCTORS",
+    "OWNER_EDGES",
+    "SCALAR_EDGES",
+    "Call",
+    "constructor_calls",
+    "count_edges",
+    "id_edges",
+    "id_or_junk",
+    "owner_or_junk",
+    "raised",
+    "run_call",
+]
 
 
 class _Junk:
@@ -49,6 +61,35 @@ JUNK_SCALARS = st.one_of(
     st.builds(_Junk),
 )
 """Values of the wrong type for any int argument (a bool is an int to Python, not to a count)."""
+
+
+SCALAR_EDGES: tuple[object, ...] = (None, True, 1.0, float("nan"), "1", _Junk())
+"""One value of each wrong type an int argument meets (``JUNK_SCALARS``' catalogue, for a sweep)."""
+
+
+def count_edges(least: int = 1) -> tuple[object, ...]:
+    """Every kind of junk ``count_or_junk(least, ...)`` draws, once: just below ``least``, past int64, a scalar of
+    each wrong type."""
+    return (least - 1, D.INT64_END, *SCALAR_EDGES)
+
+
+def id_edges(size: int) -> tuple[object, ...]:
+    """Every kind of junk ``id_or_junk(size)`` draws, once: negative, the first id past the end, past int64, a
+    scalar of each wrong type."""
+    return (-1, size, D.INT64_END, *SCALAR_EDGES)
+
+
+OWNER_EDGES: tuple[object, ...] = (
+    Owner(OwnerKind.REQUEST, -1, None),
+    Owner(OwnerKind.REQUEST, True, None),  # type: ignore[arg-type]
+    Owner(OwnerKind.REQUEST, D.INT64_END, None),
+    Owner(OwnerKind.REQUEST, 1, Component.FULL),
+    Owner(OwnerKind.NODE, 1, None),
+    Owner("req", 1, None),  # type: ignore[arg-type]
+    (OwnerKind.REQUEST, 1),
+    *SCALAR_EDGES,
+)
+"""Every kind of junk ``owner_or_junk`` draws, once (each field wrong in turn, a tuple, a scalar)."""
 
 
 def count_or_junk(least: int = 1, most: int = 6) -> st.SearchStrategy[object]:

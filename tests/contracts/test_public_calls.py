@@ -29,8 +29,9 @@ Maker = Callable[[str, C.Draw], C.Scenario]
 CASES = [(kind, make) for kind, makes in sorted(C.SCENARIOS.items()) for make in makes]
 
 
-def run_probes(kind: str, make: Maker, examples: int) -> None:
-    """Probe scenarios of ``kind`` (``make``), a few calls each; the first law broken is raised."""
+def run_probes(kind: str, make: Maker, examples: int, sweeps: int = 1) -> None:
+    """Probe scenarios of ``kind`` (``make``), a few calls and ``sweeps`` sweeps each; the first law broken is
+    raised."""
 
     @settings(
         max_examples=examples,
@@ -46,6 +47,8 @@ def run_probes(kind: str, make: Maker, examples: int) -> None:
         scenario = make(kind, data.draw)
         for _ in range(4):
             C.probe(scenario, data.draw)
+        for _ in range(sweeps):
+            C.sweep(scenario, data.draw)
 
     check()
 
@@ -122,6 +125,49 @@ def test_verify_that_reads_past_the_match_is_caught(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(RadixCache, "verify", too_far)
     fails("token", C.cache_scenario, "inv_domain_enforced")
+
+
+def lax_not_ids(t: torch.Tensor) -> str | None:
+    """``impl.arguments.not_ids`` that reads a sparse or a meta tensor of int64 ids as ids."""
+    return None if t.dim() == 1 and t.dtype == torch.int64 else f"{t.dtype} of {t.dim()} dimensions"
+
+
+def test_a_key_check_that_lets_a_sparse_or_meta_tensor_through_is_caught_by_the_sweep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A key of int64 ids in a sparse or a meta tensor has the right dtype and shape and no readable values: a
+    check that lets one through crashes later, untyped. A probe draws that kind of junk now and then; the sweep
+    meets every kind of junk of the argument it draws, and so catches it in a few examples."""
+    import kvledger.impl.tree as tree
+
+    run_probes("token", C.cache_scenario, 30, sweeps=3)  # NOTE: the reference holds
+    monkeypatch.setattr(tree, "not_ids", lax_not_ids)
+    with pytest.raises(AssertionError) as got:
+        run_probes("token", C.cache_scenario, 30, sweeps=3)
+    assert str(got.value).startswith("inv_domain_enforced"), got.value
+    assert "a meta tensor" in str(got.value) or "a torch.sparse_coo tensor" in str(got.value), got.value
+
+
+@settings(max_examples=5, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
+@given(st.data())
+def test_the_sweep_makes_each_value_of_the_catalogue_once(data: st.DataObject) -> None:
+    """A sweep of ``match_prefix``'s key calls it with every junk key of the catalogue, in turn (each refused,
+    typed, and nothing changed: else the sweep raises)."""
+    scenario = C.cache_scenario("token", data.draw)
+    calls: list[object] = []
+
+    def spy(f: Callable[..., object]) -> Callable[..., object]:
+        def call(key: object) -> object:
+            calls.append(key)
+            return f(key)
+
+        return call
+
+    methods = tuple(C.Method(m.what, spy(m.call), m.args) for m in scenario.methods if m.what == "match_prefix")
+    what = C.sweep(C.Scenario(scenario.what, methods, scenario.fingerprint, scenario.story), data.draw)
+    edges = C.junk_key_values(2)
+    assert what == f"RadixCache.match_prefix: {len(edges)} junk key"
+    assert [C._show(x) for x in calls] == [C._show(x) for x in edges]
 
 
 def test_node_that_takes_a_bool_id_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
