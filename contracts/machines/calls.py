@@ -32,7 +32,7 @@ fingerprinted before and after:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
@@ -58,15 +58,16 @@ from kvledger.contracts.machines.probes import (
 )
 from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
-from kvledger.impl.leaks import check_leaks
+from kvledger.impl.leaks import check_leaks, expected_owners
 from kvledger.impl.locks import LockHandle
+from kvledger.impl.lru import LRUList
 from kvledger.impl.mamba import MambaAlloc, MambaPool
 from kvledger.impl.memory import MemoryManager
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.requests import Request, Status
 from kvledger.impl.tree import MatchResult, TreeNode
 from kvledger.spec import domains as D
-from kvledger.spec.errors import KVLedgerError, OverAllocation, inv_names_culprit
+from kvledger.spec.errors import IntegrityError, KVLedgerError, OverAllocation, inv_names_culprit
 from kvledger.spec.types import Component, Owner, request
 
 __all__ = [
@@ -593,9 +594,30 @@ def cache_scenario(kind: str, draw: Draw) -> Scenario:
     )
 
 
+def _planted_breaks(lru: LRUList[TreeNode]) -> Iterator[tuple[str, BaseException | None]]:
+    """Break ``lru``'s links one way at a time, run its ``check()``, put the link back: (the break, what the check
+    raised). The breaks: the first link's back pointer aimed at the head (an asymmetric link), and the first
+    link cut (a chain that ends early). A cycle is not planted: a check that misses it would walk it forever."""
+    i, head = lru.slot, lru.head
+    first = head.next[i]
+    assert first is not None
+    old = first.prev[i]
+    first.prev[i] = first if first is not lru.tail else None  # NOTE: never the head: the link would be whole again
+    try:
+        yield f"a back pointer of node {first.id} planted wrong", raised(lru.check)
+    finally:
+        first.prev[i] = old
+    head.next[i] = None
+    try:
+        yield "the head's link planted cut", raised(lru.check)
+    finally:
+        head.next[i] = first
+
+
 def cache_audit(cache: RadixCache) -> str:
     """The cache's own self-checks and counters agree with its state: each component's LRU list passes its
-    ``check()``, and ``node_count()`` is the number of nodes a walk from the root through ``children`` meets.
+    ``check()`` and fails it, typed, with a link planted broken (see :func:`_planted_breaks`; the link is put
+    back), and ``node_count()`` is the number of nodes a walk from the root through ``children`` meets.
 
     Raises ``AssertionError`` naming ``self-checks agree with the state`` otherwise (a healthy cache whose own
     check raises, or whose counter bounds a walk wrongly, misleads every caller that trusts them)."""
@@ -604,6 +626,9 @@ def cache_audit(cache: RadixCache) -> str:
         err = raised(cache.lru(comp).check)
         if err is not None:
             raise AssertionError(f"{law}: {comp.value} LRU list's check() raised on a healthy cache: {err!r}")
+        for how, err in list(_planted_breaks(cache.lru(comp))):  # NOTE: every link back before a verdict
+            if not isinstance(err, IntegrityError):
+                raise AssertionError(f"{law}: {comp.value} LRU list's check() passed {how}: {err!r}")
     seen, todo = {cache.root.id}, [cache.root]
     while todo:
         for child in todo.pop().children.values():
@@ -828,15 +853,17 @@ PHANTOM = request(10**6)
 
 def leak_audit(mm: MemoryManager, draw: Draw) -> str:
     """The leak checker under test: a healthy manager is reported clean, and one slot of a pool planted for an
-    owner nothing references is reported, and only it, as leaked by that owner; the plant is then taken back.
+    owner nothing references, at an event of its own, is reported, and only it, as leaked by that owner at that
+    event (provenance: the step ids grow); the plant is then taken back. Junk is refused typed.
 
     Raises ``AssertionError`` naming ``leak checker agrees with the ledgers`` when either fails."""
     law = "leak checker agrees with the ledgers"
     junks: tuple[object, ...] = (None, mm.kv, "mm")
-    for junk in junks:
-        err = raised(partial(check_leaks, junk))  # type: ignore[arg-type]  # NOTE: junk on purpose
+    for f, junk in ((f, junk) for f in (check_leaks, expected_owners) for junk in junks):
+        err = raised(partial(f, junk))  # type: ignore[arg-type]  # NOTE: junk on purpose
         if not D.inv_domain_enforced(False, err):
-            raise AssertionError(f"inv_domain_enforced: check_leaks({junk!r:.40}) lies outside its domain: {err!r}")
+            what = f"{f.__name__}({junk!r:.40})"
+            raise AssertionError(f"inv_domain_enforced: {what} lies outside its domain and raised {err!r}")
     found = check_leaks(mm).findings
     if found:
         raise AssertionError(f"{law}: a healthy manager was reported: {found[0]}")
@@ -844,6 +871,10 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
     if not pools:
         return "leak audit: no free slot to plant"
     name, pool = draw(st.sampled_from(pools))
+    before = max(mm.events, default=0)
+    step = mm.event("leak audit", str(PHANTOM))
+    if step <= before:
+        raise AssertionError(f"{law}: event ids must grow (provenance orders by them): {step} after {before}")
     planted = pool.alloc(1, PHANTOM)
     try:
         slot = int(planted[0])
@@ -852,6 +883,11 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
         if len(found) != 1 or not named:
             seen = "; ".join(map(str, found)) or "nothing"
             raise AssertionError(f"{law}: {name} slot {slot} planted for {PHANTOM}, nobody referencing it: {seen}")
+        if (named[0].op, named[0].step) != ("leak audit", step):
+            raise AssertionError(
+                f"{law}: {name} slot {slot} planted by event {step} (leak audit) is attributed to "
+                f"{named[0].op!r} at step {named[0].step}"
+            )
     finally:
         pool.free(planted, PHANTOM)
     return f"leak audit: {name} slot {slot}"

@@ -309,6 +309,33 @@ def test_a_leak_checker_that_reports_a_healthy_manager_fails_the_audit(monkeypat
         C.leak_audit(mm, _choosing("kv"))
 
 
+def test_a_pool_that_stops_recording_provenance_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leak reported without the operation that made it (the pool never writes ``origin``) fails the audit."""
+    from kvledger.impl.slots import SlotPool
+
+    def lose(self: SlotPool, value: int) -> None:
+        self._stamp = value  # BUG: never marks the pool as stamped, so no origin is ever written
+
+    monkeypatch.setattr(SlotPool, "stamp", property(lambda self: self._stamp, lose))
+    mm = _running_manager(False)
+    with pytest.raises(AssertionError, match=r"planted by event \d+ \(leak audit\) is attributed to 'init' at step 0"):
+        C.leak_audit(mm, _choosing("kv"))
+
+
+def test_event_ids_that_do_not_grow_fail_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Provenance orders operations by their event ids: an id that does not grow fails the audit."""
+    mm = _running_manager(False)
+    real = MemoryManager.event
+
+    def back(self: MemoryManager, op: str, who: str) -> int:
+        self._step -= 2  # BUG: the step counter moved the wrong way
+        return real(self, op, who)
+
+    monkeypatch.setattr(MemoryManager, "event", back)
+    with pytest.raises(AssertionError, match="leak checker agrees with the ledgers: event ids must grow"):
+        C.leak_audit(mm, _choosing("kv"))
+
+
 def _cached(kind: str = "token") -> RadixCache:
     return C._build_cache(kind, _first_choice).cache
 
@@ -337,6 +364,33 @@ def test_a_self_check_that_raises_on_a_healthy_list_fails_the_audit(monkeypatch:
     monkeypatch.setattr(LRUList, "check", check)
     with pytest.raises(AssertionError, match=r"self-checks agree with the state: full LRU list's check\(\) raised"):
         C.cache_audit(c)
+
+
+@pytest.mark.parametrize("how", ["members only", "no walk"])
+def test_a_self_check_that_misses_a_broken_link_fails_the_audit(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """A check that passes a list with a broken link (it compares only the member set, or only counts) fails the
+    audit's planted breaks; the links are put back either way."""
+    from kvledger.impl.lru import LRUList
+    from kvledger.spec.errors import IntegrityError
+
+    c = _cached()
+    order = {comp: c.lru(comp).order() for comp in c.components}
+
+    def lax(self: LRUList[Any]) -> None:
+        if how == "members only":  # BUG: walks the next pointers and never looks at prev
+            seen, x = [], self.head.next[self.slot]
+            while x is not None and x is not self.tail:
+                seen.append(x.id)
+                x = x.next[self.slot]
+            if sorted(seen) != sorted(n.id for n in self._members):
+                raise IntegrityError("inv_lru_detached: walk differs from members")
+
+    monkeypatch.setattr(LRUList, "check", lax)
+    with pytest.raises(AssertionError, match=r"self-checks agree with the state: full LRU list's check\(\) passed"):
+        C.cache_audit(c)
+    monkeypatch.undo()
+    assert {comp: c.lru(comp).order() for comp in c.components} == order
+    C.cache_audit(c)
 
 
 def test_a_node_count_off_by_one_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
