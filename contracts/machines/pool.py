@@ -360,6 +360,47 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             for led in self.model.values():
                 assert spec.allocate(led, owner, frozenset()) == led, "spec.allocate of no slots changes nothing"
 
+        @rule(
+            chunk=chunks,
+            start=st.integers(0, 15),
+            n=st.integers(1, 6),
+            src=st.sampled_from(["ids", "own row", "other row"]),
+            at=st.integers(0, 15),
+        )
+        def write_row(self, chunk: Chunk, start: int, n: int, src: str, at: int) -> None:
+            """Write ``n`` KV slot ids into the chunk's row at ``start``: new ids, or a view of the table itself
+            (columns ``at`` of its own row, overlapping the target or not, or of another row), as an engine copies
+            a prefix. ``row write commits``: the table afterwards is the table before with exactly those columns
+            set to what the source held; a source naming a slot twice is refused, the table unchanged."""
+            pool = self.pool
+            if not isinstance(pool, ReqToTokenPool):
+                return
+            row, width = int(chunk.idx[0]), pool.max_context_len
+            n = min(n, width - start, width - at)
+            if n <= 0:
+                return
+            if src == "ids":
+                ids = torch.arange(1 + start, 1 + start + n, dtype=torch.int64, device=pool.device)
+            else:
+                other = row if src == "own row" else (row + 1) % pool.table.shape[0]
+                ids = pool.table[other, at : at + n]  # NOTE: a view of the table, as engines pass a row's prefix
+            expected = pool.table.clone()
+            expected[row, start : start + n] = ids.clone()
+            if len(set(ids.tolist())) < n:
+                self._expect_rejected(lambda: pool.write(row, start, ids, chunk.owner), InvalidArgument)
+                return
+            err = raised(lambda: pool.write(row, start, ids, chunk.owner))
+            if err is not None:
+                raise AssertionError(
+                    f"row write commits: write(row {row}, {start}, {src} [{at}:{at + n}]) raised {err!r}"
+                )
+            if not torch.equal(pool.table, expected):
+                got = pool.table[row].tolist()
+                raise AssertionError(
+                    f"row write commits: write(row {row}, {start}, {src} [{at}:{at + n}]) left the row {got}, "
+                    f"expected {expected[row].tolist()}"
+                )
+
         @rule(chunk=chunks)
         def split_page_free(self, chunk: Chunk) -> None:
             if not isinstance(self.pool, PagedAllocator):

@@ -47,6 +47,7 @@ POOL_RULES = (
     "inv_domain_enforced",
     "inv_verify_exact",
     "inv_names_culprit",
+    "row write commits",
 )
 
 
@@ -157,6 +158,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "inv_index_names_carriers",
         "inv_keys_match_content",
         "extend commits",
+        "row write commits",
     ),
     "sessions and admission": (
         "admission rolls back",

@@ -145,6 +145,18 @@ EQUIVALENT: dict[str, str] = {
         "--contracts slow) and tests/impl; no cache or memory-manager path reads it, so the cache's state and "
         "results are the same (pytest tests/impl and the slow tier kill it)"
     ),
+    "impl/slots.py:SlotPool._pop_ids:drop-call:self._fresh.add(ids.tobytes() if raw is None else raw, None)": (
+        "a speed memo, as add_short's store: an alloc result not remembered is proven distinct by the slow path "
+        "when it is inserted or freed (every answer the same)"
+    ),
+    "impl/slots.py:SlotPool._pop_ids:negate-if:if remember and 0 < n <= FRESH_MAX:": (
+        "the same memo's gate: remembered or not, a result is a run of distinct ids (every alloc result is), and "
+        "a hit is confirmed by comparing every byte; so a memo of more or fewer results changes only speed"
+    ),
+    "impl/admission.py:_commit:and-or:req.prefix_len and a.prefix_slots is not None": (
+        "made `or`: a request that matched nothing (prefix_len 0) has the empty match's indices as its prefix "
+        "slots (a non-session admission always sets them), and writing no slots into the row changes nothing"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
