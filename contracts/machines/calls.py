@@ -108,6 +108,9 @@ class Arg:
     edges: Callable[[Drawn], Sequence[object]] | None = None
     """A finite catalogue with one value of each kind of junk the argument takes (``None``: none), for
     :func:`sweep`: a draw of ``junk`` meets each kind only now and then, a sweep meets all of them at once."""
+    culprit: Callable[[object], str | None] | None = None
+    """What a refusal of this junk value must name (``None``: nothing beyond ``inv_names_culprit``), e.g. the
+    request a batch names twice: an error that names another misleads whoever reads it."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ def _arg(
     *,
     after: bool = False,
     edges: Sequence[object] | Callable[[Drawn], Sequence[object]] | None = None,
+    culprit: Callable[[object], str | None] | None = None,
 ) -> Arg:
     """An ``Arg``; strategies given as values (``None``: there is none in this state) do not depend on earlier
     arguments, nor does ``inside`` unless ``after`` (then it takes them); ``edges`` given as a sequence does not
@@ -152,7 +156,7 @@ def _arg(
     j = junk if callable(junk) and not isinstance(junk, st.SearchStrategy) else (lambda _d, s=junk: s)
     ins = inside if after else (lambda x, _d, f=inside: f(x))
     e = edges if edges is None or callable(edges) else (lambda _d, xs=tuple(edges): xs)
-    return Arg(v, j, ins, e)  # type: ignore[arg-type]
+    return Arg(v, j, ins, e, culprit)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- keys and token ids
@@ -762,6 +766,11 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
                 ),
             },
         ),
+        Method(
+            "admit",
+            lambda waiting, budget: admit(mm, waiting, budget),  # type: ignore[arg-type]
+            {"waiting": _batch_arg(mm, reqs, other), "budget": _budget_arg()},
+        ),
         Method("finish", mm.finish, {"req": req_arg(running)}),
         Method("chunk", mm.chunk, {"req": req_arg(running)}),
         Method("retract", mm.retract, {"req": req_arg(running)}),
@@ -810,6 +819,41 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
                 )
             )
     return tuple(methods)
+
+
+def _batch_arg(mm: MemoryManager, reqs: list[Request], other: Request) -> Arg:
+    """``admit``'s batch: valid ones change state (the rules make those); junk: a request named twice (after
+    another one: the refusal must name the repeated one), one not this manager's, a non-request, a string, a
+    non-sequence."""
+    batches: list[object] = [[*reqs[:1], other], [*reqs[:1], None], "reqs", None, 3]
+    if reqs:
+        batches += [[reqs[0], reqs[0]], [*reqs[:1], *reqs[-1:] * 2]]
+
+    def repeated(x: object) -> str | None:
+        if not isinstance(x, list):
+            return None
+        again = [r for i, r in enumerate(x) if isinstance(r, Request) and any(r is y for y in x[:i])]
+        return f"request {again[0].rid}" if again else None
+
+    def inside(x: object) -> bool:
+        if isinstance(x, str | bytes) or not isinstance(x, Sequence):
+            return False
+        xs = list(x)
+        return all(isinstance(r, Request) and mm.requests.get(r.rid) is r for r in xs) and len(
+            {id(r) for r in xs}
+        ) == len(xs)
+
+    return _arg(st.just([]), st.sampled_from(batches), inside, edges=batches, culprit=repeated)
+
+
+def _budget_arg() -> Arg:
+    bad = [Budget(-1, 1), Budget(24, -1), Budget(True, 1), Budget(1.5, 1), (24, 1), None]  # type: ignore[arg-type]
+    return _arg(
+        st.just(Budget(24, 1)),
+        st.sampled_from(bad),
+        lambda x: isinstance(x, Budget) and D.is_amount(x.tokens) and D.is_amount(x.requests),
+        edges=bad,
+    )
 
 
 def _ahead_inside(mm: MemoryManager) -> Callable[[object, Drawn], bool]:
@@ -981,6 +1025,11 @@ def judge(scenario: Scenario, method: Method, args: Mapping[str, object], inside
         raise AssertionError(f"inv_domain_enforced: {what} {side} and {verdict} (after: {story})")
     if isinstance(err, KVLedgerError) and not inv_names_culprit(err):
         raise AssertionError(f"inv_names_culprit: {what}: {type(err).__name__} names no slot: {err}")
+    for k, v in args.items():
+        arg = method.args[k]
+        name = arg.culprit(v) if arg.culprit is not None and not arg.inside(v, args) else None
+        if name is not None and err is not None and name not in str(err):
+            raise AssertionError(f"inv_names_culprit: {what} was refused without naming {name}: {err}")
     if scenario.fingerprint() != before:
         how = "a call that only reads" if inside else "a rejected call"
         raise AssertionError(f"rejected call leaves state unchanged: {how}, {what}, changed the state (after: {story})")

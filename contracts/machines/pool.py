@@ -382,6 +382,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             if src == "ids":
                 ids = torch.arange(1 + start, 1 + start + n, dtype=torch.int64, device=pool.device)
             else:
+                if src == "own row":  # NOTE: distinct ids first, so the copy of a window of them is no refusal
+                    pool.write(row, 0, torch.arange(1, width + 1, dtype=torch.int64, device=pool.device), chunk.owner)
                 other = row if src == "own row" else (row + 1) % pool.table.shape[0]
                 ids = pool.table[other, at : at + n]  # NOTE: a view of the table, as engines pass a row's prefix
             expected = pool.table.clone()
@@ -399,6 +401,26 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 raise AssertionError(
                     f"row write commits: write(row {row}, {start}, {src} [{at}:{at + n}]) left the row {got}, "
                     f"expected {expected[row].tolist()}"
+                )
+
+        @rule(n=st.integers(1, 3), which=st.integers(0, 3))
+        def free_all_of_owner(self, n: int, which: int) -> None:
+            """``free_all_of`` (a teardown path): give ``n`` units of one of the pool's slot pools to an owner that
+            holds nothing else, then free everything it holds in one whole-pool scan. The scan must return exactly
+            those slots and leave the pool as before (``refinement``; the invariants check the rest)."""
+            pools = pools_of(self.pool)
+            name = sorted(pools)[which % len(pools)]
+            slots, temp = pools[name], request(77)
+            if slots.available_size() < n:
+                return
+            before = abstract(self.pool)
+            got = slots.alloc(n, temp)
+            freed = slots.free_all_of(temp)
+            if sorted(freed.tolist()) != sorted(got.tolist()) or abstract(self.pool) != before:
+                same = "" if abstract(self.pool) == before else " not"
+                raise AssertionError(
+                    f"refinement (abstract == spec model): {name} free_all_of({temp}) after alloc "
+                    f"{sorted(got.tolist())} returned {sorted(freed.tolist())}; the pool is{same} as before"
                 )
 
         @rule(chunk=chunks)

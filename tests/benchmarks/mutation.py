@@ -157,6 +157,14 @@ EQUIVALENT: dict[str, str] = {
         "made `or`: a request that matched nothing (prefix_len 0) has the empty match's indices as its prefix "
         "slots (a non-session admission always sets them), and writing no slots into the row changes nothing"
     ),
+    "impl/slots.py:run_start:slice+1:8 * first : 8 * (first + n)": (
+        "run_start only proves a fast path: a slice one byte longer never equals the 8n bytes of the ids, so every "
+        "ascending run reads as no run and the ids are indexed one by one (the same tags, origins and result)"
+    ),
+    "impl/slots.py:run_start:slice+1:8 * at : 8 * (at + n)": (
+        "the same for descending runs: a slice one byte longer never equals the ids' bytes, so the slow path "
+        "indexes them one by one (the same tags, origins and result)"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
