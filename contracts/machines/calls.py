@@ -257,6 +257,7 @@ class _Cache:
     held: list[int]
     state: int | None
     others: dict[Owner, list[int]]  # other requests' token slots
+    swa_dead: frozenset[int] = frozenset()  # held token slots whose SWA slot the prober freed (out of its window)
 
 
 def _cache_fingerprint(c: RadixCache) -> object:
@@ -323,9 +324,14 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
         # NOTE: the prober takes every state left (a full pool: copy-on-write must then evict), or one
         states = mamba.alloc(mamba.available_size() if draw(st.booleans()) else 1, prober)
         state = int(states[0])
+    dead: list[int] = []
+    if isinstance(kv, SWATokenAllocator) and held and draw(st.booleans()):
+        # NOTE: a scheduler frees the SWA slots of tokens that left the window; those can no longer be cached
+        dead = held[: draw(st.integers(1, len(held)))]
+        kv.free_swa(torch.tensor(dead, dtype=torch.int64), prober)
     other = request(91)
     others[other] = kv.alloc(min(kv.available_size(), 2 * ps), other).tolist()
-    return _Cache(cache, keys, matches, stale, released, prober, held, state, others)
+    return _Cache(cache, keys, matches, stale, released, prober, held, state, others, frozenset(dead))
 
 
 def _comp_arg(cache: RadixCache, any_on: bool = False) -> Arg:
@@ -545,6 +551,8 @@ def _insert_method(c: _Cache, ps: int) -> Method:
                 continue
             if not all(x in mine for x in page) or (grain > 1 and page != tuple(range(page[0], page[0] + ps))):
                 return False
+            if any(x in c.swa_dead for x in page) and tuple(key[: (p + 1) * ps]) not in snap.full:
+                return False  # NOTE: a new position's slot must still have its SWA slot (a cached one's is a dup)
         return True
 
     states = [c.state] if c.state is not None else []
