@@ -626,10 +626,31 @@ def _planted_breaks(lru: LRUList[TreeNode]) -> Iterator[tuple[str, BaseException
         head.next[i] = first
 
 
+def _planted_cycle(cache: RadixCache) -> str:
+    """Link the newest node's parent to itself (a parent cycle), lock it, put the link back: ``inc_lock_ref`` must
+    fail typed (``IntegrityError``) and leave every lock count and size as it was; what went wrong, or ""."""
+    nodes = [n for n in cache.nodes() if n is not cache.root]
+    if not nodes:
+        return ""
+    n = max(nodes, key=lambda x: x.id)
+    before = ([list(x.refs) for x in cache.nodes()], cache.sizes())
+    parent, n.parent = n.parent, n
+    try:
+        err = raised(lambda: cache.inc_lock_ref(n))
+    finally:
+        n.parent = parent
+    if not isinstance(err, IntegrityError):
+        return f"inc_lock_ref of node {n.id} with a parent cycle planted: {err!r}"
+    if ([list(x.refs) for x in cache.nodes()], cache.sizes()) != before:
+        return f"inc_lock_ref of node {n.id} with a parent cycle planted failed and changed the lock counts or sizes"
+    return ""
+
+
 def cache_audit(cache: RadixCache) -> str:
     """The cache's own self-checks and counters agree with its state: each component's LRU list passes its
     ``check()`` and fails it, typed, with a link planted broken (see :func:`_planted_breaks`; the link is put
-    back), and ``node_count()`` is the number of nodes a walk from the root through ``children`` meets.
+    back), a lock of a node planted with a parent cycle fails typed and changes nothing (:func:`_planted_cycle`),
+    and ``node_count()`` is the number of nodes a walk from the root through ``children`` meets.
 
     Raises ``AssertionError`` naming ``self-checks agree with the state`` otherwise (a healthy cache whose own
     check raises, or whose counter bounds a walk wrongly, misleads every caller that trusts them)."""
@@ -641,6 +662,9 @@ def cache_audit(cache: RadixCache) -> str:
         for how, err in list(_planted_breaks(cache.lru(comp))):  # NOTE: every link back before a verdict
             if not isinstance(err, IntegrityError):
                 raise AssertionError(f"{law}: {comp.value} LRU list's check() passed {how}: {err!r}")
+    broken = _planted_cycle(cache)
+    if broken:
+        raise AssertionError(f"{law}: {broken}")
     seen, todo = {cache.root.id}, [cache.root]
     while todo:
         for child in todo.pop().children.values():

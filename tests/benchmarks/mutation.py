@@ -165,6 +165,10 @@ EQUIVALENT: dict[str, str] = {
         "the same for descending runs: a slice one byte longer never equals the ids' bytes, so the slow path "
         "indexes them one by one (the same tags, origins and result)"
     ),
+    "impl/tree.py:RadixTree.__init__:len+1:len(SLOT)#2": (
+        "the protected counters one entry longer: every reader indexes them by SLOT[c] (< len(SLOT)), so the extra "
+        "entry is never read or written"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""

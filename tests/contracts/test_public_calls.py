@@ -399,3 +399,23 @@ def test_a_node_count_off_by_one_fails_the_audit(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(RadixTree, "node_count", lambda self: real(self) + 1)  # BUG: counts one node too many
     with pytest.raises(AssertionError, match=r"self-checks agree with the state: node_count\(\) is \d+, a walk"):
         C.cache_audit(c)
+
+
+def test_a_lock_that_keeps_its_raises_on_a_parent_cycle_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock that meets a parent cycle must fail typed and leave every count as it was (a failed operation
+    changes nothing); one that reports the cycle but keeps the counts it raised fails the audit."""
+    c = _cached()
+    real = RadixTree._raise_full
+
+    def keeps(self: RadixTree, n: Any) -> Any:
+        saved = [list(x.refs) for x in self._nodes.values()]
+        try:
+            return real(self, n)
+        except IntegrityError:
+            for x, refs in zip(self._nodes.values(), saved, strict=True):
+                x.refs[:] = [r + 1 for r in refs]  # BUG: the undo moved the counts the wrong way
+            raise
+
+    monkeypatch.setattr(RadixTree, "_raise_full", keeps)
+    with pytest.raises(AssertionError, match="parent cycle planted failed and changed the lock counts"):
+        C.cache_audit(c)
