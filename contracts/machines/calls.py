@@ -34,6 +34,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
+from copy import deepcopy
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol, TypeVar
@@ -919,8 +920,31 @@ def manager_scenario_of(mm: MemoryManager, story: list[str] | None = None) -> Sc
         _manager_methods(mm),
         lambda: _manager_fingerprint(mm),
         story or [],
-        lambda draw: leak_audit(mm, draw),
+        lambda draw: f"{leak_audit(mm, draw)}; {room_audit(mm)}",
     )
+
+
+def room_audit(mm: MemoryManager) -> str:
+    """``alloc_kv`` evicts before it refuses: on a copy of ``mm`` with no failure pending, an allocation of one
+    page more than is free, which the cache's evictable tokens cover, must succeed and be held by its owner.
+
+    Raises ``AssertionError`` naming ``alloc evicts before it refuses`` otherwise (a manager that refuses memory it
+    could free turns a full cache into refused requests)."""
+    law = "alloc evicts before it refuses"
+    free, evictable = mm.kv.available_size(), mm.cache.evictable_size(Component.FULL)
+    n = mm.round_up(free + 1)
+    if n > free + evictable:
+        return f"room audit: {free} free, {evictable} evictable: nothing to evict for"
+    m = deepcopy(mm)
+    m.fail_next = 0
+    owner = request(97)
+    err = raised(lambda: m.alloc_kv(owner, n))
+    if err is not None:
+        raise AssertionError(f"{law}: alloc_kv of {n} tokens with {free} free and {evictable} evictable raised {err!r}")
+    held = pools_of(m.kv)["kv"].held_by(owner).numel() * (m.kv.page_size if isinstance(m.kv, PagedAllocator) else 1)
+    if held != n:
+        raise AssertionError(f"{law}: alloc_kv of {n} tokens left {held} held by {owner}")
+    return f"room audit: {n} tokens with {free} free"
 
 
 PHANTOM = request(10**6)

@@ -48,6 +48,7 @@ POOL_RULES = (
     "inv_verify_exact",
     "inv_names_culprit",
     "row write commits",
+    "alloc evicts before it refuses",
 )
 
 
@@ -168,6 +169,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "admission is a transaction",
         "admission within budget",
         "admission admits what fits",
+        "alloc evicts before it refuses",
         "inv_waiting_blank",
     ),
     "refinement": (

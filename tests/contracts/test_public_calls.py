@@ -419,3 +419,28 @@ def test_a_lock_that_keeps_its_raises_on_a_parent_cycle_fails_the_audit(monkeypa
     monkeypatch.setattr(RadixTree, "_raise_full", keeps)
     with pytest.raises(AssertionError, match="parent cycle planted failed and changed the lock counts"):
         C.cache_audit(c)
+
+
+def _full_with_evictable() -> MemoryManager:
+    """A manager whose KV pool is all held or cached, with a finished request's tokens evictable."""
+    mm = build_manager(SystemConfig(kv_tokens=16, rows=3, max_context=12))
+    req = mm.add_request((1, 2, 3, 4, 5, 6))
+    admit(mm, [req], Budget(24, 1))
+    mm.finish(req)
+    mm.alloc_kv(request(50), mm.kv.available_size())
+    assert mm.kv.available_size() == 0 and mm.cache.evictable_size(C.Component.FULL) > 0
+    return mm
+
+
+def test_the_room_audit_allocates_on_a_copy() -> None:
+    mm = _full_with_evictable()
+    before = C._manager_fingerprint(mm)
+    assert C.room_audit(mm) == "room audit: 1 tokens with 0 free"
+    assert C._manager_fingerprint(mm) == before
+
+
+def test_an_alloc_that_refuses_what_it_could_evict_fails_the_room_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    mm = _full_with_evictable()
+    monkeypatch.setattr(MemoryManager, "_make_room", lambda self, comp, short, what: None)  # BUG: never evicts
+    with pytest.raises(AssertionError, match=r"alloc evicts before it refuses: alloc_kv of 1 tokens with 0 free"):
+        C.room_audit(mm)
