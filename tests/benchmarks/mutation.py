@@ -169,6 +169,14 @@ EQUIVALENT: dict[str, str] = {
         "the protected counters one entry longer: every reader indexes them by SLOT[c] (< len(SLOT)), so the extra "
         "entry is never read or written"
     ),
+    "impl/session.py:Sessions.save:and-or:slot.lent_to != req.rid or req.row is None": (
+        "made `and`: it differs only for a request whose session is lent to another request while it holds a row, "
+        "or one lent its session without a row; a session's second turn is refused at resume while the first "
+        "runs (`session N is in use by request M`), and a lent turn holds the session's row until save or release"
+    ),
+    "impl/session.py:Sessions.save:and-or:req.row is not None and slot.lent_to == req.rid": (
+        "an assert right after the check that refuses the opposite: it cannot fail either way"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
