@@ -365,18 +365,19 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             start=st.integers(0, 15),
             n=st.integers(1, 6),
             src=st.sampled_from(["ids", "own row", "other row"]),
-            at=st.integers(0, 15),
+            shift=st.sampled_from([-3, -2, -1, 1, 2, 3]),
         )
-        def write_row(self, chunk: Chunk, start: int, n: int, src: str, at: int) -> None:
+        def write_row(self, chunk: Chunk, start: int, n: int, src: str, shift: int) -> None:
             """Write ``n`` KV slot ids into the chunk's row at ``start``: new ids, or a view of the table itself
-            (columns ``at`` of its own row, overlapping the target or not, or of another row), as an engine copies
+            (columns ``shift`` away in its own row, overlapping the target or not, or of another row), as engines copy
             a prefix. ``row write commits``: the table afterwards is the table before with exactly those columns
             set to what the source held; a source naming a slot twice is refused, the table unchanged."""
             pool = self.pool
             if not isinstance(pool, ReqToTokenPool):
                 return
             row, width = int(chunk.idx[0]), pool.max_context_len
-            n = min(n, width - start, width - at)
+            at = max(0, start + shift)  # NOTE: a window of the own row that overlaps the target, shifted
+            n = min(max(n, abs(shift) + 1), width - start, width - at)
             if n <= 0:
                 return
             if src == "ids":
