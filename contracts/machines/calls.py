@@ -295,7 +295,10 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
         if mamba is not None and mamba.available_size():
             state = int(mamba.alloc(1, owner)[0])
             mamba.write_fingerprint(state, r)
-        res = cache.insert(torch.tensor(key), torch.cat((m.indices, slots)), owner, mamba_slot=state)
+        # NOTE: the key and the slots in any tensor form an engine passes (int32, a strided view): the same insert
+        form = draw(st.sampled_from(TENSOR_FORMS))
+        value = _as(m.indices.tolist() + slots.tolist(), form)
+        res = cache.insert(_as(key, form), value, owner, mamba_slot=state)  # type: ignore[arg-type]
         if res.dup_indices.numel():
             kv.free(res.dup_indices, owner)
         if res.dup_mamba is not None and mamba is not None:

@@ -128,8 +128,11 @@ def test_verify_that_reads_past_the_match_is_caught(monkeypatch: pytest.MonkeyPa
 
 
 def lax_not_ids(t: torch.Tensor) -> str | None:
-    """``impl.arguments.not_ids`` that reads a sparse or a meta tensor of int64 ids as ids."""
-    return None if t.dim() == 1 and t.dtype == torch.int64 else f"{t.dtype} of {t.dim()} dimensions"
+    """``impl.arguments.not_ids`` that reads a sparse or a meta tensor of integer ids as ids."""
+    dt = t.dtype
+    if t.dim() != 1 or dt.is_floating_point or dt.is_complex or dt == torch.bool:
+        return f"{dt} of {t.dim()} dimensions"
+    return None
 
 
 def test_a_key_check_that_lets_a_sparse_or_meta_tensor_through_is_caught_by_the_sweep(
