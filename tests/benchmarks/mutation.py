@@ -177,6 +177,10 @@ EQUIVALENT: dict[str, str] = {
     "impl/session.py:Sessions.save:and-or:req.row is not None and slot.lent_to == req.rid": (
         "an assert right after the check that refuses the opposite: it cannot fail either way"
     ),
+    "impl/admission.py:_commit:boundary:need > 0": (
+        "made `>=`: at need == 0 it calls alloc_kv(owner, 0), which gives the same empty tensor before any check "
+        "that could fail (no failure is injected at 0) and changes nothing"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
