@@ -1047,7 +1047,7 @@ def sweep(scenario: Scenario, draw: Draw) -> str:
     if not pairs:
         return f"{scenario.what}: no argument with a catalogue of junk"
     method, broken = draw(st.sampled_from(pairs))
-    swept, i = 0, -1
+    swept, i, before = 0, -1, None
     while True:
         i += 1
         got: dict[str, object] = {}
@@ -1067,32 +1067,53 @@ def sweep(scenario: Scenario, draw: Draw) -> str:
             inside = inside and arg.inside(got[k], got)
         if inside and not method.reads:
             continue  # NOTE: a catalogue value that is valid here (an owner that is the holder): the rules make those
-        judge(scenario, method, got, inside)
+        if before is None:
+            before = scenario.fingerprint()
+        judge(scenario, method, got, inside, before=before, show=False)  # NOTE: each leaves the state as it was
         swept += 1
 
 
-def judge(scenario: Scenario, method: Method, args: Mapping[str, object], inside: bool) -> str:
+def judge(
+    scenario: Scenario,
+    method: Method,
+    args: Mapping[str, object],
+    inside: bool,
+    *,
+    before: object = None,
+    show: bool = True,
+) -> str:
     """Make ``method(**args)`` on ``scenario``'s object, ``inside`` its domain or not, and hold it to the law (see
-    :func:`probe`); what was called."""
-    what = f"{scenario.what}.{method.what}({', '.join(f'{k}={_show(v)}' for k, v in args.items())})"
-    before = scenario.fingerprint()
+    :func:`probe`); what was called (``show=False``: "", the call shown only if it breaks the law).
+
+    ``before``: the fingerprint of the state before the call, when the caller knows it (a sweep: each call of
+    which must leave the state as it found it), else taken here; returns after checking it is unchanged."""
+    shown = _shown(scenario, method, args) if show else ""
+    what = (lambda: shown) if show else (lambda: _shown(scenario, method, args))
+    if before is None:
+        before = scenario.fingerprint()
     err = raised(lambda: method.call(**args))
     story = "; ".join(scenario.story)
     if not D.inv_domain_enforced(inside, err):
         side = "lies in its domain" if inside else "lies outside its domain"
         verdict = f"was refused: {err!r}" if inside else ("was accepted" if err is None else f"raised {err!r}")
-        raise AssertionError(f"inv_domain_enforced: {what} {side} and {verdict} (after: {story})")
+        raise AssertionError(f"inv_domain_enforced: {what()} {side} and {verdict} (after: {story})")
     if isinstance(err, KVLedgerError) and not inv_names_culprit(err):
-        raise AssertionError(f"inv_names_culprit: {what}: {type(err).__name__} names no slot: {err}")
+        raise AssertionError(f"inv_names_culprit: {what()}: {type(err).__name__} names no slot: {err}")
     for k, v in args.items():
         arg = method.args[k]
         name = arg.culprit(v) if arg.culprit is not None and not arg.inside(v, args) else None
         if name is not None and err is not None and name not in str(err):
-            raise AssertionError(f"inv_names_culprit: {what} was refused without naming {name}: {err}")
+            raise AssertionError(f"inv_names_culprit: {what()} was refused without naming {name}: {err}")
     if scenario.fingerprint() != before:
         how = "a call that only reads" if inside else "a rejected call"
-        raise AssertionError(f"rejected call leaves state unchanged: {how}, {what}, changed the state (after: {story})")
-    return what
+        raise AssertionError(
+            f"rejected call leaves state unchanged: {how}, {what()}, changed the state (after: {story})"
+        )
+    return shown
+
+
+def _shown(scenario: Scenario, method: Method, args: Mapping[str, object]) -> str:
+    return f"{scenario.what}.{method.what}({', '.join(f'{k}={_show(v)}' for k, v in args.items())})"
 
 
 def _show(v: object) -> str:
