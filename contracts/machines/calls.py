@@ -329,10 +329,11 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
         states = mamba.alloc(mamba.available_size() if draw(st.booleans()) else 1, prober)
         state = int(states[0])
     dead: list[int] = []
-    if isinstance(kv, SWATokenAllocator) and held and draw(st.booleans()):
-        # NOTE: a scheduler frees the SWA slots of tokens that left the window; those can no longer be cached
-        dead = held[: draw(st.integers(1, len(held)))]
-        kv.free_swa(torch.tensor(dead, dtype=torch.int64), prober)
+    if isinstance(kv, SWATokenAllocator) and len(held) > 0:
+        some: bool = draw(st.booleans())
+        if some:  # NOTE: a scheduler frees the SWA slots of tokens that left the window; those cannot be cached
+            dead = held[: draw(st.integers(1, len(held)))]
+            kv.free_swa(torch.tensor(dead, dtype=torch.int64), prober)
     other = request(91)
     others[other] = kv.alloc(min(kv.available_size(), 2 * ps), other).tolist()
     return _Cache(cache, keys, matches, stale, released, prober, held, state, others, frozenset(dead))
@@ -804,7 +805,7 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
         ),
         Method(
             "admit",
-            lambda waiting, budget: admit(mm, waiting, budget),  # type: ignore[arg-type]
+            lambda waiting, budget: admit(mm, waiting, budget),
             {"waiting": _batch_arg(mm, reqs, other), "budget": _budget_arg()},
         ),
         Method("finish", mm.finish, {"req": req_arg(running)}),
@@ -1088,7 +1089,7 @@ def judge(
     ``before``: the fingerprint of the state before the call, when the caller knows it (a sweep: each call of
     which must leave the state as it found it), else taken here; returns after checking it is unchanged."""
     shown = _shown(scenario, method, args) if show else ""
-    what = (lambda: shown) if show else (lambda: _shown(scenario, method, args))
+    what: Callable[[], str] = (lambda: shown) if show else (lambda: _shown(scenario, method, args))
     if before is None:
         before = scenario.fingerprint()
     err = raised(lambda: method.call(**args))

@@ -81,7 +81,7 @@ def id_edges(size: int) -> tuple[object, ...]:
 
 OWNER_EDGES: tuple[object, ...] = (
     Owner(OwnerKind.REQUEST, -1, None),
-    Owner(OwnerKind.REQUEST, True, None),  # type: ignore[arg-type]
+    Owner(OwnerKind.REQUEST, True, None),
     Owner(OwnerKind.REQUEST, D.INT64_END, None),
     Owner(OwnerKind.REQUEST, 1, Component.FULL),
     Owner(OwnerKind.NODE, 1, None),
