@@ -315,6 +315,11 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     one, zero = torch.tensor([end], dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
                     write = self.pool.write_fingerprint
                     self._expect_rejected(lambda: write(one, zero, zero), OutOfRange)
+            if isinstance(self.pool, PagedAllocator):
+                # NOTE: so does the page-to-token map: a page below the pool (the reserved one) or past its end
+                pages, tokens_of = self.pool.pool, self.pool.tokens_of
+                page = {"below": pages.base - 1, "above": pages.size + 10_000, "edge": pages.size}[where]
+                self._expect_rejected(lambda: tokens_of(torch.tensor([page], dtype=torch.int64)), OutOfRange)
             self._expect_rejected(lambda: _free(self.pool, bad, OWNERS[0]), OutOfRange)
 
         @rule(chunk=chunks, bad=st.sampled_from(["float", "2d", "empty", "dup", "sparse", "meta"]), give=st.booleans())
