@@ -68,7 +68,7 @@ from kvledger.impl.radix import RadixCache
 from kvledger.impl.requests import Request, Status
 from kvledger.impl.tree import MatchResult, TreeNode
 from kvledger.spec import domains as D
-from kvledger.spec.errors import IntegrityError, KVLedgerError, OverAllocation, inv_names_culprit
+from kvledger.spec.errors import IntegrityError, KVLedgerError, OverAllocation, SlotConflict, inv_names_culprit
 from kvledger.spec.types import Component, Owner, request
 
 __all__ = [
@@ -112,6 +112,9 @@ class Arg:
     culprit: Callable[[object], str | None] | None = None
     """What a refusal of this junk value must name (``None``: nothing beyond ``inv_names_culprit``), e.g. the
     request a batch names twice: an error that names another misleads whoever reads it."""
+    refusal: Callable[[object, Drawn], type[KVLedgerError] | None] | None = None
+    """The error class the spec gives for this junk value, where it names one (``None``: any typed error), e.g.
+    ``SlotConflict`` for an insert naming one slot at two positions: callers catch it by its class."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,7 @@ def _arg(
     after: bool = False,
     edges: Sequence[object] | Callable[[Drawn], Sequence[object]] | None = None,
     culprit: Callable[[object], str | None] | None = None,
+    refusal: Callable[[object, Drawn], type[KVLedgerError] | None] | None = None,
 ) -> Arg:
     """An ``Arg``; strategies given as values (``None``: there is none in this state) do not depend on earlier
     arguments, nor does ``inside`` unless ``after`` (then it takes them); ``edges`` given as a sequence does not
@@ -157,7 +161,7 @@ def _arg(
     j = junk if callable(junk) and not isinstance(junk, st.SearchStrategy) else (lambda _d, s=junk: s)
     ins = inside if after else (lambda x, _d, f=inside: f(x))
     e = edges if edges is None or callable(edges) else (lambda _d, xs=tuple(edges): xs)
-    return Arg(v, j, ins, e, culprit)  # type: ignore[arg-type]
+    return Arg(v, j, ins, e, culprit, refusal)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- keys and token ids
@@ -578,7 +582,11 @@ def _insert_method(c: _Cache, ps: int) -> Method:
                 edges=junk_key_values(n),
             ),
             "value": _arg(
-                st.just(_slots(own)), st.one_of(bad_values[0], st.one_of(*bad_values[1:])), value_inside, after=True
+                st.just(_slots(own)),
+                st.one_of(bad_values[0], st.one_of(*bad_values[1:])),
+                value_inside,
+                after=True,
+                refusal=lambda v, d: None if set(_ids(v)) & c.swa_dead else _repeats_a_slot(v, d),
             ),
             "owner": _arg(
                 st.just(c.prober),
@@ -596,6 +604,19 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         },
         weight=4,
     )
+
+
+def _ids(v: object) -> list[int]:
+    return v.tolist() if isinstance(v, torch.Tensor) and v.dim() == 1 and not v.is_floating_point() else []
+
+
+def _repeats_a_slot(v: object, d: Drawn) -> type[KVLedgerError] | None:
+    """``SlotConflict`` for slots of the key's length naming one slot twice (``spec.prefix.check_insert``)."""
+    key = tokens_of(d["key"])
+    if key is None or not isinstance(v, torch.Tensor) or v.dtype != torch.int64 or v.dim() != 1:
+        return None
+    xs = v.tolist()
+    return SlotConflict if len(xs) == len(key) and len(set(xs)) < len(xs) else None
 
 
 def _grain(cache: RadixCache) -> int:
@@ -1105,6 +1126,9 @@ def judge(
         name = arg.culprit(v) if arg.culprit is not None and not arg.inside(v, args) else None
         if name is not None and err is not None and name not in str(err):
             raise AssertionError(f"inv_names_culprit: {what()} was refused without naming {name}: {err}")
+        want = arg.refusal(v, args) if arg.refusal is not None and not arg.inside(v, args) else None
+        if want is not None and err is not None and not isinstance(err, want):
+            raise AssertionError(f"inv_domain_enforced: {what()} was refused with {err!r}, not {want.__name__}")
     if scenario.fingerprint() != before:
         how = "a call that only reads" if inside else "a rejected call"
         raise AssertionError(

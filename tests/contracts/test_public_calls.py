@@ -447,3 +447,13 @@ def test_an_alloc_that_refuses_what_it_could_evict_fails_the_room_audit(monkeypa
     monkeypatch.setattr(MemoryManager, "_make_room", lambda self, comp, short, what: None)  # BUG: never evicts
     with pytest.raises(AssertionError, match=r"alloc evicts before it refuses: alloc_kv of 1 tokens with 0 free"):
         C.room_audit(mm)
+
+
+def test_an_insert_that_refuses_a_repeated_slot_with_another_class_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spec gives ``SlotConflict`` for an insert naming one slot at two positions; a cache that leaves it to the
+    pool (which refuses with ``InvalidArgument``) is caught, by the class of its refusal."""
+    from kvledger.impl.kvview import KVView
+
+    monkeypatch.setattr(KVView, "check_fresh", lambda self, key, value, offered: None)  # BUG: no freshness check
+    msg = fails("token", C.cache_scenario, "inv_domain_enforced")
+    assert "not SlotConflict" in msg, msg
