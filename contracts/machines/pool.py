@@ -322,10 +322,15 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 self._expect_rejected(lambda: tokens_of(torch.tensor([page], dtype=torch.int64)), OutOfRange)
             self._expect_rejected(lambda: _free(self.pool, bad, OWNERS[0]), OutOfRange)
 
-        @rule(chunk=chunks, bad=st.sampled_from(["float", "2d", "empty", "dup", "sparse", "meta"]), give=st.booleans())
-        def malformed_indices(self, chunk: Chunk, bad: str, give: bool = False) -> None:
-            """Free (or, with ``give``, transfer) the chunk named by a malformed index tensor: refused, unchanged
-            (a sparse or a meta tensor of int64 ids has the right dtype and shape, and no readable values)."""
+        @rule(chunk=chunks, give=st.booleans())
+        def malformed_indices(self, chunk: Chunk, give: bool = False) -> None:
+            """Free (or, with ``give``, transfer) the chunk named by each kind of malformed index tensor in turn
+            (a sweep: float, 2-D, empty, a slot twice, and int64 ids in a sparse or a meta tensor, which have the
+            right dtype and shape and no readable values): each refused, typed, and nothing changed."""
+            for bad in ("float", "2d", "empty", "dup", "sparse", "meta"):
+                self._malformed(chunk, bad, give)
+
+        def _malformed(self, chunk: Chunk, bad: str, give: bool) -> None:
             if bad == "float":
                 idx = chunk.idx.to(torch.float32)
             elif bad == "sparse":
