@@ -321,13 +321,18 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 page = {"below": pages.base - 1, "above": pages.size + 10_000, "edge": pages.size}[where]
                 self._expect_rejected(lambda: tokens_of(torch.tensor([page], dtype=torch.int64)), OutOfRange)
             self._expect_rejected(lambda: _free(self.pool, bad, OWNERS[0]), OutOfRange)
+            if isinstance(self.pool, PagedAllocator) and where == "below":
+                # NOTE: and the whole page below the pool, which is whole pages in order and still no page of it
+                reserved = torch.arange(0, self.pool.page_size, dtype=torch.int64)
+                self._expect_rejected(lambda: _free(self.pool, reserved, OWNERS[0]), OutOfRange)
 
         @rule(chunk=chunks, give=st.booleans())
         def malformed_indices(self, chunk: Chunk, give: bool = False) -> None:
             """Free (or, with ``give``, transfer) the chunk named by each kind of malformed index tensor in turn
-            (a sweep: float, 2-D, empty, a slot twice, and int64 ids in a sparse or a meta tensor, which have the
+            (a sweep: float, 2-D, empty, a slot twice, every slot twice (whole pages twice), and int64 ids in a
+            sparse or a meta tensor, which have the
             right dtype and shape and no readable values): each refused, typed, and nothing changed."""
-            for bad in ("float", "2d", "empty", "dup", "sparse", "meta"):
+            for bad in ("float", "2d", "empty", "dup", "twice", "sparse", "meta"):
                 self._malformed(chunk, bad, give)
 
         def _malformed(self, chunk: Chunk, bad: str, give: bool) -> None:
@@ -341,10 +346,12 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 idx = chunk.idx.reshape(1, -1)
             elif bad == "empty":
                 idx = chunk.idx[:0]
+            elif bad == "twice":
+                idx = torch.cat((chunk.idx, chunk.idx))  # NOTE: whole pages, each named twice
             else:
                 idx = torch.cat((chunk.idx, chunk.idx[:1]))
             expected: type[KVLedgerError] = InvalidArgument
-            if bad == "dup" and isinstance(self.pool, PagedAllocator):
+            if bad in ("dup", "twice") and isinstance(self.pool, PagedAllocator):
                 expected = PageAlignmentError
             if give:
                 other = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
