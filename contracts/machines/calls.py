@@ -544,6 +544,25 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         if s is not None
     ]
 
+    def swapped(src: list[int]) -> list[torch.Tensor]:
+        """The first page of the prober's slots replaced by the first whole page of ``src`` (one edge per kind)."""
+        src = src[: len(src) - len(src) % ps]
+        return [_slots(src[:ps] + own[ps:])] if src and own else []
+
+    value_edges: list[object] = [
+        *swapped(foreign),
+        *swapped(free),
+        *swapped(cached),
+        *([_slots(again)] if pages > 1 else []),
+        _slots(own[:-ps]),
+        _slots(own + own[:ps]),
+        _slots(own).float(),
+        _slots(own).reshape(1, -1),
+        own,
+        _slots([*own[:-1], end + 3]),
+        _slots([*own[:-1], -1]),
+    ]
+
     def value_inside(v: object, d: Drawn) -> bool:
         """Whole pages: each the cache's own for that position of the key, or the prober's; distinct."""
         key = tokens_of(d["key"])
@@ -586,6 +605,7 @@ def _insert_method(c: _Cache, ps: int) -> Method:
                 st.one_of(bad_values[0], st.one_of(*bad_values[1:])),
                 value_inside,
                 after=True,
+                edges=value_edges,
                 refusal=lambda v, d: None if set(_ids(v)) & c.swa_dead else _repeats_a_slot(v, d),
             ),
             "owner": _arg(
