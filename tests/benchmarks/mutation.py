@@ -181,6 +181,10 @@ EQUIVALENT: dict[str, str] = {
         "made `>=`: at need == 0 it calls alloc_kv(owner, 0), which gives the same empty tensor before any check "
         "that could fail (no failure is injected at 0) and changes nothing"
     ),
+    "impl/kvview.py:KVView.take:boundary:int(lo) < pool.base": (
+        "take is insert's fast path: made `<=`, a value whose lowest slot is the pool's base declines it (False) "
+        "and the insert takes the general checks, which accept the same valid slots and hand them over the same way"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
