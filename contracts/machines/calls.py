@@ -66,6 +66,7 @@ from kvledger.impl.mamba import MambaAlloc, MambaPool
 from kvledger.impl.memory import MemoryManager
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.requests import Request, Status
+from kvledger.impl.slots import RUN_MIN
 from kvledger.impl.tree import MatchResult, TreeNode
 from kvledger.spec import domains as D
 from kvledger.spec.errors import IntegrityError, KVLedgerError, OverAllocation, SlotConflict, inv_names_culprit
@@ -747,7 +748,10 @@ def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
     ps = 2 if kind == "paged" else 1
     cfg = SystemConfig(page_size=ps, mamba=kind == "mamba", kv_tokens=16, rows=3, max_context=12, mamba_slots=4)
     mm = build_manager(cfg)
-    story = []
+    run_min = draw(st.sampled_from((RUN_MIN, 1, 2)))
+    for pool in mm.pools().values():
+        pool.run_min = run_min  # NOTE: short enough, the small pools tag, stamp and free runs through slices too
+    story = [f"run_min = {run_min}"]
     for sid in draw(st.lists(st.integers(0, 2), max_size=1, unique=True)):
         mm.sessions.open(sid)
         story.append(f"open session {sid}")
@@ -1020,22 +1024,24 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
     step = mm.event("leak audit", str(PHANTOM))
     if step <= before:
         raise AssertionError(f"{law}: event ids must grow (provenance orders by them): {step} after {before}")
-    planted = pool.alloc(1, PHANTOM)
+    # NOTE: one slot, or a few (a run: the pool tags and stamps a run through slices when it is long enough)
+    planted = pool.alloc(min(pool.available_size(), draw(st.integers(1, 3))), PHANTOM)
     try:
-        slot = int(planted[0])
+        slots = sorted(planted.tolist())
         found = check_leaks(mm).findings
-        named = [f for f in found if (f.pool, f.slot, f.kind) == (name, slot, "leaked") and str(PHANTOM) in f.owner]
-        if len(found) != 1 or not named:
+        named = [f for f in found if (f.pool, f.kind) == (name, "leaked") and str(PHANTOM) in f.owner]
+        if len(found) != len(slots) or sorted(f.slot for f in named) != slots:
             seen = "; ".join(map(str, found)) or "nothing"
-            raise AssertionError(f"{law}: {name} slot {slot} planted for {PHANTOM}, nobody referencing it: {seen}")
-        if (named[0].op, named[0].step) != ("leak audit", step):
-            raise AssertionError(
-                f"{law}: {name} slot {slot} planted by event {step} (leak audit) is attributed to "
-                f"{named[0].op!r} at step {named[0].step}"
-            )
+            raise AssertionError(f"{law}: {name} slots {slots} planted for {PHANTOM}, nobody referencing them: {seen}")
+        for f in named:
+            if (f.op, f.step) != ("leak audit", step):
+                raise AssertionError(
+                    f"{law}: {name} slot {f.slot} planted by event {step} (leak audit) is attributed to {f.op!r} "
+                    f"at step {f.step}"
+                )
     finally:
         pool.free(planted, PHANTOM)
-    return f"leak audit: {name} slot {slot}"
+    return f"leak audit: {name} slots {slots}"
 
 
 SCENARIOS: dict[str, tuple[Callable[[str, Draw], Scenario], ...]] = {

@@ -43,6 +43,7 @@ from kvledger.contracts.machines.calls import (
 from kvledger.contracts.machines.probes import (
     Call,
     constructor_calls,
+    id_edges,
     id_or_junk,
     owner_or_junk,
     raised,
@@ -509,34 +510,38 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
 
         @rule(chunk=chunks, bad=id_or_junk(16), how=st.integers(0, 3))
         def bad_id(self, chunk: Chunk, bad: object, how: int) -> None:
-            """A method taking one slot, row or state id, given an id drawn from anywhere: outside the pool
-            (``spec.domains.is_id``) it is refused, and changes nothing."""
-            pool, good, owner = self.pool, int(chunk.idx[0]), chunk.owner
-            slots = pools_of(pool)
-            size = next(iter(slots.values())).size
-            if D.is_id(bad, size):
-                return
-            calls: list[tuple[str, Callable[[], object]]]
-            if isinstance(pool, MambaPool):
-                calls = [
-                    ("write_fingerprint", lambda: pool.write_fingerprint(bad, 1)),  # type: ignore[arg-type]
-                    ("verify", lambda: pool.verify(bad, 1)),  # type: ignore[arg-type]
-                    ("copy_state from", lambda: pool.copy_state(bad, good, owner)),  # type: ignore[arg-type]
-                    ("copy_state to", lambda: pool.copy_state(good, bad, owner)),  # type: ignore[arg-type]
-                ]
-            elif isinstance(pool, ReqToTokenPool):
-                other = OWNERS[1] if owner != OWNERS[1] else OWNERS[0]
-                calls = [
-                    ("free", lambda: pool.free(bad, owner)),  # type: ignore[arg-type]
-                    ("transfer", lambda: pool.transfer(bad, owner, other)),  # type: ignore[arg-type]
-                    ("read", lambda: pool.read(bad, 0, 1)),  # type: ignore[arg-type]
-                    ("write", lambda: pool.write(bad, 0, torch.tensor([1]), owner)),  # type: ignore[arg-type]
-                ]
-            else:
-                first = next(iter(slots.values()))
-                calls = [("owner_of", lambda: first.owner_of(bad))]  # type: ignore[arg-type]
+            """Each method taking one slot, row or state id, given an id drawn from anywhere, and one of them (by
+            ``how``) every kind of bad id in turn (a sweep of ``id_edges``): outside the pool
+            (``spec.domains.is_id``) each is refused, and changes nothing."""
+            size = next(iter(pools_of(self.pool).values())).size
+            calls = self._id_calls(chunk)
+            if not D.is_id(bad, size):
+                for what, call in calls:
+                    self._expect_outside(f"{what} of id {bad!r}", lambda call=call: call(bad))  # type: ignore[misc]
             what, call = calls[how % len(calls)]
-            self._expect_outside(f"{what} of id {bad!r}", call)
+            for edge in id_edges(size):
+                self._expect_outside(f"{what} of id {edge!r}", lambda edge=edge: call(edge))  # type: ignore[misc]
+
+        def _id_calls(self, chunk: Chunk) -> list[tuple[str, Callable[[object], object]]]:
+            """The methods of this pool that take one slot, row or state id, as calls of that id."""
+            pool, good, owner = self.pool, int(chunk.idx[0]), chunk.owner
+            if isinstance(pool, MambaPool):
+                return [
+                    ("write_fingerprint", lambda x: pool.write_fingerprint(x, 1)),  # type: ignore[arg-type]
+                    ("verify", lambda x: pool.verify(x, 1)),  # type: ignore[arg-type]
+                    ("copy_state from", lambda x: pool.copy_state(x, good, owner)),  # type: ignore[arg-type]
+                    ("copy_state to", lambda x: pool.copy_state(good, x, owner)),  # type: ignore[arg-type]
+                ]
+            if isinstance(pool, ReqToTokenPool):
+                other = OWNERS[1] if owner != OWNERS[1] else OWNERS[0]
+                return [
+                    ("free", lambda x: pool.free(x, owner)),  # type: ignore[arg-type]
+                    ("transfer", lambda x: pool.transfer(x, owner, other)),  # type: ignore[arg-type]
+                    ("read", lambda x: pool.read(x, 0, 1)),  # type: ignore[arg-type]
+                    ("write", lambda x: pool.write(x, 0, torch.tensor([1]), owner)),  # type: ignore[arg-type]
+                ]
+            first = next(iter(pools_of(pool).values()))
+            return [("owner_of", lambda x: first.owner_of(x))]  # type: ignore[arg-type]
 
         def _expect_outside(self, what: str, call: Callable[[], object]) -> None:
             before = abstract(self.pool)

@@ -185,6 +185,10 @@ EQUIVALENT: dict[str, str] = {
         "take is insert's fast path: made `<=`, a value whose lowest slot is the pool's base declines it (False) "
         "and the insert takes the general checks, which accept the same valid slots and hand them over the same way"
     ),
+    "impl/slots.py:SlotPool.claim:slice+1:: 8 * k": (
+        "claim is a fast path: a slice one byte longer never equals the 8k bytes, so a scattered claim always puts "
+        "the tags back and declines (False), and the caller takes the general checks (the same result)"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""

@@ -266,9 +266,14 @@ def test_a_use_without_the_holder_check_is_caught(
         m.foreign_free(chunk, request(2), "use")
 
 
-def _choosing(name: str) -> C.Draw:
-    """A draw that picks pool ``name`` from the audit's ``sampled_from`` of (name, pool)."""
-    return lambda strategy: next(p for p in strategy.elements if p[0] == name)  # type: ignore[attr-defined]
+def _choosing(name: str, n: int = 1) -> C.Draw:
+    """A draw that picks pool ``name`` from the audit's ``sampled_from`` of (name, pool), and plants ``n`` slots."""
+
+    def draw(strategy: Any) -> Any:
+        elements = getattr(strategy, "elements", None)
+        return n if elements is None else next(p for p in elements if p[0] == name)
+
+    return draw
 
 
 def _running_manager(mamba: bool) -> MemoryManager:
@@ -282,7 +287,10 @@ def test_the_leak_audit_plants_a_leak_in_each_pool_and_takes_it_back(mamba: bool
     mm = _running_manager(mamba)
     before = C._manager_fingerprint(mm)
     for name in mm.pools():
-        assert C.leak_audit(mm, _choosing(name)).startswith(f"leak audit: {name} slot ")
+        assert C.leak_audit(mm, _choosing(name)).startswith(f"leak audit: {name} slots [")
+        for pool in mm.pools().values():
+            pool.run_min = 1  # NOTE: a plant of three is then a run, tagged and stamped through slices
+        assert C.leak_audit(mm, _choosing(name, 3)).startswith(f"leak audit: {name} slots [")
         assert C._manager_fingerprint(mm) == before
 
 
@@ -292,7 +300,7 @@ def test_a_leak_checker_that_reports_nothing_fails_the_audit(monkeypatch: pytest
     mm = _running_manager(False)
     # BUG: the checker checks its argument, then finds nothing
     monkeypatch.setattr(C, "check_leaks", lambda mm: _check_mm("check_leaks", mm) or LeakReport())
-    with pytest.raises(AssertionError, match=r"leak checker agrees with the ledgers: kv slot \d+ planted for req:"):
+    with pytest.raises(AssertionError, match=r"leak checker agrees with the ledgers: kv slots \[\d+\] planted for"):
         C.leak_audit(mm, _choosing("kv"))
 
 
