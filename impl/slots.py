@@ -99,6 +99,8 @@ class SlotPool:
         self._handed: dict[int, tuple[torch.Tensor, Ids, bytes, int]] = {}
         # the last owner encoded, its tag, the tag as a 0-d array (numpy assigns one fastest) and as bytes
         self._seen: Seen = (None, FREE_TAG, _FREE0, _tag_bytes(FREE_TAG, 1))
+        # the last owner's tag bytes freed by ``free`` of an alloc result, a count ``k`` and ``k`` copies of them
+        self._held_k: tuple[bytes, int, bytes] = (b"", 0, b"")
         self._link_host()
 
     def _link_host(self) -> None:
@@ -341,7 +343,29 @@ class SlotPool:
         (pool unchanged) when fewer than ``n`` are free, ``InvalidArgument`` for
         a negative or non-int ``n`` or a malformed owner.
         """
-        if self._free_np is not None:
+        free_np = self._free_np
+        if free_np is not None:
+            top = self._top
+            seen = self._seen
+            if owner is seen[0] and type(n) is int and 0 < n < top and n < self.run_min and n <= HANDED_MAX:
+                # NOTE: the common case inline (``_pop_ids`` below, with no run to look for): the last owner seen, a
+                # short result above the bottom of the stack, popped by one negative-step slice
+                ids = free_np[top - 1 : top - n - 1 : -1].copy()
+                self._top = top - n
+                self._tags[ids] = seen[2]  # type: ignore[index]
+                if self._stamped:
+                    self._origins[ids] = self._stamp  # type: ignore[index]
+                out = torch.from_numpy(ids)
+                raw = ids.tobytes()
+                items = self._fresh._items  # NOTE: ``RecentAllocs.add_short`` inline
+                items[raw[-64:]] = (raw, None)
+                if len(items) > FRESH_KEEP:
+                    del items[next(iter(items))]
+                handed = self._handed
+                handed[id(out)] = (out, ids, raw, -1)
+                if len(handed) > FRESH_KEEP:
+                    del handed[next(iter(handed))]
+                return out
             ids, raw, lo = self._pop_ids(n, owner, False)
             out = torch.from_numpy(ids)
             if 0 < n <= HANDED_MAX:
@@ -411,18 +435,26 @@ class SlotPool:
         """
         if self._tags is not None and type(indices) is torch.Tensor:
             mine = self._handed.get(id(indices))
-            if mine is not None and mine[0] is indices and indices._version == 0 and mine[1].tobytes() == mine[2]:
+            if (
+                mine is not None
+                and mine[0] is indices
+                and indices._version == 0
+                and (ids := mine[1]).tobytes() == mine[2]
+            ):
                 # NOTE: a recent alloc result that nothing changed (torch counts its in-place calls, shape changes
                 # too; a write through a numpy view changes the bytes): its host ids, distinct slots of this pool
-                ids, lo, k = mine[1], mine[3], len(mine[1])
+                lo, k = mine[3], len(ids)
                 seen = self._seen if owner is self._seen[0] else self._seen_for(owner, "free")
+                held = self._held_k  # NOTE: ``k`` copies of the owner's tag bytes, remembered for the last owner and k
+                if held[0] is not seen[3] or held[1] != k:
+                    held = self._held_k = (seen[3], k, seen[3] * k)
                 tags = self._tags
                 if lo < 0:
-                    if tags[ids].tobytes() == seen[3] * k:
+                    if tags[ids].tobytes() == held[2]:
                         self.release(ids)
                         del self._handed[id(indices)]
                         return
-                elif tags[lo : lo + k].tobytes() == seen[3] * k:
+                elif tags[lo : lo + k].tobytes() == held[2]:
                     # NOTE: the run of slots lo .. lo + k - 1 (as the alloc found it): read and freed through a slice
                     tags[lo : lo + k] = _FREE0
                     top = self._top
@@ -461,12 +493,12 @@ class SlotPool:
         ``idx``: a tensor, or (CPU pools) int64 ids on the host.
         """
         top = self._top
-        if self._free_np is not None:
-            assert self._tags is not None
-            ids = idx.numpy() if isinstance(idx, torch.Tensor) else idx
+        free_np = self._free_np
+        if free_np is not None:
+            ids = idx if type(idx) is np.ndarray or not isinstance(idx, torch.Tensor) else idx.numpy()
             k = len(ids)
-            self._tags[ids] = _FREE0
-            self._free_np[top : top + k] = ids
+            self._tags[ids] = _FREE0  # type: ignore[index]
+            free_np[top : top + k] = ids
         else:
             assert isinstance(idx, torch.Tensor)
             k = idx.numel()
