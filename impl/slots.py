@@ -80,7 +80,7 @@ class SlotPool:
         self._top = capacity
         # NOTE: allocations of at least run_min slots are looked at as a run of slots (tagged and freed through
         # slices); a speed setting that changes no result (the pool machine lowers it to drive the run path)
-        self.run_min = RUN_MIN
+        self.run_min = RUN_MIN  # NOTE: a property: it sets ``_inline_below`` too
         # Provenance: origin[s] is the ``stamp`` in force when slot s last got its owner (alloc or
         # transfer). Whoever drives the pool (the memory manager) sets ``stamp`` to an event id it logs.
         self.origin = torch.zeros(self.size, dtype=torch.int64, device=self.device)
@@ -127,6 +127,18 @@ class SlotPool:
         # NOTE: a copy (deepcopy, pickle) must keep its views on its own columns and stack
         self.__dict__.update(state)
         self._link_host()
+
+    @property
+    def run_min(self) -> int:
+        """Allocations of at least this many slots are looked at as a run of slots (``run_start``): a speed setting
+        that changes no result (the pool machine lowers it to drive the run path)."""
+        return self._run_min
+
+    @run_min.setter
+    def run_min(self, value: int) -> None:
+        self._run_min = value
+        # NOTE: ``alloc`` pops fewer slots than this inline (no run to look for, a result short enough to remember)
+        self._inline_below = min(value, HANDED_MAX + 1)
 
     @property
     def stamp(self) -> int:
@@ -347,7 +359,7 @@ class SlotPool:
         if free_np is not None:
             top = self._top
             seen = self._seen
-            if owner is seen[0] and type(n) is int and 0 < n < top and n < self.run_min and n <= HANDED_MAX:
+            if owner is seen[0] and type(n) is int and 0 < n < top and n < self._inline_below:
                 # NOTE: the common case inline (``_pop_ids`` below, with no run to look for): the last owner seen, a
                 # short result above the bottom of the stack, popped by one negative-step slice
                 ids = free_np[top - 1 : top - n - 1 : -1].copy()
@@ -412,7 +424,7 @@ class SlotPool:
         ids = (free_np[top - 1 : top - n - 1 : -1] if top > n else free_np[top - n : top][::-1]).copy()
         self._top = top - n
         raw, lo = None, -1
-        if n >= self.run_min and free_np.item(top - n) - (first := free_np.item(top - 1)) in (n - 1, 1 - n):
+        if n >= self._run_min and free_np.item(top - n) - (first := free_np.item(top - 1)) in (n - 1, 1 - n):
             raw = ids.tobytes()  # NOTE: its first and last ids n - 1 apart: most likely a run (the pool's are in range)
             lo = run_start(raw, n, first, self.base, self.size)
         if lo >= 0:
@@ -433,37 +445,34 @@ class SlotPool:
         Raises ``DoubleFree`` / ``NotOwner`` / ``OutOfRange`` / ``InvalidArgument``
         with the pool unchanged.
         """
-        if self._tags is not None and type(indices) is torch.Tensor:
-            mine = self._handed.get(id(indices))
-            if (
-                mine is not None
-                and mine[0] is indices
-                and indices._version == 0
-                and (ids := mine[1]).tobytes() == mine[2]
-            ):
-                # NOTE: a recent alloc result that nothing changed (torch counts its in-place calls, shape changes
-                # too; a write through a numpy view changes the bytes): its host ids, distinct slots of this pool
-                lo, k = mine[3], len(ids)
-                seen = self._seen if owner is self._seen[0] else self._seen_for(owner, "free")
-                held = self._held_k  # NOTE: ``k`` copies of the owner's tag bytes, remembered for the last owner and k
-                if held[0] is not seen[3] or held[1] != k:
-                    held = self._held_k = (seen[3], k, seen[3] * k)
-                tags = self._tags
-                if lo < 0:
-                    if tags[ids].tobytes() == held[2]:
-                        self.release(ids)
-                        del self._handed[id(indices)]
-                        return
-                elif tags[lo : lo + k].tobytes() == held[2]:
-                    # NOTE: the run of slots lo .. lo + k - 1 (as the alloc found it): read and freed through a slice
-                    tags[lo : lo + k] = _FREE0
-                    top = self._top
-                    self._free_np[top : top + k] = ids  # type: ignore[index]
-                    self._top = top + k
+        mine = self._handed.get(id(indices))  # NOTE: only a CPU pool's alloc results are there
+        if mine is not None and mine[0] is indices and indices._version == 0 and (ids := mine[1]).tobytes() == mine[2]:
+            # NOTE: a recent alloc result that nothing changed (torch counts its in-place calls, shape changes
+            # too; a write through a numpy view changes the bytes): its host ids, distinct slots of this pool
+            lo, k = mine[3], len(ids)
+            seen = self._seen
+            if owner is not seen[0]:
+                seen = self._seen_for(owner, "free")
+            held = self._held_k  # NOTE: ``k`` copies of the owner's tag bytes, remembered for the last owner and k
+            if held[0] is not seen[3] or held[1] != k:
+                held = self._held_k = (seen[3], k, seen[3] * k)
+            tags = self._tags
+            assert tags is not None
+            if lo < 0:
+                if tags[ids].tobytes() == held[2]:
+                    self.release(ids)
                     del self._handed[id(indices)]
                     return
-            elif self._free_host(indices, owner):
+            elif tags[lo : lo + k].tobytes() == held[2]:
+                # NOTE: the run of slots lo .. lo + k - 1 (as the alloc found it): read and freed through a slice
+                tags[lo : lo + k] = _FREE0
+                top = self._top
+                self._free_np[top : top + k] = ids  # type: ignore[index]
+                self._top = top + k
+                del self._handed[id(indices)]
                 return
+        elif self._tags is not None and type(indices) is torch.Tensor and self._free_host(indices, owner):
+            return
         self.release(self._held_index("free", indices, owner))
 
     def _free_host(self, indices: torch.Tensor, owner: Owner) -> bool:
