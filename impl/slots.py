@@ -378,17 +378,17 @@ class SlotPool:
                 if len(handed) > FRESH_KEEP:
                     del handed[next(iter(handed))]
                 return out
-            ids, raw, lo = self._pop_ids(n, owner, False)
+            ids, popped, lo = self._pop_ids(n, owner, False)
             out = torch.from_numpy(ids)
             if 0 < n <= HANDED_MAX:
-                raw = ids.tobytes() if raw is None else raw
+                raw = ids.tobytes() if popped is None else popped
                 self._fresh.add_short(raw, None)
                 handed = self._handed
                 handed[id(out)] = (out, ids, raw, lo)
                 if len(handed) > FRESH_KEEP:
                     del handed[next(iter(handed))]
             elif 0 < n <= FRESH_MAX:
-                self._fresh.add(ids.tobytes() if raw is None else raw, None)
+                self._fresh.add(ids.tobytes() if popped is None else popped, None)
             return out
         code = self.check_alloc(n, owner)
         top = self._top
@@ -676,14 +676,28 @@ _SHORT_BYTES = 8 * HANDED_MAX
 _TAG_BYTES: dict[int, bytes] = {}
 
 
+_TAG_RUNS: dict[tuple[int, int], bytes] = {}
+"""``_tag_bytes`` of the last few ``(code, n)`` asked for with ``1 < n <= HANDED_MAX``: a check of an alloc or free
+compares the slots' tags with one, and making ``n`` copies costs more than finding them."""
+
+
 def _tag_bytes(code: int, n: int) -> bytes:
     """``n`` int64 copies of ``code`` as raw native-order bytes (what ``_host`` of a uniform tag column reads)."""
+    if 1 < n <= HANDED_MAX:
+        got = _TAG_RUNS.get((code, n))
+        if got is not None:
+            return got
     one = _TAG_BYTES.get(code)
     if one is None:
         one = _TAG_BYTES[code] = code.to_bytes(8, sys.byteorder, signed=True)
         if len(_TAG_BYTES) > 4096:  # NOTE: request tags come and go; keep the table small
             _TAG_BYTES.clear()
-    return one * n
+    if not 1 < n <= HANDED_MAX:
+        return one * n
+    if len(_TAG_RUNS) >= 64:  # NOTE: at most 64 x 64 KiB
+        _TAG_RUNS.clear()
+    got = _TAG_RUNS[code, n] = one * n
+    return got
 
 
 def _long(idx: torch.Tensor) -> torch.Tensor:

@@ -222,8 +222,9 @@ def race_rows(args: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
 # ---------------------------------------------------------------- contract cost
 
 
-def make_cycle(kind: str, capacity: int, batch: int, device: str) -> Callable[[], int]:
-    """50 cycles of an alloc of ``batch`` tokens and its free, on a pool of ``capacity`` token slots kept half full."""
+def make_cycle(kind: str, capacity: int, batch: int, device: str) -> Callable[[], int] | None:
+    """50 cycles of an alloc of ``batch`` tokens and its free, on a pool of ``capacity`` token slots kept half full
+    (``None`` when the half-full pool has fewer than ``batch`` free: the SWA pool at 1k)."""
     from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
     from kvledger.impl.mamba import MambaPool
     from kvledger.spec.types import request
@@ -240,6 +241,8 @@ def make_cycle(kind: str, capacity: int, batch: int, device: str) -> Callable[[]
         a = MambaPool(capacity // 64, conv_shape=(1,), temporal_shape=(1,), device=device)
         batch = 1
     a.alloc(a.available_size() // 2, owner)
+    if a.available_size() < batch:
+        return None
 
     def cycles() -> int:
         for _ in range(50):
@@ -266,9 +269,12 @@ def contract_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
                     if level == "off":
                         bindings.uninstall()
                     step = make_cycle(kind, capacity, batch, args.device)
+                    if step is None:
+                        break
                     got[level] = max(got.get(level, 0.0), rate(step, args.seconds, args.device, args.clock))
             bindings.uninstall()
-            rows.append({"allocator": kind, "capacity": capacity, "batch": batch, **got})
+            if got:
+                rows.append({"allocator": kind, "capacity": capacity, "batch": batch, **got})
     return rows
 
 
