@@ -205,9 +205,6 @@ def _reversed(ids: Any) -> Any:
 # ------------------------------------------------------------------ incremental laws (tier "on")
 
 
-_FREE_BYTES = _tag_bytes(FREE_TAG, 1)
-"""``FREE_TAG`` as int64 bytes: ``n`` free tags read from a host column are ``_FREE_BYTES * n``."""
-
 Pop = tuple[int, bool, Any]
 """Before an alloc: the free count, whether the slots it would pop (the top ``n`` of the free stack) were all
 free-tagged, and those slots in pop order (last pushed first): int64 bytes on a CPU pool, else a tensor."""
@@ -229,7 +226,7 @@ def snap_alloc(self: SlotPool, n: Any) -> Pop | None:
     tags = self._tags
     if tags is not None:
         span = self._free_np[top - n : top][::-1]  # type: ignore[index]
-        return top, tags[span].tobytes() == _FREE_BYTES * n, span.tobytes()
+        return top, tags[span].tobytes() == _tag_bytes(FREE_TAG, n), span.tobytes()
     span = self._stack[top - n : top]
     return top, _tags_are(self, span, FREE_TAG), _reversed(span)
 
@@ -283,7 +280,7 @@ def release_frees(self: SlotPool, old: Touched) -> bool:
     tags = self._tags
     if tags is not None:
         pushed = self._free_np[top : top + k]  # type: ignore[index]
-        return tags[ids].tobytes() == _FREE_BYTES * k and (pushed.tobytes() == raw or _same_ids(pushed, ids))
+        return tags[ids].tobytes() == _tag_bytes(FREE_TAG, k) and (pushed.tobytes() == raw or _same_ids(pushed, ids))
     return _tags_are(self, ids, FREE_TAG) and _same_ids(self._stack[top : top + k], ids)
 
 
@@ -373,7 +370,7 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
             return result
         if tags is not None and type(n) is int and 0 < n <= top:
             span = self._free_np[top - n : top]  # type: ignore[index]
-            free_before = tags[span].tobytes() == _FREE_BYTES * n
+            free_before = tags[span].tobytes() == _tag_bytes(FREE_TAG, n)
             popped = span.tobytes()  # NOTE: a copy: an alloc that rewrites its stack top is read as it was
             result = fn(self, n, owner, *args, **kwargs)
             if type(result) is torch.Tensor and result.dtype == torch.int64 and result.is_cpu:
@@ -470,7 +467,7 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
                         return
             elif (
                 self._top == top + k
-                and tags[ids].tobytes() == _FREE_BYTES * k
+                and tags[ids].tobytes() == _tag_bytes(FREE_TAG, k)
                 and (self._free_np[top : top + k].tobytes() == raw or _same_ids(self._free_np[top : top + k], ids))  # type: ignore[index]
             ):
                 return

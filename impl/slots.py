@@ -80,7 +80,7 @@ class SlotPool:
         self._top = capacity
         # NOTE: allocations of at least run_min slots are looked at as a run of slots (tagged and freed through
         # slices); a speed setting that changes no result (the pool machine lowers it to drive the run path)
-        self.run_min = RUN_MIN
+        self.run_min = RUN_MIN  # NOTE: a property: it sets ``_inline_below`` too
         # Provenance: origin[s] is the ``stamp`` in force when slot s last got its owner (alloc or
         # transfer). Whoever drives the pool (the memory manager) sets ``stamp`` to an event id it logs.
         self.origin = torch.zeros(self.size, dtype=torch.int64, device=self.device)
@@ -99,6 +99,8 @@ class SlotPool:
         self._handed: dict[int, tuple[torch.Tensor, Ids, bytes, int]] = {}
         # the last owner encoded, its tag, the tag as a 0-d array (numpy assigns one fastest) and as bytes
         self._seen: Seen = (None, FREE_TAG, _FREE0, _tag_bytes(FREE_TAG, 1))
+        # the last owner's tag bytes freed by ``free`` of an alloc result, a count ``k`` and ``k`` copies of them
+        self._held_k: tuple[bytes, int, bytes] = (b"", 0, b"")
         self._link_host()
 
     def _link_host(self) -> None:
@@ -125,6 +127,18 @@ class SlotPool:
         # NOTE: a copy (deepcopy, pickle) must keep its views on its own columns and stack
         self.__dict__.update(state)
         self._link_host()
+
+    @property
+    def run_min(self) -> int:
+        """Allocations of at least this many slots are looked at as a run of slots (``run_start``): a speed setting
+        that changes no result (the pool machine lowers it to drive the run path)."""
+        return self._run_min
+
+    @run_min.setter
+    def run_min(self, value: int) -> None:
+        self._run_min = value
+        # NOTE: ``alloc`` pops fewer slots than this inline (no run to look for, a result short enough to remember)
+        self._inline_below = min(value, HANDED_MAX + 1)
 
     @property
     def stamp(self) -> int:
@@ -341,18 +355,40 @@ class SlotPool:
         (pool unchanged) when fewer than ``n`` are free, ``InvalidArgument`` for
         a negative or non-int ``n`` or a malformed owner.
         """
-        if self._free_np is not None:
-            ids, raw, lo = self._pop_ids(n, owner, False)
+        free_np = self._free_np
+        if free_np is not None:
+            top = self._top
+            seen = self._seen
+            if owner is seen[0] and type(n) is int and 0 < n < top and n < self._inline_below:
+                # NOTE: the common case inline (``_pop_ids`` below, with no run to look for): the last owner seen, a
+                # short result above the bottom of the stack, popped by one negative-step slice
+                ids = free_np[top - 1 : top - n - 1 : -1].copy()
+                self._top = top - n
+                self._tags[ids] = seen[2]  # type: ignore[index]
+                if self._stamped:
+                    self._origins[ids] = self._stamp  # type: ignore[index]
+                out = torch.from_numpy(ids)
+                raw = ids.tobytes()
+                items = self._fresh._items  # NOTE: ``RecentAllocs.add_short`` inline
+                items[raw[-64:]] = (raw, None)
+                if len(items) > FRESH_KEEP:
+                    del items[next(iter(items))]
+                handed = self._handed
+                handed[id(out)] = (out, ids, raw, -1)
+                if len(handed) > FRESH_KEEP:
+                    del handed[next(iter(handed))]
+                return out
+            ids, popped, lo = self._pop_ids(n, owner, False)
             out = torch.from_numpy(ids)
             if 0 < n <= HANDED_MAX:
-                raw = ids.tobytes() if raw is None else raw
+                raw = ids.tobytes() if popped is None else popped
                 self._fresh.add_short(raw, None)
                 handed = self._handed
                 handed[id(out)] = (out, ids, raw, lo)
                 if len(handed) > FRESH_KEEP:
                     del handed[next(iter(handed))]
             elif 0 < n <= FRESH_MAX:
-                self._fresh.add(ids.tobytes() if raw is None else raw, None)
+                self._fresh.add(ids.tobytes() if popped is None else popped, None)
             return out
         code = self.check_alloc(n, owner)
         top = self._top
@@ -388,7 +424,7 @@ class SlotPool:
         ids = (free_np[top - 1 : top - n - 1 : -1] if top > n else free_np[top - n : top][::-1]).copy()
         self._top = top - n
         raw, lo = None, -1
-        if n >= self.run_min and free_np.item(top - n) - (first := free_np.item(top - 1)) in (n - 1, 1 - n):
+        if n >= self._run_min and free_np.item(top - n) - (first := free_np.item(top - 1)) in (n - 1, 1 - n):
             raw = ids.tobytes()  # NOTE: its first and last ids n - 1 apart: most likely a run (the pool's are in range)
             lo = run_start(raw, n, first, self.base, self.size)
         if lo >= 0:
@@ -409,29 +445,34 @@ class SlotPool:
         Raises ``DoubleFree`` / ``NotOwner`` / ``OutOfRange`` / ``InvalidArgument``
         with the pool unchanged.
         """
-        if self._tags is not None and type(indices) is torch.Tensor:
-            mine = self._handed.get(id(indices))
-            if mine is not None and mine[0] is indices and indices._version == 0 and mine[1].tobytes() == mine[2]:
-                # NOTE: a recent alloc result that nothing changed (torch counts its in-place calls, shape changes
-                # too; a write through a numpy view changes the bytes): its host ids, distinct slots of this pool
-                ids, lo, k = mine[1], mine[3], len(mine[1])
-                seen = self._seen if owner is self._seen[0] else self._seen_for(owner, "free")
-                tags = self._tags
-                if lo < 0:
-                    if tags[ids].tobytes() == seen[3] * k:
-                        self.release(ids)
-                        del self._handed[id(indices)]
-                        return
-                elif tags[lo : lo + k].tobytes() == seen[3] * k:
-                    # NOTE: the run of slots lo .. lo + k - 1 (as the alloc found it): read and freed through a slice
-                    tags[lo : lo + k] = _FREE0
-                    top = self._top
-                    self._free_np[top : top + k] = ids  # type: ignore[index]
-                    self._top = top + k
+        mine = self._handed.get(id(indices))  # NOTE: only a CPU pool's alloc results are there
+        if mine is not None and mine[0] is indices and indices._version == 0 and (ids := mine[1]).tobytes() == mine[2]:
+            # NOTE: a recent alloc result that nothing changed (torch counts its in-place calls, shape changes
+            # too; a write through a numpy view changes the bytes): its host ids, distinct slots of this pool
+            lo, k = mine[3], len(ids)
+            seen = self._seen
+            if owner is not seen[0]:
+                seen = self._seen_for(owner, "free")
+            held = self._held_k  # NOTE: ``k`` copies of the owner's tag bytes, remembered for the last owner and k
+            if held[0] is not seen[3] or held[1] != k:
+                held = self._held_k = (seen[3], k, seen[3] * k)
+            tags = self._tags
+            assert tags is not None
+            if lo < 0:
+                if tags[ids].tobytes() == held[2]:
+                    self.release(ids)
                     del self._handed[id(indices)]
                     return
-            elif self._free_host(indices, owner):
+            elif tags[lo : lo + k].tobytes() == held[2]:
+                # NOTE: the run of slots lo .. lo + k - 1 (as the alloc found it): read and freed through a slice
+                tags[lo : lo + k] = _FREE0
+                top = self._top
+                self._free_np[top : top + k] = ids  # type: ignore[index]
+                self._top = top + k
+                del self._handed[id(indices)]
                 return
+        elif self._tags is not None and type(indices) is torch.Tensor and self._free_host(indices, owner):
+            return
         self.release(self._held_index("free", indices, owner))
 
     def _free_host(self, indices: torch.Tensor, owner: Owner) -> bool:
@@ -461,12 +502,12 @@ class SlotPool:
         ``idx``: a tensor, or (CPU pools) int64 ids on the host.
         """
         top = self._top
-        if self._free_np is not None:
-            assert self._tags is not None
-            ids = idx.numpy() if isinstance(idx, torch.Tensor) else idx
+        free_np = self._free_np
+        if free_np is not None:
+            ids = idx if type(idx) is np.ndarray or not isinstance(idx, torch.Tensor) else idx.numpy()
             k = len(ids)
-            self._tags[ids] = _FREE0
-            self._free_np[top : top + k] = ids
+            self._tags[ids] = _FREE0  # type: ignore[index]
+            free_np[top : top + k] = ids
         else:
             assert isinstance(idx, torch.Tensor)
             k = idx.numel()
@@ -635,14 +676,28 @@ _SHORT_BYTES = 8 * HANDED_MAX
 _TAG_BYTES: dict[int, bytes] = {}
 
 
+_TAG_RUNS: dict[tuple[int, int], bytes] = {}
+"""``_tag_bytes`` of the last few ``(code, n)`` asked for with ``1 < n <= HANDED_MAX``: a check of an alloc or free
+compares the slots' tags with one, and making ``n`` copies costs more than finding them."""
+
+
 def _tag_bytes(code: int, n: int) -> bytes:
     """``n`` int64 copies of ``code`` as raw native-order bytes (what ``_host`` of a uniform tag column reads)."""
+    if 1 < n <= HANDED_MAX:
+        got = _TAG_RUNS.get((code, n))
+        if got is not None:
+            return got
     one = _TAG_BYTES.get(code)
     if one is None:
         one = _TAG_BYTES[code] = code.to_bytes(8, sys.byteorder, signed=True)
         if len(_TAG_BYTES) > 4096:  # NOTE: request tags come and go; keep the table small
             _TAG_BYTES.clear()
-    return one * n
+    if not 1 < n <= HANDED_MAX:
+        return one * n
+    if len(_TAG_RUNS) >= 64:  # NOTE: at most 64 x 64 KiB
+        _TAG_RUNS.clear()
+    got = _TAG_RUNS[code, n] = one * n
+    return got
 
 
 def _long(idx: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@
    ``PagedAllocator`` (page sizes 16 and 64) against SGLang's ``TokenToKVPoolAllocator``
    and ``PagedTokenToKVPoolAllocator`` (``sglang.srt.mem_cache.allocator``,
    0.5.9; CPU, ``need_sort=False`` as a scheduler without disaggregation runs
-   them), at capacities of 10k, 100k and 1M tokens, on two workloads:
+   them), at capacities of 1k, 10k, 100k and 1M tokens (``--capacities``), on two workloads:
 
    * ``cycle``: alloc(256 tokens) then its free, on a pool kept half full;
    * ``mix``: a seeded stream of allocations of 1 page to 4k tokens (prefills)
@@ -22,7 +22,7 @@
    best of each kept; without that venv only kvledger is measured.
    Operations per second and the ratio kvledger/SGLang (> 1: kvledger faster).
 2. Contract cost. Each kvledger allocator (token, paged16, paged64, SWA, Mamba) at
-   10k and 1M: alloc+free cycles per second with contracts never installed
+   1k, 10k and 1M (those of ``--capacities``): alloc+free cycles per second with contracts never installed
    ("plain"), installed then removed ("off"), and the incremental tier
    ("on"), the three taking turns ``--rounds`` times, best of each kept; the
    on/off ratio is the cost of leaving contracts on.
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-CAPACITIES = (10_000, 100_000, 1_000_000)
+CAPACITIES = (1_000, 10_000, 100_000, 1_000_000)
 PAGES = (1, 16, 64)
 WORKLOADS = ("cycle", "mix")
 
@@ -186,7 +186,7 @@ def race(args: argparse.Namespace, sides: dict[str, Callable[[int, int, str], An
     for r in range(args.rounds):
         for name in WORKLOADS:
             for page in PAGES:
-                for capacity in CAPACITIES:
+                for capacity in args.capacities:
                     for side, side_of in sides.items() if r % 2 == 0 else reversed(sides.items()):
                         a = side_of(capacity, page, args.device)
                         step = workload(a, name, capacity, page, args.batch, args.seed)
@@ -196,7 +196,7 @@ def race(args: argparse.Namespace, sides: dict[str, Callable[[int, int, str], An
     rows = []
     for name in WORKLOADS:
         for page in PAGES:
-            for capacity in CAPACITIES:
+            for capacity in args.capacities:
                 row = {"workload": name, "page": page, "capacity": capacity}
                 rows.append(row | {f"{side}_ops_per_s": best[(name, page, capacity, side)] for side in sides})
     return rows
@@ -210,6 +210,7 @@ def race_rows(args: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
         return race(args, {"kvledger": KvledgerSide}), False
     cmd = [str(python), __file__, "--worker", "--seconds", str(args.seconds), "--batch", str(args.batch)]
     cmd += ["--seed", str(args.seed), "--device", args.device, "--rounds", str(args.rounds), "--clock", args.clock]
+    cmd += ["--capacities", ",".join(map(str, args.capacities))]
     env = {**os.environ, "KVLEDGER_CONTRACTS": "off"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if done.returncode:
@@ -221,8 +222,9 @@ def race_rows(args: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
 # ---------------------------------------------------------------- contract cost
 
 
-def make_cycle(kind: str, capacity: int, batch: int, device: str) -> Callable[[], int]:
-    """50 cycles of an alloc of ``batch`` tokens and its free, on a pool of ``capacity`` token slots kept half full."""
+def make_cycle(kind: str, capacity: int, batch: int, device: str) -> Callable[[], int] | None:
+    """50 cycles of an alloc of ``batch`` tokens and its free, on a pool of ``capacity`` token slots kept half full
+    (``None`` when the half-full pool has fewer than ``batch`` free: the SWA pool at 1k)."""
     from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
     from kvledger.impl.mamba import MambaPool
     from kvledger.spec.types import request
@@ -239,6 +241,8 @@ def make_cycle(kind: str, capacity: int, batch: int, device: str) -> Callable[[]
         a = MambaPool(capacity // 64, conv_shape=(1,), temporal_shape=(1,), device=device)
         batch = 1
     a.alloc(a.available_size() // 2, owner)
+    if a.available_size() < batch:
+        return None
 
     def cycles() -> int:
         for _ in range(50):
@@ -253,7 +257,7 @@ def contract_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     rows = []
     for kind in ("token", "paged16", "paged64", "swa", "mamba"):
-        for capacity in (10_000, 1_000_000):
+        for capacity in [c for c in args.capacities if c != 100_000]:
             batch = args.batch if kind != "mamba" else 1
             got: dict[str, float] = {}
             for r in range(args.rounds):
@@ -265,9 +269,12 @@ def contract_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
                     if level == "off":
                         bindings.uninstall()
                     step = make_cycle(kind, capacity, batch, args.device)
+                    if step is None:
+                        break
                     got[level] = max(got.get(level, 0.0), rate(step, args.seconds, args.device, args.clock))
             bindings.uninstall()
-            rows.append({"allocator": kind, "capacity": capacity, "batch": batch, **got})
+            if got:
+                rows.append({"allocator": kind, "capacity": capacity, "batch": batch, **got})
     return rows
 
 
@@ -282,6 +289,12 @@ def main() -> None:
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu", help="this process's CPU time, or wall")
     parser.add_argument("--batch", type=int, default=256, help="tokens per alloc in the cycle workload")
     parser.add_argument("--seed", type=int, default=0, help="seed of the mixed workload")
+    parser.add_argument(
+        "--capacities",
+        type=lambda s: tuple(int(c) for c in s.split(",")),
+        default=CAPACITIES,
+        help="pool capacities in tokens, comma-separated (the contract cost skips 100k)",
+    )
     parser.add_argument("--sglang-venv", type=Path, default=ROOT / "build" / "sglang-0.5.9")
     parser.add_argument("--skip-contracts", action="store_true", help="only the race against SGLang")
     parser.add_argument("--skip-race", action="store_true", help="only the contract cost")
