@@ -1030,14 +1030,14 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
         slots = sorted(planted.tolist())
         found = check_leaks(mm).findings
         named = [f for f in found if (f.pool, f.kind) == (name, "leaked") and str(PHANTOM) in f.owner]
-        if len(found) != len(slots) or sorted(f.slot for f in named) != slots:
+        if len(found) != len(slots) or sorted(x.slot for x in named) != slots:
             seen = "; ".join(map(str, found)) or "nothing"
             raise AssertionError(f"{law}: {name} slots {slots} planted for {PHANTOM}, nobody referencing them: {seen}")
-        for f in named:
-            if (f.op, f.step) != ("leak audit", step):
+        for finding in named:
+            if (finding.op, finding.step) != ("leak audit", step):
                 raise AssertionError(
-                    f"{law}: {name} slot {f.slot} planted by event {step} (leak audit) is attributed to {f.op!r} "
-                    f"at step {f.step}"
+                    f"{law}: {name} slot {finding.slot} planted by event {step} (leak audit) is attributed to "
+                    f"{finding.op!r} at step {finding.step}"
                 )
     finally:
         pool.free(planted, PHANTOM)
