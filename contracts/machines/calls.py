@@ -695,8 +695,8 @@ def _planted_cycle(cache: RadixCache) -> str:
 
 def cache_audit(cache: RadixCache) -> str:
     """The cache's own self-checks and counters agree with its state: each component's LRU list passes its
-    ``check()`` and fails it, typed, with a link planted broken (see :func:`_planted_breaks`; the link is put
-    back), a lock of a node planted with a parent cycle fails typed and changes nothing (:func:`_planted_cycle`),
+    ``check()`` and fails it, typed, with a link planted broken (``_planted_breaks``; the link is put
+    back), a lock of a node planted with a parent cycle fails typed and changes nothing (``_planted_cycle``),
     and ``node_count()`` is the number of nodes a walk from the root through ``children`` meets.
 
     Raises ``AssertionError`` naming ``self-checks agree with the state`` otherwise (a healthy cache whose own

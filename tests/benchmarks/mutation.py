@@ -189,6 +189,14 @@ EQUIVALENT: dict[str, str] = {
         "claim is a fast path: a slice one byte longer never equals the 8k bytes, so a scattered claim always puts "
         "the tags back and declines (False), and the caller takes the general checks (the same result)"
     ),
+    "impl/slots.py:SlotPool._free_host:boundary:ids[0] >= 0": (
+        "made `> 0`: a free of the one slot 0 takes claim's check instead of the one-slot check; both compare the "
+        "slot's tag with the owner's and decline the same inputs, so the free is the same"
+    ),
+    "impl/slots.py:RecentAllocs.add:negate-if:if len(items) > keep:": (
+        "the memo's size bound negated: it keeps one result instead of the last 64, and a result not remembered is "
+        "proven distinct by the slow path (speed and memory only, every answer the same)"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
