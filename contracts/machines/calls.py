@@ -37,6 +37,7 @@ from contextlib import suppress
 from copy import deepcopy
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import count
 from typing import Protocol, TypeVar
 
 import torch
@@ -516,12 +517,16 @@ def _insert_method(c: _Cache, ps: int) -> Method:
     free = [x for x in range(kv.base * grain, end) if x not in mine and x not in foreign]
     free = [x for x in free if x not in set(cached)]
 
+    def with_page(src: list[int], i: int, j: int) -> torch.Tensor:
+        """The prober's slots with their page ``i`` replaced by page ``j`` of ``src``."""
+        return _slots(own[: i * ps] + src[j * ps : j * ps + ps] + own[i * ps + ps :])
+
     def swap(src: list[int]) -> st.SearchStrategy[object] | None:
         src = src[: len(src) - len(src) % ps]
         if not src:
             return None
         return st.tuples(st.integers(0, pages - 1), st.integers(0, len(src) // ps - 1)).map(
-            lambda ij: _slots(own[: ij[0] * ps] + src[ij[1] * ps : ij[1] * ps + ps] + own[ij[0] * ps + ps :])
+            lambda ij: with_page(src, *ij)
         )
 
     again = own[:ps] * 2 + own[2 * ps :]
@@ -547,8 +552,7 @@ def _insert_method(c: _Cache, ps: int) -> Method:
 
     def swapped(src: list[int]) -> list[torch.Tensor]:
         """The first page of the prober's slots replaced by the first whole page of ``src`` (one edge per kind)."""
-        src = src[: len(src) - len(src) % ps]
-        return [_slots(src[:ps] + own[ps:])] if src and own else []
+        return [with_page(src, 0, 0)] if len(src) >= ps and own else []
 
     value_edges: list[object] = [
         *swapped(foreign),
@@ -655,8 +659,9 @@ def cache_scenario(kind: str, draw: Draw) -> Scenario:
 
 def _planted_breaks(lru: LRUList[TreeNode]) -> Iterator[tuple[str, BaseException | None]]:
     """Break ``lru``'s links one way at a time, run its ``check()``, put the link back: (the break, what the check
-    raised). The breaks: the first link's back pointer aimed at the head (an asymmetric link), and the first
-    link cut (a chain that ends early). A cycle is not planted: a check that misses it would walk it forever."""
+    raised). The breaks: the first member's back pointer aimed at itself, or at nothing on an empty list (an
+    asymmetric link), and the head's link cut (a chain that ends early). A cycle is not planted: a check that
+    misses it would walk it forever."""
     i, head = lru.slot, lru.head
     first = head.next[i]
     assert first is not None
@@ -1008,11 +1013,12 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
     Raises ``AssertionError`` naming ``leak checker agrees with the ledgers`` when either fails."""
     law = "leak checker agrees with the ledgers"
     junks: tuple[object, ...] = (None, mm.kv, "mm")
-    for f, junk in ((f, junk) for f in (check_leaks, expected_owners) for junk in junks):
-        err = raised(partial(f, junk))  # type: ignore[arg-type]  # NOTE: junk on purpose
-        if not D.inv_domain_enforced(False, err):
-            what = f"{f.__name__}({junk!r:.40})"
-            raise AssertionError(f"inv_domain_enforced: {what} lies outside its domain and raised {err!r}")
+    for f in (check_leaks, expected_owners):
+        for junk in junks:
+            err = raised(partial(f, junk))  # type: ignore[arg-type]  # NOTE: junk on purpose
+            if not D.inv_domain_enforced(False, err):
+                what = f"{f.__name__}({junk!r:.40})"
+                raise AssertionError(f"inv_domain_enforced: {what} lies outside its domain and raised {err!r}")
     found = check_leaks(mm).findings
     if found:
         raise AssertionError(f"{law}: a healthy manager was reported: {found[0]}")
@@ -1071,15 +1077,9 @@ def probe(scenario: Scenario, draw: Draw) -> str:
     method: Method = draw(st.sampled_from([m for m in scenario.methods for _ in range(m.weight)]))
     names = list(method.args)
     broken = draw(st.sampled_from(names if not method.reads else [None, *names]))
-    got: dict[str, object] = {}
-    inside = True
-    for k in names:
-        arg = method.args[k]
-        strategy = arg.junk(got) if k == broken else arg.valid(got)
-        if strategy is None:
-            return f"{scenario.what}.{method.what}: no {'junk' if k == broken else 'valid'} {k} in this state"
-        got[k] = draw(strategy)
-        inside = inside and arg.inside(got[k], got)
+    got, inside, missing = _draw_args(method, draw, broken, lambda arg, d: arg.junk(d))
+    if missing is not None:
+        return f"{scenario.what}.{method.what}: no {'junk' if missing == broken else 'valid'} {missing} in this state"
     if inside and not method.reads:
         return f"{scenario.what}.{method.what}: inside"  # NOTE: a valid call that changes state: the rules make those
     return judge(scenario, method, got, inside)
@@ -1095,30 +1095,44 @@ def sweep(scenario: Scenario, draw: Draw) -> str:
     if not pairs:
         return f"{scenario.what}: no argument with a catalogue of junk"
     method, broken = draw(st.sampled_from(pairs))
-    swept, i, before = 0, -1, None
-    while True:
-        i += 1
-        got: dict[str, object] = {}
-        inside = True
-        for k, arg in method.args.items():
-            if k == broken:
-                assert arg.edges is not None
-                values = arg.edges(got)
-                if i >= len(values):
-                    return f"{scenario.what}.{method.what}: {swept} junk {broken}"
-                got[k] = values[i]
-            else:
-                strategy = arg.valid(got)
-                if strategy is None:
-                    return f"{scenario.what}.{method.what}: no valid {k} in this state"
-                got[k] = draw(strategy)
-            inside = inside and arg.inside(got[k], got)
+    swept, before = 0, None
+    for i in count():
+
+        def edge(arg: Arg, d: Drawn, i: int = i) -> st.SearchStrategy[object] | None:
+            values = arg.edges(d) if arg.edges is not None else ()
+            return st.just(values[i]) if i < len(values) else None  # NOTE: None: the catalogue is done
+
+        got, inside, missing = _draw_args(method, draw, broken, edge)
+        if missing == broken:
+            break
+        if missing is not None:
+            return f"{scenario.what}.{method.what}: no valid {missing} in this state"
         if inside and not method.reads:
             continue  # NOTE: a catalogue value that is valid here (an owner that is the holder): the rules make those
         if before is None:
             before = scenario.fingerprint()
         judge(scenario, method, got, inside, before=before, show=False)  # NOTE: each leaves the state as it was
         swept += 1
+    return f"{scenario.what}.{method.what}: {swept} junk {broken}"
+
+
+def _draw_args(
+    method: Method,
+    draw: Draw,
+    broken: str | None,
+    junk: Callable[[Arg, Drawn], st.SearchStrategy[object] | None],
+) -> tuple[dict[str, object], bool, str | None]:
+    """``method``'s arguments in order, each valid but ``broken`` (from ``junk``): (them, whether every one lies
+    inside its domain, the first argument with no value in this state or ``None``)."""
+    got: dict[str, object] = {}
+    inside = True
+    for k, arg in method.args.items():
+        strategy = junk(arg, got) if k == broken else arg.valid(got)
+        if strategy is None:
+            return got, False, k
+        got[k] = draw(strategy)
+        inside = inside and arg.inside(got[k], got)
+    return got, inside, None
 
 
 def judge(

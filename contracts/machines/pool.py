@@ -331,8 +331,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
         def malformed_indices(self, chunk: Chunk, give: bool = False) -> None:
             """Free (or, with ``give``, transfer) the chunk named by each kind of malformed index tensor in turn
             (a sweep: float, 2-D, empty, a slot twice, every slot twice (whole pages twice), and int64 ids in a
-            sparse or a meta tensor, which have the
-            right dtype and shape and no readable values): each refused, typed, and nothing changed."""
+            sparse or a meta tensor, which have the right dtype and shape and no readable values): each refused,
+            typed, and nothing changed."""
             for bad in ("float", "2d", "empty", "dup", "twice", "sparse", "meta"):
                 self._malformed(chunk, bad, give)
 
@@ -435,8 +435,9 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             before = abstract(self.pool)
             got = slots.alloc(n, temp)
             freed = slots.free_all_of(temp)
-            if sorted(freed.tolist()) != sorted(got.tolist()) or abstract(self.pool) != before:
-                same = "" if abstract(self.pool) == before else " not"
+            restored = abstract(self.pool) == before
+            if sorted(freed.tolist()) != sorted(got.tolist()) or not restored:
+                same = "" if restored else " not"
                 raise AssertionError(
                     f"refinement (abstract == spec model): {name} free_all_of({temp}) after alloc "
                     f"{sorted(got.tolist())} returned {sorted(freed.tolist())}; the pool is{same} as before"
