@@ -270,3 +270,47 @@ def test_evict_bad_is_caught_on_a_cache_that_takes_any_count(monkeypatch: pytest
     monkeypatch.setattr(RadixCache, "evict", lambda self, comp, k: 0)
     with pytest.raises(AssertionError, match="inv_domain_enforced: evict"):
         m.evict_bad(Component.FULL, n)
+
+
+@pytest.mark.parametrize(("start", "shift"), [(2, -1), (1, 2)])
+def test_a_row_write_that_copies_a_view_of_its_own_row_in_place_is_caught(
+    monkeypatch: pytest.MonkeyPatch, start: int, shift: int
+) -> None:
+    """``row write commits``: the reference copies a window of its own row first; a write that assigns the view in
+    place meets torch's overlap refusal (an untyped crash) and is caught; the reference passes."""
+    from kvledger.impl.req_to_token import ReqToTokenPool
+
+    m = machine("req_to_token")
+    c = chunk_of(m, 1)
+    m.write_row(c, start, 3, "own row", shift)  # the reference: the row holds exactly the copied window
+
+    def in_place(self: ReqToTokenPool, row: int, start: int, slots: torch.Tensor, owner: Any) -> None:
+        self.pool.check_held("write", self._row("write", row), owner)
+        self.table[row, start : start + slots.numel()] = slots  # BUG: no copy of a view of this table
+
+    monkeypatch.setattr(ReqToTokenPool, "write", in_place)
+    with pytest.raises(AssertionError, match="row write commits: write"):
+        m.write_row(c, start, 3, "own row", shift)
+
+
+def test_a_teardown_scan_that_frees_nothing_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvledger.impl.slots import SlotPool
+
+    m = machine("token")
+    m.free_all_of_owner(2, 0)  # the reference returns exactly the slots and leaves the pool as before
+    monkeypatch.setattr(
+        SlotPool, "free_all_of", lambda self, owner: self.held_by(owner)
+    )  # BUG: reports the slots, frees none
+    with pytest.raises(AssertionError, match=r"refinement \(abstract == spec model\): kv free_all_of.* is not as"):
+        m.free_all_of_owner(2, 0)
+
+
+def test_a_page_map_without_its_range_check_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tokens_of`` of the reserved page below a paged pool: the reference refuses it ``OutOfRange``."""
+    from kvledger.impl.allocators import PagedAllocator
+
+    m = machine("paged")
+    m.out_of_range("below")
+    monkeypatch.setattr(PagedAllocator, "tokens_of", lambda self, pages: self._rows.index_select(0, pages).view(-1))
+    with pytest.raises(AssertionError, match="invalid call accepted"):
+        m.out_of_range("below")

@@ -465,3 +465,33 @@ def test_an_insert_that_refuses_a_repeated_slot_with_another_class_is_caught(mon
     monkeypatch.setattr(KVView, "check_fresh", lambda self, key, value, offered: None)  # BUG: no freshness check
     msg = fails("token", C.cache_scenario, "inv_domain_enforced")
     assert "not SlotConflict" in msg, msg
+
+
+def test_a_batch_refusal_that_names_another_request_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``admit`` of a batch naming a request twice after another one: the refusal must name the repeated request."""
+    from kvledger.impl import admission
+    from kvledger.spec.errors import InvalidArgument
+
+    mm = build_manager(SystemConfig(kv_tokens=16, rows=3, max_context=12))
+    a, b = mm.add_request((1, 2)), mm.add_request((3, 4))
+    scenario = C.manager_scenario_of(mm, ["two waiting requests"])
+    batch = {m.what: m for m in scenario.methods}["admit"]
+    args = {"waiting": [a, b, b], "budget": Budget(24, 1)}
+    C.judge(scenario, batch, args, inside=False)  # the reference names request 2
+
+    def first(mm: MemoryManager, reqs: list[Any]) -> None:
+        if len({id(r) for r in reqs}) != len(reqs):  # BUG: names the batch's first request
+            raise InvalidArgument("admit", "req_to_token", (), f"request {reqs[0].rid} named twice in one batch")
+
+    monkeypatch.setattr(admission, "_own_each_once", first)
+    with pytest.raises(AssertionError, match=r"inv_names_culprit: .* was refused without naming request 2"):
+        C.judge(scenario, batch, args, inside=False)
+
+
+def test_caching_a_slot_whose_swa_slot_was_freed_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache that no longer checks a new position's SWA slot is still live accepts an insert outside its domain."""
+    from kvledger.impl.kvview import KVView
+
+    monkeypatch.setattr(KVView, "check_swa_live", lambda self, op, idx: None)  # BUG: the SWA-live check dropped
+    msg = fails("swa", C.cache_scenario, "inv_domain_enforced")
+    assert "RadixCache.insert" in msg and "was accepted" in msg, msg
