@@ -34,7 +34,7 @@ kvledger.spec.errors.NotInList: lru_remove on the full LRU list, node 1: not in 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -130,6 +130,63 @@ def inv_lru(s: LruState) -> bool:
 def inv_lru_members(s: LruState, cached: frozenset[NodeId]) -> bool:
     """The members are exactly the nodes this component considers cached (checked by the caller)."""
     return frozenset(s.order) == cached
+
+
+# ---------------------------------------------------------------- recency
+
+Stamp = tuple[int, int]
+"""What an observer knows of when something was last used, in ticks of its own clock: ``(lo, hi)``, used last at
+a tick ``lo <= t <= hi``. ``lo``: the last call known to use it (a match or an insert covering it); ``hi``: the
+last call that may have (a cache may also refresh, say, the rest of a node it split)."""
+
+
+def joint_stamp(stamps: Sequence[Stamp]) -> Stamp | None:
+    """The stamp of something used whole, each time, with all of its parts ``stamps`` (a node and its pages): used
+    last no earlier than its parts' latest known use, and no later than their earliest possible last use.
+    ``None`` for nothing."""
+    if not stamps:
+        return None
+    return max(lo for lo, _ in stamps), min(hi for _, hi in stamps)
+
+
+def recency_inversion(order: Sequence[NodeId], stamps: Mapping[NodeId, Stamp]) -> tuple[NodeId, NodeId] | None:
+    """A pair ``(a, b)`` with ``a`` ahead of ``b`` in ``order`` (head, most recent, first) though ``a`` was last
+    used before ``b`` for sure (``hi(a) < lo(b)``), or ``None``. Nodes without a stamp are passed over."""
+    oldest: tuple[int, NodeId] | None = None  # NOTE: the smallest hi ahead of the walk, and whose it is
+    for n in order:
+        st = stamps.get(n)
+        if st is None:
+            continue
+        if oldest is not None and oldest[0] < st[0]:
+            return oldest[1], n
+        if oldest is None or st[1] < oldest[0]:
+            oldest = (st[1], n)
+    return None
+
+
+def inv_lru_recency(order: Sequence[NodeId], stamps: Mapping[NodeId, Stamp]) -> bool:
+    """An LRU list orders its members by last use: none lies ahead of one used after it for sure
+    (``recency_inversion``). Ties, and uses an observer cannot order, may fall either way."""
+    return recency_inversion(order, stamps) is None
+
+
+def evicts_lru_first(evicted: Iterable[Stamp], kept: Iterable[Stamp]) -> bool:
+    """An eviction took the least recently used first: nothing it took was used, for sure, after something it
+    could have taken instead and kept (``kept``: what stays evictable at once, an unlocked leaf)."""
+    newest = max((lo for lo, _ in evicted), default=None)
+    return newest is None or all(newest <= hi for _, hi in kept)
+
+
+def evicts_enough(asked: int, could: int, freed: int) -> bool:
+    """An eviction asked for ``asked`` frees at least that much, or all ``could`` (what no lock held) when less."""
+    return freed >= min(asked, could)
+
+
+def evicts_no_more(asked: int, freed: int, last: Iterable[int]) -> bool:
+    """An eviction stops once it has freed ``asked``: when it freed that much, one of the units it may have taken
+    last (``last``: the size of each node it took whose parent it kept) was needed to reach ``asked``."""
+    sizes = list(last)
+    return freed < asked or not sizes or any(freed - n < asked for n in sizes)
 
 
 # ---------------------------------------------------------------- predicates

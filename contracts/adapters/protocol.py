@@ -30,12 +30,19 @@ from kvledger.spec.types import Component, NodeId
 
 CAPABILITIES = frozenset(
     {"lru", "tree", "locks", "ledgers", "content", "sizes", "mamba_cow", "rejects_double_unlock", "stateless_insert"}
-    | {"rejects_foreign_insert", "rejects_bad_arguments"}
+    | {"rejects_foreign_insert", "rejects_bad_arguments", "lru_policy"}
 )
 """Everything a snapshot or an adapter may provide; an adapter lists what it has.
 
 ``lru``: the snapshot reports the implementation's LRU lists (those it has:
-SGLang 0.5.23 keeps them for SWA and Mamba only). ``tree``: the snapshot
+SGLang 0.5.23 keeps them for SWA and Mamba only). ``lru_policy``: the cache
+evicts the least recently used first, where a match or an insert uses the
+pages it covers (and may refresh the rest of a node it splits): each LRU list
+orders its nodes by last use (``inv_lru_recency``, with ``lru`` and
+``ledgers``), an eviction takes nothing used after an evictable page it keeps
+(``evicts_lru_first``), frees what it was asked or all it can
+(``evicts_enough``) and stops once it has (``evicts_no_more``, with
+``ledgers``). ``tree``: the snapshot
 reports the tree's pointers (``Snapshot.tree``). ``rejects_double_unlock``:
 a second ``unlock`` of one handle is refused and changes nothing.
 ``stateless_insert``: ``insert`` accepts ``mamba=None`` (a cache without a
@@ -200,6 +207,7 @@ class Unsupported(Exception):
 RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "ledgers": ("inv_slots_conserved", "inv_single_owner", "inv_owners_account"),
     "lru": ("inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members"),
+    "lru_policy": ("inv_lru_recency", "evicts_lru_first", "evicts_enough", "evicts_no_more"),
     "tree": ("inv_tree_detached", "inv_tree_links_symmetric", "inv_tree_acyclic", "inv_tree_index"),
     "locks": (
         "inv_lock_ref_counts_handles",

@@ -166,7 +166,7 @@ class ReferenceAdapter:
     name = "kvledger-reference"
     version = "0.1.0"
     capabilities = frozenset(
-        {"lru", "tree", "locks", "ledgers", "content", "sizes", "mamba_cow"}
+        {"lru", "lru_policy", "tree", "locks", "ledgers", "content", "sizes", "mamba_cow"}
         | {"rejects_double_unlock", "stateless_insert", "rejects_foreign_insert", "rejects_bad_arguments"}
     )
 

@@ -34,7 +34,7 @@ happen within a few steps and counterexamples shrink to a handful of lines.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Set
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -51,7 +51,7 @@ from kvledger.spec import prefix as P
 from kvledger.spec import tree as T
 from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.ledger import Ledger
-from kvledger.spec.types import Component, HandleId, OwnerKind, request
+from kvledger.spec.types import Component, HandleId, NodeId, OwnerKind, request
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8, 7, 8))
@@ -80,6 +80,10 @@ RULES = (
     "inv_lru_detached",
     "inv_lru_links_symmetric",
     "inv_lru_members",
+    "inv_lru_recency",
+    "evicts_lru_first",
+    "evicts_enough",
+    "evicts_no_more",
     "inv_tree_detached",
     "inv_tree_links_symmetric",
     "inv_tree_acyclic",
@@ -124,6 +128,9 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             self.pressure = 0.0  # the most of any pool held at once (0..1)
             self.depth = 0  # the longest cached key (the radix tree's depth, in tokens)
             self.most_locked = 0  # the most live lock handles at once
+            self.policy = "lru_policy" in self.caps
+            self.clock = 0  # ticks of the calls that use the cache (``_use``)
+            self.stamps: dict[tuple[int, ...], U.Stamp] = {}  # each cached page's last use, as far as known
 
         def teardown(self) -> None:
             """Guide the search (``hypothesis.target``) towards full pools, deep trees and many locks."""
@@ -158,10 +165,106 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             if tomb:
                 self.prefix = self._spec("evict_swa", lambda: P.evict_swa(self.prefix, tomb, self.locks))  # type: ignore[assignment]
 
-        def _before(self) -> P.PrefixCache:
-            """The abstract cache now (the last invariant check's snapshot when nothing changed since)."""
+        def _use(self, key: tuple[int, ...], covered: int, split: int | None = None) -> None:
+            """A call at a new tick used ``key``'s first ``covered`` tokens (their pages' stamps become that tick) and
+            may have refreshed the rest of the key's cached path and what hangs below where it may have split a
+            node (``split``: where an insert met the end of what was cached; a match's end, else where its walk
+            ended): their ``hi`` becomes that tick (a cache refreshes the rest of a node it splits). Kept only for a
+            cache with capability ``lru_policy``."""
+            if not self.policy:
+                return
+            self.clock = t = self.clock + 1
+            ps, full, stamps = self.cfg.page_size, self.prefix.full, self.stamps
+            end = 0
+            for j in range(ps, len(key) + 1, ps):
+                k = key[:j]
+                if k not in full:
+                    break
+                stamps[k] = (t, t) if j <= covered else (stamps.get(k, (0, t))[0], t)
+                end = j
+            below = key[: (covered or end) if split is None else split]
+            if below:
+                n = len(below)
+                for k in full:
+                    if len(k) > n and k[:n] == below:
+                        stamps[k] = (stamps.get(k, (0, t))[0], t)
+
+        def _unlocked(self, k: tuple[int, ...]) -> bool:
+            return all(K.lock_ref_of(self.locks, k, c) == 0 for c in (FULL, SWA, MAMBA))
+
+        def _judge_eviction(self, comp: Component, asked: int | None, snap: Snapshot) -> None:
+            """``evicts_enough`` and ``evicts_no_more`` (when ``asked``) and ``evicts_lru_first`` for what ``comp``'s
+            eviction took between the snapshot ``snap`` and the model now; then forget the stamps of pages no
+            longer cached."""
+            if not self.policy:
+                return
+            before, now, ps = snap.prefix, self.prefix, self.cfg.page_size
+            took: Set[tuple[int, ...]]
+            if comp is FULL:
+                took = before.full.keys() - now.full.keys()
+                could = sum(1 for k in before.full if self._unlocked(k))
+                inner = {x[:-ps] for x in now.full}
+                kept = [k for k in now.full if k not in inner and self._unlocked(k)]
+                unit = ps
+            elif comp is SWA:
+                took = before.swa_live - now.swa_live
+                could = sum(1 for k in before.swa_live if K.lock_ref_of(self.locks, k, SWA) == 0)
+                kept = [k for k in now.swa_live if K.lock_ref_of(self.locks, k, SWA) == 0]
+                unit = ps
+            else:
+                took = before.mamba_state.keys() - now.mamba_state.keys()
+                could = sum(1 for k in before.mamba_state if K.lock_ref_of(self.locks, k, MAMBA) == 0)
+                kept = [k for k in now.mamba_state if K.lock_ref_of(self.locks, k, MAMBA) == 0]
+                unit = 1
+            if asked is not None and not U.evicts_enough(asked, could * unit, len(took) * unit):
+                raise _fail(
+                    "evicts_enough",
+                    f"evict({comp.value}, {asked}) freed {len(took) * unit} though {could * unit} were unlocked",
+                )
+            if asked is not None and "ledgers" in self.caps:
+                last = self._last_units(comp, took, snap)
+                if not U.evicts_no_more(asked, len(took) * unit, last.values()):
+                    raise _fail(
+                        "evicts_no_more",
+                        f"evict({comp.value}, {asked}) freed {len(took) * unit}: it needed none of the units it may "
+                        f"have taken last (size each) {dict(sorted(last.items()))}",
+                    )
+            stamps = self.stamps
+            gone, stay = [stamps[k] for k in took if k in stamps], [stamps[k] for k in kept if k in stamps]
+            if not U.evicts_lru_first(gone, stay):
+                newest = max((k for k in took if k in stamps), key=lambda k: stamps[k][0])
+                oldest = min((k for k in kept if k in stamps), key=lambda k: stamps[k][1])
+                raise _fail(
+                    "evicts_lru_first",
+                    f"evict({comp.value}) took {newest} (used at tick {stamps[newest][0]}) and kept {oldest} "
+                    f"(unlocked, evictable, used last by tick {stamps[oldest][1]})",
+                )
+            for k in [k for k in stamps if k not in now.full]:
+                del stamps[k]
+
+        def _last_units(self, comp: Component, took: Set[tuple[int, ...]], snap: Snapshot) -> dict[int, int]:
+            """What ``comp``'s eviction of the pages ``took`` may have taken last, each with its size: a Mamba state
+            (size 1), else a node (tokens; known by the ``kv`` ledger of ``snap``) of which it took pages, and, for
+            FULL, whose parent it kept. Keyed by a state's slot or a node's id."""
+            if comp is MAMBA:
+                return {snap.prefix.mamba_state[k]: 1 for k in took}
+            ps = self.cfg.page_size
+            grain = ps if ps > 1 and not self.cfg.window else 1
+            page_of = {xs[0] // grain: k for k, xs in snap.prefix.full.items() if k in took}
+            nodes: dict[int, list[tuple[int, ...]]] = {}
+            for o, xs in snap.ledgers["kv"].held.items():
+                if o.kind is OwnerKind.NODE and o.component is FULL:
+                    mine = [k for x in xs if (k := page_of.get(x)) is not None]
+                    if mine:
+                        nodes[o.ident] = mine
+            return {
+                n: len(ks) * ps for n, ks in nodes.items() if comp is not FULL or min(ks, key=len)[:-ps] not in took
+            }
+
+        def _before_snap(self) -> Snapshot:
+            """The implementation now (the last invariant check's snapshot when nothing changed since)."""
             snap, self._snap = self._snap, None
-            return snap.prefix if snap is not None else self.a.snapshot().prefix
+            return snap if snap is not None else self.a.snapshot()
 
         def _compare_match(self, key: tuple[int, ...], got: Match) -> None:
             want = P.match_prefix(self.prefix, key)
@@ -181,6 +284,7 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
 
         def _lock(self, key: tuple[int, ...]) -> Held:
             m, h = self.a.lock(key)
+            self._use(key, m.length)
             self._compare_match(key, m)
             hid = HandleId(self.a.handle_id(h))
             cov = self.a.snapshot().locks.handles.get(hid, frozenset()) if "locks" in self.caps else frozenset()
@@ -203,7 +307,9 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
         @rule(prompt=st.integers(0, len(PROMPTS) - 1), suffix=suffixes)
         def match_prefix(self, prompt: int, suffix: tuple[int, ...]) -> None:
             key = self._key(prompt, suffix)
-            self._compare_match(key, self.a.match_prefix(key))
+            got = self.a.match_prefix(key)
+            self._use(key, got.length)
+            self._compare_match(key, got)
 
         @rule(target=handles, prompt=st.integers(0, len(PROMPTS) - 1), suffix=suffixes)
         def inc_lock_ref(self, prompt: int, suffix: tuple[int, ...]) -> Held:
@@ -293,6 +399,7 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                     f"which are not duplicates (dups {got_ins.dup_slots})",
                 )
             self.prefix = want.state
+            self._use(key, len(key), want.prefix_len)
             self.req_kv[req] -= set(slots) - set(got_ins.dup_slots)
             rest = tuple(x for x in got_ins.dup_slots if x not in set(got_ins.dups_freed))
             if rest:
@@ -399,9 +506,10 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             on = {FULL, *([SWA] if self.cfg.window is not None else []), *([MAMBA] if self.cfg.mamba else [])}
             if comp not in on:
                 return
-            before = self._before()
+            snap = self._before_snap()
             self.a.evict(comp, n)
-            self._apply_evictions(before, self.a.snapshot().prefix)
+            self._apply_evictions(snap.prefix, self.a.snapshot().prefix)
+            self._judge_eviction(comp, n, snap)
 
         @precondition(lambda self: "rejects_bad_arguments" in self.caps)
         @rule(comp=st.sampled_from([FULL, SWA, MAMBA]), n=count_or_junk(0, 12))
@@ -430,9 +538,10 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             if "mamba_cow" not in self.caps or held.match.mamba is None or held in self.released:
                 return
             req = self._new_req()
-            before = self._before()
+            snap = self._before_snap()
             slot = self.a.mamba_cow(held.handle, req)
-            self._apply_evictions(before, self.a.snapshot().prefix)
+            self._apply_evictions(snap.prefix, self.a.snapshot().prefix)
+            self._judge_eviction(MAMBA, None, snap)
             if slot is not None:
                 self.req_mamba[req].add(slot)
                 self.a.free_mamba(req, slot)
@@ -535,6 +644,29 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                 cached = snap.cached_nodes.get(comp, frozenset())
                 if not U.inv_lru_members(lst, cached):
                     raise _fail("inv_lru_members", f"{comp.value} list {sorted(lst.order)} vs holders {sorted(cached)}")
+            if self.policy and "ledgers" in self.caps:
+                self._check_recency(snap)
+
+        def _check_recency(self, snap: Snapshot) -> None:
+            """``inv_lru_recency`` on every list: a node's stamp joins its pages' (found through the ledger's node
+            owners), and no node lies ahead of one used after it for sure."""
+            ps = self.cfg.page_size
+            grain = ps if ps > 1 and not self.cfg.window else 1
+            page_of = {xs[0] // grain: k for k, xs in snap.prefix.full.items()}
+            pages: dict[NodeId, list[U.Stamp]] = {}
+            for o, xs in snap.ledgers["kv"].held.items():
+                if o.kind is OwnerKind.NODE and o.component is FULL:
+                    pages[NodeId(o.ident)] = [self.stamps[k] for x in xs if (k := page_of.get(x)) in self.stamps]
+            stamps = {n: st for n, ps_ in pages.items() if (st := U.joint_stamp(ps_)) is not None}
+            for comp, lst in snap.lru.items():
+                bad = U.recency_inversion(lst.order, stamps)
+                if bad is not None:
+                    a, b = bad
+                    raise _fail(
+                        "inv_lru_recency",
+                        f"{comp.value} list {lst.order}: node {a} (used last by tick {stamps[a][1]}) lies ahead of "
+                        f"node {b} (used at tick {stamps[b][0]})",
+                    )
 
         def _check_tree(self, tree: T.TreeLinks) -> None:
             live = tree.live

@@ -143,6 +143,10 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "inv_tree_links_symmetric",
         "inv_tree_acyclic",
         "inv_tree_index",
+        "inv_lru_recency",
+        "evicts_lru_first",
+        "evicts_enough",
+        "evicts_no_more",
     ),
     "lock pairing": (
         "inv_lock_ref_counts_handles",

@@ -157,3 +157,75 @@ def test_eviction_that_keeps_a_cursor_on_the_evicted_node_is_caught(monkeypatch:
     broken(monkeypatch, RadixTree, "_delete_leaf", make)
     result = run("full")
     assert result.violation is not None and result.violation.rule == "inv_tree_index", result.violation
+
+
+def test_a_match_that_refreshes_only_its_last_node_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def make(orig: Callable[..., None]) -> Callable[..., None]:
+        def refresh(self: RadixTree, up: list[Any], rest: Any = None) -> None:
+            orig(self, up[-1:])  # BUG: the ancestors and the split remainder keep their old place in the lists
+
+        return refresh
+
+    broken(monkeypatch, RadixTree, "_refresh", make)
+    result = run("full")
+    assert result.violation is not None and result.violation.rule == "inv_lru_recency", result.violation
+
+
+def test_an_eviction_that_takes_the_most_recent_leaf_first_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvledger.impl.tree import I_FULL
+
+    def make(orig: Callable[..., int]) -> Callable[..., int]:
+        def evict_full(self: RadixCache, n: int) -> int:
+            freed, leaves = 0, list[Any]()
+            while freed < n:
+                mru = [x for x in self._full.iter_lru() if not x.children and not x.refs[I_FULL]][-1:]
+                if not mru:
+                    break
+                freed += self._delete_leaf(mru[0], leaves)  # BUG: the most recently used evictable leaf first
+            self._free_leaves(leaves)
+            return freed
+
+        return evict_full
+
+    broken(monkeypatch, RadixCache, "_evict_full", make)
+    result = run("full")
+    assert result.violation is not None and result.violation.rule == "evicts_lru_first", result.violation
+
+
+@pytest.mark.parametrize(("model", "comp"), [("full", "FULL"), ("mamba", "MAMBA"), ("swa", "SWA")])
+def test_an_eviction_that_takes_one_node_more_than_asked_is_caught(
+    monkeypatch: pytest.MonkeyPatch, model: str, comp: str
+) -> None:
+    name = "_evict_full" if comp == "FULL" else "_evict_component"
+
+    def make(orig: Callable[..., int]) -> Callable[..., int]:
+        def evict(self: RadixCache, *args: Any) -> int:
+            freed = orig(self, *args)
+            return freed + orig(self, *args[:-1], 1) if freed >= args[-1] else freed  # BUG: one more than asked
+
+        return evict
+
+    broken(monkeypatch, RadixCache, name, make)
+    result = run(model)
+    assert result.violation is not None and result.violation.rule == "evicts_no_more", result.violation
+
+
+def test_an_eviction_that_stops_short_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Caught by the machine's law with the contracts off (the reference cache's ``evict`` contract sees it too)."""
+    from kvledger.contracts import bindings
+
+    def make(orig: Callable[..., int]) -> Callable[..., int]:
+        def evict_full(self: RadixCache, n: int) -> int:
+            return orig(self, n // 2)  # BUG: half of what was asked
+
+        return evict_full
+
+    saved = bindings.current_level()
+    bindings.install("off")
+    try:
+        broken(monkeypatch, RadixCache, "_evict_full", make)
+        result = run("full")
+    finally:
+        monkeypatch.undo()
+        bindings.install(saved)
+    assert result.violation is not None and result.violation.rule == "evicts_enough", result.violation

@@ -185,3 +185,46 @@ def test_misuse_raises_a_typed_error_naming_op_list_and_node(
     msg = str(info.value)
     assert op.__name__ in msg and f"node {node}" in msg and "full LRU list" in msg and words in msg
     assert s == before
+
+
+# ---------------------------------------------------------------- recency
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.booleans()), max_size=40))
+def test_a_list_kept_by_touches_orders_its_stamps(steps: list[tuple[int, bool]]) -> None:
+    """Touch nodes (each touch at a new tick); the list's order never inverts the stamps, however wide the
+    uncertainty an observer adds (``hi`` moved later for some nodes: uses it may have missed)."""
+    s, stamps = new_lru(), dict[NodeId, lru.Stamp]()
+    for tick, (n, unsure) in enumerate(steps, 1):
+        node = NodeId(n)
+        s = lru_touch(s, node) if node in s.links else lru_insert_mru(lru_add_node(s, node), node)
+        stamps[node] = (tick, tick)
+        if unsure:  # NOTE: an observer unsure whether the others were refreshed too widens their hi only
+            stamps = {m: (lo, tick) if m != node else (lo, hi) for m, (lo, hi) in stamps.items()}
+        assert lru.inv_lru_recency(s.order, stamps)
+
+
+def test_recency_inversion_names_the_pair() -> None:
+    stamps = {NodeId(1): (5, 5), NodeId(2): (1, 2), NodeId(3): (3, 3)}
+    assert lru.recency_inversion([NodeId(1), NodeId(3), NodeId(2)], stamps) is None
+    assert lru.recency_inversion([NodeId(2), NodeId(1), NodeId(3)], stamps) == (2, 1)  # 2 ahead, used before 1
+    assert not lru.inv_lru_recency([NodeId(1), NodeId(2), NodeId(3)], stamps)
+    # an unsure node (hi past the other's lo) and an unknown one never count as an inversion
+    assert lru.inv_lru_recency([NodeId(2), NodeId(1)], {NodeId(2): (1, 9), NodeId(1): (5, 5)})
+    assert lru.inv_lru_recency([NodeId(7), NodeId(1)], stamps)
+
+
+def test_joint_stamp_of_a_node_bounds_each_page() -> None:
+    assert lru.joint_stamp([(1, 4), (3, 9), (2, 5)]) == (3, 4)
+    assert lru.joint_stamp([]) is None
+
+
+def test_eviction_laws_fail_on_a_wrong_eviction() -> None:
+    assert lru.evicts_lru_first([(1, 1), (2, 3)], [(2, 2), (5, 5)])
+    assert not lru.evicts_lru_first([(4, 4)], [(1, 3)])  # took what was used at 4, kept what was last used by 3
+    assert lru.evicts_lru_first([], [(1, 1)])
+    assert lru.evicts_enough(asked=5, could=3, freed=3) and lru.evicts_enough(5, 9, 6)
+    assert not lru.evicts_enough(asked=5, could=9, freed=4)
+    assert lru.evicts_no_more(asked=5, freed=6, last=[4, 2])  # without the node of 2 it freed 4 < 5
+    assert not lru.evicts_no_more(asked=5, freed=8, last=[2, 3])  # either could go back, still >= 5
+    assert lru.evicts_no_more(asked=5, freed=3, last=[3])  # freed less than asked: nothing more to take
