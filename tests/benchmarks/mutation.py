@@ -447,8 +447,9 @@ except ImportError:  # NOTE: a tree before the regression-first phase
     kept_for = lambda suite, model: ()
 register_profiles()
 bindings.install("on")
-find = settings(settings.get_profile("ci"), phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])
-for suite in sys.argv[1:]:
+profile, suites = sys.argv[1], sys.argv[2:]
+find = settings(settings.get_profile(profile), phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])
+for suite in suites:
     for model, make in SUITES[suite].models.items():
         kept = kept_for(suite, model)
         r = run_machine(suite, model, make(), list(SUITES[suite].rules), find, None, **({"kept": kept} if kept else {}))
@@ -467,14 +468,18 @@ decided when the first failing example is found; shrinking only makes the report
 TIMEOUT = "no verdict within --timeout"
 
 
+PROFILE = "ci"
+"""The Hypothesis profile the check runs at (``--profile``; ``ci`` is ``kvledger check``'s default)."""
+
+
 def run_check(view: Path, suites: list[str], timeout: float) -> tuple[str, str, float, str]:
-    """The default check of ``suites`` on the view: (the suite that failed or "", the law, seconds, the phase that
-    killed: ``kept`` programs or the ``search``)."""
+    """The check of ``suites`` on the view at ``PROFILE``: (the suite that failed or "", the law, seconds, the phase
+    that killed: ``kept`` programs or the ``search``)."""
     env = {**os.environ, "PYTHONPATH": str(view), "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.perf_counter()
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", DRIVER, *suites],
+            [sys.executable, "-c", DRIVER, PROFILE, *suites],
             env=env,
             cwd=view,
             capture_output=True,
@@ -575,7 +580,15 @@ def main(argv: list[str] | None = None) -> int:
         help="a tree whose spec/ and contracts/ do the checking (default: this one): to score an older or newer "
         "checker on the same mutants of this impl/",
     )
+    ap.add_argument(
+        "--profile",
+        choices=["ci", "thorough"],
+        default="ci",
+        help="the Hypothesis profile of the check: ci (kvledger check's default) or thorough (for survivors)",
+    )
     args = ap.parse_args(argv)
+    global PROFILE
+    PROFILE = args.profile
     population = list(mutants())
     if args.list:
         for m in population:
