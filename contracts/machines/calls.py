@@ -38,7 +38,7 @@ from copy import deepcopy
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import count
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
 import torch
 from hypothesis import strategies as st
@@ -62,7 +62,7 @@ from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
 from kvledger.impl.leaks import check_leaks, expected_owners
 from kvledger.impl.locks import LockHandle
-from kvledger.impl.lru import LRUList
+from kvledger.impl.lru import SLOT, Linked, LRUList
 from kvledger.impl.mamba import MambaAlloc, MambaPool
 from kvledger.impl.memory import MemoryManager
 from kvledger.impl.radix import RadixCache
@@ -70,7 +70,16 @@ from kvledger.impl.requests import Request, Status
 from kvledger.impl.slots import RUN_MIN
 from kvledger.impl.tree import MatchResult, TreeNode
 from kvledger.spec import domains as D
-from kvledger.spec.errors import IntegrityError, KVLedgerError, OverAllocation, SlotConflict, inv_names_culprit
+from kvledger.spec.errors import (
+    AlreadyInList,
+    IntegrityError,
+    KVLedgerError,
+    NotInList,
+    OverAllocation,
+    SlotConflict,
+    UnknownNode,
+    inv_names_culprit,
+)
 from kvledger.spec.types import Component, Owner, request
 
 __all__ = [
@@ -653,7 +662,11 @@ def cache_scenario(kind: str, draw: Draw) -> Scenario:
     c = _build_cache(kind, draw)
     story = [f"RadixCache over {kind}: cached {c.keys}, locked {[k for _, k in c.matches]}"]
     return Scenario(
-        "RadixCache", _cache_methods(c), lambda: _cache_fingerprint(c.cache), story, lambda draw: cache_audit(c.cache)
+        "RadixCache",
+        _cache_methods(c),
+        lambda: _cache_fingerprint(c.cache),
+        story,
+        lambda draw: f"{cache_audit(c.cache)}; {lru_audit(c.cache, draw)}",
     )
 
 
@@ -698,10 +711,34 @@ def _planted_cycle(cache: RadixCache) -> str:
     return ""
 
 
+def _planted_unheld(cache: RadixCache) -> str:
+    """On a deep copy of ``cache``, lose the last count a live handle holds (its counter set to 0) and release the
+    handle: ``dec_lock_ref`` must fail typed (``IntegrityError``), put back every counter it lowered before it
+    found the loss (the lost one stays 0), leave the sizes, and keep the handle live; what went wrong, or ""."""
+    live = [(h, cov) for h, cov in cache.live_handles().items() if cov]
+    if not live:
+        return ""
+    copy = deepcopy(cache)
+    hid, cov = live[-1]
+    nid, comp = cov[-1]
+    node = next(x for x in copy.nodes() if x.id == nid)
+    node.refs[SLOT[comp]] = 0
+    before = ([list(x.refs) for x in copy.nodes()], copy.sizes())
+    handle = LockHandle(hid, copy._locks.ident, cov[0][0], tuple(cov))
+    err = raised(lambda: copy.dec_lock_ref(handle))
+    what = f"dec_lock_ref of handle {hid} with the count of node {nid} {comp.value} planted lost"
+    if not isinstance(err, IntegrityError):
+        return f"{what}: {err!r}"
+    if ([list(x.refs) for x in copy.nodes()], copy.sizes()) != before or not copy.is_live(handle):
+        return f"{what} failed and changed the other lock counts, the sizes or the handle"
+    return ""
+
+
 def cache_audit(cache: RadixCache) -> str:
     """The cache's own self-checks and counters agree with its state: each component's LRU list passes its
     ``check()`` and fails it, typed, with a link planted broken (``_planted_breaks``; the link is put
-    back), a lock of a node planted with a parent cycle fails typed and changes nothing (``_planted_cycle``),
+    back), a lock of a node planted with a parent cycle fails typed and changes nothing (``_planted_cycle``), a
+    release of a handle whose count was planted lost fails typed and puts back what it lowered (``_planted_unheld``),
     and ``node_count()`` is the number of nodes a walk from the root through ``children`` meets.
 
     Raises ``AssertionError`` naming ``self-checks agree with the state`` otherwise (a healthy cache whose own
@@ -714,7 +751,7 @@ def cache_audit(cache: RadixCache) -> str:
         for how, err in list(_planted_breaks(cache.lru(comp))):  # NOTE: every link back before a verdict
             if not isinstance(err, IntegrityError):
                 raise AssertionError(f"{law}: {comp.value} LRU list's check() passed {how}: {err!r}")
-    broken = _planted_cycle(cache)
+    broken = _planted_cycle(cache) or _planted_unheld(cache)
     if broken:
         raise AssertionError(f"{law}: {broken}")
     seen, todo = {cache.root.id}, [cache.root]
@@ -726,6 +763,119 @@ def cache_audit(cache: RadixCache) -> str:
     if cache.node_count() != len(seen):
         raise AssertionError(f"{law}: node_count() is {cache.node_count()}, a walk from the root meets {len(seen)}")
     return f"cache audit: {len(seen)} nodes, lists of {', '.join(c.value for c in cache.components)}"
+
+
+def _chain(lst: LRUList[Linked]) -> list[Linked]:
+    """``lst``'s nodes from head to tail, walked through the pointers (at most one more than its members)."""
+    out, i = list[Linked](), lst.slot
+    x = lst.head.next[i]
+    while x is not None and x is not lst.tail and len(out) <= len(lst):
+        out.append(x)
+        x = x.next[i]
+    return out
+
+
+def _list_print(lst: LRUList[Linked], nodes: Sequence[Linked]) -> tuple[object, ...]:
+    """Everything a list call may change: the chain by identity, each node's pointers, the members."""
+    i = lst.slot
+    return (
+        [id(x) for x in _chain(lst)],
+        [(id(n.prev[i]), id(n.next[i])) for n in nodes],
+        sorted(id(x) for x in nodes if x in lst),
+    )
+
+
+def _misuses(lst: LRUList[Linked], a: Linked, b: Linked, out: Linked) -> list[tuple[str, Callable[[], object], type]]:
+    """Calls of ``lst`` outside their domain (``spec.lru``'s ``check_*``), each with the error class it must raise:
+    members ``a``, ``b``; ``out`` a node never linked."""
+    dangling = Linked(10**6 + 1)
+    dangling.next[lst.slot] = a  # NOTE: still points into a list: inserting it would corrupt that one
+    return [
+        ("place naming a member twice", lambda: lst.place([a, b, a]), AlreadyInList),
+        ("place naming a node outside the list", lambda: lst.place([a, out]), NotInList),
+        ("place naming a non-node", lambda: lst.place([a, "x"]), NotInList),  # type: ignore[list-item]
+        ("place of a string", lambda: lst.place("ab"), NotInList),  # type: ignore[arg-type]
+        ("touch of a node outside the list", lambda: lst.touch(out), NotInList),
+        ("touch_all naming a member twice", lambda: lst.touch_all([b, b]), AlreadyInList),
+        ("insert_mru of a member", lambda: lst.insert_mru(a), AlreadyInList),
+        ("insert_mru of a non-node", lambda: lst.insert_mru(7), UnknownNode),  # type: ignore[arg-type]
+        ("insert_mru of a node still linked", lambda: lst.insert_mru(dangling), AlreadyInList),
+        ("remove of a node outside the list", lambda: lst.remove(out), NotInList),
+        ("insert_behind an anchor outside the list", lambda: lst.insert_behind(out, dangling), NotInList),
+        ("insert_ahead_of a member, of a member", lambda: lst.insert_ahead_of(a, b), AlreadyInList),
+        ("more_recent of a node outside the list", lambda: lst.more_recent(out), NotInList),
+    ]
+
+
+def lru_audit(cache: RadixCache, draw: Draw) -> str:
+    """Each LRU list of a deep copy of ``cache`` refines ``spec.lru`` through its public calls: a call outside its
+    domain raises the spec's error class and changes nothing (no pointer, no member); ``place`` of a drawn
+    selection of members in a drawn order, ``touch``, ``insert_mru``, ``insert_behind``, ``insert_ahead_of`` and
+    ``remove`` leave the order the spec's transitions give, ``more_recent``, ``lru_first`` and ``iter_lru`` read
+    it, and the list passes its ``check()`` after each.
+
+    Raises ``AssertionError`` naming ``results equal the spec's``, ``inv_domain_enforced``, ``rejected call
+    leaves state unchanged``, ``inv_lru_links_symmetric`` or ``inv_lru_detached``."""
+    copy = deepcopy(cache)
+    fresh = count(10**6 + 2)
+    done = [c.value for c in copy.components if _audit_list(c.value, cast(LRUList[Linked], copy.lru(c)), draw, fresh)]
+    return f"lru audit: {', '.join(done) or 'no list of two'}"
+
+
+def _audit_list(name: str, lst: LRUList[Linked], draw: Draw, fresh: Iterator[int]) -> bool:
+    """``lru_audit`` of one list (``name``: its component); ``False`` when it has fewer than two members."""
+    members = _chain(lst)
+    if len(members) < 2:
+        return False
+    a, b = draw(st.permutations(members))[:2]
+    out = Linked(next(fresh))
+    nodes = [*members, out]
+    for what, call, want in _misuses(lst, a, b, out):
+        before = _list_print(lst, nodes)
+        err = raised(call)
+        if not isinstance(err, want):
+            raise AssertionError(f"inv_domain_enforced: {name} list: {what} raised {err!r}, not {want.__name__}")
+        if _list_print(lst, nodes) != before:
+            raise AssertionError(f"rejected call leaves state unchanged: {name} list: refused {what} changed it")
+    picked = draw(st.lists(st.sampled_from(members), min_size=1, max_size=len(members), unique=True))
+    c = draw(st.sampled_from(members))
+    new, behind, ahead = Linked(next(fresh)), Linked(next(fresh)), Linked(next(fresh))
+    order = [x.id for x in picked] + [x.id for x in members if x not in picked]
+    steps: list[tuple[str, Callable[[], object], list[int]]] = [
+        (f"place({[x.id for x in picked]})", lambda: lst.place(picked), order)
+    ]
+    order = [c.id, *(i for i in order if i != c.id)]
+    steps.append((f"touch({c.id})", lambda: lst.touch(c), order))
+    order = [new.id, *order]
+    steps.append((f"insert_mru({new.id})", lambda: lst.insert_mru(new), order))
+    at = order.index(b.id) + 1
+    order = [*order[:at], behind.id, *order[at:]]
+    steps.append((f"insert_behind({b.id}, {behind.id})", lambda: lst.insert_behind(b, behind), order))
+    at = order.index(a.id)
+    order = [*order[:at], ahead.id, *order[at:]]
+    steps.append((f"insert_ahead_of({a.id}, {ahead.id})", lambda: lst.insert_ahead_of(a, ahead), order))
+    order = [i for i in order if i != c.id]
+    steps.append((f"remove({c.id})", lambda: lst.remove(c), order))
+    got: list[int] = []
+    for what, call, want_order in steps:
+        err = raised(call)
+        if err is not None:
+            raise AssertionError(f"results equal the spec's: {name} list: {what} inside its domain raised {err!r}")
+        got = lst.order()
+        if got != want_order:
+            raise AssertionError(f"results equal the spec's: {name} list after {what}: {got}, spec {want_order}")
+        err = raised(lst.check)
+        if err is not None:
+            raise AssertionError(f"inv_lru_links_symmetric: {name} list after {what}: {err!r}")
+    i = lst.slot
+    if c.prev[i] is not None or c.next[i] is not None:
+        raise AssertionError(f"inv_lru_detached: {name} list: node {c.id} removed keeps its links")
+    chain = _chain(lst)
+    if lst.lru_first() is not chain[-1] or lst.more_recent(chain[-1]) is not chain[-2] or lst.more_recent(chain[0]):
+        raise AssertionError(f"results equal the spec's: {name} list {got}: lru_first or more_recent misread it")
+    if [x.id for x in lst.iter_lru()] != got[::-1]:
+        raise AssertionError(f"results equal the spec's: {name} list {got}: iter_lru does not walk it from the tail")
+    return True
 
 
 # ---------------------------------------------------------------- the memory manager

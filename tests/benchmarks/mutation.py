@@ -106,6 +106,10 @@ EQUIVALENT: dict[str, str] = {
         "message text only: a repr of exactly 40 characters is shown cut to 37 and '...' instead of whole; no"
         " state, result or error type changes"
     ),
+    "impl/arguments.py:_what:slice+1::37": (
+        "message text only: a long repr is cut after 38 characters instead of 37; no state, result or error type"
+        " changes"
+    ),
     "impl/kvview.py:KVView.take:negate-if:"
     "if not torch.equal(tags, torch.full_like(tags, encode(owner))) or pool.has_duplicates(new):": (
         "off the CPU only: take reaches this check when its pool is not on the CPU (_fast is the CPU path, an SWA "

@@ -23,7 +23,7 @@ from kvledger.impl.req_to_token import ReqToTokenPool
 from kvledger.impl.tree import MatchResult, RadixTree
 from kvledger.spec import domains as D
 from kvledger.spec.errors import CacheError, IntegrityError, OverAllocation
-from kvledger.spec.types import request
+from kvledger.spec.types import Component, request
 
 Maker = Callable[[str, C.Draw], C.Scenario]
 CASES = [(kind, make) for kind, makes in sorted(C.SCENARIOS.items()) for make in makes]
@@ -495,3 +495,64 @@ def test_caching_a_slot_whose_swa_slot_was_freed_is_caught(monkeypatch: pytest.M
     monkeypatch.setattr(KVView, "check_swa_live", lambda self, op, idx: None)  # BUG: the SWA-live check dropped
     msg = fails("swa", C.cache_scenario, "inv_domain_enforced")
     assert "RadixCache.insert" in msg and "was accepted" in msg, msg
+
+
+def _locked(kind: str = "token") -> RadixCache:
+    """A healthy cache with at least two nodes in its FULL list and a live handle on a path of two nodes."""
+    c = _cached(kind)
+    for key in ([9, 9, 8], [9, 9, 7]):
+        m = c.match_prefix(torch.tensor(key))
+        slots = torch.cat([m.indices, c.kv.alloc(3 - m.length, request(77))])
+        c.insert(torch.tensor(key), slots, request(77))
+    c.inc_lock_ref(c.match_prefix(torch.tensor([9, 9, 8])).last_node)
+    return c
+
+
+def test_the_lru_audit_holds_on_a_healthy_cache_and_changes_nothing() -> None:
+    c = _locked()
+    before = C._cache_fingerprint(c)
+    assert C.lru_audit(c, _first_choice).startswith("lru audit: full")
+    assert C._cache_fingerprint(c) == before and C.cache_audit(c).startswith("cache audit: ")
+
+
+def test_a_place_that_drops_a_repeated_node_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvledger.impl.lru import LRUList
+
+    real = LRUList.place
+    monkeypatch.setattr(LRUList, "place", lambda self, order: real(self, list(dict.fromkeys(order))))  # BUG: no refusal
+    with pytest.raises(AssertionError, match="inv_domain_enforced: full list: place naming a member twice raised None"):
+        C.lru_audit(_locked(), _first_choice)
+
+
+def test_a_place_that_misorders_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvledger.impl.lru import LRUList
+
+    real = LRUList._place_runs
+
+    def place_runs(self: Any, pos: Any, rest: list[Any]) -> None:
+        real(self, pos, rest[::-1])  # BUG: the run is put in place in reverse
+
+    monkeypatch.setattr(LRUList, "_place_runs", place_runs)
+    c = _locked()
+    chain = c.lru(Component.FULL).order()
+
+    def draw(strategy: Any) -> Any:  # NOTE: a selection of two or more members, the first not at the head
+        from hypothesis import find
+
+        def out_of_place(x: object) -> bool:  # NOTE: by id: the audit draws from its deep copy's nodes
+            return not isinstance(x, list) or (len(x) >= 2 and x[0].id != chain[0])
+
+        return find(strategy, out_of_place, settings=settings(database=None, max_examples=200))
+
+    with pytest.raises(AssertionError, match=r"results equal the spec's: full list after place\("):
+        C.lru_audit(c, draw)
+
+
+def test_a_failed_release_that_keeps_what_it_lowered_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dec_lock_ref`` that finds a count lost must put back what it lowered before; one that does not fails."""
+    monkeypatch.setattr(RadixTree, "_unlower", lambda self, counters: None)  # BUG: the undo is skipped
+    c = _locked()
+    with pytest.raises(AssertionError, match=r"count of node .* planted lost failed and changed the other lock counts"):
+        C.cache_audit(c)
+    monkeypatch.undo()
+    assert C.cache_audit(c).startswith("cache audit: ")
