@@ -812,18 +812,26 @@ def _misuses(lst: LRUList[Linked], a: Linked, b: Linked, out: Linked) -> list[tu
 
 
 def lru_audit(cache: RadixCache, draw: Draw) -> str:
-    """Each LRU list of a deep copy of ``cache`` refines ``spec.lru`` through its public calls: a call outside its
-    domain raises the spec's error class and changes nothing (no pointer, no member); ``place`` of a drawn
+    """Each LRU list of ``cache``, mirrored (``_mirror``), refines ``spec.lru`` through its public calls: a call
+    outside its domain raises the spec's error class and changes nothing (no pointer, no member); ``place`` of a drawn
     selection of members in a drawn order, ``touch``, ``insert_mru``, ``insert_behind``, ``insert_ahead_of`` and
     ``remove`` leave the order the spec's transitions give, ``more_recent``, ``lru_first`` and ``iter_lru`` read
     it, and the list passes its ``check()`` after each.
 
     Raises ``AssertionError`` naming ``results equal the spec's``, ``inv_domain_enforced``, ``rejected call
     leaves state unchanged``, ``inv_lru_links_symmetric`` or ``inv_lru_detached``."""
-    dup = deepcopy(cache)
     fresh = count(10**6 + 2)
-    done = [c.value for c in dup.components if _audit_list(c.value, cast(LRUList[Linked], dup.lru(c)), draw, fresh)]
+    done = [c.value for c in cache.components if _audit_list(c.value, _mirror(cache.lru(c)), draw, fresh)]
     return f"lru audit: {', '.join(done) or 'no list of two'}"
+
+
+def _mirror(lst: LRUList[TreeNode]) -> LRUList[Linked]:
+    """A new list of ``lst``'s component holding new nodes with its members' ids in its order (no tree, no tensor
+    to copy)."""
+    out: LRUList[Linked] = LRUList(lst.component)
+    for x in reversed(_chain(cast(LRUList[Linked], lst))):
+        out.insert_mru(Linked(x.id))
+    return out
 
 
 def _audit_list(name: str, lst: LRUList[Linked], draw: Draw, fresh: Iterator[int]) -> bool:
