@@ -60,6 +60,8 @@ from kvledger.contracts.machines.probes import (
 )
 from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
+from kvledger.impl.arguments import MAX_TOKEN
+from kvledger.impl.integrity import fingerprint
 from kvledger.impl.leaks import check_leaks, expected_owners
 from kvledger.impl.locks import LockHandle
 from kvledger.impl.lru import SLOT, Linked, LRUList
@@ -205,9 +207,11 @@ def key_forms(tokens: list[int], forms: tuple[str, ...] = KEY_FORMS) -> st.Searc
 def junk_key_values(length: int) -> tuple[object, ...]:
     """Keys of ``length`` tokens that are no key, one of each kind: floats, bools, 2-D, a negative id (in a tensor
     and in a list), float and bool lists, int64 ids in a sparse and in a meta tensor (the right dtype and shape, no
-    readable values), a string, and a scalar of each wrong type."""
+    readable values), a string, the ids' bytes in each buffer type, a set and a dict of them (no order), and a
+    scalar of each wrong type."""
     toks = list(range(1, length + 1)) or [1]
     ids = torch.tensor(toks, dtype=torch.int64)
+    raw = array("q", toks).tobytes()
     return (
         ids.float(),
         torch.tensor([True] * len(toks)),
@@ -219,6 +223,11 @@ def junk_key_values(length: int) -> tuple[object, ...]:
         [float(t) for t in toks],
         [True for _ in toks],
         "ab",
+        raw,  # NOTE: the ids' bytes, in each buffer type: a buffer is not a key
+        bytearray(raw),
+        memoryview(raw),
+        set(toks),  # NOTE: iterables of ints that are no sequence: no order to read a key in
+        dict.fromkeys(toks),
         *SCALAR_EDGES,
     )
 
@@ -452,7 +461,44 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
             )
     if len(c.held) >= ps:
         methods.append(_insert_method(c, ps))
+    methods.append(_fingerprint_method())
     return tuple(methods)
+
+
+FP_EDGES: tuple[object, ...] = (
+    torch.tensor([1, -1]),
+    torch.tensor([1, MAX_TOKEN]),
+    torch.tensor([1.0, 2.0]),
+    torch.tensor([[1, 2]]),
+    torch.tensor([1, 2, 3]),
+    torch.tensor([1, 2]).to_sparse(),
+    [1, 2],
+    *SCALAR_EDGES,
+)
+"""Ids for ``impl.integrity.fingerprint`` that are outside its domain next to two tokens: a negative one, one past
+``[0, 2**31)``, floats, 2-D, one too many, sparse, a list, a scalar of each wrong type."""
+
+
+def _fp_ids_inside(x: object, d: Drawn) -> bool:
+    t = d.get("tokens")
+    xs = tokens_of(x) if isinstance(x, torch.Tensor) else None
+    n = t.numel() if isinstance(t, torch.Tensor) else -1
+    return xs is not None and len(xs) == n and all(v < MAX_TOKEN for v in xs)
+
+
+def _fingerprint_method() -> Method:
+    """``impl.integrity.fingerprint``: a reading call whose tokens and positions are 1-D integer tensors of one
+    length with values in ``[0, 2**31)``; anything else is refused, typed."""
+    ids = st.lists(st.integers(0, 9), min_size=2, max_size=2).map(_slots)
+    return Method(
+        "fingerprint",
+        fingerprint,
+        {
+            "tokens": _arg(ids, st.sampled_from(FP_EDGES), lambda x: _fp_ids_inside(x, {"tokens": x}), edges=FP_EDGES),
+            "positions": _arg(ids, st.sampled_from(FP_EDGES), _fp_ids_inside, after=True, edges=FP_EDGES),
+        },
+        reads=True,
+    )
 
 
 def _first(x: object) -> object:
@@ -1151,7 +1197,7 @@ def manager_scenario_of(mm: MemoryManager, story: list[str] | None = None) -> Sc
         _manager_methods(mm),
         lambda: _manager_fingerprint(mm),
         story or [],
-        lambda draw: f"{leak_audit(mm, draw)}; {room_audit(mm)}",
+        lambda draw: f"{leak_audit(mm, draw)}; {room_audit(mm)}; {rollback_audit(mm)}",
     )
 
 
@@ -1176,6 +1222,38 @@ def room_audit(mm: MemoryManager) -> str:
     if held != n:
         raise AssertionError(f"{law}: alloc_kv of {n} tokens left {held} held by {owner}")
     return f"room audit: {n} tokens with {free} free"
+
+
+def rollback_audit(mm: MemoryManager) -> str:
+    """Admission is a transaction for a session's later turn too: on a copy of ``mm``, a new session's first turn
+    runs and finishes (the session keeps its prefix and row), and its second turn (that prefix and one token more)
+    is admitted with the next allocation failing. It must be refused and leave the manager exactly as it was before
+    the admit (the row and KV lent back, the session's committed prefix restored).
+
+    Raises ``AssertionError`` naming ``admission rolls back`` otherwise."""
+    law = "admission rolls back"
+    m = deepcopy(mm)
+    m.fail_next = 0
+    sid = max(m.sessions.slots, default=0) + 1
+    m.sessions.open(sid)
+    first = m.add_request((1, 2), session=sid)
+    admit(m, [first], Budget(24, 1))
+    if first.status is not Status.RUNNING:
+        return "rollback audit: no room for a first turn"
+    m.finish(first)
+    slot = m.sessions.slots[sid]
+    second = m.add_request((*slot.tokens, 3), session=sid)
+    before = _manager_fingerprint(m)
+    m.fail_next = 1
+    admitted, _, _ = admit(m, [second], Budget(24, 1))
+    if admitted:
+        return "rollback audit: the second turn needed no allocation"
+    if _manager_fingerprint(m) != before:
+        raise AssertionError(
+            f"{law}: session {sid}'s second turn {second.tokens}, refused on an injected allocation failure, changed "
+            f"the manager (session committed {slot.committed_len}, row {slot.row}, lent to {slot.lent_to})"
+        )
+    return f"rollback audit: session {sid}'s second turn refused, nothing changed"
 
 
 PHANTOM = request(10**6)

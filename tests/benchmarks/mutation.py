@@ -106,6 +106,18 @@ EQUIVALENT: dict[str, str] = {
         "message text only: a repr of exactly 40 characters is shown cut to 37 and '...' instead of whole; no"
         " state, result or error type changes"
     ),
+    "impl/allocators.py:PagedAllocator.alloc:drop-call:self._fresh.add(out.tobytes(), ids)": (
+        "speed only: the memo of recent alloc results lets a later claim skip its distinctness pass; without it"
+        " the pass runs, same result"
+    ),
+    'impl/session.py:Sessions._slot:drop-call:check_int(op, "session", "session id", sid, 0, MAX_IDENT + 1)': (
+        "message text only: a session id that is no open session is refused with InvalidArgument either way (the"
+        " range check only names the range first); same class, state unchanged"
+    ),
+    "impl/slots.py:SlotPool.claim:and-or:k > 1 and not distinct": (
+        "speed only: the distinctness pass also runs for one slot or for slots known distinct, where it cannot"
+        " fail; same result and tags"
+    ),
     "impl/req_to_token.py:has_duplicates:negate-if:if ids.is_cpu:": (
         "speed only on the CPU, where every check runs: a CPU tensor's duplicates are then counted by torch.unique,"
         " the same verdict; the numpy branch it sends a device tensor to is not reached without a GPU"

@@ -170,7 +170,11 @@ def test_the_sweep_makes_each_value_of_the_catalogue_once(data: st.DataObject) -
     what = C.sweep(C.Scenario(scenario.what, methods, scenario.fingerprint, scenario.story), data.draw)
     edges = C.junk_key_values(2)
     assert what == f"RadixCache.match_prefix: {len(edges)} junk key"
-    assert [C._show(x) for x in calls] == [C._show(x) for x in edges]
+
+    def shown(x: object) -> str:  # NOTE: a memoryview's repr names its address: show its bytes
+        return f"memoryview {bytes(x)!r}" if isinstance(x, memoryview) else C._show(x)
+
+    assert [shown(x) for x in calls] == [shown(x) for x in edges]
 
 
 def test_node_that_takes_a_bool_id_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -576,3 +580,58 @@ def test_a_session_call_that_takes_a_twin_of_its_request_is_caught(monkeypatch: 
     monkeypatch.setattr(MemoryManager, "own", lambda self, op, r: r if op == "extend_resumed" else real(self, op, r))
     with pytest.raises(AssertionError, match=r"invalid call accepted|rejected call leaves state unchanged"):
         C.judge(scenario, method, {"req": twin}, inside=False)
+
+
+@pytest.mark.parametrize("mamba", [False, True])
+def test_the_rollback_audit_holds_on_the_reference_and_changes_nothing(mamba: bool) -> None:
+    mm = _running_manager(mamba)
+    before = C._manager_fingerprint(mm)
+    assert C.rollback_audit(mm) == "rollback audit: session 1's second turn refused, nothing changed"
+    assert C._manager_fingerprint(mm) == before
+
+
+def test_a_rollback_that_forgets_the_sessions_prefix_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``unresume`` must give the session back its committed prefix with the row; one that keeps only the row
+    leaves a session that holds KV it no longer counts as committed."""
+    from kvledger.impl.session import Sessions
+
+    real = Sessions.unresume
+
+    def unresume(self: Sessions, req: Any) -> None:
+        slot = self.slots[req.session]
+        real(self, req)
+        slot.tokens, slot.committed_len = (), 0  # BUG: the committed prefix is not given back
+
+    monkeypatch.setattr(Sessions, "unresume", unresume)
+    with pytest.raises(AssertionError, match="admission rolls back: session 1's second turn"):
+        C.rollback_audit(_running_manager(False))
+
+
+@pytest.mark.parametrize("junk", [b"\x01" + bytes(7), bytearray(8), memoryview(bytes(8)), {1, 2}, {1: 1}])
+def test_a_key_that_is_a_buffer_or_unordered_is_refused_by_the_reference(junk: object) -> None:
+    c = _cached()
+    before = C._cache_fingerprint(c)
+    with pytest.raises(CacheError, match="expected a 1-D integer tensor or a sequence of token ids"):
+        c.match_prefix(junk)  # type: ignore[arg-type]
+    assert C._cache_fingerprint(c) == before
+
+
+def test_a_key_check_that_reads_a_buffer_as_ids_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvledger.impl.radix as radix
+    import kvledger.impl.tree as tree
+
+    real = tree.key_bytes
+
+    def lax(op: str, t: Any) -> Any:
+        return bytes(t) if isinstance(t, bytes | bytearray | memoryview) else real(op, t)  # BUG: a buffer read as ids
+
+    monkeypatch.setattr(tree, "key_bytes", lax)
+    monkeypatch.setattr(radix, "key_bytes", lax, raising=False)
+    fails("token", C.cache_scenario, "inv_domain_enforced")
+
+
+def test_a_fingerprint_without_its_position_range_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvledger.impl.integrity as integrity
+
+    monkeypatch.setattr(C, "fingerprint", integrity.fingerprint_unchecked)  # BUG: no checks at all
+    fails("token", C.cache_scenario, "inv_domain_enforced")
