@@ -353,7 +353,7 @@ class SlotPool:
     def _seen_for(self, owner: Owner, op: str) -> Seen:
         """Make ``owner`` the last owner seen (``encode`` raises for a malformed one) and return ``_seen``."""
         code = encode(owner, op, self.name)
-        self._seen = (owner, code, np.array(code, dtype=I64), _tag_bytes(code, 1))
+        self._seen = (owner, code, np.array(code, dtype=I64), code.to_bytes(8, sys.byteorder, signed=True))
         return self._seen
 
     def check_alloc(self, n: int, owner: Owner) -> int:
@@ -445,9 +445,11 @@ class SlotPool:
         assert free_np is not None, "alloc_ids: a CPU pool's call"
         top = self._top
         seen = self._seen
-        if not (owner is seen[0] and type(n) is int and 0 <= n <= top):
-            self.check_alloc(n, owner)  # NOTE: raises, or makes ``owner`` the last owner seen
+        if type(n) is not int or not 0 <= n <= top:
+            self.check_alloc(n, owner)  # NOTE: raises, or takes an int-like ``n`` and makes ``owner`` the last seen
             seen = self._seen
+        elif owner is not seen[0]:
+            seen = self._seen_for(owner, "alloc")  # NOTE: ``check_alloc``'s owner check, once ``n`` is known good
         # NOTE: a copy (the caller's ids must not see later pushes), reversed by one negative-step slice (a stop of
         # -1 would read as the end: the bottom of the stack is popped through a reversed view)
         ids = (free_np[top - 1 : top - n - 1 : -1] if top > n else free_np[top - n : top][::-1]).copy()
