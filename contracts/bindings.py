@@ -445,8 +445,8 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(self: SlotPool, indices: Any, owner: Any) -> None:
         tags = self._tags
-        mem = _VIEWS.get(id(indices)) if tags is not None else None
-        if mem is not None and mem[0] is indices and mem[1] == indices._version:
+        mem = _VIEWS.get(id(indices))
+        if tags is not None and mem is not None and mem[0] is indices and mem[1] == indices._version:
             # NOTE: an alloc result this tier checked, unchanged in torch's count since: its host view, read in place
             # of ``snap_touched`` (the same reads: the slots' tags before, the pushed span after; one slot as scalars)
             ids = mem[2]
