@@ -439,8 +439,42 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
     """
     names = [p for p in inspect.signature(fn).parameters][1:]
 
+    def violation(description: str, law: Callable[..., bool], indices: Any, owner: Any) -> Exception:
+        return _violation(description, law, names, (indices, owner), {}, None)
+
     @functools.wraps(fn)
     def wrapper(self: SlotPool, indices: Any, owner: Any) -> None:
+        tags = self._tags
+        mem = _VIEWS.get(id(indices))
+        if tags is not None and mem is not None and mem[0] is indices and mem[1] == indices._version:
+            # NOTE: an alloc result this tier checked, unchanged in torch's count since: its host view, read in place
+            # of ``snap_touched`` (the same reads: the slots' tags before, the pushed span after; one slot as scalars)
+            ids = mem[2]
+            k, top = len(ids), self._top
+            if k == 1 and ids.shape == (1,):
+                slot = ids.item(0)
+                if 0 <= slot < len(tags):
+                    held = tags.item(slot)
+                    _checked_free(self, fn, indices, owner)
+                    if held != self.code_of(owner, "free"):
+                        raise violation(FREE_OWNER, free_by_owner, indices, owner)
+                    if self._top == top + 1 and tags.item(slot) == FREE_TAG and self._free_np.item(top) == slot:  # type: ignore[union-attr]
+                        return
+                    raise violation(RELEASE_FREES, release_frees, indices, owner)
+            elif k > 1:
+                raw = ids.tobytes()
+                if raw[_SIGN].isascii():
+                    before = tags[ids].tobytes()
+                    _checked_free(self, fn, indices, owner)
+                    if before != _tag_bytes(self.code_of(owner, "free"), k):
+                        raise violation(FREE_OWNER, free_by_owner, indices, owner)
+                    if (
+                        self._top == top + k
+                        and tags[ids].tobytes() == _tag_bytes(FREE_TAG, k)
+                        and self._free_np[top : top + k].tobytes() == raw  # type: ignore[index]
+                    ):
+                        return
+                    raise violation(RELEASE_FREES, release_frees, indices, owner)
         old = snap_touched(self, indices)
         outer = getattr(_inside, "pool", None)
         _inside.pool = self
@@ -476,6 +510,17 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
         raise _violation(RELEASE_FREES, release_frees, names, (indices, owner), {}, None)
 
     return _laws(wrapper, fn, FREE_OWNER, RELEASE_FREES)
+
+
+def _checked_free(self: SlotPool, fn: Callable[..., Any], indices: Any, owner: Any) -> None:
+    """``fn(self, indices, owner)`` (a pool's ``free``) with this pool marked as inside its checked free: the release
+    it makes is part of that check."""
+    outer = getattr(_inside, "pool", None)
+    _inside.pool = self
+    try:
+        fn(self, indices, owner)
+    finally:
+        _inside.pool = outer
 
 
 def on_transfer(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -73,7 +73,8 @@ class KVView:
                         return False
                     units = got.numpy()
             else:
-                units, fresh = np.frombuffer(raw, I64), pool.is_fresh(raw)
+                # NOTE: the pool finds the ids among its recent allocs by ``raw`` (its last one needs no tag read)
+                return pool.claim(np.frombuffer(raw, I64), owner, dst, raw=raw)
             # NOTE: a slot ``owner`` holds is no node's, so the new part repeats no cached slot
             return pool.claim(units, owner, dst, distinct=fresh)
         if paged is not None:

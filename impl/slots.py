@@ -45,6 +45,8 @@ Seen: TypeAlias = "tuple[object, int, Ids, bytes]"
 """A pool's last owner seen: the owner, its tag, the tag as a 0-d array and as int64 bytes."""
 Tokens: TypeAlias = "array[int]"
 """Token ids or token slot ids kept on the host by the radix tree: an ``array("q")``."""
+Last: TypeAlias = "tuple[bytes, Ids, object]"
+"""A pool's last alloc, while no tag was written since: its ids' bytes (then), its ids and its owner."""
 
 
 class SlotPool:
@@ -101,6 +103,10 @@ class SlotPool:
         self._seen: Seen = (None, FREE_TAG, _FREE0, _tag_bytes(FREE_TAG, 1))
         # the last owner's tag bytes freed by ``free`` of an alloc result, a count ``k`` and ``k`` copies of them
         self._held_k: tuple[bytes, int, bytes] = (b"", 0, b"")
+        # NOTE: the last alloc (CPU only) while no tag was written since: its ids' bytes, its ids and its owner.
+        # Those slots are all tagged that owner (this pool wrote them, nothing since), so a hand-over or free of
+        # exactly them needs no gather of their tags. Every other write of a tag forgets it
+        self._last: Last | None = None
         self._link_host()
 
     def _link_host(self) -> None:
@@ -121,6 +127,7 @@ class SlotPool:
         for view in ("_tags", "_origins") + (("_stack",) if self._free_np is not None else ()):
             del state[view]
         state["_handed"] = {}  # NOTE: a copy's alloc results are other tensors
+        state["_last"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -222,6 +229,7 @@ class SlotPool:
         *,
         distinct: bool = False,
         op: str = "claim",
+        raw: bytes | bytearray | None = None,
     ) -> bool:
         """On the CPU, a check (and hand-over) in one pass: whether ``idx`` are distinct slots all tagged ``owner``.
 
@@ -231,7 +239,8 @@ class SlotPool:
         unchanged, when that is not shown (another device, a slot out of range,
         another holder, a repeated slot): callers then run ``as_index`` and
         ``check_held`` for the precise error. ``distinct``: the caller knows
-        ``idx`` names distinct slots of this pool (``is_fresh``), so that is not checked again.
+        ``idx`` names distinct slots of this pool (``is_fresh``), so that is not checked again. ``raw``: the ids'
+        int64 bytes, when the caller has them (``ids.tobytes()`` otherwise, where needed).
 
         NOTE: a gather rejects an index past the column and slots below
         ``base`` carry the reserved tag, so with no negative index "all tagged
@@ -256,7 +265,17 @@ class SlotPool:
         k = len(ids)
         if not k:
             return False
-        if not distinct and k > 1 and self._fresh.find(ids.tobytes()) is not None:
+        last = self._last
+        if last is not None and owner is last[2] and (ids.tobytes() if raw is None else raw) == last[0]:
+            # NOTE: exactly the last alloc's slots, and no tag written since: distinct, in range, all ``owner``'s
+            if code is not None:
+                self._last = None
+                tags[ids] = code
+                if self._stamped:
+                    assert self._origins is not None
+                    self._origins[ids] = self._stamp
+            return True
+        if not distinct and k > 1 and self._fresh.find(ids.tobytes() if raw is None else raw) is not None:
             distinct = True  # NOTE: one of the recent alloc results: distinct slots of this pool, none negative
         if not distinct and int(ids.min()) < 0:  # NOTE: numpy would wrap a negative index
             return False
@@ -269,6 +288,7 @@ class SlotPool:
             return False
         scattered = k > 1 and not distinct
         if scattered:
+            self._last = None
             tags[ids] = self._host_positions(k)
             if tags[ids].tobytes() != self._iota_bytes[: 8 * k]:
                 tags[ids] = held
@@ -277,6 +297,7 @@ class SlotPool:
             if scattered:
                 tags[ids] = held
             return True
+        self._last = None
         tags[ids] = code
         if self._stamped:
             assert self._origins is not None
@@ -332,7 +353,7 @@ class SlotPool:
     def _seen_for(self, owner: Owner, op: str) -> Seen:
         """Make ``owner`` the last owner seen (``encode`` raises for a malformed one) and return ``_seen``."""
         code = encode(owner, op, self.name)
-        self._seen = (owner, code, np.array(code, dtype=I64), _tag_bytes(code, 1))
+        self._seen = (owner, code, np.array(code, dtype=I64), code.to_bytes(8, sys.byteorder, signed=True))
         return self._seen
 
     def check_alloc(self, n: int, owner: Owner) -> int:
@@ -359,9 +380,12 @@ class SlotPool:
         if free_np is not None:
             top = self._top
             seen = self._seen
-            if owner is seen[0] and type(n) is int and 0 < n < top and n < self._inline_below:
-                # NOTE: the common case inline (``_pop_ids`` below, with no run to look for): the last owner seen, a
-                # short result above the bottom of the stack, popped by one negative-step slice
+            if type(n) is int and 0 < n < top and n < self._inline_below:
+                # NOTE: the common case inline (``_pop_ids`` below, with no run to look for): a short result above the
+                # bottom of the stack, popped by one negative-step slice; a new owner is encoded (and checked) first,
+                # as ``check_alloc`` does once ``n`` is known good
+                if owner is not seen[0]:
+                    seen = self._seen_for(owner, "alloc")
                 ids = free_np[top - 1 : top - n - 1 : -1].copy()
                 self._top = top - n
                 self._tags[ids] = seen[2]  # type: ignore[index]
@@ -369,6 +393,7 @@ class SlotPool:
                     self._origins[ids] = self._stamp  # type: ignore[index]
                 out = torch.from_numpy(ids)
                 raw = ids.tobytes()
+                self._last = (raw, ids, owner)
                 items = self._fresh._items  # NOTE: ``RecentAllocs.add_short`` inline
                 items[raw[-64:]] = (raw, None)
                 if len(items) > FRESH_KEEP:
@@ -382,6 +407,7 @@ class SlotPool:
             out = torch.from_numpy(ids)
             if 0 < n <= HANDED_MAX:
                 raw = ids.tobytes() if popped is None else popped
+                self._last = (raw, ids, owner)
                 self._fresh.add_short(raw, None)
                 handed = self._handed
                 handed[id(out)] = (out, ids, raw, lo)
@@ -403,7 +429,10 @@ class SlotPool:
         """``alloc`` on a CPU pool, the slot ids as a new host array (``Ids``). ``remember``: keep the result
         as a known-distinct sequence (``is_fresh``); an allocator that remembers what it hands out itself does not.
         """
-        return self._pop_ids(n, owner, remember)[0]
+        ids = self._pop_ids(n, owner, remember)[0]
+        if 0 < n <= HANDED_MAX:
+            self._last = (ids.tobytes(), ids, owner)
+        return ids
 
     def _pop_ids(self, n: int, owner: Owner, remember: bool) -> tuple[Ids, bytes | None, int]:
         """The pop of ``alloc`` / ``alloc_ids``: the slot ids, their bytes when they were made (else ``None``) and
@@ -416,13 +445,16 @@ class SlotPool:
         assert free_np is not None, "alloc_ids: a CPU pool's call"
         top = self._top
         seen = self._seen
-        if not (owner is seen[0] and type(n) is int and 0 <= n <= top):
-            self.check_alloc(n, owner)  # NOTE: raises, or makes ``owner`` the last owner seen
+        if type(n) is not int or not 0 <= n <= top:
+            self.check_alloc(n, owner)  # NOTE: raises, or takes an int-like ``n`` and makes ``owner`` the last seen
             seen = self._seen
+        elif owner is not seen[0]:
+            seen = self._seen_for(owner, "alloc")  # NOTE: ``check_alloc``'s owner check, once ``n`` is known good
         # NOTE: a copy (the caller's ids must not see later pushes), reversed by one negative-step slice (a stop of
         # -1 would read as the end: the bottom of the stack is popped through a reversed view)
         ids = (free_np[top - 1 : top - n - 1 : -1] if top > n else free_np[top - n : top][::-1]).copy()
         self._top = top - n
+        self._last = None
         raw, lo = None, -1
         if n >= self._run_min and free_np.item(top - n) - (first := free_np.item(top - 1)) in (n - 1, 1 - n):
             raw = ids.tobytes()  # NOTE: its first and last ids n - 1 apart: most likely a run (the pool's are in range)
@@ -450,21 +482,26 @@ class SlotPool:
             # NOTE: a recent alloc result that nothing changed (torch counts its in-place calls, shape changes
             # too; a write through a numpy view changes the bytes): its host ids, distinct slots of this pool
             lo, k = mine[3], len(ids)
-            seen = self._seen
-            if owner is not seen[0]:
-                seen = self._seen_for(owner, "free")
-            held = self._held_k  # NOTE: ``k`` copies of the owner's tag bytes, remembered for the last owner and k
-            if held[0] is not seen[3] or held[1] != k:
-                held = self._held_k = (seen[3], k, seen[3] * k)
             tags = self._tags
             assert tags is not None
+            last = self._last
+            # NOTE: the last alloc's very ids, and no tag written since: all ``owner``'s, nothing to read back
+            untouched = last is not None and last[1] is ids and owner is last[2]
+            if not untouched:
+                seen = self._seen
+                if owner is not seen[0]:
+                    seen = self._seen_for(owner, "free")
+                held = self._held_k  # NOTE: ``k`` copies of the owner's tag bytes, remembered for the owner and k
+                if held[0] is not seen[3] or held[1] != k:
+                    held = self._held_k = (seen[3], k, seen[3] * k)
             if lo < 0:
-                if tags[ids].tobytes() == held[2]:
+                if untouched or tags[ids].tobytes() == held[2]:
                     self.release(ids)
                     del self._handed[id(indices)]
                     return
-            elif tags[lo : lo + k].tobytes() == held[2]:
+            elif untouched or tags[lo : lo + k].tobytes() == held[2]:
                 # NOTE: the run of slots lo .. lo + k - 1 (as the alloc found it): read and freed through a slice
+                self._last = None
                 tags[lo : lo + k] = _FREE0
                 top = self._top
                 self._free_np[top : top + k] = ids  # type: ignore[index]
@@ -506,6 +543,7 @@ class SlotPool:
         if free_np is not None:
             ids = idx if type(idx) is np.ndarray or not isinstance(idx, torch.Tensor) else idx.numpy()
             k = len(ids)
+            self._last = None
             self._tags[ids] = _FREE0  # type: ignore[index]
             free_np[top : top + k] = ids
         else:
@@ -547,6 +585,7 @@ class SlotPool:
     def _mark_owned(self, ids: Ids, code: int) -> None:
         """Tag host ids ``ids`` (CPU pools) ``code`` and stamp their origin."""
         assert self._tags is not None and self._origins is not None
+        self._last = None
         self._tags[ids] = code
         if self._stamped:
             self._origins[ids] = self._stamp

@@ -74,14 +74,17 @@ def key_bytes(op: str, t: Key) -> bytes | bytearray:
             raise CacheError(f"{op}: token ids must be int64 integers ({e})") from None
         if has_bool(t):
             raise CacheError(f"{op}: token ids must be ints, not bools (True/False)")
-    if not raw[_SIGN::8].isascii():  # NOTE: a high byte >= 0x80: a negative id
-        raise CacheError(f"{op}: token ids must be >= 0, got {min(array('q', raw))}")
+    if not (raw[_SIGN::8].isascii() if len(raw) < _SIGN_LONG else int(np.frombuffer(raw, I64).min()) >= 0):
+        raise CacheError(f"{op}: token ids must be >= 0, got {min(array('q', raw))}")  # NOTE: a negative id
     return raw
 
 
 _SIGN = 7 if sys.byteorder == "little" else 0
 """Where the sign bit of each int64 lies in native-order bytes: the ids are >= 0 when those bytes are all below
 0x80, which ``isascii`` tells in one C pass (no per-id Python work)."""
+_SIGN_LONG = 8 * 4096
+"""Keys of at least this many bytes are checked by numpy's ``min`` instead: the strided slice copies byte by byte
+(17.5 against 4.0 µs at 20k tokens), numpy's fixed cost (~2 µs) is paid back from about 3k tokens."""
 
 
 class Walk(NamedTuple):

@@ -347,12 +347,32 @@ def test_free_checks_the_release_it_makes_in_one_pass(on: None, monkeypatch: pyt
 
     monkeypatch.setattr(bindings, "snap_touched", counted)
     a = TokenAllocator(8)
-    a.free(a.alloc(3, R1), R1)
+    a.free(a.alloc(3, R1), R1)  # NOTE: an alloc result this tier checked: read through its view, no snapshot
+    a.free(a.alloc(1, R1), R1)
+    assert calls == []
+    a.free(a.alloc(3, R1).clone(), R1)  # another tensor: one snapshot, none for the release inside
     assert calls == [3]
     x = a.alloc(2, R1)
     a.pool.check_held("free", x, R1)
     a.pool.release(x)  # NOTE: alone, as the paged and SWA allocators call it
     assert calls == [3, 2]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_free_of_an_alloc_result_rewritten_through_numpy_is_caught(n: int, on: None, restore: None) -> None:
+    """A write through a numpy view changes no torch version: a free of a remembered alloc result reads its ids
+    again, so a negative id written there is refused as for any other tensor."""
+
+    def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
+        self.release(indices.numpy())  # BUG: no checks; numpy wraps -1 around to the last slot
+
+    _broken("free", frees_anything)
+    a = TokenAllocator(4)
+    x = a.alloc(n, R1)
+    a.alloc(4 - n, R1)  # the last slot (4) is R1's: its tag passes an owner check read through the wrapped index
+    x.numpy()[0] = -1
+    with pytest.raises(icontract.ViolationError, match="free takes slots only from their owner"):
+        a.pool.free(x, R1)
 
 
 def test_free_of_a_negative_id_is_caught(on: None, restore: None) -> None:

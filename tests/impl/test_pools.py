@@ -181,6 +181,31 @@ def test_claim_checks_owner_and_distinctness_and_changes_nothing_when_it_fails()
     assert pool.claim(x, R1, 99) and bool((pool.owner_tag[x] == 99).all())
 
 
+@pytest.mark.parametrize("run_min", [512, 2])  # the inline pop, and the pop that looks for a run of slots
+def test_last_alloc_shortcut_is_forgotten_by_every_tag_write(run_min: int) -> None:
+    """A hand-over or free of exactly the last alloc's slots reads no tags only while no tag was written since:
+    after a transfer, a free or a release of some of those slots, the same call checks their holders again."""
+    a = TokenAllocator(16)
+    pool = a.pool
+    pool.run_min = run_min
+    x = a.alloc(4, R1)
+    assert pool.claim(x, R1)  # the shortcut: the last alloc's slots, all R1's
+    pool.transfer(x[:1].clone(), R1, R2)  # one of them changes hands through the pool
+    assert not pool.claim(x, R1, 99)
+    rejected(a, lambda: a.free(x, R1), NotOwner)
+    y = a.alloc(3, R1)
+    pool.release(y[1:].numpy())  # behind the allocation's back, but through the pool: the memo goes
+    assert not pool.claim(y, R1, 99)
+    rejected(a, lambda: a.free(y, R1), DoubleFree)
+    z = a.alloc(2, R2)
+    a.free(z, R2)  # freed through the shortcut, and then forgotten with it
+    rejected(a, lambda: a.free(z, R2), DoubleFree)
+    assert not pool.claim(z, R2, 99)
+    w = a.alloc(2, R1)
+    assert not pool.claim(w, R2, 99)  # another owner: no shortcut
+    rejected(a, lambda: a.free(w, R2), NotOwner)
+
+
 def test_claim_of_host_ids_refuses_negative_ids() -> None:
     """Host ids are indexed with numpy, where -1 names the last slot: a negative id must be refused, not wrapped."""
     import numpy as np

@@ -351,8 +351,14 @@ def test_a_token_array_changed_between_match_and_insert_is_read_again() -> None:
         torch.tensor([2**63], dtype=torch.uint64),
         torch.tensor([1, 2]).to_sparse(),
         torch.empty(2, dtype=torch.int64, device="meta"),
+        [1, -2],
+        [7] * 5000 + [-1],  # NOTE: a long key's sign is checked another way (numpy's min)
+        array("q", [3] * 4095 + [-(2**63)]),
     ],
-    ids=str.split("floats past-int64 str bytes dict float-tensor 2-d bool complex uint64-past-int64 sparse meta"),
+    ids=str.split(
+        "floats past-int64 str bytes dict float-tensor 2-d bool complex uint64-past-int64 sparse meta negative "
+        "long-negative long-array-negative"
+    ),
 )
 def test_keys_that_are_not_token_ids_raise_and_change_nothing(key: Any) -> None:
     kv = TokenAllocator(16)
