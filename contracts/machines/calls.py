@@ -784,11 +784,35 @@ def _planted_unheld(cache: RadixCache) -> str:
     return ""
 
 
+def _handed_over(cache: RadixCache) -> str:
+    """On deep copies of ``cache``, a fresh owner allocates two pages and caches under a new key either both or only
+    the first (the insert takes those slots over), then frees both: some are the cache's now, so the free must fail
+    typed and change nothing (a pool that remembers its last hand-out must forget it once any of those slots change
+    hands); what went wrong, or ""."""
+    for part in (2, 1):
+        dup = deepcopy(cache)
+        ps, kv = dup.page_size, dup.kv
+        if kv.available_size() < 2 * ps:
+            return ""
+        owner = request(98)
+        slots = kv.alloc(2 * ps, owner)
+        dup.insert(torch.full((part * ps,), 4, dtype=torch.int64), slots[: part * ps], owner)
+        before = _cache_fingerprint(dup)
+        err = raised(lambda: kv.free(slots, owner))  # noqa: B023  # NOTE: called at once
+        what = f"a free by {owner} of slots {slots.tolist()}, {part * ps} of which it had just handed to the cache"
+        if not isinstance(err, KVLedgerError):
+            return f"{what}: {err!r}"
+        if _cache_fingerprint(dup) != before:
+            return f"{what}, was refused and changed the cache"
+    return ""
+
+
 def cache_audit(cache: RadixCache) -> str:
     """The cache's own self-checks and counters agree with its state: each component's LRU list passes its
     ``check()`` and fails it, typed, with a link planted broken (``_planted_breaks``; the link is put
     back), a lock of a node planted with a parent cycle fails typed and changes nothing (``_planted_cycle``), a
     release of a handle whose count was planted lost fails typed and puts back what it lowered (``_planted_unheld``),
+    slots a fresh owner hands to the cache are no longer its to free (``_handed_over``),
     and ``node_count()`` is the number of nodes a walk from the root through ``children`` meets.
 
     Raises ``AssertionError`` naming ``self-checks agree with the state`` otherwise (a healthy cache whose own
@@ -801,7 +825,7 @@ def cache_audit(cache: RadixCache) -> str:
         for how, err in list(_planted_breaks(cache.lru(comp))):  # NOTE: every link back before a verdict
             if not isinstance(err, IntegrityError):
                 raise AssertionError(f"{law}: {comp.value} LRU list's check() passed {how}: {err!r}")
-    broken = _planted_cycle(cache) or _planted_unheld(cache)
+    broken = _planted_cycle(cache) or _planted_unheld(cache) or _handed_over(cache)
     if broken:
         raise AssertionError(f"{law}: {broken}")
     seen, todo = {cache.root.id}, [cache.root]

@@ -118,6 +118,18 @@ EQUIVALENT: dict[str, str] = {
         "speed only: the distinctness pass also runs for one slot or for slots known distinct, where it cannot"
         " fail; same result and tags"
     ),
+    'impl/slots.py:SlotPool.__getstate__:drop-store:state["_last"] = None': (
+        "a copy keeps a memo that describes the copy exactly: the same tags, and the owner object copied once with"
+        " everything that refers to it (a pool copied alone has no caller holding that owner object: no hit)"
+    ),
+    "impl/slots.py:SlotPool.claim:drop-store:self._last = None#2": (
+        "the scattered pass writes positions into the tags and then restores them or sets the code, and the code"
+        " path forgets the memo itself (its own reset, killed when dropped, is the one that matters)"
+    ),
+    "impl/slots.py:SlotPool._pop_ids:drop-store:self._last = None": (
+        "a pop takes free slots only, so the memo of the alloc before (held slots, their tags untouched) stays true;"
+        " the reset is conservative"
+    ),
     "impl/req_to_token.py:has_duplicates:negate-if:if ids.is_cpu:": (
         "speed only on the CPU, where every check runs: a CPU tensor's duplicates are then counted by torch.unique,"
         " the same verdict; the numpy branch it sends a device tensor to is not reached without a GPU"

@@ -635,3 +635,23 @@ def test_a_fingerprint_without_its_position_range_is_caught(monkeypatch: pytest.
 
     monkeypatch.setattr(C, "fingerprint", integrity.fingerprint_unchecked)  # BUG: no checks at all
     fails("token", C.cache_scenario, "inv_domain_enforced")
+
+
+def test_a_pool_that_remembers_a_hand_out_after_the_slots_changed_hands_fails_the_audit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool's memo of its last alloc lets a free of exactly those slots skip reading their tags; a claim that
+    hands some of them over and keeps the memo lets their old owner free slots the cache now holds."""
+    from kvledger.impl.slots import SlotPool
+
+    real = SlotPool.claim
+
+    def claim(self: SlotPool, *args: Any, **kwargs: Any) -> bool:
+        memo = self._last
+        got = real(self, *args, **kwargs)
+        self._last = memo  # BUG: the memo outlives the hand-over
+        return got
+
+    monkeypatch.setattr(SlotPool, "claim", claim)
+    with pytest.raises(AssertionError, match=r"self-checks agree with the state: a free by req:98 of slots .* handed"):
+        C.cache_audit(_cached())
