@@ -784,26 +784,41 @@ def _planted_unheld(cache: RadixCache) -> str:
     return ""
 
 
+HAND_OVERS = ("cached whole", "cached in part", "cached as int32", "transferred", "freed")
+"""How ``_handed_over`` moves a fresh owner's two pages out of its hands before it uses them again."""
+
+
 def _handed_over(cache: RadixCache) -> str:
-    """On deep copies of ``cache``, a fresh owner allocates two pages and caches under a new key either both or only
-    the first (the insert takes those slots over), then frees both: some are the cache's now, so the free must fail
-    typed and change nothing (a pool that remembers its last hand-out must forget it once any of those slots change
-    hands); what went wrong, or ""."""
-    for part in (2, 1):
+    """Slots that changed hands are no longer their old holder's, even when its pool remembers handing them out. On
+    a deep copy of ``cache`` per move (``HAND_OVERS``), with runs looked for from one slot on, a fresh owner
+    allocates two pages and caches both (as int64 or int32 ids) or the first under a new key, or transfers them, or
+    frees them; then it frees both (after a free: caches both). That use must fail typed and change nothing; what
+    went wrong, or ""."""
+    owner, other = request(98), request(99)
+    for how in HAND_OVERS:
         dup = deepcopy(cache)
         ps, kv = dup.page_size, dup.kv
         if kv.available_size() < 2 * ps:
             return ""
-        owner = request(98)
+        for pool in pools_of(kv).values():
+            pool.run_min = 1  # NOTE: an alloc of two slots is then a run, freed through the run path
         slots = kv.alloc(2 * ps, owner)
-        dup.insert(torch.full((part * ps,), 4, dtype=torch.int64), slots[: part * ps], owner)
+        key = torch.full((2 * ps,), 4, dtype=torch.int64)
+        if how.startswith("cached"):
+            n = ps if how == "cached in part" else 2 * ps
+            dup.insert(key[:n], slots[:n].to(torch.int32) if how == "cached as int32" else slots[:n], owner)
+        elif how == "transferred":
+            kv.transfer(slots, owner, other)
+        else:
+            kv.free(slots, owner)
         before = _cache_fingerprint(dup)
-        err = raised(lambda: kv.free(slots, owner))  # noqa: B023  # NOTE: called at once
-        what = f"a free by {owner} of slots {slots.tolist()}, {part * ps} of which it had just handed to the cache"
+        use = "cache" if how == "freed" else "free"
+        err = raised(lambda: dup.insert(key, slots, owner) if use == "cache" else kv.free(slots, owner))  # noqa: B023
+        what = f"{owner}'s slots {slots.tolist()}, {how}, then {use}d by it"
         if not isinstance(err, KVLedgerError):
             return f"{what}: {err!r}"
         if _cache_fingerprint(dup) != before:
-            return f"{what}, was refused and changed the cache"
+            return f"{what}: refused, but the cache changed"
     return ""
 
 

@@ -653,5 +653,6 @@ def test_a_pool_that_remembers_a_hand_out_after_the_slots_changed_hands_fails_th
         return got
 
     monkeypatch.setattr(SlotPool, "claim", claim)
-    with pytest.raises(AssertionError, match=r"self-checks agree with the state: a free by req:98 of slots .* handed"):
+    want = r"self-checks agree with the state: req:98.s slots .*, cached whole, then freed"
+    with pytest.raises(AssertionError, match=want):
         C.cache_audit(_cached())
