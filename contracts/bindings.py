@@ -476,12 +476,7 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
                         return
                     raise violation(RELEASE_FREES, release_frees, indices, owner)
         old = snap_touched(self, indices)
-        outer = getattr(_inside, "pool", None)
-        _inside.pool = self
-        try:
-            fn(self, indices, owner)
-        finally:
-            _inside.pool = outer
+        _checked_free(self, fn, indices, owner)
         seen = self._seen
         code = seen[1] if owner is seen[0] else self.code_of(owner, "free")
         tags = self._tags

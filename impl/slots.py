@@ -269,11 +269,7 @@ class SlotPool:
         if last is not None and owner is last[2] and (ids.tobytes() if raw is None else raw) == last[0]:
             # NOTE: exactly the last alloc's slots, and no tag written since: distinct, in range, all ``owner``'s
             if code is not None:
-                self._last = None
-                tags[ids] = code
-                if self._stamped:
-                    assert self._origins is not None
-                    self._origins[ids] = self._stamp
+                self._mark_owned(ids, code)
             return True
         if not distinct and k > 1 and self._fresh.find(ids.tobytes() if raw is None else raw) is not None:
             distinct = True  # NOTE: one of the recent alloc results: distinct slots of this pool, none negative
@@ -297,11 +293,7 @@ class SlotPool:
             if scattered:
                 tags[ids] = held
             return True
-        self._last = None
-        tags[ids] = code
-        if self._stamped:
-            assert self._origins is not None
-            self._origins[ids] = self._stamp
+        self._mark_owned(ids, code)
         return True
 
     def is_fresh(self, raw: bytes | bytearray) -> bool:

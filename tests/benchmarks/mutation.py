@@ -122,9 +122,9 @@ EQUIVALENT: dict[str, str] = {
         "a copy keeps a memo that describes the copy exactly: the same tags, and the owner object copied once with"
         " everything that refers to it (a pool copied alone has no caller holding that owner object: no hit)"
     ),
-    "impl/slots.py:SlotPool.claim:drop-store:self._last = None#2": (
+    "impl/slots.py:SlotPool.claim:drop-store:self._last = None": (
         "the scattered pass writes positions into the tags and then restores them or sets the code, and the code"
-        " path forgets the memo itself (its own reset, killed when dropped, is the one that matters)"
+        " path forgets the memo itself (``_mark_owned``'s reset, killed when dropped, is the one that matters)"
     ),
     "impl/slots.py:SlotPool._pop_ids:drop-store:self._last = None": (
         "a pop takes free slots only, so the memo of the alloc before (held slots, their tags untouched) stays true;"
