@@ -64,17 +64,16 @@ class KVView:
             # NOTE: on the CPU the ids are read from ``raw`` (no tensor slice); an alloc result is distinct
             # slots (whole, distinct pages in order when paged); pages that are not one come from tokens that
             # are not one either (the pool and the allocator remember the same allocs)
-            if paged is not None:
-                units = paged.fresh_pages(raw)
-                fresh = units is not None
-                if units is None:
-                    got = paged.whole_pages(torch.frombuffer(bytearray(raw), dtype=torch.int64))
-                    if got is None:
-                        return False
-                    units = got.numpy()
-            else:
+            if paged is None:
                 # NOTE: the pool finds the ids among its recent allocs by ``raw`` (its last one needs no tag read)
                 return pool.claim(np.frombuffer(raw, I64), owner, dst, raw=raw)
+            units = paged.fresh_pages(raw)
+            fresh = units is not None
+            if units is None:
+                got = paged.whole_pages(torch.frombuffer(bytearray(raw), dtype=torch.int64))
+                if got is None:
+                    return False
+                units = got.numpy()
             # NOTE: a slot ``owner`` holds is no node's, so the new part repeats no cached slot
             return pool.claim(units, owner, dst, distinct=fresh)
         if paged is not None:

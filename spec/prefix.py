@@ -145,20 +145,21 @@ def matches(s: PrefixCache, key: Key, i: int) -> bool:
     return not s.mamba or i == 0 or key[:i] in s.mamba_state
 
 
-def _cached_in(s: PrefixCache, comp: Component) -> Iterable[Key]:
+def cached_in(s: PrefixCache, comp: Component) -> Iterable[Key]:
+    """The pages ``comp`` holds: cached pages (FULL), SWA-live ones (SWA), those with a Mamba state (MAMBA)."""
     return {Component.FULL: s.full.keys(), Component.SWA: s.swa_live, Component.MAMBA: s.mamba_state.keys()}[comp]
 
 
 def evictable_size(s: PrefixCache, locks: LockState, comp: Component) -> int:
     """Tokens (FULL, SWA-live) or states (MAMBA) that ``comp`` holds and no live lock covers."""
     unit = 1 if comp is Component.MAMBA else s.page_size
-    return unit * sum(1 for k in _cached_in(s, comp) if lock_ref_of(locks, k, comp) == 0)
+    return unit * sum(1 for k in cached_in(s, comp) if lock_ref_of(locks, k, comp) == 0)
 
 
 def protected_size(s: PrefixCache, locks: LockState, comp: Component) -> int:
     """Tokens (FULL, SWA-live) or states (MAMBA) that ``comp`` holds and some live lock covers."""
     unit = 1 if comp is Component.MAMBA else s.page_size
-    return unit * sum(1 for k in _cached_in(s, comp) if lock_ref_of(locks, k, comp) > 0)
+    return unit * sum(1 for k in cached_in(s, comp) if lock_ref_of(locks, k, comp) > 0)
 
 
 # ---------------------------------------------------------------- invariants
@@ -201,7 +202,7 @@ def inv_prefix(s: PrefixCache) -> bool:
 
 def inv_locked_cached(s: PrefixCache, locks: LockState) -> bool:
     """Every site a live lock covers is held by its component (locked pages are never evicted)."""
-    return all(n == 0 or key in _cached_in(s, comp) for (key, comp), n in locks.lock_ref.items())
+    return all(n == 0 or key in cached_in(s, comp) for (key, comp), n in locks.lock_ref.items())
 
 
 def inv_content(s: PrefixCache, content: Mapping[SlotId, int]) -> bool:
@@ -259,7 +260,7 @@ def _check_victims(
     op: str, s: PrefixCache, victims: frozenset[Key], locks: LockState, comps: tuple[Component, ...]
 ) -> e.PrefixError | None:
     for v in sorted(victims):
-        if v not in _cached_in(s, comps[0]):
+        if v not in cached_in(s, comps[0]):
             return e.NotCached(op, v, f"not held in {comps[0].value} (evicted twice?)")
         for c in comps:
             if (n := lock_ref_of(locks, v, c)) > 0:

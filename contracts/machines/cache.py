@@ -189,8 +189,9 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                     if len(k) > n and k[:n] == below:
                         stamps[k] = (stamps.get(k, (0, t))[0], t)
 
-        def _unlocked(self, k: tuple[int, ...]) -> bool:
-            return all(K.lock_ref_of(self.locks, k, c) == 0 for c in (FULL, SWA, MAMBA))
+        def _unlocked(self, k: tuple[int, ...], comp: Component) -> bool:
+            """No live lock holds page ``k`` in ``comp`` (FULL: in any component, as a page leaves FULL only so)."""
+            return all(K.lock_ref_of(self.locks, k, c) == 0 for c in ((FULL, SWA, MAMBA) if comp is FULL else (comp,)))
 
         def _judge_eviction(self, comp: Component, asked: int | None, snap: Snapshot) -> None:
             """``evicts_enough`` and ``evicts_no_more`` (when ``asked``) and ``evicts_lru_first`` for what ``comp``'s
@@ -199,23 +200,12 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             if not self.policy:
                 return
             before, now, ps = snap.prefix, self.prefix, self.cfg.page_size
-            took: Set[tuple[int, ...]]
-            if comp is FULL:
-                took = before.full.keys() - now.full.keys()
-                could = sum(1 for k in before.full if self._unlocked(k))
-                inner = {x[:-ps] for x in now.full}
-                kept = [k for k in now.full if k not in inner and self._unlocked(k)]
-                unit = ps
-            elif comp is SWA:
-                took = before.swa_live - now.swa_live
-                could = sum(1 for k in before.swa_live if K.lock_ref_of(self.locks, k, SWA) == 0)
-                kept = [k for k in now.swa_live if K.lock_ref_of(self.locks, k, SWA) == 0]
-                unit = ps
-            else:
-                took = before.mamba_state.keys() - now.mamba_state.keys()
-                could = sum(1 for k in before.mamba_state if K.lock_ref_of(self.locks, k, MAMBA) == 0)
-                kept = [k for k in now.mamba_state if K.lock_ref_of(self.locks, k, MAMBA) == 0]
-                unit = 1
+            held, left = set(P.cached_in(before, comp)), set(P.cached_in(now, comp))
+            took = held - left
+            could = sum(1 for k in held if self._unlocked(k, comp))
+            inner = {x[:-ps] for x in now.full} if comp is FULL else set()  # NOTE: FULL evicts leaves only
+            kept = [k for k in left if k not in inner and self._unlocked(k, comp)]
+            unit = 1 if comp is MAMBA else ps
             if asked is not None and not U.evicts_enough(asked, could * unit, len(took) * unit):
                 raise _fail(
                     "evicts_enough",
@@ -249,17 +239,29 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             if comp is MAMBA:
                 return {snap.prefix.mamba_state[k]: 1 for k in took}
             ps = self.cfg.page_size
-            grain = ps if ps > 1 and not self.cfg.window else 1
-            page_of = {xs[0] // grain: k for k, xs in snap.prefix.full.items() if k in took}
-            nodes: dict[int, list[tuple[int, ...]]] = {}
+            return {
+                n: len(ks) * ps
+                for n, ks in self._node_pages(snap, took).items()
+                if comp is not FULL or min(ks, key=len)[:-ps] not in took
+            }
+
+        def _grain(self) -> int:
+            """Token slots per unit of the ``kv`` ledger: a paged pool's ledger counts pages."""
+            ps = self.cfg.page_size
+            return ps if ps > 1 and not self.cfg.window else 1
+
+        def _node_pages(self, snap: Snapshot, pages: Iterable[tuple[int, ...]]) -> dict[NodeId, list[tuple[int, ...]]]:
+            """Which tree node holds each of the cached ``pages`` of ``snap`` (by its ``kv`` ledger's node owners):
+            node id -> its pages among them."""
+            grain, full = self._grain(), snap.prefix.full
+            page_of = {full[k][0] // grain: k for k in pages}
+            out: dict[NodeId, list[tuple[int, ...]]] = {}
             for o, xs in snap.ledgers["kv"].held.items():
                 if o.kind is OwnerKind.NODE and o.component is FULL:
                     mine = [k for x in xs if (k := page_of.get(x)) is not None]
                     if mine:
-                        nodes[o.ident] = mine
-            return {
-                n: len(ks) * ps for n, ks in nodes.items() if comp is not FULL or min(ks, key=len)[:-ps] not in took
-            }
+                        out[NodeId(o.ident)] = mine
+            return out
 
         def _before_snap(self) -> Snapshot:
             """The implementation now (the last invariant check's snapshot when nothing changed since)."""
@@ -587,7 +589,7 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                 if not L.inv_single_owner(led):
                     raise _fail("inv_single_owner", f"pool {name!r}: a slot has two holders or none")
             kv = snap.ledgers["kv"]
-            grain = ps if ps > 1 and not self.cfg.window else 1  # a paged pool's ledger counts pages
+            grain = self._grain()
 
             def unit(xs: Iterable[int]) -> set[int]:
                 return {x // grain for x in xs}
@@ -650,14 +652,9 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
         def _check_recency(self, snap: Snapshot) -> None:
             """``inv_lru_recency`` on every list: a node's stamp joins its pages' (found through the ledger's node
             owners), and no node lies ahead of one used after it for sure."""
-            ps = self.cfg.page_size
-            grain = ps if ps > 1 and not self.cfg.window else 1
-            page_of = {xs[0] // grain: k for k, xs in snap.prefix.full.items()}
-            pages: dict[NodeId, list[U.Stamp]] = {}
-            for o, xs in snap.ledgers["kv"].held.items():
-                if o.kind is OwnerKind.NODE and o.component is FULL:
-                    pages[NodeId(o.ident)] = [self.stamps[k] for x in xs if (k := page_of.get(x)) in self.stamps]
-            stamps = {n: st for n, ps_ in pages.items() if (st := U.joint_stamp(ps_)) is not None}
+            known = [k for k in snap.prefix.full if k in self.stamps]
+            nodes = self._node_pages(snap, known).items()
+            stamps = {n: st for n, ks in nodes if (st := U.joint_stamp([self.stamps[k] for k in ks])) is not None}
             for comp, lst in snap.lru.items():
                 bad = U.recency_inversion(lst.order, stamps)
                 if bad is not None:

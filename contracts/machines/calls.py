@@ -741,6 +741,11 @@ def _planted_breaks(lru: LRUList[TreeNode]) -> Iterator[tuple[str, BaseException
         head.next[i] = first
 
 
+def _lock_counts(cache: RadixCache) -> object:
+    """Every node's lock counts and the cache's sizes: what a failed lock or release must leave as it found."""
+    return [list(x.refs) for x in cache.nodes()], cache.sizes()
+
+
 def _planted_cycle(cache: RadixCache) -> str:
     """Link the newest node's parent to itself (a parent cycle), lock it, put the link back: ``inc_lock_ref`` must
     fail typed (``IntegrityError``) and leave every lock count and size as it was; what went wrong, or ""."""
@@ -748,7 +753,7 @@ def _planted_cycle(cache: RadixCache) -> str:
     if not nodes:
         return ""
     n = max(nodes, key=lambda x: x.id)
-    before = ([list(x.refs) for x in cache.nodes()], cache.sizes())
+    before = _lock_counts(cache)
     parent, n.parent = n.parent, n
     try:
         err = raised(lambda: cache.inc_lock_ref(n))
@@ -756,7 +761,7 @@ def _planted_cycle(cache: RadixCache) -> str:
         n.parent = parent
     if not isinstance(err, IntegrityError):
         return f"inc_lock_ref of node {n.id} with a parent cycle planted: {err!r}"
-    if ([list(x.refs) for x in cache.nodes()], cache.sizes()) != before:
+    if _lock_counts(cache) != before:
         return f"inc_lock_ref of node {n.id} with a parent cycle planted failed and changed the lock counts or sizes"
     return ""
 
@@ -773,13 +778,13 @@ def _planted_unheld(cache: RadixCache) -> str:
     nid, comp = cov[-1]
     node = next(x for x in dup.nodes() if x.id == nid)
     node.refs[SLOT[comp]] = 0
-    before = ([list(x.refs) for x in dup.nodes()], dup.sizes())
+    before = _lock_counts(dup)
     handle = LockHandle(hid, dup._locks.ident, cov[0][0], tuple(cov))
     err = raised(lambda: dup.dec_lock_ref(handle))
     what = f"dec_lock_ref of handle {hid} with the count of node {nid} {comp.value} planted lost"
     if not isinstance(err, IntegrityError):
         return f"{what}: {err!r}"
-    if ([list(x.refs) for x in dup.nodes()], dup.sizes()) != before or not dup.is_live(handle):
+    if _lock_counts(dup) != before or not dup.is_live(handle):
         return f"{what} failed and changed the other lock counts, the sizes or the handle"
     return ""
 

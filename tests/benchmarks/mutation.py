@@ -509,18 +509,14 @@ decided when the first failing example is found; shrinking only makes the report
 TIMEOUT = "no verdict within --timeout"
 
 
-PROFILE = "ci"
-"""The Hypothesis profile the check runs at (``--profile``; ``ci`` is ``kvledger check``'s default)."""
-
-
-def run_check(view: Path, suites: list[str], timeout: float) -> tuple[str, str, float, str]:
-    """The check of ``suites`` on the view at ``PROFILE``: (the suite that failed or "", the law, seconds, the phase
-    that killed: ``kept`` programs or the ``search``)."""
+def run_check(view: Path, suites: list[str], timeout: float, profile: str = "ci") -> tuple[str, str, float, str]:
+    """The check of ``suites`` on the view at Hypothesis ``profile`` (``ci``: ``kvledger check``'s default): (the suite
+    that failed or "", the law, seconds, the phase that killed: ``kept`` programs or the ``search``)."""
     env = {**os.environ, "PYTHONPATH": str(view), "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.perf_counter()
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", DRIVER, PROFILE, *suites],
+            [sys.executable, "-c", DRIVER, profile, *suites],
             env=env,
             cwd=view,
             capture_output=True,
@@ -554,8 +550,8 @@ def pytest_kills(view: Path, timeout: float) -> bool:
     return proc.returncode != 0
 
 
-def judge(view: Path, m: Mutant, timeout: float, classify: bool) -> Outcome:
-    """Apply ``m`` in the view, run the suites until one fails, restore the module."""
+def judge(view: Path, m: Mutant, timeout: float, classify: bool, profile: str = "ci") -> Outcome:
+    """Apply ``m`` in the view, run the suites (at Hypothesis ``profile``) until one fails, restore the module."""
     if m.id in EQUIVALENT:
         return Outcome(m.id, m.before, "equivalent", law=EQUIVALENT[m.id])
     src = mutated_source(m)
@@ -566,7 +562,7 @@ def judge(view: Path, m: Mutant, timeout: float, classify: bool) -> Outcome:
     target.write_text(src)
     out = Outcome(m.id, m.before, "survived", suites_run=suites_for(m))
     try:
-        suite, law, out.seconds, out.phase = run_check(view, out.suites_run, timeout)
+        suite, law, out.seconds, out.phase = run_check(view, out.suites_run, timeout, profile)
         if suite:
             out.status, out.law, out.suite = "killed", law, suite
         elif law == TIMEOUT:
@@ -628,8 +624,6 @@ def main(argv: list[str] | None = None) -> int:
         help="the Hypothesis profile of the check: ci (kvledger check's default) or thorough (for survivors)",
     )
     args = ap.parse_args(argv)
-    global PROFILE
-    PROFILE = args.profile
     population = list(mutants())
     if args.list:
         for m in population:
@@ -647,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kvledger-mutation-") as tmp:
         view = make_view(Path(tmp), args.checker)
         for i, m in enumerate(chosen, 1):
-            o = judge(view, m, args.timeout, not args.no_classify)
+            o = judge(view, m, args.timeout, not args.no_classify, args.profile)
             outcomes.append(o)
             tail = (
                 f"{o.law} ({o.suite}, {o.phase}, {o.seconds:.0f} s)" if o.status == "killed" else f"{o.seconds:.0f} s"
