@@ -73,13 +73,15 @@ def node_tag(ident: int) -> int:
 
 def decode(tag: int) -> Owner | None:
     """The owner a tag stands for; ``None`` for a free or reserved slot; ``InvalidArgument`` for what no
-    ``encode`` wrote (not an int64, an unknown kind or component)."""
+    ``encode`` wrote (not an int64, an unknown kind or component, a component on a request's or a session's
+    tag, or none on a tree node's)."""
     if type(tag) is not int or not _MIN_TAG <= tag <= _MAX_TAG:
         raise InvalidArgument("decode", "owner", (), f"tag {tag!r:.40} is not an int64 owner tag")
     if tag <= 0:
         return None
     kind, comp = _KIND_OF.get(tag >> 60), (tag >> _IDENT_BITS) & 0xF
-    if kind is None or comp not in _COMP_OF:
+    if kind is None or comp not in _COMP_OF or (kind is OwnerKind.NODE) != (comp != 0):
+        # NOTE: only a tree node's tag names a component, and it always does (``encode``)
         raise InvalidArgument("decode", "owner", (), f"tag {tag} names no owner kind and component")
     return Owner(kind, tag & MAX_IDENT, _COMP_OF[comp])
 

@@ -43,7 +43,7 @@ from typing import Protocol, TypeVar, cast
 import torch
 from hypothesis import strategies as st
 
-from kvledger.contracts.abstraction import pools_of
+from kvledger.contracts.abstraction import ledger_of, pools_of
 from kvledger.contracts.adapters.reference import snapshot_of
 from kvledger.contracts.adapters.reference_system import build_manager, system_snapshot_of
 from kvledger.contracts.adapters.system import SystemConfig
@@ -62,11 +62,12 @@ from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.arguments import MAX_TOKEN
 from kvledger.impl.integrity import fingerprint
-from kvledger.impl.leaks import check_leaks, expected_owners
+from kvledger.impl.leaks import PoolCount, check_leaks, expected_owners
 from kvledger.impl.locks import LockHandle
 from kvledger.impl.lru import SLOT, Linked, LRUList
 from kvledger.impl.mamba import MambaAlloc, MambaPool
 from kvledger.impl.memory import MemoryManager
+from kvledger.impl.owners import FREE_TAG, MAX_IDENT, RESERVED_TAG, decode, encode
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.requests import Request, Status
 from kvledger.impl.slots import RUN_MIN
@@ -82,7 +83,7 @@ from kvledger.spec.errors import (
     UnknownNode,
     inv_names_culprit,
 )
-from kvledger.spec.types import Component, Owner, request
+from kvledger.spec.types import Component, Owner, OwnerKind, request, session
 
 __all__ = [
     "SCENARIOS",
@@ -356,7 +357,8 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
     if isinstance(kv, SWATokenAllocator) and len(held) > 0:
         how = draw(st.sampled_from(["none", "freed", "given"]))
         if how != "none":  # NOTE: the SWA slots of some tokens no longer the prober's: those cannot be cached
-            dead = held[: draw(st.integers(1, len(held)))]
+            # NOTE: any of them (out-of-window tokens are the first; a bug may free others): a new position's too
+            dead = draw(st.lists(st.sampled_from(held), min_size=1, max_size=len(held), unique=True))
             ids = torch.tensor(dead, dtype=torch.int64)
             if how == "freed":  # NOTE: a scheduler frees the SWA slots of tokens that left the window
                 kv.free_swa(ids, prober)
@@ -461,7 +463,7 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
             )
     if len(c.held) >= ps:
         methods.append(_insert_method(c, ps))
-    methods.append(_fingerprint_method())
+    methods += [_fingerprint_method(), _decode_method()]
     return tuple(methods)
 
 
@@ -499,6 +501,43 @@ def _fingerprint_method() -> Method:
         },
         reads=True,
     )
+
+
+def _is_tag(x: object) -> bool:
+    """A tag ``impl.owners.encode`` writes for an owner in the domain, or a free or reserved slot's (``<= 0``), in
+    int64."""
+    if type(x) is not int or not -(2**63) <= x < 2**63:
+        return False
+    if x <= 0:
+        return True
+    for kind in OwnerKind:
+        for comp in (None, *Component):
+            o = Owner(kind, x & MAX_IDENT, comp)
+            if D.is_owner(o) and encode(o) == x:
+                return True
+    return False
+
+
+TAG_EDGES: tuple[object, ...] = (
+    -(2**63) - 1,
+    2**63,
+    5 << 60,  # NOTE: no owner kind
+    (2 << 60) | (9 << 56) | 1,  # NOTE: a tree node's, with no such component
+    (2 << 60) | 1,  # NOTE: a tree node's, with no component
+    (1 << 60) | (1 << 56) | 1,  # NOTE: a request's, with a component
+    *SCALAR_EDGES,
+)
+"""Tags no ``encode`` writes: outside int64, an unknown kind or component, a component where the kind has none (or
+none where it needs one), a scalar of each wrong type."""
+
+
+def _decode_method() -> Method:
+    """``impl.owners.decode``: a reading call of one tag ``encode`` writes (or a free or reserved slot's); any other
+    value is refused, typed."""
+    owners = st.sampled_from([request(3), session(2), Owner(OwnerKind.NODE, 5, SWA), Owner(OwnerKind.NODE, 0, FULL)])
+    tags = st.one_of(st.sampled_from([FREE_TAG, RESERVED_TAG]), owners.map(encode))
+    junk = st.one_of(st.sampled_from(TAG_EDGES), st.integers(-(2**64), 2**64).filter(lambda x: not _is_tag(x)))
+    return Method("decode", decode, {"tag": _arg(tags, junk, lambda x: _is_tag(x), edges=TAG_EDGES)}, reads=True)
 
 
 def _first(x: object) -> object:
@@ -659,10 +698,11 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         lambda key, value, owner, mamba_slot: cache.insert(key, value, owner, mamba_slot=mamba_slot),
         {
             "key": _arg(
-                st.lists(st.integers(1, 3), min_size=n, max_size=n).map(torch.tensor),
+                # NOTE: token 4 is in no cached key: a key with it reaches past what is cached (new positions)
+                st.lists(st.integers(1, 4), min_size=n, max_size=n).map(torch.tensor),
                 junk_keys(n),
                 _is_key,
-                edges=junk_key_values(n),
+                edges=(*junk_key_values(n), torch.full((n,), 4)),  # NOTE: a valid key, all new: the value decides
             ),
             "value": _arg(
                 st.just(_slots(own)),
@@ -789,18 +829,21 @@ def _planted_unheld(cache: RadixCache) -> str:
     return ""
 
 
-HAND_OVERS = ("cached whole", "cached in part", "cached as int32", "transferred", "freed")
-"""How ``_handed_over`` moves a fresh owner's two pages out of its hands before it uses them again."""
+HAND_OVERS = ("cached whole", "cached in part", "cached as int32", "transferred", "freed", "SWA slots freed")
+"""How ``_handed_over`` moves a fresh owner's two pages (or, with an SWA pool, the SWA slots of one: a window
+moved past them) out of its hands before it uses them again."""
 
 
 def _handed_over(cache: RadixCache) -> str:
     """Slots that changed hands are no longer their old holder's, even when its pool remembers handing them out. On
     a deep copy of ``cache`` per move (``HAND_OVERS``), with runs looked for from one slot on, a fresh owner
     allocates two pages and caches both (as int64 or int32 ids) or the first under a new key, or transfers them, or
-    frees them; then it frees both (after a free: caches both). That use must fail typed and change nothing; what
-    went wrong, or ""."""
+    frees them, or frees the SWA slots of the first; then it frees both (after a free: caches both). That use must
+    fail typed and change nothing; what went wrong, or ""."""
     owner, other = request(98), request(99)
     for how in HAND_OVERS:
+        if how.startswith("SWA") and not isinstance(cache.kv, SWATokenAllocator):
+            continue
         dup = deepcopy(cache)
         ps, kv = dup.page_size, dup.kv
         if kv.available_size() < 2 * ps:
@@ -814,10 +857,12 @@ def _handed_over(cache: RadixCache) -> str:
             dup.insert(key[:n], slots[:n].to(torch.int32) if how == "cached as int32" else slots[:n], owner)
         elif how == "transferred":
             kv.transfer(slots, owner, other)
-        else:
+        elif how == "freed":
             kv.free(slots, owner)
+        else:
+            cast(SWATokenAllocator, kv).free_swa(slots[:ps], owner)
         before = _cache_fingerprint(dup)
-        use = "cache" if how == "freed" else "free"
+        use = "cache" if how in ("freed", "SWA slots freed") else "free"
         err = raised(lambda: dup.insert(key, slots, owner) if use == "cache" else kv.free(slots, owner))  # noqa: B023
         what = f"{owner}'s slots {slots.tolist()}, {how}, then {use}d by it"
         if not isinstance(err, KVLedgerError):
@@ -1300,6 +1345,22 @@ def rollback_audit(mm: MemoryManager) -> str:
     return f"rollback audit: session {sid}'s second turn refused, nothing changed"
 
 
+def _counts_agree(mm: MemoryManager, counts: Mapping[str, PoolCount], law: str) -> None:
+    """Each pool's counts in a leak report are its ledger's: free slots, and held ones by the class of their holder
+    (a tree node, a session, a running request, any other request)."""
+    running = {r.owner for r in mm.requests.values() if r.status is Status.RUNNING}
+    for name, pool in mm.pools().items():
+        led = ledger_of(pool)
+        held = {"tree": 0, "sessions": 0, "running": 0, "waiting": 0}
+        for o, slots in led.held.items():
+            kind = {OwnerKind.NODE: "tree", OwnerKind.SESSION: "sessions"}.get(o.kind)
+            held[kind or ("running" if o in running else "waiting")] += len(slots)
+        want = PoolCount(led.capacity, len(led.free), **held)
+        if counts.get(name) != want:
+            got = counts.get(name)
+            raise AssertionError(f"{law}: pool {name}'s counts in the report are {got}, its ledger's {want}")
+
+
 PHANTOM = request(10**6)
 """An owner no structure of a manager references (the planted leak's)."""
 
@@ -1318,9 +1379,10 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
             if not D.inv_domain_enforced(False, err):
                 what = f"{f.__name__}({junk!r:.40})"
                 raise AssertionError(f"inv_domain_enforced: {what} lies outside its domain and raised {err!r}")
-    found = check_leaks(mm).findings
-    if found:
-        raise AssertionError(f"{law}: a healthy manager was reported: {found[0]}")
+    report = check_leaks(mm)
+    if report.findings:
+        raise AssertionError(f"{law}: a healthy manager was reported: {report.findings[0]}")
+    _counts_agree(mm, report.pools, law)
     pools = [(name, pool) for name, pool in mm.pools().items() if pool.available_size() > 0]
     if not pools:
         return "leak audit: no free slot to plant"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from hypothesis import strategies as st
@@ -139,6 +140,96 @@ def _data(pool: AnyPool) -> torch.Tensor | None:
     if isinstance(pool, SWATokenAllocator):
         return pool.full.data
     return pool.data
+
+
+TENSOR_EDGES = ("float", "2d", "sparse", "meta", "below", "above")
+"""Every kind of bad tensor ``bad_tensor`` gives a tensor parameter: a float or 2-D copy of valid ids, the same ids
+in a sparse or a meta tensor (the right dtype and no readable values), and, for a parameter naming this pool's ids,
+the same ids moved just below the pool (negative) or far past its end (whole pages stay whole pages)."""
+
+DATA_PARAMS = frozenset({"tokens", "positions"})
+"""Tensor parameters that carry values, not this pool's ids (token ids and positions for a fingerprint)."""
+
+OTHER_POOLS_IDS = frozenset({("write", "slots")})
+"""(method, parameter) pairs whose tensor names another pool's ids (a request-table row write names KV slots,
+which the table cannot range-check): given malformed tensors, not ids outside this pool."""
+
+
+def bad_tensor_of(good: torch.Tensor, edge: str, top: int) -> torch.Tensor:
+    """The bad tensor of kind ``edge`` (``TENSOR_EDGES``) made from valid ids ``good``; ``top`` lies past the pool."""
+    if edge == "float":
+        return good.to(torch.float32)
+    if edge == "2d":
+        return good.reshape(1, -1)
+    if edge == "sparse":
+        return good.to_sparse()
+    if edge == "meta":
+        return good.to("meta")
+    low = int(good.min())
+    return good - low - good.numel() if edge == "below" else good - low + top
+
+
+def _none_or_raise(answer: object) -> None:
+    if answer is not None:
+        raise AssertionError(f"answered {answer!r:.60}")
+
+
+def _shown_tensor(x: torch.Tensor) -> str:
+    if x.is_sparse or x.is_meta:
+        return f"({x.layout}, {x.device})"
+    return f"{x.tolist()!r:.60}"
+
+
+TensorCall = tuple[str, str, bool, bool, Callable[[torch.Tensor], object]]
+
+
+def tensor_calls(pool: AnyPool, chunk: Chunk) -> list[TensorCall]:
+    """Each public method of ``pool`` with a parameter annotated ``torch.Tensor``, per such parameter: (method,
+    parameter, whether it names this pool's ids, whether the method is a query that may answer ``None`` (its answer
+    typed ``... | None``), the call of a tensor there with every other argument valid: ``chunk``'s ids and owner,
+    another owner as ``dst``, zeros for values, ``chunk``'s first id as a row)."""
+    import inspect
+
+    out: list[TensorCall] = []
+    other = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
+    for name, _ in inspect.getmembers(type(pool), inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        fn = getattr(pool, name)  # NOTE: bound: the contract tiers may wrap a method on the class or the pool
+        hints = {k: v for k, v in fn.__annotations__.items() if k != "return"}
+        params = list(inspect.signature(fn).parameters)
+        tensors = [p for p in params if hints.get(p) in ("torch.Tensor", torch.Tensor)]
+        for param in tensors:
+
+            def call(
+                bad: torch.Tensor,
+                fn: Callable[..., object] = fn,
+                target: str = param,
+                params: list[str] = params,
+                hints: dict[str, object] = hints,
+            ) -> object:
+                args: list[object] = []
+                for p in params:
+                    if p == target:
+                        args.append(bad)
+                    elif hints.get(p) in ("torch.Tensor", torch.Tensor):
+                        args.append(torch.zeros_like(chunk.idx) if p in DATA_PARAMS else chunk.idx)
+                    elif p in ("owner", "src"):
+                        args.append(chunk.owner)
+                    elif p == "dst":
+                        args.append(other)
+                    elif p == "op":
+                        args.append("bad_tensor")
+                    elif p == "row":
+                        args.append(int(chunk.idx[0]))
+                    else:
+                        args.append(0)
+                return fn(*args)
+
+            ids = param not in DATA_PARAMS and (name, param) not in OTHER_POOLS_IDS
+            query = str(fn.__annotations__.get("return", "None")).replace(" ", "").endswith("|None")
+            out.append((f"{type(pool).__name__}.{name}", param, ids, query, call))
+    return out
 
 
 KINDS: dict[str, PoolKind] = {
@@ -298,6 +389,23 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             elif how == "use" and isinstance(pool, SWATokenAllocator):
                 call = lambda: pool.free_swa(chunk.idx, thief)  # noqa: E731
             self._expect_rejected(call, NotOwner)
+
+        @rule(chunk=chunks)
+        def bad_tensor(self, chunk: Chunk) -> None:
+            """Every public method of the pool that takes a tensor (found by its signature: ``tensor_calls``, so a
+            method added later is met too), each of its tensor parameters given every kind of bad tensor in turn (a
+            sweep of ``TENSOR_EDGES``), the other arguments valid: each refused with a typed error, nothing
+            changed. A query whose answer is typed ``... | None`` may answer ``None`` (not shown) instead."""
+            top = next(iter(pools_of(self.pool).values())).size * max(1, kind.unit) + 10_000
+            for what, param, ids, query, call in tensor_calls(self.pool, chunk):
+                for edge in TENSOR_EDGES:
+                    if edge in ("below", "above") and not ids:
+                        continue
+                    bad = bad_tensor_of(chunk.idx, edge, top)
+                    made = partial(call, bad)
+                    if query and raised(lambda made=made: _none_or_raise(made())) is None:  # type: ignore[misc]
+                        continue
+                    self._expect_outside(f"{what} with {param} {edge} {_shown_tensor(bad)}", made)
 
         @rule(where=st.sampled_from(["below", "above", "edge"]))
         def out_of_range(self, where: str) -> None:

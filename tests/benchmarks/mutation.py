@@ -118,6 +118,22 @@ EQUIVALENT: dict[str, str] = {
         "speed only: the distinctness pass also runs for one slot or for slots known distinct, where it cannot"
         " fail; same result and tags"
     ),
+    'impl/slots.py:SlotPool.__getstate__:drop-store:state["_handed"] = {}': (
+        "a copy's alloc-result memo is keyed by the original's tensors and its hit needs the very tensor object"
+        " (``mine[0] is indices``): a copied entry holds a copied tensor, so it never hits (speed only)"
+    ),
+    "impl/radix.py:RadixCache.insert:boundary:hit < n": (
+        "a fully cached key also uses up the id it reserved: node ids skip one but stay unique and growing, and"
+        " no law or caller reads them as consecutive"
+    ),
+    "impl/session.py:Sessions.check:len+1:len(slot.tokens)#2": (
+        "message text only: the count in the self-check's error message, after the same comparison raised it"
+    ),
+    "impl/slots.py:SlotPool.release:and-or:type(idx) is np.ndarray or not isinstance(idx, torch.Tensor)": (
+        "``release`` takes a tensor or an int64 ndarray (no checks by design, its callers validate): for either the"
+        " two conditions pick the same branch; only an ndarray subclass or a list would differ, and no caller"
+        " passes one"
+    ),
     'impl/slots.py:SlotPool.__getstate__:drop-store:state["_last"] = None': (
         "a copy keeps a memo that describes the copy exactly: the same tags, and the owner object copied once with"
         " everything that refers to it (a pool copied alone has no caller holding that owner object: no hit)"

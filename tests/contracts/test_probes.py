@@ -314,3 +314,33 @@ def test_a_page_map_without_its_range_check_is_caught(monkeypatch: pytest.Monkey
     monkeypatch.setattr(PagedAllocator, "tokens_of", lambda self, pages: self._rows.index_select(0, pages).view(-1))
     with pytest.raises(AssertionError, match="invalid call accepted"):
         m.out_of_range("below")
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_bad_tensor_passes_on_the_reference_and_meets_every_tensor_parameter(kind: str) -> None:
+    from kvledger.contracts.machines.pool import tensor_calls
+
+    m = machine(kind)
+    c = chunk_of(m, KINDS[kind].unit * 2)
+    calls = tensor_calls(m.pool, c)
+    assert calls and all(isinstance(p, str) for _, p, _, _, _ in calls)
+    m.bad_tensor(c)  # every method, every tensor parameter, every kind of bad tensor: refused, nothing changed
+
+
+@pytest.mark.parametrize("edge", ["below", "above"])
+def test_bad_tensor_fails_on_a_translate_without_its_range_check(monkeypatch: pytest.MonkeyPatch, edge: str) -> None:
+    """A method no other rule calls with ids outside the pool is met through its signature: ``translate`` that
+    reads ``full_to_swa`` at any index wraps a negative id round, or fails untyped past the end."""
+    from kvledger.contracts.machines import pool as P
+    from kvledger.impl.allocators import SWATokenAllocator
+
+    m = machine("swa")
+    c = chunk_of(m)
+    monkeypatch.setattr(P, "TENSOR_EDGES", (edge,))
+
+    def translate(self: SWATokenAllocator, full_indices: torch.Tensor) -> torch.Tensor:
+        return self.full_to_swa[full_indices]  # type: ignore[no-any-return]  # BUG: no range check
+
+    monkeypatch.setattr(SWATokenAllocator, "translate", translate)
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: SWATokenAllocator.translate with full_indices"):
+        m.bad_tensor(c)

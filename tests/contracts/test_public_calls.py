@@ -18,12 +18,13 @@ from kvledger.contracts.machines.pool import KINDS, Chunk, machine_for
 from kvledger.impl.admission import Budget, admit
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.memory import MemoryManager
+from kvledger.impl.owners import encode
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.req_to_token import ReqToTokenPool
 from kvledger.impl.tree import MatchResult, RadixTree
 from kvledger.spec import domains as D
-from kvledger.spec.errors import CacheError, IntegrityError, OverAllocation
-from kvledger.spec.types import Component, request
+from kvledger.spec.errors import CacheError, IntegrityError, KVLedgerError, OverAllocation
+from kvledger.spec.types import Component, Owner, OwnerKind, request
 
 Maker = Callable[[str, C.Draw], C.Scenario]
 CASES = [(kind, make) for kind, makes in sorted(C.SCENARIOS.items()) for make in makes]
@@ -299,12 +300,34 @@ def test_the_leak_audit_plants_a_leak_in_each_pool_and_takes_it_back(mamba: bool
 
 
 def test_a_leak_checker_that_reports_nothing_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvledger.impl.leaks import LeakReport, _check_mm
+    from kvledger.impl import leaks
 
     mm = _running_manager(False)
-    # BUG: the checker checks its argument, then finds nothing
-    monkeypatch.setattr(C, "check_leaks", lambda mm: _check_mm("check_leaks", mm) or LeakReport())
+    real = leaks.check_leaks
+    # BUG: the checker counts every pool, then finds nothing
+    monkeypatch.setattr(C, "check_leaks", lambda mm: leaks.LeakReport(pools=real(mm).pools))
     with pytest.raises(AssertionError, match=r"leak checker agrees with the ledgers: kv slots \[\d+\] planted for"):
+        C.leak_audit(mm, _choosing("kv"))
+
+
+def test_a_leak_report_whose_counts_are_not_the_ledgers_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from kvledger.impl import leaks
+
+    mm = _running_manager(False)
+    real = leaks.check_leaks
+
+    def swapped(mm: MemoryManager) -> leaks.LeakReport:
+        # BUG: slots of running requests counted as waiting ones, and the other way round
+        report = real(mm)
+        report.pools = {n: replace(c, running=c.waiting, waiting=c.running) for n, c in report.pools.items()}
+        return report
+
+    assert any(c.running for c in real(mm).pools.values()), "the manager has a running request holding slots"
+    C.leak_audit(mm, _choosing("kv"))  # NOTE: the real checker's counts pass
+    monkeypatch.setattr(C, "check_leaks", swapped)
+    with pytest.raises(AssertionError, match=r"leak checker agrees with the ledgers: pool \w+'s counts in the report"):
         C.leak_audit(mm, _choosing("kv"))
 
 
@@ -656,3 +679,45 @@ def test_a_pool_that_remembers_a_hand_out_after_the_slots_changed_hands_fails_th
     want = r"self-checks agree with the state: req:98.s slots .*, cached whole, then freed"
     with pytest.raises(AssertionError, match=want):
         C.cache_audit(_cached())
+
+
+def test_an_insert_that_caches_slots_whose_window_moved_past_them_fails_the_audit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fresh owner's slots whose SWA slots it freed (the window moved past them) cannot be cached as new
+    positions: the cache audit hands them over that way on a copy and wants the insert refused."""
+    from kvledger.impl.kvview import KVView
+
+    c = _cached("swa")
+    assert C.cache_audit(c).startswith("cache audit: ")
+    monkeypatch.setattr(KVView, "check_swa_live", lambda self, op, idx: None)  # BUG: the SWA-live check dropped
+    want = r"self-checks agree with the state: req:98.s slots .*, SWA slots freed, then cached by it: None"
+    with pytest.raises(AssertionError, match=want):
+        C.cache_audit(c)
+
+
+def test_a_decode_that_reads_a_tag_no_encode_writes_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Owner tags are probed as a reading call: a tag outside int64, or one naming a component where its kind has
+    none, must be refused, typed."""
+    from kvledger.impl import owners
+
+    real = owners.decode
+
+    def lenient(tag: int) -> object:
+        # BUG: a tag past int64 read as a free slot, as an unchecked cast would
+        return None if isinstance(tag, int) and not isinstance(tag, bool) and abs(tag) >= 2**63 else real(tag)
+
+    monkeypatch.setattr(C, "decode", lenient)
+    msg = fails("token", C.cache_scenario, "inv_domain_enforced", examples=200)
+    assert "decode(" in msg and "was accepted" in msg, msg
+
+
+def test_decode_refuses_every_tag_no_encode_writes() -> None:
+    from kvledger.impl.owners import decode
+
+    for tag in C.TAG_EDGES:
+        assert not C._is_tag(tag)
+        with pytest.raises(KVLedgerError):
+            decode(tag)  # type: ignore[arg-type]
+    for o in (request(3), Owner(OwnerKind.NODE, 5, Component.SWA)):
+        assert C._is_tag(encode(o)) and decode(encode(o)) == o
