@@ -17,7 +17,7 @@ rules that need it are reported as *skipped*, never silently passed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
@@ -31,6 +31,7 @@ from kvledger.spec.types import Component, NodeId
 CAPABILITIES = frozenset(
     {"lru", "tree", "locks", "ledgers", "content", "sizes", "mamba_cow", "rejects_double_unlock", "stateless_insert"}
     | {"rejects_foreign_insert", "rejects_bad_arguments", "lru_policy"}
+    | {f"lru_policy:{c.value}" for c in Component}
 )
 """Everything a snapshot or an adapter may provide; an adapter lists what it has.
 
@@ -42,7 +43,10 @@ orders its nodes by last use (``inv_lru_recency``, with ``lru`` and
 ``ledgers``), an eviction takes nothing used after an evictable page it keeps
 (``evicts_lru_first``), frees what it was asked or all it can
 (``evicts_enough``) and stops once it has (``evicts_no_more``, with
-``ledgers``). ``tree``: the snapshot
+``ledgers``). ``lru_policy:full`` (``:swa``, ``:mamba``): the same for that
+component's list and evictions only (SGLang 0.5.23's Mamba list refreshes only
+the state a match consumes, its SWA list only nodes holding window KV, while
+its FULL evictions follow the policy). ``tree``: the snapshot
 reports the tree's pointers (``Snapshot.tree``). ``rejects_double_unlock``:
 a second ``unlock`` of one handle is refused and changes nothing.
 ``stateless_insert``: ``insert`` accepts ``mamba=None`` (a cache without a
@@ -292,7 +296,8 @@ def set_aside(adapter: A, capabilities: frozenset[str]) -> A:
 
     For a finding already filed: ``kvledger check --set-aside inv_lru_detached`` goes on looking past it.
     """
-    adapter.capabilities = frozenset(adapter.capabilities) - capabilities
+    kept = [c for c in adapter.capabilities if c not in capabilities and c.partition(":")[0] not in capabilities]
+    adapter.capabilities = frozenset(kept)  # NOTE: setting ``lru_policy`` aside sets aside ``lru_policy:full`` too
     return adapter
 
 
@@ -303,7 +308,20 @@ def capabilities_named(name: str, needing: Mapping[str, tuple[str, ...]]) -> fro
     return frozenset(cap for cap, laws in needing.items() if name in laws or f"{name} (rule)" in laws)
 
 
+def has_capability(capabilities: frozenset[str], cap: str) -> bool:
+    """Whether ``capabilities`` hold ``cap`` for some part at least (``lru_policy:full`` holds ``lru_policy``)."""
+    return cap in capabilities or any(c.startswith(cap + ":") for c in capabilities)
+
+
+def policy_components(capabilities: frozenset[str], components: Iterable[Component]) -> frozenset[Component]:
+    """Those of a cache's ``components`` whose lists and evictions follow the LRU policy: all of them with
+    ``lru_policy``, else those named ``lru_policy:<component>``."""
+    every = "lru_policy" in capabilities
+    return frozenset(c for c in components if every or f"lru_policy:{c.value}" in capabilities)
+
+
 def skipped_rules(capabilities: frozenset[str]) -> list[str]:
-    """The rules an adapter with ``capabilities`` cannot be checked for (each once)."""
-    missing = [r for cap, rules in RULES_NEEDING.items() if cap not in capabilities for r in rules]
+    """The rules an adapter with ``capabilities`` cannot be checked for (each once; a capability held for one
+    component only counts as held: its laws run for that component)."""
+    missing = [r for cap, rules in RULES_NEEDING.items() if not has_capability(capabilities, cap) for r in rules]
     return list(dict.fromkeys(missing))

@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context, target
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
-from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig, Match, Snapshot
+from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig, Match, Snapshot, policy_components
 from kvledger.contracts.machines.probes import count_or_junk
 from kvledger.spec import domains as D
 from kvledger.spec import ledger as L
@@ -128,7 +128,8 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             self.pressure = 0.0  # the most of any pool held at once (0..1)
             self.depth = 0  # the longest cached key (the radix tree's depth, in tokens)
             self.most_locked = 0  # the most live lock handles at once
-            self.policy = "lru_policy" in self.caps
+            on = (FULL, *([SWA] if cfg.window is not None else []), *([MAMBA] if cfg.mamba else []))
+            self.policy = policy_components(self.caps, on)  # the components whose lists and evictions follow it
             self.clock = 0  # ticks of the calls that use the cache (``_use``)
             self.stamps: dict[tuple[int, ...], U.Stamp] = {}  # each cached page's last use, as far as known
 
@@ -196,9 +197,16 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
         def _judge_eviction(self, comp: Component, asked: int | None, snap: Snapshot) -> None:
             """``evicts_enough`` and ``evicts_no_more`` (when ``asked``) and ``evicts_lru_first`` for what ``comp``'s
             eviction took between the snapshot ``snap`` and the model now; then forget the stamps of pages no
-            longer cached."""
+            longer cached (``comp``: judged only if it follows the policy)."""
             if not self.policy:
                 return
+            if comp in self.policy:
+                self._judge(comp, asked, snap)
+            stamps, now = self.stamps, self.prefix
+            for k in [k for k in stamps if k not in now.full]:
+                del stamps[k]
+
+        def _judge(self, comp: Component, asked: int | None, snap: Snapshot) -> None:
             before, now, ps = snap.prefix, self.prefix, self.cfg.page_size
             held, left = set(P.cached_in(before, comp)), set(P.cached_in(now, comp))
             took = held - left
@@ -229,8 +237,6 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                     f"evict({comp.value}) took {newest} (used at tick {stamps[newest][0]}) and kept {oldest} "
                     f"(unlocked, evictable, used last by tick {stamps[oldest][1]})",
                 )
-            for k in [k for k in stamps if k not in now.full]:
-                del stamps[k]
 
         def _last_units(self, comp: Component, took: Set[tuple[int, ...]], snap: Snapshot) -> dict[int, int]:
             """What ``comp``'s eviction of the pages ``took`` may have taken last, each with its size: a Mamba state
@@ -656,6 +662,8 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             nodes = self._node_pages(snap, known).items()
             stamps = {n: st for n, ks in nodes if (st := U.joint_stamp([self.stamps[k] for k in ks])) is not None}
             for comp, lst in snap.lru.items():
+                if comp not in self.policy:
+                    continue
                 bad = U.recency_inversion(lst.order, stamps)
                 if bad is not None:
                     a, b = bad

@@ -1022,6 +1022,12 @@ def _audit_list(name: str, lst: LRUList[Linked], draw: Draw, fresh: Iterator[int
         raise AssertionError(f"results equal the spec's: {name} list {got}: lru_first or more_recent misread it")
     if [x.id for x in lst.iter_lru()] != got[::-1]:
         raise AssertionError(f"results equal the spec's: {name} list {got}: iter_lru does not walk it from the tail")
+    for x in chain:  # NOTE: then emptied: an empty list reads as empty (no sentinel handed out as a member)
+        lst.remove(x)
+    empty = (lst.order(), len(lst), lst.lru_first(), list(lst.iter_lru()))
+    if empty != ([], 0, None, []):
+        what = "(order, len, lru_first, iter_lru)"
+        raise AssertionError(f"results equal the spec's: {name} list emptied reads {what} {empty}")
     return True
 
 

@@ -134,6 +134,17 @@ EQUIVALENT: dict[str, str] = {
         " two conditions pick the same branch; only an ndarray subclass or a list would differ, and no caller"
         " passes one"
     ),
+    "impl/slots.py:_grow_runs:len+1:len(_RUNS[0])": (
+        "both sides are multiples of 8 (int64 bytes), so ``8 * size > len + 1`` holds exactly when ``8 * size > len``"
+    ),
+    "impl/slots.py:SlotPool.alloc:aug-sign:self._top -= n": (
+        "the device pools' path (no host mirror: a CUDA pool); every pool of a CPU run takes the host path above,"
+        " so no check on a CPU machine can reach it"
+    ),
+    "impl/slots.py:RecentAllocs.add:len+1:len(raw)": (
+        "a speed memo: a result of exactly HANDED_MAX ids is filed with the long ones, where ``find`` does not"
+        " look for it; the miss takes the slow path, which proves the same"
+    ),
     'impl/slots.py:SlotPool.__getstate__:drop-store:state["_last"] = None': (
         "a copy keeps a memo that describes the copy exactly: the same tags, and the owner object copied once with"
         " everything that refers to it (a pool copied alone has no caller holding that owner object: no hit)"

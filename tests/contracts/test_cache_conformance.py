@@ -210,6 +210,32 @@ def test_an_eviction_that_takes_one_node_more_than_asked_is_caught(
     assert result.violation is not None and result.violation.rule == "evicts_no_more", result.violation
 
 
+@pytest.mark.parametrize("declared", ["lru_policy:full", "lru_policy:mamba"])
+def test_the_policy_laws_judge_only_the_components_declared(monkeypatch: pytest.MonkeyPatch, declared: str) -> None:
+    """A cache declaring the LRU policy for one component (SGLang 0.5.23's FULL evictions follow it, its Mamba list
+    does not) is judged on that component's evictions only: a Mamba eviction one state too long breaks
+    ``evicts_no_more`` when Mamba is declared, and passes the policy laws when only FULL is."""
+    from kvledger.contracts.adapters.protocol import policy_components
+    from kvledger.contracts.adapters.reference import ReferenceAdapter
+    from kvledger.spec.types import Component
+
+    caps = (ReferenceAdapter.capabilities - {"lru_policy"}) | {declared}
+    assert policy_components(caps, tuple(Component)) == {Component(declared.partition(":")[2])}
+    monkeypatch.setattr(ReferenceAdapter, "capabilities", caps)
+
+    def make(orig: Callable[..., int]) -> Callable[..., int]:
+        def evict(self: RadixCache, *args: Any) -> int:
+            freed = orig(self, *args)
+            return freed + orig(self, *args[:-1], 1) if freed >= args[-1] else freed  # BUG: one more than asked
+
+        return evict
+
+    broken(monkeypatch, RadixCache, "_evict_component", make)
+    result = run("mamba")
+    judged = result.violation is not None and result.violation.rule == "evicts_no_more"
+    assert judged == (declared == "lru_policy:mamba"), result.violation
+
+
 def test_an_eviction_that_stops_short_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Caught by the machine's law with the contracts off (the reference cache's ``evict`` contract sees it too)."""
     from kvledger.contracts import bindings

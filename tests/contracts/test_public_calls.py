@@ -542,6 +542,18 @@ def test_the_lru_audit_holds_on_a_healthy_cache_and_changes_nothing() -> None:
     assert C._cache_fingerprint(c) == before and C.cache_audit(c).startswith("cache audit: ")
 
 
+def test_an_empty_list_that_hands_out_its_sentinel_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvledger.impl.lru import LRUList
+
+    def lru_first(self: LRUList[Any]) -> Any:
+        x = self.tail.prev[self.slot]
+        return None if x is self.head and x is None else x  # BUG: an empty list answers its head sentinel
+
+    monkeypatch.setattr(LRUList, "lru_first", lru_first)
+    with pytest.raises(AssertionError, match=r"results equal the spec's: full list emptied reads"):
+        C.lru_audit(_locked(), _first_choice)
+
+
 def test_a_place_that_drops_a_repeated_node_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
     from kvledger.impl.lru import LRUList
 
