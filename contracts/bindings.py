@@ -304,8 +304,15 @@ def transfer_to_destination(self: SlotPool, old: Touched, code: int) -> bool:
 # snapshot object beyond the few values the laws need); a free checks the release it makes as part of itself
 # (its wrapper marks the pool, and the release's own wrapper then only runs it).
 
-_inside = threading.local()
-"""``_inside.pool``: the pool whose ``free`` is being checked now (its inner ``release`` is part of that check)."""
+class _Inside(threading.local):
+    """Per thread, ``pool``: the pool whose ``free`` is being checked now (its inner ``release`` is part of that
+    check), else ``None``. NOTE: the class attribute is the default each thread reads first (no ``getattr``)."""
+
+    pool: SlotPool | None = None
+
+
+_inside = _Inside()
+_INT64 = torch.int64
 
 ALLOC_TOP = "alloc hands out exactly the top n free slots"
 ALLOC_COUNT = "free count drops by exactly n"
@@ -335,9 +342,11 @@ def _result_ids(self: SlotPool, result: Any) -> Any:
 def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Tier ``on`` for ``SlotPool.alloc`` / ``alloc_ids``: the top of the free stack before, the result after.
 
-    NOTE: on a CPU pool the laws are inlined (no helper frames): before the call one gather of the top ``n`` slots'
-    tags and one copy of their ids; after it the result's ids and one gather of their tags, each compared as bytes.
-    The helpers (``snap_alloc``, ``alloc_takes_free_top``, ...) state the same laws and take every other case.
+    NOTE: on a CPU pool the laws are inlined (no helper frames): one slot (a decode step, a Mamba state) is read and
+    compared as scalars, the result's one id through ``tolist`` (a torch call, where ``numpy()`` costs four); more
+    slots take one gather of the top ``n`` slots' tags and one copy of their ids before the call, and after it the
+    result's ids and one gather of their tags, each compared as bytes. The helpers (``snap_alloc``,
+    ``alloc_takes_free_top``, ...) state the same laws and take every other case.
     """
     names = [p for p in inspect.signature(fn).parameters][1:]
 
@@ -346,55 +355,62 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         return _violation(description, law, names, (n, owner, *args), kwargs, result)
 
+    views = _VIEWS
+
     @functools.wraps(fn)
     def wrapper(self: SlotPool, n: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
         tags = self._tags
         top = self._top
-        if tags is not None and type(n) is int and n == 1 and top:
-            # NOTE: one slot (a decode step, a Mamba state): read and compared as scalars, as the laws below read it
-            slot = self._free_np.item(top - 1)  # type: ignore[union-attr]
-            free_before = tags.item(slot) == FREE_TAG
-            result = fn(self, n, owner, *args, **kwargs)
-            if type(result) is torch.Tensor and result.dtype == torch.int64 and result.is_cpu:
-                got = result.numpy()
-                _remember(result, got)
-            else:
-                got = _result_ids(self, result)
-            if not (free_before and got is not None and got.shape == (1,) and got.item(0) == slot):
-                raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
-            if self._top != top - 1:
-                raise fail(ALLOC_COUNT, alloc_count, n, owner, args, kwargs, result)
-            seen = self._seen
-            if tags.item(slot) != (seen[1] if owner is seen[0] else self.code_of(owner, "alloc")):
-                raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
-            return result
-        if tags is not None and type(n) is int and 0 < n <= top:
-            span = self._free_np[top - n : top]  # type: ignore[index]
-            free_before = tags[span].tobytes() == _tag_bytes(FREE_TAG, n)
-            popped = span.tobytes()  # NOTE: a copy: an alloc that rewrites its stack top is read as it was
-            result = fn(self, n, owner, *args, **kwargs)
-            if type(result) is torch.Tensor and result.dtype == torch.int64 and result.is_cpu:
-                got = result.numpy()
-                _remember(result, got)
-            elif type(result) is np.ndarray and result.dtype == I64:
-                got = result
-            else:
-                got = _result_ids(self, result)
-                _remember(result, got)
-            if not (
-                free_before
-                and got is not None
-                and len(got) == n
-                and (got[::-1].tobytes() == popped or _same_ids(got, np.frombuffer(popped, I64)))
-            ):
-                raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
-            if self._top != top - n:
-                raise fail(ALLOC_COUNT, alloc_count, n, owner, args, kwargs, result)
-            seen = self._seen
-            code = seen[1] if owner is seen[0] else self.code_of(owner, "alloc")
-            if tags[got].tobytes() != _tag_bytes(code, n):
-                raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
-            return result
+        if type(n) is int and tags is not None:
+            if n == 1 and top:
+                slot = self._free_np.item(top - 1)  # type: ignore[union-attr]
+                was = tags.item(slot)
+                result = fn(self, 1, owner, *args, **kwargs) if args or kwargs else fn(self, 1, owner)
+                try:
+                    got = result.tolist()  # NOTE: [slot] for a 1-D tensor or array of one integer id
+                except Exception:
+                    got = None
+                if was != FREE_TAG or got != [slot] or type(got[0]) is not int:
+                    raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
+                if self._top != top - 1:
+                    raise fail(ALLOC_COUNT, alloc_count, n, owner, args, kwargs, result)
+                seen = self._seen
+                if tags.item(slot) != (seen[1] if owner is seen[0] else self.code_of(owner, "alloc")):
+                    raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
+                return result
+            if 1 < n <= top:
+                span = self._free_np[top - n : top]  # type: ignore[index]
+                before = tags[span].tobytes()
+                popped = span.tobytes()  # NOTE: a copy: an alloc that rewrites its stack top is read as it was
+                result = fn(self, n, owner, *args, **kwargs) if args or kwargs else fn(self, n, owner)
+                if type(result) is torch.Tensor and result.dtype is _INT64:
+                    try:
+                        got = result.numpy()  # NOTE: a view; raises off the CPU
+                    except (TypeError, RuntimeError):
+                        got = _result_ids(self, result)
+                    else:
+                        views[id(result)] = (result, result._version, got)  # NOTE: ``_remember`` inline
+                        if len(views) > VIEWS_KEPT:
+                            del views[next(iter(views))]
+                elif type(result) is np.ndarray and result.dtype == I64:
+                    got = result
+                else:
+                    got = _result_ids(self, result)
+                    _remember(result, got)
+                if not (
+                    before == _tag_bytes(FREE_TAG, n)
+                    and got is not None
+                    and len(got) == n
+                    and (got[::-1].tobytes() == popped or _same_ids(got, np.frombuffer(popped, I64)))
+                ):
+                    raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
+                if self._top != top - n:
+                    raise fail(ALLOC_COUNT, alloc_count, n, owner, args, kwargs, result)
+                seen = self._seen
+                code = seen[1] if owner is seen[0] else self.code_of(owner, "alloc")
+                if tags[got].tobytes() != _tag_bytes(code, n):
+                    raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
+                return result
         old = snap_alloc(self, n)
         result = fn(self, n, owner, *args, **kwargs)
         got = _result_ids(self, result)
@@ -417,7 +433,7 @@ def on_release(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(self: SlotPool, idx: Any) -> None:
-        if getattr(_inside, "pool", None) is self:
+        if _inside.pool is self:
             fn(self, idx)
             return
         old = snap_touched(self, idx)
@@ -435,48 +451,78 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Tier ``on`` for ``SlotPool.free``: the named slots' tags before; after, the release's laws on them.
 
     NOTE: on a CPU pool the laws after the call are inlined (no helper frames): one gather of the slots' tags and one
-    read of the pushed span, each compared as bytes with what the snapshot read.
+    read of the pushed span, each compared as bytes with what was read before; one slot (named by any integer
+    tensor of one id) is read and compared as scalars. The pool is marked as inside its checked free around the
+    call (``_inside``), so the release it makes runs unchecked: it is part of this check.
     """
     names = [p for p in inspect.signature(fn).parameters][1:]
 
     def violation(description: str, law: Callable[..., bool], indices: Any, owner: Any) -> Exception:
         return _violation(description, law, names, (indices, owner), {}, None)
 
+    views = _VIEWS
+    inside = _inside
+
     @functools.wraps(fn)
     def wrapper(self: SlotPool, indices: Any, owner: Any) -> None:
         tags = self._tags
-        mem = _VIEWS.get(id(indices))
-        if tags is not None and mem is not None and mem[0] is indices and mem[1] == indices._version:
-            # NOTE: an alloc result this tier checked, unchanged in torch's count since: its host view, read in place
-            # of ``snap_touched`` (the same reads: the slots' tags before, the pushed span after; one slot as scalars)
-            ids = mem[2]
-            k, top = len(ids), self._top
-            if k == 1 and ids.shape == (1,):
-                slot = ids.item(0)
-                if 0 <= slot < len(tags):
+        if tags is not None and type(indices) is torch.Tensor:
+            mem = views.get(id(indices))
+            if mem is not None and mem[0] is indices and mem[1] == indices._version:
+                # NOTE: an alloc result this tier checked, unchanged in torch's count since: its host view, read in
+                # place of ``snap_touched`` (the same reads: the slots' signs and tags before, the pushed span after)
+                ids = mem[2]
+                k, top = len(ids), self._top
+                raw = ids.tobytes()
+                if k > 1 and raw[_SIGN].isascii():
+                    try:
+                        before = tags[ids].tobytes()
+                    except IndexError:  # NOTE: rewritten through numpy past the pool: the checked path names it
+                        before = None
+                    if before is not None:
+                        inside.pool = self
+                        try:
+                            fn(self, indices, owner)
+                        finally:
+                            inside.pool = None
+                        views.pop(id(indices), None)  # NOTE: freed: a second free of it takes the checked path below
+                        seen = self._seen
+                        if before != _tag_bytes(seen[1] if owner is seen[0] else self.code_of(owner, "free"), k):
+                            raise violation(FREE_OWNER, free_by_owner, indices, owner)
+                        if (
+                            self._top == top + k
+                            and tags[ids].tobytes() == _tag_bytes(FREE_TAG, k)
+                            and self._free_np[top : top + k].tobytes() == raw  # type: ignore[index]
+                        ):
+                            return
+                        raise violation(RELEASE_FREES, release_frees, indices, owner)
+            elif indices.numel() == 1:
+                # NOTE: one slot, whatever its integer dtype: read as a Python int (negative or past the pool: the
+                # checked path below)
+                try:
+                    one = indices.tolist()
+                except Exception:
+                    one = None
+                if type(one) is list and len(one) == 1 and type(slot := one[0]) is int and 0 <= slot < len(tags):
+                    top = self._top
                     held = tags.item(slot)
-                    _checked_free(self, fn, indices, owner)
-                    if held != self.code_of(owner, "free"):
+                    inside.pool = self
+                    try:
+                        fn(self, indices, owner)
+                    finally:
+                        inside.pool = None
+                    seen = self._seen
+                    if held != (seen[1] if owner is seen[0] else self.code_of(owner, "free")):
                         raise violation(FREE_OWNER, free_by_owner, indices, owner)
                     if self._top == top + 1 and tags.item(slot) == FREE_TAG and self._free_np.item(top) == slot:  # type: ignore[union-attr]
                         return
                     raise violation(RELEASE_FREES, release_frees, indices, owner)
-            elif k > 1:
-                raw = ids.tobytes()
-                if raw[_SIGN].isascii():
-                    before = tags[ids].tobytes()
-                    _checked_free(self, fn, indices, owner)
-                    if before != _tag_bytes(self.code_of(owner, "free"), k):
-                        raise violation(FREE_OWNER, free_by_owner, indices, owner)
-                    if (
-                        self._top == top + k
-                        and tags[ids].tobytes() == _tag_bytes(FREE_TAG, k)
-                        and self._free_np[top : top + k].tobytes() == raw  # type: ignore[index]
-                    ):
-                        return
-                    raise violation(RELEASE_FREES, release_frees, indices, owner)
         old = snap_touched(self, indices)
-        _checked_free(self, fn, indices, owner)
+        inside.pool = self
+        try:
+            fn(self, indices, owner)
+        finally:
+            inside.pool = None
         seen = self._seen
         code = seen[1] if owner is seen[0] else self.code_of(owner, "free")
         tags = self._tags
@@ -505,17 +551,6 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
         raise _violation(RELEASE_FREES, release_frees, names, (indices, owner), {}, None)
 
     return _laws(wrapper, fn, FREE_OWNER, RELEASE_FREES)
-
-
-def _checked_free(self: SlotPool, fn: Callable[..., Any], indices: Any, owner: Any) -> None:
-    """``fn(self, indices, owner)`` (a pool's ``free``) with this pool marked as inside its checked free: the release
-    it makes is part of that check."""
-    outer = getattr(_inside, "pool", None)
-    _inside.pool = self
-    try:
-        fn(self, indices, owner)
-    finally:
-        _inside.pool = outer
 
 
 def on_transfer(fn: Callable[..., Any]) -> Callable[..., Any]:
