@@ -304,6 +304,7 @@ def transfer_to_destination(self: SlotPool, old: Touched, code: int) -> bool:
 # snapshot object beyond the few values the laws need); a free checks the release it makes as part of itself
 # (its wrapper marks the pool, and the release's own wrapper then only runs it).
 
+
 class _Inside(threading.local):
     """Per thread, ``pool``: the pool whose ``free`` is being checked now (its inner ``release`` is part of that
     check), else ``None``. NOTE: the class attribute is the default each thread reads first (no ``getattr``)."""
@@ -312,7 +313,6 @@ class _Inside(threading.local):
 
 
 _inside = _Inside()
-_INT64 = torch.int64
 
 ALLOC_TOP = "alloc hands out exactly the top n free slots"
 ALLOC_COUNT = "free count drops by exactly n"
@@ -544,14 +544,14 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
                     one = None
                 if type(one) is list and len(one) == 1 and type(slot := one[0]) is int and 0 <= slot < len(tags):
                     top = self._top
-                    held = tags.item(slot)
+                    tag = tags.item(slot)
                     inside.pool = self
                     try:
                         fn(self, indices, owner)
                     finally:
                         inside.pool = None
                     seen = self._seen
-                    if held != (seen[1] if owner is seen[0] else self.code_of(owner, "free")):
+                    if tag != (seen[1] if owner is seen[0] else self.code_of(owner, "free")):
                         raise violation(FREE_OWNER, free_by_owner, indices, owner)
                     if self._top == top + 1 and tags.item(slot) == FREE_TAG and self._free_np.item(top) == slot:  # type: ignore[union-attr]
                         return
