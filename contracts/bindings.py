@@ -40,7 +40,7 @@ from kvledger.contracts.tiers import Level as Level
 from kvledger.contracts.tiers import level_from_env as level_from_env
 from kvledger.impl.allocators import SWATokenAllocator
 from kvledger.impl.owners import FREE_TAG, RESERVED_TAG
-from kvledger.impl.slots import I64, SlotPool, _tag_bytes
+from kvledger.impl.slots import HANDED_MAX, I64, SlotPool, _tag_bytes
 from kvledger.spec import ledger as spec
 from kvledger.spec.errors import LedgerError
 from kvledger.spec.types import Owner
@@ -345,7 +345,10 @@ with it (a dict keyed by the code alone costs less than ``_tag_bytes``'s keyed b
 
 
 def _uniform_bytes(code: int, n: int) -> bytes:
-    """``_tag_bytes(code, n)``, remembered per ``code`` (the hot checks look it up inline first)."""
+    """``_tag_bytes(code, n)``, remembered per ``code`` for ``n <= HANDED_MAX`` (the hot checks look it up inline
+    first; at most 256 codes of 64 KiB)."""
+    if n > HANDED_MAX:
+        return _tag_bytes(code, n)
     got = _RUN_OF.get(code)
     if got is None or len(got) != 8 * n:
         if len(_RUN_OF) >= 256:

@@ -438,3 +438,17 @@ def test_one_slot_alloc_of_another_dtype_is_read_as_slot_ids(on: None, restore: 
     _broken("alloc", off_by_one)
     with pytest.raises(icontract.ViolationError, match="alloc hands out exactly the top n free slots"):
         TokenAllocator(8).pool.alloc(1, R1)
+
+
+def test_tag_bytes_of_long_calls_are_not_kept(on: None) -> None:
+    """Tier on keeps the tag bytes it compares with per owner only for calls of up to ``HANDED_MAX`` slots: a long
+    alloc's are made for it and dropped (at most 256 owners' worth of 64 KiB are kept)."""
+    from kvledger.impl.slots import HANDED_MAX
+
+    a = TokenAllocator(2 * HANDED_MAX + 8)
+    x = a.alloc(HANDED_MAX + 1, R1)
+    assert all(len(b) <= 8 * HANDED_MAX for b in bindings._RUN_OF.values())
+    a.free(x, R1)
+    y = a.alloc(HANDED_MAX, R1)
+    assert len(bindings._RUN_OF[a.pool.code_of(R1, "alloc")]) == 8 * HANDED_MAX
+    a.free(y, R1)
