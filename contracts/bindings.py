@@ -40,7 +40,7 @@ from kvledger.contracts.tiers import Level as Level
 from kvledger.contracts.tiers import level_from_env as level_from_env
 from kvledger.impl.allocators import SWATokenAllocator
 from kvledger.impl.owners import FREE_TAG, RESERVED_TAG
-from kvledger.impl.slots import I64, SlotPool, _tag_bytes
+from kvledger.impl.slots import HANDED_MAX, I64, SlotPool, _tag_bytes
 from kvledger.spec import ledger as spec
 from kvledger.spec.errors import LedgerError
 from kvledger.spec.types import Owner
@@ -304,8 +304,15 @@ def transfer_to_destination(self: SlotPool, old: Touched, code: int) -> bool:
 # snapshot object beyond the few values the laws need); a free checks the release it makes as part of itself
 # (its wrapper marks the pool, and the release's own wrapper then only runs it).
 
-_inside = threading.local()
-"""``_inside.pool``: the pool whose ``free`` is being checked now (its inner ``release`` is part of that check)."""
+
+class _Inside(threading.local):
+    """Per thread, ``pool``: the pool whose ``free`` is being checked now (its inner ``release`` is part of that
+    check), else ``None``. NOTE: the class attribute is the default each thread reads first (no ``getattr``)."""
+
+    pool: SlotPool | None = None
+
+
+_inside = _Inside()
 
 ALLOC_TOP = "alloc hands out exactly the top n free slots"
 ALLOC_COUNT = "free count drops by exactly n"
@@ -332,12 +339,39 @@ def _result_ids(self: SlotPool, result: Any) -> Any:
         return None
 
 
+_RUN_OF: dict[int, bytes] = {}
+"""The last ``_tag_bytes(code, n)`` asked of ``_uniform_bytes`` per ``code``: a check compares a call's gathered tags
+with it (a dict keyed by the code alone costs less than ``_tag_bytes``'s keyed by ``(code, n)``)."""
+
+
+def _uniform_bytes(code: int, n: int) -> bytes:
+    """``_tag_bytes(code, n)``, remembered per ``code`` for ``n <= HANDED_MAX`` (the hot checks look it up inline
+    first; at most 256 codes of 64 KiB)."""
+    if n > HANDED_MAX:
+        return _tag_bytes(code, n)
+    got = _RUN_OF.get(code)
+    if got is None or len(got) != 8 * n:
+        if len(_RUN_OF) >= 256:
+            _RUN_OF.clear()
+        got = _RUN_OF[code] = _tag_bytes(code, n)
+    return got
+
+
+def _one_id(self: SlotPool, result: Any, slot: int) -> bool:
+    """``result`` names exactly ``slot``, read as ``_host`` reads slot ids (an alloc's result that ``tolist`` did not
+    show as ``[slot]``: another dtype, say)."""
+    got = _result_ids(self, result)
+    return got is not None and got.shape == (1,) and got.item(0) == slot
+
+
 def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Tier ``on`` for ``SlotPool.alloc`` / ``alloc_ids``: the top of the free stack before, the result after.
 
-    NOTE: on a CPU pool the laws are inlined (no helper frames): before the call one gather of the top ``n`` slots'
-    tags and one copy of their ids; after it the result's ids and one gather of their tags, each compared as bytes.
-    The helpers (``snap_alloc``, ``alloc_takes_free_top``, ...) state the same laws and take every other case.
+    NOTE: on a CPU pool the laws are inlined (no helper frames): one slot (a decode step, a Mamba state) is read and
+    compared as scalars, the result's one id through ``tolist`` (a torch call, where ``numpy()`` costs four); more
+    slots take one gather of the top ``n`` slots' tags and one copy of their ids before the call, and after it the
+    result's ids and one gather of their tags, each compared as bytes. The helpers (``snap_alloc``,
+    ``alloc_takes_free_top``, ...) state the same laws and take every other case.
     """
     names = [p for p in inspect.signature(fn).parameters][1:]
 
@@ -346,55 +380,74 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         return _violation(description, law, names, (n, owner, *args), kwargs, result)
 
+    views, kept, runs = _VIEWS, VIEWS_KEPT, _RUN_OF
+
     @functools.wraps(fn)
     def wrapper(self: SlotPool, n: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
         tags = self._tags
         top = self._top
-        if tags is not None and type(n) is int and n == 1 and top:
-            # NOTE: one slot (a decode step, a Mamba state): read and compared as scalars, as the laws below read it
-            slot = self._free_np.item(top - 1)  # type: ignore[union-attr]
-            free_before = tags.item(slot) == FREE_TAG
-            result = fn(self, n, owner, *args, **kwargs)
-            if type(result) is torch.Tensor and result.dtype == torch.int64 and result.is_cpu:
-                got = result.numpy()
-                _remember(result, got)
-            else:
-                got = _result_ids(self, result)
-            if not (free_before and got is not None and got.shape == (1,) and got.item(0) == slot):
-                raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
-            if self._top != top - 1:
-                raise fail(ALLOC_COUNT, alloc_count, n, owner, args, kwargs, result)
-            seen = self._seen
-            if tags.item(slot) != (seen[1] if owner is seen[0] else self.code_of(owner, "alloc")):
-                raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
-            return result
-        if tags is not None and type(n) is int and 0 < n <= top:
-            span = self._free_np[top - n : top]  # type: ignore[index]
-            free_before = tags[span].tobytes() == _tag_bytes(FREE_TAG, n)
-            popped = span.tobytes()  # NOTE: a copy: an alloc that rewrites its stack top is read as it was
-            result = fn(self, n, owner, *args, **kwargs)
-            if type(result) is torch.Tensor and result.dtype == torch.int64 and result.is_cpu:
-                got = result.numpy()
-                _remember(result, got)
-            elif type(result) is np.ndarray and result.dtype == I64:
-                got = result
-            else:
-                got = _result_ids(self, result)
-                _remember(result, got)
-            if not (
-                free_before
-                and got is not None
-                and len(got) == n
-                and (got[::-1].tobytes() == popped or _same_ids(got, np.frombuffer(popped, I64)))
-            ):
-                raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
-            if self._top != top - n:
-                raise fail(ALLOC_COUNT, alloc_count, n, owner, args, kwargs, result)
-            seen = self._seen
-            code = seen[1] if owner is seen[0] else self.code_of(owner, "alloc")
-            if tags[got].tobytes() != _tag_bytes(code, n):
-                raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
-            return result
+        if type(n) is int and tags is not None:
+            if n == 1 and top:
+                slot = self._free_np.item(top - 1)  # type: ignore[union-attr]
+                was = tags.item(slot)
+                result = fn(self, 1, owner, *args, **kwargs) if args or kwargs else fn(self, 1, owner)
+                try:
+                    got = result.tolist()  # NOTE: [slot] for a 1-D tensor or array of one integer id
+                except Exception:
+                    got = None
+                if (got != [slot] or type(got[0]) is not int) and not _one_id(self, result, slot):
+                    raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
+                if was != FREE_TAG:
+                    raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
+                if self._top != top - 1:
+                    raise fail(ALLOC_COUNT, alloc_count, n, owner, args, kwargs, result)
+                seen = self._seen
+                if tags.item(slot) != (seen[1] if owner is seen[0] else self.code_of(owner, "alloc")):
+                    raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
+                return result
+            if 1 < n <= top:
+                span = self._free_np[top - n : top]  # type: ignore[index]
+                before = tags[span].tobytes()
+                popped = span.tobytes()  # NOTE: a copy: an alloc that rewrites its stack top is read as it was
+                result = fn(self, n, owner, *args, **kwargs) if args or kwargs else fn(self, n, owner)
+                got = None
+                if type(result) is torch.Tensor:
+                    try:
+                        got = result.numpy()  # NOTE: a view; raises off the CPU
+                    except (TypeError, RuntimeError):
+                        pass
+                    else:
+                        if got.dtype is I64 or got.dtype == I64:
+                            views[id(result)] = (result, result._version, got)  # NOTE: ``_remember`` inline
+                            if len(views) > kept:
+                                del views[next(iter(views))]
+                        else:
+                            got = None
+                elif type(result) is np.ndarray and result.dtype == I64:
+                    got = result
+                if got is None:
+                    got = _result_ids(self, result)
+                    _remember(result, got)
+                free = runs.get(FREE_TAG)
+                if free is None or len(free) != 8 * n:
+                    free = _uniform_bytes(FREE_TAG, n)
+                if not (
+                    before == free
+                    and got is not None
+                    and len(got) == n
+                    and (got[::-1].tobytes() == popped or _same_ids(got, np.frombuffer(popped, I64)))
+                ):
+                    raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
+                if self._top != top - n:
+                    raise fail(ALLOC_COUNT, alloc_count, n, owner, args, kwargs, result)
+                seen = self._seen
+                code = seen[1] if owner is seen[0] else self.code_of(owner, "alloc")
+                held = runs.get(code)
+                if held is None or len(held) != 8 * n:
+                    held = _uniform_bytes(code, n)
+                if tags[got].tobytes() != held:
+                    raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
+                return result
         old = snap_alloc(self, n)
         result = fn(self, n, owner, *args, **kwargs)
         got = _result_ids(self, result)
@@ -417,7 +470,7 @@ def on_release(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(self: SlotPool, idx: Any) -> None:
-        if getattr(_inside, "pool", None) is self:
+        if _inside.pool is self:
             fn(self, idx)
             return
         old = snap_touched(self, idx)
@@ -435,48 +488,83 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Tier ``on`` for ``SlotPool.free``: the named slots' tags before; after, the release's laws on them.
 
     NOTE: on a CPU pool the laws after the call are inlined (no helper frames): one gather of the slots' tags and one
-    read of the pushed span, each compared as bytes with what the snapshot read.
+    read of the pushed span, each compared as bytes with what was read before; one slot (named by any integer
+    tensor of one id) is read and compared as scalars. The pool is marked as inside its checked free around the
+    call (``_inside``), so the release it makes runs unchecked: it is part of this check.
     """
     names = [p for p in inspect.signature(fn).parameters][1:]
 
     def violation(description: str, law: Callable[..., bool], indices: Any, owner: Any) -> Exception:
         return _violation(description, law, names, (indices, owner), {}, None)
 
+    views, inside, runs = _VIEWS, _inside, _RUN_OF
+
     @functools.wraps(fn)
     def wrapper(self: SlotPool, indices: Any, owner: Any) -> None:
         tags = self._tags
-        mem = _VIEWS.get(id(indices))
-        if tags is not None and mem is not None and mem[0] is indices and mem[1] == indices._version:
-            # NOTE: an alloc result this tier checked, unchanged in torch's count since: its host view, read in place
-            # of ``snap_touched`` (the same reads: the slots' tags before, the pushed span after; one slot as scalars)
-            ids = mem[2]
-            k, top = len(ids), self._top
-            if k == 1 and ids.shape == (1,):
-                slot = ids.item(0)
-                if 0 <= slot < len(tags):
-                    held = tags.item(slot)
-                    _checked_free(self, fn, indices, owner)
-                    if held != self.code_of(owner, "free"):
+        if tags is not None and type(indices) is torch.Tensor:
+            mem = views.pop(id(indices), None)  # NOTE: freed or refused, it leaves the memo: a second free is read anew
+            if mem is not None and mem[0] is indices and mem[1] == indices._version:
+                # NOTE: an alloc result this tier checked, unchanged in torch's count since: its host view, read in
+                # place of ``snap_touched`` (the same reads: the slots' signs and tags before, the pushed span after)
+                ids = mem[2]
+                k, top = len(ids), self._top
+                raw = ids.tobytes()
+                if k > 1 and raw[_SIGN].isascii():
+                    try:
+                        before = tags[ids].tobytes()
+                    except IndexError:  # NOTE: rewritten through numpy past the pool: the checked path names it
+                        before = None
+                    if before is not None:
+                        inside.pool = self
+                        try:
+                            fn(self, indices, owner)
+                        finally:
+                            inside.pool = None
+                        seen = self._seen
+                        code = seen[1] if owner is seen[0] else self.code_of(owner, "free")
+                        held = runs.get(code)
+                        if held is None or len(held) != 8 * k:
+                            held = _uniform_bytes(code, k)
+                        if before != held:
+                            raise violation(FREE_OWNER, free_by_owner, indices, owner)
+                        free = runs.get(FREE_TAG)
+                        if free is None or len(free) != 8 * k:
+                            free = _uniform_bytes(FREE_TAG, k)
+                        if (
+                            self._top == top + k
+                            and tags[ids].tobytes() == free
+                            and self._free_np[top : top + k].tobytes() == raw  # type: ignore[index]
+                        ):
+                            return
+                        raise violation(RELEASE_FREES, release_frees, indices, owner)
+            elif indices.numel() == 1:
+                # NOTE: one slot, whatever its integer dtype: read as a Python int (negative or past the pool: the
+                # checked path below)
+                try:
+                    one = indices.tolist()
+                except Exception:
+                    one = None
+                if type(one) is list and len(one) == 1 and type(slot := one[0]) is int and 0 <= slot < len(tags):
+                    top = self._top
+                    tag = tags.item(slot)
+                    inside.pool = self
+                    try:
+                        fn(self, indices, owner)
+                    finally:
+                        inside.pool = None
+                    seen = self._seen
+                    if tag != (seen[1] if owner is seen[0] else self.code_of(owner, "free")):
                         raise violation(FREE_OWNER, free_by_owner, indices, owner)
                     if self._top == top + 1 and tags.item(slot) == FREE_TAG and self._free_np.item(top) == slot:  # type: ignore[union-attr]
                         return
                     raise violation(RELEASE_FREES, release_frees, indices, owner)
-            elif k > 1:
-                raw = ids.tobytes()
-                if raw[_SIGN].isascii():
-                    before = tags[ids].tobytes()
-                    _checked_free(self, fn, indices, owner)
-                    if before != _tag_bytes(self.code_of(owner, "free"), k):
-                        raise violation(FREE_OWNER, free_by_owner, indices, owner)
-                    if (
-                        self._top == top + k
-                        and tags[ids].tobytes() == _tag_bytes(FREE_TAG, k)
-                        and self._free_np[top : top + k].tobytes() == raw  # type: ignore[index]
-                    ):
-                        return
-                    raise violation(RELEASE_FREES, release_frees, indices, owner)
         old = snap_touched(self, indices)
-        _checked_free(self, fn, indices, owner)
+        inside.pool = self
+        try:
+            fn(self, indices, owner)
+        finally:
+            inside.pool = None
         seen = self._seen
         code = seen[1] if owner is seen[0] else self.code_of(owner, "free")
         tags = self._tags
@@ -505,17 +593,6 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
         raise _violation(RELEASE_FREES, release_frees, names, (indices, owner), {}, None)
 
     return _laws(wrapper, fn, FREE_OWNER, RELEASE_FREES)
-
-
-def _checked_free(self: SlotPool, fn: Callable[..., Any], indices: Any, owner: Any) -> None:
-    """``fn(self, indices, owner)`` (a pool's ``free``) with this pool marked as inside its checked free: the release
-    it makes is part of that check."""
-    outer = getattr(_inside, "pool", None)
-    _inside.pool = self
-    try:
-        fn(self, indices, owner)
-    finally:
-        _inside.pool = outer
 
 
 def on_transfer(fn: Callable[..., Any]) -> Callable[..., Any]:

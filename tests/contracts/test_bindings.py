@@ -384,3 +384,71 @@ def test_free_of_a_negative_id_is_caught(on: None, restore: None) -> None:
     a.alloc(4, R1)  # the last slot (4) is R1's: its tag passes an owner check read through the wrapped index
     with pytest.raises(icontract.ViolationError, match="free takes slots only from their owner"):
         a.pool.free(torch.tensor([-1]), R1)
+
+
+def _state(pool: SlotPool) -> tuple[bytes, bytes, int]:
+    """A fingerprint of everything a pool's transitions change: its tags, its free stack and the stack's top."""
+    return pool.owner_tag.numpy().tobytes(), pool.free_slots().numpy().tobytes(), pool.available_size()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_second_free_of_a_checked_alloc_result_is_refused_typed(on: None, n: int) -> None:
+    """A checked alloc result leaves the tier's view memo when freed: freeing it again takes the checked path and is
+    refused as a double free, the pool unchanged."""
+    a = TokenAllocator(8)
+    x = a.alloc(n, R1)
+    a.free(x, R1)
+    before = _state(a.pool)
+    with pytest.raises(DoubleFree):
+        a.free(x, R1)
+    assert _state(a.pool) == before
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_one_slot_free_is_checked_whatever_its_integer_dtype(on: None, restore: None, dtype: torch.dtype) -> None:
+    """A one-slot free is read as a Python int (``tolist``), so an int32 id is checked as an int64 one is."""
+
+    def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
+        self.release(indices.to(torch.int64).numpy())  # BUG: no ownership check
+
+    _broken("free", frees_anything)
+    a = TokenAllocator(8)
+    x = a.alloc(1, R1)
+    with pytest.raises(icontract.ViolationError, match="free takes slots only from their owner"):
+        a.pool.free(x.to(dtype), session(2))
+
+
+def test_one_slot_alloc_of_another_dtype_is_read_as_slot_ids(on: None, restore: None) -> None:
+    """A one-slot alloc whose result ``tolist`` does not show as ``[slot]`` of an int (a float here) is read as any
+    other result (``_host``, as tier on read it before): the right slot passes, another is caught."""
+    original = bindings._originals[(SlotPool, "alloc")]
+
+    def as_float(self: SlotPool, n: int, owner: object) -> torch.Tensor:
+        out: torch.Tensor = original(self, n, owner)
+        return out.to(torch.float64)
+
+    _broken("alloc", as_float)
+    a = TokenAllocator(8)
+    assert a.pool.alloc(1, R1).tolist() == [1.0]
+
+    def off_by_one(self: SlotPool, n: int, owner: object) -> torch.Tensor:
+        out: torch.Tensor = original(self, n, owner)
+        return (out + 1).to(torch.int32)  # BUG: names the next slot, not the one popped and tagged
+
+    _broken("alloc", off_by_one)
+    with pytest.raises(icontract.ViolationError, match="alloc hands out exactly the top n free slots"):
+        TokenAllocator(8).pool.alloc(1, R1)
+
+
+def test_tag_bytes_of_long_calls_are_not_kept(on: None) -> None:
+    """Tier on keeps the tag bytes it compares with per owner only for calls of up to ``HANDED_MAX`` slots: a long
+    alloc's are made for it and dropped (at most 256 owners' worth of 64 KiB are kept)."""
+    from kvledger.impl.slots import HANDED_MAX
+
+    a = TokenAllocator(2 * HANDED_MAX + 8)
+    x = a.alloc(HANDED_MAX + 1, R1)
+    assert all(len(b) <= 8 * HANDED_MAX for b in bindings._RUN_OF.values())
+    a.free(x, R1)
+    y = a.alloc(HANDED_MAX, R1)
+    assert len(bindings._RUN_OF[a.pool.code_of(R1, "alloc")]) == 8 * HANDED_MAX
+    a.free(y, R1)
