@@ -84,6 +84,7 @@ RULES = (
     "evicts_lru_first",
     "evicts_enough",
     "evicts_no_more",
+    "alloc evicts before it refuses",
     "inv_tree_detached",
     "inv_tree_links_symmetric",
     "inv_tree_acyclic",
@@ -550,10 +551,26 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             slot = self.a.mamba_cow(held.handle, req)
             self._apply_evictions(snap.prefix, self.a.snapshot().prefix)
             self._judge_eviction(MAMBA, None, snap)
-            if slot is not None:
+            if slot is None:
+                self._cow_refused(held, snap)
+            else:
                 self.req_mamba[req].add(slot)
                 self.a.free_mamba(req, slot)
                 self.req_mamba[req].discard(slot)
+
+        def _cow_refused(self, held: Held, snap: Snapshot) -> None:
+            """``alloc evicts before it refuses`` for a copy-on-write that gave no slot (the protocol: ``None`` only
+            when impossible): before it, no Mamba slot was free and every cached state was locked (the matched one
+            is, by ``held``)."""
+            led = snap.ledgers.get("mamba") if "ledgers" in self.caps else None
+            free = sorted(led.free) if led is not None else []
+            open_ = sorted(k for k in P.cached_in(snap.prefix, MAMBA) if self._unlocked(k, MAMBA))
+            if free or open_:
+                raise _fail(
+                    "alloc evicts before it refuses",
+                    f"mamba_copy_on_write of {held} gave no slot with Mamba slots {free[:4]} free and the states of "
+                    f"{open_[:3]} unlocked",
+                )
 
         # ---------------------------------------------------------- the laws, on one snapshot per step
 

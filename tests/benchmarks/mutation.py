@@ -145,6 +145,14 @@ EQUIVALENT: dict[str, str] = {
         "a speed memo: a result of exactly HANDED_MAX ids is filed with the long ones, where ``find`` does not"
         " look for it; the miss takes the slow path, which proves the same"
     ),
+    "impl/tree.py:RadixTree.__init__:len+1:len(SLOT)": (
+        "one spare counter past the last component's: every reader indexes by ``SLOT[component]``, none sums or"
+        " walks the list"
+    ),
+    "impl/tree.py:key_bytes:len+1:len(raw)": (
+        "which of two sign checks runs (bytes scan or numpy min): they answer the same for every key, and a key's"
+        " byte length is a multiple of 8, so ``len + 1 < _SIGN_LONG`` picks the same one anyway"
+    ),
     'impl/slots.py:SlotPool.__getstate__:drop-store:state["_last"] = None': (
         "a copy keeps a memo that describes the copy exactly: the same tags, and the owner object copied once with"
         " everything that refers to it (a pool copied alone has no caller holding that owner object: no hit)"

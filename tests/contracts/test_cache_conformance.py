@@ -236,6 +236,28 @@ def test_the_policy_laws_judge_only_the_components_declared(monkeypatch: pytest.
     assert judged == (declared == "lru_policy:mamba"), result.violation
 
 
+@pytest.mark.parametrize("model", ["mamba", "hybrid"])
+def test_a_copy_on_write_that_refuses_when_it_could_evict_is_caught(
+    monkeypatch: pytest.MonkeyPatch, model: str
+) -> None:
+    """``mamba_copy_on_write`` with a full Mamba pool must evict an unlocked state, not give up: the adapter
+    protocol's ``None`` means impossible."""
+    from kvledger.spec.errors import OverAllocation
+
+    def make(orig: Callable[..., int]) -> Callable[..., int]:
+        def cow(self: RadixCache, match: Any, owner: Any) -> int:
+            assert self.mamba is not None
+            if self.mamba.available_size() == 0:
+                raise OverAllocation("mamba_copy_on_write", "mamba", (), "pool full")  # BUG: no eviction tried
+            return orig(self, match, owner)
+
+        return cow
+
+    broken(monkeypatch, RadixCache, "mamba_copy_on_write", make)
+    result = run(model)
+    assert result.violation is not None and result.violation.rule == "alloc evicts before it refuses", result.violation
+
+
 def test_an_eviction_that_stops_short_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Caught by the machine's law with the contracts off (the reference cache's ``evict`` contract sees it too)."""
     from kvledger.contracts import bindings
