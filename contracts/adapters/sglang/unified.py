@@ -248,6 +248,10 @@ class UnifiedAdapter:
             caps.add("mamba_cow")
         if core == "python":
             caps |= {"locks", "content"} | ({"lru"} if self._lru_components() else set())
+            # NOTE: FULL evictions follow the path-use LRU policy (the SWA and Mamba lists do not, by design:
+            # docs/own-cache.md); measured on 0.5.23 (every kind) and 0.5.11 to 0.5.13 (kinds without Mamba: the
+            # early adapter drops it for the others), 150 examples a model
+            caps.add("lru_policy:full")
         self.capabilities = frozenset(caps)
         self.ids = NodeIds()
         self.kv = kv

@@ -91,6 +91,10 @@ class EarlyUnifiedAdapter(UnifiedAdapter):
         self._setup(config, "python", None, KVBuffer(), self.TESTED)
         self.cache = self._new_cache()  # NOTE: no tree core to choose before 0.5.23
         self.name = f"sglang-{self.version}/UnifiedRadixCache"
+        if config.mamba:
+            # NOTE: 0.5.11's FULL eviction with a Mamba component also drops the parent it leaves as a leaf
+            # without a state (``evicts_no_more``: evict(full, 1) frees four tokens), as MambaRadixCache does
+            self.capabilities = self.capabilities - {"lru_policy:full"}
         self._settle_capabilities()
 
     # ------------------------------------------------------------ where this release keeps its tree
