@@ -497,6 +497,16 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
     def violation(description: str, law: Callable[..., bool], indices: Any, owner: Any) -> Exception:
         return _violation(description, law, names, (indices, owner), {}, None)
 
+    def freed_by(self: SlotPool, indices: Any, owner: Any) -> int:
+        """Make the free, marked as inside its checked free (its release runs unchecked); ``owner``'s tag code."""
+        inside.pool = self
+        try:
+            fn(self, indices, owner)
+        finally:
+            inside.pool = None
+        seen = self._seen
+        return seen[1] if owner is seen[0] else self.code_of(owner, "free")
+
     views, inside, runs = _VIEWS, _inside, _RUN_OF
 
     @functools.wraps(fn)
@@ -516,13 +526,7 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
                     except IndexError:  # NOTE: rewritten through numpy past the pool: the checked path names it
                         before = None
                     if before is not None:
-                        inside.pool = self
-                        try:
-                            fn(self, indices, owner)
-                        finally:
-                            inside.pool = None
-                        seen = self._seen
-                        code = seen[1] if owner is seen[0] else self.code_of(owner, "free")
+                        code = freed_by(self, indices, owner)
                         held = runs.get(code)
                         if held is None or len(held) != 8 * k:
                             held = _uniform_bytes(code, k)
@@ -548,25 +552,13 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
                 if type(one) is list and len(one) == 1 and type(slot := one[0]) is int and 0 <= slot < len(tags):
                     top = self._top
                     tag = tags.item(slot)
-                    inside.pool = self
-                    try:
-                        fn(self, indices, owner)
-                    finally:
-                        inside.pool = None
-                    seen = self._seen
-                    if tag != (seen[1] if owner is seen[0] else self.code_of(owner, "free")):
+                    if tag != freed_by(self, indices, owner):
                         raise violation(FREE_OWNER, free_by_owner, indices, owner)
                     if self._top == top + 1 and tags.item(slot) == FREE_TAG and self._free_np.item(top) == slot:  # type: ignore[union-attr]
                         return
                     raise violation(RELEASE_FREES, release_frees, indices, owner)
         old = snap_touched(self, indices)
-        inside.pool = self
-        try:
-            fn(self, indices, owner)
-        finally:
-            inside.pool = None
-        seen = self._seen
-        code = seen[1] if owner is seen[0] else self.code_of(owner, "free")
+        code = freed_by(self, indices, owner)
         tags = self._tags
         if old is None or not (
             old[2].tobytes() == _tag_bytes(code, len(old[2])) if tags is not None else free_by_owner(old, code)
