@@ -560,11 +560,12 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
 
         def _cow_refused(self, held: Held, snap: Snapshot) -> None:
             """``alloc evicts before it refuses`` for a copy-on-write that gave no slot (the protocol: ``None`` only
-            when impossible): before it, no Mamba slot was free and every cached state was locked (the matched one
-            is, by ``held``)."""
+            when impossible): before it, no Mamba slot was free and every cached state but the one it copies was
+            locked (that one stays: the copy is made from it)."""
             led = snap.ledgers.get("mamba") if "ledgers" in self.caps else None
             free = sorted(led.free) if led is not None else []
-            open_ = sorted(k for k in P.cached_in(snap.prefix, MAMBA) if self._unlocked(k, MAMBA))
+            src = held.key[: held.match.length]
+            open_ = sorted(k for k in P.cached_in(snap.prefix, MAMBA) if k != src and self._unlocked(k, MAMBA))
             if free or open_:
                 raise _fail(
                     "alloc evicts before it refuses",
