@@ -445,14 +445,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 self._malformed(chunk, bad, give)
 
         def _malformed(self, chunk: Chunk, bad: str, give: bool) -> None:
-            if bad == "float":
-                idx = chunk.idx.to(torch.float32)
-            elif bad == "sparse":
-                idx = chunk.idx.to_sparse()
-            elif bad == "meta":
-                idx = chunk.idx.to("meta")
-            elif bad == "2d":
-                idx = chunk.idx.reshape(1, -1)
+            if bad in TENSOR_EDGES:
+                idx = bad_tensor_of(chunk.idx, bad, 0)  # NOTE: float, 2-D, sparse or meta
             elif bad == "empty":
                 idx = chunk.idx[:0]
             elif bad == "twice":
