@@ -20,6 +20,7 @@ from typing import Any
 
 from kvledger.impl import admission, leaks
 from kvledger.impl.admission import Attempt
+from kvledger.impl.arguments import check_int
 from kvledger.impl.locks import LockHandle
 from kvledger.impl.lru import Linked, LRUList
 from kvledger.impl.memory import MemoryManager
@@ -91,6 +92,7 @@ def _b2_release_attempt_state(mm: MemoryManager, a: Attempt) -> None:
 
 def _b3_release_state(self: Sessions, slot: SessionSlot) -> None:
     """``release_session`` before SGLang PR #23496: KV and row freed, Mamba state and track buffers not."""
+    self._own_slot("release_state", slot)  # NOTE: the bug is the state kept, not a missing argument check
 
 
 def _b3_session_mamba_refs(slot: object) -> tuple[int, ...]:
@@ -103,6 +105,8 @@ def _b3_session_mamba_refs(slot: object) -> tuple[int, ...]:
 
 def _b4_free_tail(self: Sessions, slot: SessionSlot, start: int) -> None:
     """Resume before SGLang PR #22862: ``[start, allocated)`` is written over without being freed."""
+    self._own_slot("free_tail", slot)  # NOTE: the bug is the tail not freed, not a missing argument check
+    check_int("free_tail", "session", "start", start)
     slot.alloc_len = min(slot.alloc_len, start)
 
 

@@ -176,7 +176,10 @@ class Sessions:
         req.kv_len = len(req.tokens)
 
     def spec_slot(self, slot: SessionSlot) -> S.SessionSlot:
-        """The abstraction of ``slot``: what it holds in spec terms (``-1`` for a position without a row)."""
+        """The abstraction of ``slot``: what it holds in spec terms (``-1`` for a position without a row).
+
+        A slot that is not one of this manager's open sessions raises ``InvalidArgument``."""
+        self._own_slot("spec_slot", slot)
         row = slot.row
         kv = tuple(self.mm.rows.table[row, : slot.alloc_len].tolist()) if row is not None else (-1,) * slot.alloc_len
         mamba = frozenset(slot.mamba.slots()) if slot.mamba is not None else frozenset()

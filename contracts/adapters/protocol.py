@@ -53,8 +53,8 @@ a second ``unlock`` of one handle is refused and changes nothing.
 Mamba component has it trivially; SGLang's Mamba caches require a state, so a
 request that cannot get one gives up before inserting).
 ``rejects_foreign_insert``: an ``insert`` offering slots the request does not
-hold (another request's, free or cached ones) where the cache would take them
-is refused with a typed error and changes nothing (an engine whose cache does
+hold (another request's, free or cached ones) where the cache would take them,
+or a Mamba state it does not hold, is refused with a typed error and changes nothing (an engine whose cache does
 not track who holds a slot cannot tell, and leaves it out).
 ``rejects_bad_arguments``: a call with an argument outside its domain
 (``spec.domains``: ``evict`` of a negative, bool or float count, or of a

@@ -427,10 +427,14 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             suffix=suffixes,
             whose=st.sampled_from(["another request", "the free list", "the cache"]),
             at=st.lists(st.integers(0, 15), min_size=1, max_size=3),
+            part=st.sampled_from(["kv", "mamba"]),
         )
-        def insert_foreign(self, prompt: int, suffix: tuple[int, ...], whose: str, at: list[int]) -> None:
+        def insert_foreign(
+            self, prompt: int, suffix: tuple[int, ...], whose: str, at: list[int], part: str = "kv"
+        ) -> None:
             """Misuse: a request inserts its sequence offering, among its own slots, pages it does not hold (another
-            request's, free ones, cached ones) where the cache would take them. The cache must refuse
+            request's, free ones, cached ones) where the cache would take them, or (``part`` ``mamba``, a cache
+            with Mamba states) its own KV with a Mamba state it does not hold. The cache must refuse
             (``spec.ledger.check_transfer``: the slots are not the request's to hand over) and change nothing."""
             key = self._key(prompt, suffix)
             have = P.cached_len(self.prefix, key)  # NOTE: what insert finds cached (its prefix_len), not a match
@@ -442,6 +446,9 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             if own is None:
                 return
             self.a.write_kv(own, key, 0)
+            if part == "mamba" and self.cfg.mamba:
+                self._insert_foreign_state(req, key, own, whose)
+                return
             pages = sorted({have // ps + i % ((len(key) - have) // ps) for i in at})  # NOTE: pages of the new part
             victim = None
             if whose == "another request":
@@ -469,10 +476,32 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                 self.a.free_kv(victim, tuple(foreign))
                 self.req_kv[victim] -= set(foreign)
 
-        def _refused_insert(self, req: int, key: tuple[int, ...], offered: tuple[int, ...], whose: str) -> None:
+        def _insert_foreign_state(self, req: int, key: tuple[int, ...], own: tuple[int, ...], whose: str) -> None:
+            """``insert_foreign`` offering the request's own KV with a Mamba state of ``whose``: another request's,
+            a free slot of the Mamba pool, or a state the cache holds."""
+            victim = None
+            if whose == "another request":
+                victim = self._new_req()
+                state = self._alloc_state(victim)
+            elif whose == "the cache":
+                state = min(self.prefix.mamba_state.values(), default=None)
+            else:
+                led = self.a.snapshot().ledgers.get("mamba") if "ledgers" in self.caps else None
+                state = min(led.free, default=None) if led is not None else None
+            if state is not None:
+                self._refused_insert(req, key, own, whose, state)
+            self.a.free_kv(req, own)
+            self.req_kv[req] -= set(own)
+            if victim is not None and state is not None:
+                self.a.free_mamba(victim, state)
+                self.req_mamba[victim].discard(state)
+
+        def _refused_insert(
+            self, req: int, key: tuple[int, ...], offered: tuple[int, ...], whose: str, state: int | None = None
+        ) -> None:
             before = self.a.snapshot()
             try:
-                self.a.insert(req, key, offered, None)
+                self.a.insert(req, key, offered, state)
             except KVLedgerError as err:
                 after = self.a.snapshot()
                 if (after.prefix, after.ledgers, after.locks, after.sizes) != (
@@ -483,12 +512,13 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                 ):
                     raise _fail(
                         "rejected call leaves state unchanged",
-                        f"refused insert({key}) of request {req} with slots of {whose} changed the cache: {err}",
+                        f"refused insert({key}) of request {req} with {'slots' if state is None else 'a Mamba state'} "
+                        f"of {whose} changed the cache: {err}",
                     ) from err
                 return
+            what = f"slots {offered} (some of {whose}" if state is None else f"Mamba state {state} (of {whose}"
             raise _fail(
-                "foreign insert refused",
-                f"request {req} inserted {key} offering slots {offered} (some of {whose}, not its own); accepted",
+                "foreign insert refused", f"request {req} inserted {key} offering {what}, not its own): accepted"
             )
 
         def _alloc(self, req: int, n: int) -> tuple[int, ...] | None:

@@ -273,6 +273,28 @@ EQUIVALENT: dict[str, str] = {
         "the memo's size bound negated: it keeps one result instead of the last 64, and a result not remembered is "
         "proven distinct by the slow path (speed and memory only, every answer the same)"
     ),
+    "impl/kvview.py:_repeats:boundary:pool.base <= int(lo)": (
+        "made `<`: a value whose lowest slot is the pool's base takes the sort instead of the pool's O(n) check; "
+        "both answer whether a slot is named twice, so only the speed changes"
+    ),
+    "impl/leaks.py:check_leaks:drop-store:count.waiting += 1": (
+        "a request that is neither running nor ended holds nothing in any reachable state of the manager (retract "
+        "and a refused admission release everything), so no expected owner is counted as waiting and the count "
+        "is 0 with the line or without it"
+    ),
+    "impl/slots.py:SlotPool.alloc:drop-store:self._last = (raw, ids, owner)": (
+        "a speed memo (the last alloc result, so its free reads no tags back): not set, the free reads the tags "
+        "and compares them with the owner's (the same answer, one read more); a stale memo is never taken, since "
+        "it names the ids object of an older result, which no later result is"
+    ),
+    "impl/slots.py:SlotPool.free:drop-store:held = self._held_k = (seen[3], k, seen[3] * k)": (
+        "a speed memo (k copies of the owner's tag bytes): without it the bytes compared are the initial empty "
+        "ones, which never equal k >= 1 tags, so every free takes the general checked path (the same answer)"
+    ),
+    "impl/slots.py:RecentAllocs.find:len+1:len(raw)": (
+        "a speed memo's lookup: a result exactly at the short bound is looked up among the long ones and missed, "
+        "and the caller proves it distinct by the slow path (the same answer, one scan more)"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""

@@ -15,7 +15,7 @@ from kvledger.impl.allocators import TokenAllocator
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.radix import RadixCache
 from kvledger.spec import domains as D
-from kvledger.spec.errors import IntegrityError
+from kvledger.spec.errors import IntegrityError, SlotConflict
 from kvledger.spec.types import Component, Owner, OwnerKind, request
 
 
@@ -196,14 +196,52 @@ def test_insert_foreign_is_refused_by_the_reference(model: str, whose: str) -> N
     refused: list[str] = []
     original = m._refused_insert
 
-    def spy(req: int, key: tuple[int, ...], offered: tuple[int, ...], w: str) -> None:
-        original(req, key, offered, w)
+    def spy(req: int, key: tuple[int, ...], offered: tuple[int, ...], w: str, state: int | None = None) -> None:
+        original(req, key, offered, w, state)
         refused.append(w)
 
     m._refused_insert = spy
     m.insert_foreign(1, (3, 4), whose, [0, 1])
     m.inv_all_laws()
     assert refused == [whose]  # the misuse was made (and refused): the rule is not vacuous
+
+
+@pytest.mark.parametrize("model", ["mamba", "hybrid"])
+@pytest.mark.parametrize("whose", ["another request", "the free list", "the cache"])
+def test_insert_with_a_foreign_mamba_state_is_refused_by_the_reference(model: str, whose: str) -> None:
+    m = cache_machine(model)
+    m.insert(0, (1, 2), False)  # a state cached, so 'the cache' has one to offer
+    m.inv_all_laws()
+    refused: list[int | None] = []
+    original = m._refused_insert
+
+    def spy(req: int, key: tuple[int, ...], offered: tuple[int, ...], w: str, state: int | None = None) -> None:
+        original(req, key, offered, w, state)
+        refused.append(state)
+
+    m._refused_insert = spy
+    m.insert_foreign(1, (3, 4), whose, [0], "mamba")
+    m.inv_all_laws()
+    assert len(refused) == 1 and refused[0] is not None  # a foreign state was offered (and refused)
+
+
+@pytest.mark.parametrize("whose", ["another request", "the free list"])
+def test_insert_foreign_state_fails_on_a_cache_that_takes_any_state(
+    monkeypatch: pytest.MonkeyPatch, whose: str
+) -> None:
+    """A cache whose insert checks only that the offered Mamba state is not cached, not that the request holds it."""
+
+    def lax(self: RadixCache, key: tuple[int, ...], slot: int, owner: Any) -> None:
+        holder = self._pool("insert").pool.owner_of(slot)
+        if holder is not None and holder.kind is OwnerKind.NODE:
+            raise SlotConflict("insert", key, f"Mamba slot {slot} is cached at {holder}")
+
+    m = cache_machine("mamba")
+    m.insert(0, (1, 2), False)
+    monkeypatch.setattr(RadixCache, "_check_state", lax)
+    # NOTE: accepted, or refused by a later transfer after the tree changed: either breaks a law
+    with pytest.raises(AssertionError, match=r"foreign insert refused|rejected call leaves state unchanged"):
+        m.insert_foreign(1, (3, 4), whose, [0], "mamba")
 
 
 @pytest.mark.parametrize("whose", ["another request", "the free list", "the cache"])
