@@ -152,6 +152,25 @@ def inv_handles_fresh(s: LockState) -> bool:
     return not (s.released & set(s.handles))
 
 
+def locked_length(coverage: Coverage) -> int:
+    """How many tokens of prefix ``coverage`` locks: its longest FULL key (0 when it covers nothing)."""
+    return max((len(k) for k, c in coverage if c is Component.FULL), default=0)
+
+
+def inv_lock_covers_prefix(coverage: Coverage, prefix_len: int) -> bool:
+    """A running request's lock covers exactly the prefix it runs on: ``prefix_len`` tokens, no more and no fewer.
+
+    One that locks more than it uses keeps the rest from eviction for nothing (and, at admission, recomputes KV
+    the cache held for it); one that uses more than it locks runs on KV that eviction may take.
+
+    >>> inv_lock_covers_prefix(required_coverage((7, 8), None, False), 2)
+    True
+    >>> inv_lock_covers_prefix(required_coverage((7, 8), None, False), 0)
+    False
+    """
+    return locked_length(coverage) == prefix_len
+
+
 def inv_locks(s: LockState) -> bool:
     """All lock-table laws."""
     return inv_lock_ref_counts_handles(s) and inv_lock_ref_nonnegative(s) and inv_handles_fresh(s)

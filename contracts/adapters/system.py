@@ -54,6 +54,7 @@ SYSTEM_CAPABILITIES = frozenset(
         "strict_budget",
         "reservations",
         "work_conserving",
+        "prefix_locked",
     }
 )
 """Everything a system adapter may provide.
@@ -90,7 +91,11 @@ tried alone whose whole prompt fits the budget and finds room in every pool
 and where a step reports the order it tried its requests (``StepResult.tried``),
 each refused one fit neither what earlier admissions left of the budget nor of
 the pools (``spec.admission.inv_batch_work_conserving``); an engine that holds
-back headroom (SGLang's new-token ratio) leaves it out.
+back headroom (SGLang's new-token ratio) leaves it out. ``prefix_locked`` (with
+``locks``): a running request's lock handle covers exactly the prefix it runs on,
+its ``prefix_len`` tokens (``spec.locks.inv_lock_covers_prefix``: the law
+``inv_lock_covers_prefix``); an admission that locks its match and then
+recomputes it, or a chunk that moves the lock without the prefix, breaks it.
 """
 
 
@@ -308,6 +313,7 @@ class SystemAdapter(Protocol):
 SYSTEM_RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "idle_check": ("leak checker agrees with the ledgers",),
     "locks": ("inv_lock_ref_counts_handles", "inv_lock_ref_nonnegative", "inv_handles_owned"),
+    "prefix_locked": ("inv_lock_covers_prefix",),
     "content": ("inv_content",),
     "rows": ("inv_rows_held",),
     "sessions": ("resume is append-only", "inv_committed_within_allocated", "close_session (rule)"),

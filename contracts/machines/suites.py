@@ -155,6 +155,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "inv_handles_owned",
         "inv_locked_cached",
         "inv_sizes",
+        "inv_lock_covers_prefix",
     ),
     "data integrity": (
         "inv_content",

@@ -92,6 +92,7 @@ RULES = (
     "inv_lock_ref_counts_handles",
     "inv_lock_ref_nonnegative",
     "inv_handles_owned",
+    "inv_lock_covers_prefix",
     "inv_content",
     "inv_waiting_blank",
     "rejected call leaves state unchanged",
@@ -192,6 +193,15 @@ def check_snapshot(
                 "inv_handles_owned",
                 f"live handles {sorted(snap.locks.handles)}, held by running requests {sorted(owned)}",
             )
+        if "prefix_locked" in capabilities:
+            for r in snap.requests.values():
+                cover = snap.locks.handles.get(HandleId(r.handle)) if r.handle is not None else None
+                if r.status == "running" and cover is not None and not K.inv_lock_covers_prefix(cover, r.prefix_len):
+                    raise _fail(
+                        "inv_lock_covers_prefix",
+                        f"running request {r.rid} runs on a prefix of {r.prefix_len} tokens, its lock (handle "
+                        f"{r.handle}) covers {K.locked_length(cover)}",
+                    )
     if "prefill_on_admit" in capabilities:
         for r in snap.requests.values():
             if r.status == "waiting" and not A.inv_waiting_blank(r.kv_len, r.prefix_len):

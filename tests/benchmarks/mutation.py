@@ -291,6 +291,26 @@ EQUIVALENT: dict[str, str] = {
         "a speed memo (k copies of the owner's tag bytes): without it the bytes compared are the initial empty "
         "ones, which never equal k >= 1 tags, so every free takes the general checked path (the same answer)"
     ),
+    "impl/kvview.py:KVView.check_swa_live:and-or:self.swa is not None and idx.numel()": (
+        "its one caller runs it only on a cache with a window, which RadixCache builds only over an "
+        "SWATokenAllocator (its SWA view is set), so `or` differs only for an empty index, whose translate is "
+        "empty and raises nothing"
+    ),
+    "impl/leaks.py:expected_owners:and-or:req.status in (Status.FINISHED, Status.ABORTED) and not req.holds_anything": (
+        "differs only for a request that holds nothing but still runs or waits (it adds nothing either way) or one "
+        "that ended still holding memory, which no reachable state has: finish and abort release everything first"
+    ),
+    "impl/memory.py:MemoryManager._make_room:boundary:short <= 0": (
+        "made `< 0`: at short == 0 it asks the cache to evict 0, which evicts nothing and returns 0 (the count is "
+        "checked first), so the manager is the same"
+    ),
+    "impl/slots.py:SlotPool.alloc:boundary:len(items) > FRESH_KEEP": (
+        "a speed memo's size bound made `>=`: it keeps one result fewer, and a result not remembered is proven "
+        "distinct by the slow path (the same answer, one scan more)"
+    ),
+    "impl/slots.py:_tag_bytes:len+1:len(_TAG_RUNS)": (
+        "a memo's size bound (runs of tag bytes): cleared one entry sooner, it makes the same bytes again"
+    ),
     "impl/slots.py:RecentAllocs.find:len+1:len(raw)": (
         "a speed memo's lookup: a result exactly at the short bound is looked up among the long ones and missed, "
         "and the caller proves it distinct by the slow path (the same answer, one scan more)"

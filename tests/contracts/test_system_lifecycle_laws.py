@@ -171,3 +171,32 @@ def test_a_close_that_keeps_the_sessions_memory_is_caught(monkeypatch: pytest.Mo
     result = run("paged")
     assert result.violation is not None and result.violation.rule == "inv_released_on_close", result.violation
     assert "was closed with no turn running and still holds" in result.violation.message
+
+
+def test_an_admission_that_locks_its_match_and_recomputes_it_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The match is locked but not used: the request computes its whole prompt anew (its cached prefix is held
+    from eviction for nothing). Memory stays consistent; the lock no longer covers the prefix the request runs on."""
+    real = admission._acquire
+
+    def acquire(mm: MemoryManager, a: Any) -> None:
+        real(mm, a)
+        if a.req.session is None:
+            a.req.prefix_len = a.req.own_from = 0  # BUG: the matched prefix is not the request's
+
+    monkeypatch.setattr(admission, "_acquire", acquire)
+    result = run()
+    assert result.violation is not None and result.violation.rule == "inv_lock_covers_prefix", result.violation
+
+
+def test_a_chunk_that_moves_the_lock_without_the_prefix_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunked prefill caches the computed prefix and locks it, but the request keeps its old prefix length."""
+    real = MemoryManager.chunk
+
+    def chunk(self: MemoryManager, req: Any) -> None:
+        before = (req.prefix_len, req.own_from)
+        real(self, req)
+        req.prefix_len = before[0]  # BUG: the lock moved to the chunk, the prefix length did not
+
+    monkeypatch.setattr(MemoryManager, "chunk", chunk)
+    result = run()
+    assert result.violation is not None and result.violation.rule == "inv_lock_covers_prefix", result.violation
