@@ -96,6 +96,10 @@ back headroom (SGLang's new-token ratio) leaves it out. ``prefix_locked`` (with
 its ``prefix_len`` tokens (``spec.locks.inv_lock_covers_prefix``: the law
 ``inv_lock_covers_prefix``); an admission that locks its match and then
 recomputes it, or a chunk that moves the lock without the prefix, breaks it.
+The SGLang scheduler adapters leave it out: they report the match at admission
+as ``prefix_len``, while a chunk of a long prompt moves the request's lock to
+the chunk it cached (0.5.9: a prefix of 0, a lock over 9 tokens, after one
+chunk).
 """
 
 

@@ -315,10 +315,20 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             self._admit(rid, None, budget, batch=True)
 
         @precondition(lambda self: "long prompts" not in self.off)
-        @rule(prompt=st.integers(0, len(PROMPTS) - 1), suffix=LONG_SUFFIXES, sid=st.sampled_from((None, *SESSIONS)))
-        def add_long_request(self, prompt: int, suffix: list[int], sid: int | None) -> None:
-            """A long prompt arrives (most of a row): rows fill, speculative decoding meets the row's end."""
-            self._add(PROMPTS[prompt] + tuple(suffix), sid, 64)
+        @rule(
+            prompt=st.integers(0, len(PROMPTS) - 1),
+            suffix=LONG_SUFFIXES,
+            sid=st.sampled_from((None, *SESSIONS)),
+            whole_row=st.booleans(),
+        )
+        def add_long_request(self, prompt: int, suffix: list[int], sid: int | None, whole_row: bool = False) -> None:
+            """A long prompt arrives (most of a row): rows fill, speculative decoding meets the row's end. With
+            ``whole_row``, the prompt is padded to exactly a row (``max_context`` tokens): the longest a request may
+            be, at the edge an off-by-one length check refuses."""
+            tokens = PROMPTS[prompt] + tuple(suffix)
+            if whole_row:
+                tokens = (tokens + (1,) * self.sys.config.max_context)[: self.sys.config.max_context]
+            self._add(tokens, sid, 64)
 
         def _add(self, tokens: tuple[int, ...], sid: int | None, budget: int) -> None:
             if sid is not None and (not self.has("sessions") or not self.on("sessions")):
