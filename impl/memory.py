@@ -42,6 +42,11 @@ class Event:
     stack: str | None = None
 
 
+EVENTS_KEEP = 4096
+"""The event log's bound: once it holds more than this many events, every this many steps it forgets the events no
+slot's provenance names (``MemoryManager.events_keep``, per manager)."""
+
+
 class MemoryManager:
     """Pools, cache, requests and sessions of one engine instance (token or paged KV; Mamba optional)."""
 
@@ -68,6 +73,7 @@ class MemoryManager:
         self.debug = debug
         self.requests: dict[int, Request] = {}
         self.events: dict[int, Event] = {0: Event(0, "init", "-")}  # only events some slot still points at
+        self.events_keep = EVENTS_KEEP  # NOTE: past this many, every this many steps, the log forgets dead events
         self._step = 0
         self.fail_next = 0  # allocation failures to inject (each failing alloc counts one)
         self._next_rid = 1
@@ -92,7 +98,8 @@ class MemoryManager:
         self.events[step] = Event(step, op, who, stack)
         for p in self.pools().values():
             p.stamp = step
-        if len(self.events) > 4096 and step % 4096 == 0:
+        keep = self.events_keep
+        if len(self.events) > keep and step % keep == 0:
             self._prune_events()
         return step
 

@@ -1492,9 +1492,16 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
     if step <= before:
         raise AssertionError(f"{law}: event ids must grow (provenance orders by them): {step} after {before}")
     # NOTE: one slot, or a few (a run: the pool tags and stamps a run through slices when it is long enough)
+    origins = pool.origin.clone()
     planted = pool.alloc(min(pool.available_size(), draw(st.integers(1, 3))), PHANTOM)
     try:
         slots = sorted(planted.tolist())
+        stamped = sorted(torch.nonzero(pool.origin != origins).flatten().tolist())
+        if stamped != slots:
+            raise AssertionError(
+                f"{law}: an alloc of {name} slots {slots} for {PHANTOM} at event {step} stamped the provenance of "
+                f"slots {stamped}: an alloc stamps exactly the slots it hands out"
+            )
         found = check_leaks(mm).findings
         named = [f for f in found if (f.pool, f.kind) == (name, "leaked") and str(PHANTOM) in f.owner]
         if len(found) != len(slots) or sorted(x.slot for x in named) != slots:
@@ -1508,7 +1515,30 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
                 )
     finally:
         pool.free(planted, PHANTOM)
-    return f"leak audit: {name} slots {slots}"
+    return f"leak audit: {name} slots {slots}; {log_audit(mm, law)}"
+
+
+def log_audit(mm: MemoryManager, law: str) -> str:
+    """The provenance log stays bounded and keeps what provenance names: on a copy of ``mm`` whose log keeps 4
+    events, 13 more events are logged; then every event a slot's provenance names (and the last one) is still in
+    the log, and the log holds at most 4 more than those.
+
+    Raises ``AssertionError`` naming ``law`` otherwise (a log that never forgets grows with every operation of a
+    long run; one that forgets a named event cannot say which operation leaked a slot)."""
+    m = deepcopy(mm)
+    keep = m.events_keep = 4
+    for _ in range(3 * keep + 1):
+        m.event("log audit", "-")
+    named = {m._step} | {int(x) for p in m.pools().values() for x in torch.unique(p.origin).tolist()}
+    lost = sorted(named - set(m.events))
+    if lost:
+        raise AssertionError(f"{law}: events {lost[:4]}, which slots' provenance names, were forgotten by the log")
+    if len(m.events) > len(named) + keep:
+        raise AssertionError(
+            f"{law}: the event log holds {len(m.events)} events after {3 * keep + 1} more, with {len(named)} named by "
+            f"provenance and {keep} kept: it does not forget"
+        )
+    return f"log audit: {len(m.events)} events, {len(named)} named"
 
 
 NOT_PROBED: dict[str, str] = {

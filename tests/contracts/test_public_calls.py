@@ -392,7 +392,27 @@ def test_a_pool_that_stops_recording_provenance_fails_the_audit(monkeypatch: pyt
 
     monkeypatch.setattr(SlotPool, "stamp", property(lambda self: self._stamp, lose))
     mm = _running_manager(False)
-    with pytest.raises(AssertionError, match=r"planted by event \d+ \(leak audit\) is attributed to 'init' at step 0"):
+    with pytest.raises(AssertionError, match=r"stamped the provenance of slots \[\]|attributed to 'init' at step 0"):
+        C.leak_audit(mm, _choosing("kv"))
+
+
+def test_an_alloc_that_stamps_a_slot_it_does_not_hand_out_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Provenance names the operation that handed a slot out: an alloc that also stamps its neighbour (a slice one
+    too long) gives that slot another operation's story."""
+    from kvledger.impl.slots import SlotPool
+
+    real = SlotPool.alloc
+
+    def alloc(self: SlotPool, n: object, owner: Owner) -> torch.Tensor:
+        out = real(self, n, owner)
+        hi = int(out.max()) + 1
+        if hi < self.size:
+            self.origin[hi] = self.stamp  # BUG: the stamp runs one slot past what was handed out
+        return out
+
+    monkeypatch.setattr(SlotPool, "alloc", alloc)
+    mm = _running_manager(False)
+    with pytest.raises(AssertionError, match=r"stamped the provenance of slots \[.*\]: an alloc stamps exactly"):
         C.leak_audit(mm, _choosing("kv"))
 
 
@@ -862,3 +882,25 @@ def test_a_session_call_that_takes_another_managers_slot_is_caught(monkeypatch: 
     method = {m.what: m for m in scenario.methods}["sessions.release_state"]
     with pytest.raises(AssertionError, match=r"invalid call accepted|rejected call leaves state unchanged|inv_domain"):
         C.judge(scenario, method, {"slot": twin}, inside=False)
+
+
+def test_the_log_audit_holds_on_the_reference_and_changes_nothing() -> None:
+    mm = _full_with_evictable()
+    before = (C._manager_fingerprint(mm), dict(mm.events), mm.events_keep)
+    assert C.log_audit(mm, "law").startswith("log audit: ")
+    assert (C._manager_fingerprint(mm), dict(mm.events), mm.events_keep) == before
+
+
+def test_a_log_that_never_forgets_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(MemoryManager, "_prune_events", lambda self: None)  # BUG: the log grows with every operation
+    with pytest.raises(AssertionError, match=r"law: the event log holds \d+ events .* it does not forget"):
+        C.log_audit(_full_with_evictable(), "law")
+
+
+def test_a_log_that_forgets_a_named_event_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    def prune(self: MemoryManager) -> None:
+        self.events = {k: v for k, v in self.events.items() if k == self._step}  # BUG: forgets what slots name
+
+    monkeypatch.setattr(MemoryManager, "_prune_events", prune)
+    with pytest.raises(AssertionError, match=r"law: events \[.*\], which slots' provenance names, were forgotten"):
+        C.log_audit(_full_with_evictable(), "law")
