@@ -30,7 +30,7 @@ from kvledger.spec.types import Component, NodeId
 
 CAPABILITIES = frozenset(
     {"lru", "tree", "locks", "ledgers", "content", "sizes", "mamba_cow", "rejects_double_unlock", "stateless_insert"}
-    | {"rejects_foreign_insert", "rejects_bad_arguments", "lru_policy"}
+    | {"rejects_foreign_insert", "rejects_bad_arguments", "lru_policy", "mamba_content"}
     | {f"lru_policy:{c.value}" for c in Component}
 )
 """Everything a snapshot or an adapter may provide; an adapter lists what it has.
@@ -54,12 +54,16 @@ Mamba component has it trivially; SGLang's Mamba caches require a state, so a
 request that cannot get one gives up before inserting).
 ``rejects_foreign_insert``: an ``insert`` offering slots the request does not
 hold (another request's, free or cached ones) where the cache would take them,
-or a Mamba state it does not hold, is refused with a typed error and changes nothing (an engine whose cache does
-not track who holds a slot cannot tell, and leaves it out).
+or a Mamba state it does not hold, is refused with a typed error and changes
+nothing (an engine whose cache does not track who holds a slot cannot tell,
+and leaves it out).
 ``rejects_bad_arguments``: a call with an argument outside its domain
 (``spec.domains``: ``evict`` of a negative, bool or float count, or of a
 component the cache does not have) is refused with a typed error and
 changes nothing (``inv_domain_enforced``).
+``mamba_content``: the snapshot reports what each held Mamba state holds
+(``Snapshot.mamba_content``): a cached state holds what its request wrote, and
+a copy-on-write's slot what its source held (``inv_mamba_content``).
 """
 
 
@@ -120,7 +124,9 @@ class Snapshot:
     ``cached_nodes``: per component, the nodes holding its content (what its
     LRU list must contain). ``tree``: the tree's pointers (parent, children,
     index, cursors) of every node the adapter has seen, alive or evicted
-    (capability ``tree``).
+    (capability ``tree``). ``mamba_content``: the value each held Mamba slot's state
+    holds (what ``write_mamba`` wrote, or what a copy-on-write copied into it;
+    capability ``mamba_content``).
     A field the adapter cannot observe is empty and its capability absent.
     """
 
@@ -132,6 +138,7 @@ class Snapshot:
     sizes: Mapping[Component, tuple[int, int]] = field(default_factory=dict)
     cached_nodes: Mapping[Component, frozenset[NodeId]] = field(default_factory=dict)
     tree: TreeLinks | None = None
+    mamba_content: Mapping[int, int] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -223,6 +230,7 @@ RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "sizes": ("inv_sizes",),
     "rejects_double_unlock": ("double_dec_lock_ref (rule)",),
     "content": ("inv_content",),
+    "mamba_content": ("inv_mamba_content",),
     "mamba_cow": ("mamba_copy_on_write (rule)",),
     "stateless_insert": ("insert without a Mamba state (rule)",),
     "rejects_foreign_insert": ("foreign insert refused", "insert_foreign (rule)"),

@@ -24,6 +24,7 @@ from kvledger.impl.arguments import check_tokens
 from kvledger.impl.locks import LockHandle
 from kvledger.impl.lru import SENTINEL_ID, Linked
 from kvledger.impl.mamba import MambaPool
+from kvledger.impl.owners import FREE_TAG
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.tree import MatchResult, TreeNode
 from kvledger.spec.errors import ArgumentError, IntegrityError, LockError, OverAllocation
@@ -55,6 +56,21 @@ def _link(x: Linked | None, member: bool) -> NodeId | None:
     if x.id == SENTINEL_ID:
         return None if member else SENTINEL
     return NodeId(x.id)
+
+
+def mamba_states(pool: MambaPool) -> dict[int, int]:
+    """Each held Mamba slot's state: the value it was written for, when its fingerprint and every value of its conv
+    and temporal tensors agree on it (``MambaPool.verify``'s test), else -1 (no value's state)."""
+    held = torch.nonzero(pool.pool.owner_tag != FREE_TAG).flatten()
+    held = held[held >= pool.pool.base]
+    if not held.numel():
+        return {}
+    value = pool.data[held]
+    k = held.numel()
+    conv = (pool.conv[held].reshape(k, -1) == (value % 1000).unsqueeze(1).to(pool.conv.dtype)).all(dim=1)
+    temporal = (pool.temporal[held].reshape(k, -1) == (value % 997).unsqueeze(1).to(pool.temporal.dtype)).all(dim=1)
+    value = torch.where(conv & temporal, value, torch.full_like(value, -1))
+    return dict(zip(held.tolist(), value.tolist(), strict=True))
 
 
 def snapshot_of(cache: RadixCache, seen: dict[int, TreeNode] | None = None) -> Snapshot:
@@ -120,7 +136,11 @@ def snapshot_of(cache: RadixCache, seen: dict[int, TreeNode] | None = None) -> S
     slots = [x for xs in full.values() for x in xs]
     content = dict(zip(slots, data[torch.tensor(slots, dtype=torch.int64)].tolist(), strict=True)) if slots else {}
     cached = {c: cached_node_ids(cache, c) for c in cache.components}
-    return Snapshot(prefix, locks, lru, ledgers, content, cache.sizes(), cached, tree_links(cache, nodes.values()))
+    states: dict[int, int] = {}
+    if cache.mamba is not None:
+        states = mamba_states(cache.mamba)
+    tree = tree_links(cache, nodes.values())
+    return Snapshot(prefix, locks, lru, ledgers, content, cache.sizes(), cached, tree, states)
 
 
 def tree_links(cache: RadixCache, nodes: Iterable[TreeNode]) -> TreeLinks:
@@ -166,7 +186,7 @@ class ReferenceAdapter:
     name = "kvledger-reference"
     version = "0.1.0"
     capabilities = frozenset(
-        {"lru", "lru_policy", "tree", "locks", "ledgers", "content", "sizes", "mamba_cow"}
+        {"lru", "lru_policy", "tree", "locks", "ledgers", "content", "sizes", "mamba_cow", "mamba_content"}
         | {"rejects_double_unlock", "stateless_insert", "rejects_foreign_insert", "rejects_bad_arguments"}
     )
 

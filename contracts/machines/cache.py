@@ -95,6 +95,7 @@ RULES = (
     "inv_locked_cached",
     "inv_sizes",
     "inv_content",
+    "inv_mamba_content",
     "results equal the spec's",
     "foreign insert refused",
     "rejected call leaves state unchanged",
@@ -133,6 +134,7 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             self.policy = policy_components(self.caps, on)  # the components whose lists and evictions follow it
             self.clock = 0  # ticks of the calls that use the cache (``_use``)
             self.stamps: dict[tuple[int, ...], U.Stamp] = {}  # each cached page's last use, as far as known
+            self.written: dict[int, int] = {}  # Mamba slot -> the value its state was given (written or copied)
 
         def teardown(self) -> None:
             """Guide the search (``hypothesis.target``) towards full pools, deep trees and many locks."""
@@ -538,6 +540,7 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             if got is not None:
                 self.req_mamba[req].add(got)
                 self.a.write_mamba(got, P.fingerprint(req, 0))
+                self.written[got] = P.fingerprint(req, 0)
             return got
 
         @rule(comp=st.sampled_from([FULL, SWA, MAMBA]), n=st.integers(1, 12))
@@ -584,6 +587,16 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             if slot is None:
                 self._cow_refused(held, snap)
             else:
+                source = held.match.mamba
+                if "mamba_content" in self.caps and source in self.written:
+                    got = self.a.snapshot().mamba_content.get(slot)
+                    if got != self.written[source]:
+                        raise _fail(
+                            "inv_mamba_content",
+                            f"copy-on-write of state {source} (holding {self.written[source]}) into slot {slot}: "
+                            f"the copy holds {got}",
+                        )
+                    self.written[slot] = self.written[source]
                 self.req_mamba[req].add(slot)
                 self.a.free_mamba(req, slot)
                 self.req_mamba[req].discard(slot)
@@ -626,6 +639,12 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                 self._check_tree(snap.tree)
             if "locks" in self.caps:
                 self._check_locks(snap)
+            if "mamba_content" in self.caps:
+                for k, state in snap.prefix.mamba_state.items():
+                    want, got = self.written.get(state), snap.mamba_content.get(state)
+                    if want is not None and got != want:
+                        what = f"cached state {state} of {k} holds {got}, its request wrote {want}"
+                        raise _fail("inv_mamba_content", what)
             if "content" in self.caps and not P.inv_content(snap.prefix, snap.content):  # type: ignore[arg-type]
                 bad = [
                     (k, x)

@@ -159,6 +159,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
     ),
     "data integrity": (
         "inv_content",
+        "inv_mamba_content",
         "data integrity",
         "inv_verify_exact",
         "inv_index_names_carriers",

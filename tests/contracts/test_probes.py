@@ -382,3 +382,30 @@ def test_bad_tensor_fails_on_a_translate_without_its_range_check(monkeypatch: py
     monkeypatch.setattr(SWATokenAllocator, "translate", translate)
     with pytest.raises(AssertionError, match=r"inv_domain_enforced: SWATokenAllocator.translate with full_indices"):
         m.bad_tensor(c)
+
+
+def test_a_copy_on_write_that_copies_nothing_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``inv_mamba_content``: the reference's copy holds its source's state; a copy-on-write that hands out a slot
+    without copying into it (the new request starts from a stale state) is caught."""
+    for broken in (False, True):
+        m = cache_machine("mamba")
+        keys = m.insert(0, (1, 2), False)
+        m.inv_all_laws()
+        if not broken:
+            m.inc_lock_ref_cached(keys, (), True)  # the reference copies: the law holds
+            m.inv_all_laws()
+    monkeypatch.setattr(MambaPool, "copy_state", lambda self, src, dst, owner: None)  # BUG: nothing copied
+    with pytest.raises(AssertionError, match=r"inv_mamba_content: copy-on-write of state \d+ .* the copy holds"):
+        m.inc_lock_ref_cached(keys, (), True)
+
+
+def test_a_cached_state_overwritten_behind_the_cache_is_caught() -> None:
+    """``inv_mamba_content`` on every snapshot: a cached state whose value changed (written over after it was
+    cached, e.g. by a slot handed out twice) is caught."""
+    m = cache_machine("mamba")
+    m.insert(0, (1, 2), False)
+    m.inv_all_laws()
+    state = next(iter(m.prefix.mamba_state.values()))
+    m.a.write_mamba(state, 12345)  # BUG: the cached state is written over
+    with pytest.raises(AssertionError, match=rf"inv_mamba_content: cached state {state} of .* holds 12345"):
+        m.inv_all_laws()
