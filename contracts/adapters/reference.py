@@ -136,11 +136,9 @@ def snapshot_of(cache: RadixCache, seen: dict[int, TreeNode] | None = None) -> S
     slots = [x for xs in full.values() for x in xs]
     content = dict(zip(slots, data[torch.tensor(slots, dtype=torch.int64)].tolist(), strict=True)) if slots else {}
     cached = {c: cached_node_ids(cache, c) for c in cache.components}
-    states: dict[int, int] = {}
-    if cache.mamba is not None:
-        states = mamba_states(cache.mamba)
+    held = mamba_states(cache.mamba) if cache.mamba is not None else {}
     tree = tree_links(cache, nodes.values())
-    return Snapshot(prefix, locks, lru, ledgers, content, cache.sizes(), cached, tree, states)
+    return Snapshot(prefix, locks, lru, ledgers, content, cache.sizes(), cached, tree, held)
 
 
 def tree_links(cache: RadixCache, nodes: Iterable[TreeNode]) -> TreeLinks:
