@@ -1515,7 +1515,56 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
                 )
     finally:
         pool.free(planted, PHANTOM)
-    return f"leak audit: {name} slots {slots}; {log_audit(mm, law)}"
+    return f"leak audit: {name} slots {slots}; {log_audit(mm, law)}; {provenance_audit(mm, draw, law)}"
+
+
+def provenance_audit(mm: MemoryManager, draw: Draw, law: str) -> str:
+    """Provenance names the operation: on a copy of ``mm`` with no failure pending, one operation of the manager
+    that logs an event (admit a waiting request; chunk, extend, finish, retract or abort a running one; abort a
+    waiting one) is made; every slot that got an owner in it (a new one, or another) must carry the event it logged,
+    named after it, and no other slot's provenance may change.
+
+    Raises ``AssertionError`` naming ``law`` otherwise (a leak report that names another operation, or an older one,
+    sends whoever reads it to the wrong code)."""
+    m = deepcopy(mm)
+    m.fail_next = 0
+    reqs = list(m.requests.values())
+    choices = [(op, r) for r in reqs if r.status is Status.RUNNING for op in ("chunk", "extend", "finish", "retract")]
+    choices += [(op, r) for r in reqs if r.status in (Status.RUNNING, Status.WAITING) for op in ("abort",)]
+    choices += [("admit", r) for r in reqs if r.status is Status.WAITING]
+    if not choices:
+        return "provenance audit: no request to act on"
+    op, req = draw(st.sampled_from(choices))
+    pools = m.pools()
+    before = {name: (p.owner_tag.clone(), p.origin.clone()) for name, p in pools.items()}
+    last = max(m.events)
+    calls: dict[str, Callable[[], object]] = {
+        "chunk": lambda: m.chunk(req),
+        "extend": lambda: m.extend(req, (1,), 0),
+        "finish": lambda: m.finish(req),
+        "retract": lambda: m.retract(req),
+        "abort": lambda: m.abort(req),
+        "admit": lambda: admit(m, [req], Budget(24, 1)),
+    }
+    if raised(calls[op]) is not None:
+        return f"provenance audit: {op} of request {req.rid} refused"
+    logged = sorted(e for e in m.events if e > last)
+    for name, p in pools.items():
+        tags, origins = before[name]
+        got = torch.nonzero((p.owner_tag != tags) & (p.owner_tag != FREE_TAG)).flatten().tolist()
+        stamped = torch.nonzero(p.origin != origins).flatten().tolist()
+        if not got and not stamped:
+            continue
+        if not logged or m.events[logged[-1]].op != op:
+            ops = [m.events[e].op for e in logged]
+            raise AssertionError(f"{law}: {op} of request {req.rid} gave {name} slots {got[:4]} owners, logging {ops}")
+        bad = [x for x in got if int(p.origin[x]) != logged[-1]]
+        if bad or sorted(stamped) != sorted(got):
+            raise AssertionError(
+                f"{law}: {op} of request {req.rid} (event {logged[-1]}) gave {name} slots {got[:6]} owners and "
+                f"stamped slots {stamped[:6]}; slots {bad[:4]} name another event"
+            )
+    return f"provenance audit: {op} of request {req.rid}"
 
 
 def log_audit(mm: MemoryManager, law: str) -> str:

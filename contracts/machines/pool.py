@@ -42,6 +42,7 @@ from kvledger.contracts.machines.calls import (
     sweep,
 )
 from kvledger.contracts.machines.probes import (
+    CONSTRUCTORS,
     Call,
     constructor_calls,
     id_edges,
@@ -142,10 +143,12 @@ def _data(pool: AnyPool) -> torch.Tensor | None:
     return pool.data
 
 
-TENSOR_EDGES = ("float", "2d", "sparse", "meta", "below", "above")
+TENSOR_EDGES = ("float", "2d", "sparse", "meta", "below", "above", "empty")
 """Every kind of bad tensor ``bad_tensor`` gives a tensor parameter: a float or 2-D copy of valid ids, the same ids
 in a sparse or a meta tensor (the right dtype and no readable values), and, for a parameter naming this pool's ids,
-the same ids moved just below the pool (negative) or far past its end (whole pages stay whole pages)."""
+the same ids moved just below the pool (negative) or far past its end (whole pages stay whole pages), and none at
+all (an empty 1-D tensor: a call that acts on this pool's slots names at least one; a query of none may answer
+none, so queries are not given it)."""
 
 DATA_PARAMS = frozenset({"tokens", "positions"})
 """Tensor parameters that carry values, not this pool's ids (token ids and positions for a fingerprint)."""
@@ -165,6 +168,8 @@ def bad_tensor_of(good: torch.Tensor, edge: str, top: int) -> torch.Tensor:
         return good.to_sparse()
     if edge == "meta":
         return good.to("meta")
+    if edge == "empty":
+        return good[:0]
     low = int(good.min())
     return good - low - good.numel() if edge == "below" else good - low + top
 
@@ -180,14 +185,15 @@ def _shown_tensor(x: torch.Tensor) -> str:
     return f"{x.tolist()!r:.60}"
 
 
-TensorCall = tuple[str, str, bool, bool, Callable[[torch.Tensor], object]]
+TensorCall = tuple[str, str, bool, bool, bool, Callable[[torch.Tensor], object]]
 
 
 def tensor_calls(pool: AnyPool, chunk: Chunk) -> list[TensorCall]:
     """Each public method of ``pool`` with a parameter annotated ``torch.Tensor``, per such parameter: (method,
     parameter, whether it names this pool's ids, whether the method is a query that may answer ``None`` (its answer
-    typed ``... | None``), the call of a tensor there with every other argument valid: ``chunk``'s ids and owner,
-    another owner as ``dst``, zeros for values, ``chunk``'s first id as a row)."""
+    typed ``... | None``), whether it answers nothing (typed ``None``: it acts, or checks), the call of a tensor
+    there with every other argument valid: ``chunk``'s ids and owner, another owner as ``dst``, zeros for values,
+    ``chunk``'s first id as a row)."""
     import inspect
 
     out: list[TensorCall] = []
@@ -227,8 +233,9 @@ def tensor_calls(pool: AnyPool, chunk: Chunk) -> list[TensorCall]:
                 return fn(*args)
 
             ids = param not in DATA_PARAMS and (name, param) not in OTHER_POOLS_IDS
-            query = str(fn.__annotations__.get("return", "None")).replace(" ", "").endswith("|None")
-            out.append((f"{type(pool).__name__}.{name}", param, ids, query, call))
+            answer = str(fn.__annotations__.get("return", "None")).replace(" ", "")
+            query = answer.endswith("|None")
+            out.append((f"{type(pool).__name__}.{name}", param, ids, query, answer == "None", call))
     return out
 
 
@@ -397,9 +404,9 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             sweep of ``TENSOR_EDGES``), the other arguments valid: each refused with a typed error, nothing
             changed. A query whose answer is typed ``... | None`` may answer ``None`` (not shown) instead."""
             top = next(iter(pools_of(self.pool).values())).size * max(1, kind.unit) + 10_000
-            for what, param, ids, query, call in tensor_calls(self.pool, chunk):
+            for what, param, ids, query, acts, call in tensor_calls(self.pool, chunk):
                 for edge in TENSOR_EDGES:
-                    if edge in ("below", "above") and not ids:
+                    if (edge in ("below", "above") and not ids) or (edge == "empty" and not (ids and acts)):
                         continue
                     bad = bad_tensor_of(chunk.idx, edge, top)
                     made = partial(call, bad)
@@ -596,6 +603,22 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             """Build one of this pool kind's public types (the pool, a cache over it) with arguments drawn from
             anywhere, one of them junk at most: built inside its domain, refused with a typed error outside."""
             self._domain(call, call.inside, run_call(call))
+
+        @rule(data=st.data())
+        def construct_sweep(self, data: st.DataObject) -> None:
+            """One argument of one of this pool kind's public types given each value of its catalogue of junk
+            (``Constructor.edges``) in turn, the other arguments valid: each built inside its domain (a value that
+            is valid with the others drawn), refused with a typed error outside."""
+            c = data.draw(st.sampled_from(CONSTRUCTORS[kind.name]))
+            names = [k for k in c.args if k in c.edges]
+            if not names:
+                return
+            broken = data.draw(st.sampled_from(names))
+            valid = {k: data.draw(c.valid[k]()) for k in c.args}
+            for junk in c.edges[broken]:
+                args = {**valid, broken: junk}
+                call = Call(c.what, tuple(args.items()), c.inside(args))
+                self._domain(call, call.inside, run_call(call))
 
         @rule(chunk=chunks, owner=owner_or_junk(), how=st.sampled_from(["alloc", "free", "give", "take"]))
         def bad_owner(self, chunk: Chunk, owner: object, how: str) -> None:

@@ -19,7 +19,7 @@ KV allocator or a Mamba pool); :func:`constructor_calls` draws calls of them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from hypothesis import strategies as st
@@ -112,6 +112,10 @@ def shape_or_junk() -> st.SearchStrategy[object]:
     return st.one_of(dims.map(tuple), dims.map(list), bad_dims.map(tuple), JUNK_SCALARS)
 
 
+SHAPE_EDGES: tuple[object, ...] = ((0,), (-1,), (True,), (1.5,), (2, D.INT64_END), [2], 2, None)
+"""Every kind of junk ``shape_or_junk`` draws, once: a dimension of 0, negative, a bool, a float, past int64, a
+list, a scalar, ``None``."""
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 OTHER_DTYPES = (torch.int64, torch.int32, torch.int8, torch.bool, torch.complex64)
 
@@ -159,6 +163,9 @@ class Constructor:
     args: Mapping[str, Callable[[], st.SearchStrategy[object]]]
     inside: Callable[[Mapping[str, object]], bool]
     valid: Mapping[str, Callable[[], st.SearchStrategy[object]]]
+    edges: Mapping[str, tuple[object, ...]] = field(default_factory=dict)
+    """Per argument, a finite catalogue with one value of each kind of junk it takes (a sweep meets all of them;
+    a draw of ``args`` meets each only now and then)."""
 
 
 def _kv_or_junk() -> st.SearchStrategy[object]:
@@ -212,6 +219,7 @@ RADIX = Constructor(
         "swa_window": _st(st.none()),
         "mamba": lambda: st.none() | st.just("mamba").map(_other_pool),
     },
+    {"page_size": count_edges(1), "swa_window": count_edges(1)},
 )
 
 _NAME = st.sampled_from(["kv", "x"])
@@ -228,7 +236,10 @@ def _pool(what: str, build: Callable[..., object], counts: Mapping[str, int], na
     def inside(a: Mapping[str, object]) -> bool:
         return all(D.is_count(a[k], lo) for k, lo in counts.items()) and (not named or isinstance(a["name"], str))
 
-    return Constructor(what, build, args, inside, valid)
+    edges = {k: count_edges(lo) for k, lo in counts.items()}
+    if named:
+        edges["name"] = (None, 0, b"kv", _Junk())
+    return Constructor(what, build, args, inside, valid, edges)
 
 
 MAMBA = Constructor(
@@ -260,6 +271,13 @@ MAMBA = Constructor(
         "temporal_shape": _st(st.just((2, 2))),
         "ping_pong_size": _st(st.integers(0, 2)),
         "dtype": _st(st.sampled_from(FLOAT_DTYPES)),
+    },
+    {
+        "size": count_edges(1),
+        "conv_shape": SHAPE_EDGES,
+        "temporal_shape": SHAPE_EDGES,
+        "ping_pong_size": count_edges(0),
+        "dtype": (*OTHER_DTYPES, "float32", *SCALAR_EDGES),
     },
 )
 

@@ -429,6 +429,18 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                         f"admitted request {r} holds the KV of {got.kv_len} tokens {got.tokens[:8]}, "
                         f"it was admitted with {len(prompt)} tokens {prompt[:8]}",
                     )
+                states = after.ledgers.get("mamba")
+                if (
+                    states is not None
+                    and self.has("prefill_on_admit")
+                    and got.status == "running"
+                    and not L.held_by(states, request(r))
+                ):
+                    raise _fail(
+                        "admission commits",
+                        f"admitted request {r} holds no Mamba state: a model with a Mamba pool runs each request on "
+                        "its own recurrent state",
+                    )
                 if prompt is not None and self.has("prefill_on_admit") and got.prefix_len >= len(prompt):
                     raise _fail(
                         "admission commits",

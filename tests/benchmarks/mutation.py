@@ -311,6 +311,11 @@ EQUIVALENT: dict[str, str] = {
     "impl/slots.py:_tag_bytes:len+1:len(_TAG_RUNS)": (
         "a memo's size bound (runs of tag bytes): cleared one entry sooner, it makes the same bytes again"
     ),
+    "impl/slots.py:SlotPool.claim:drop-store:tags[ids] = self._host_positions(k)": (
+        "claim is a fast path: without writing the positions, the read-back of k >= 2 tags (all the owner's code) "
+        "never equals 0 .. k-1, so a scattered claim always puts the tags back and declines (False), and the caller "
+        "takes the general checks (the same result)"
+    ),
     "impl/slots.py:RecentAllocs.find:len+1:len(raw)": (
         "a speed memo's lookup: a result exactly at the short bound is looked up among the long ones and missed, "
         "and the caller proves it distinct by the slow path (the same answer, one scan more)"

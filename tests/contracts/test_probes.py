@@ -361,7 +361,7 @@ def test_bad_tensor_passes_on_the_reference_and_meets_every_tensor_parameter(kin
     m = machine(kind)
     c = chunk_of(m, KINDS[kind].unit * 2)
     calls = tensor_calls(m.pool, c)
-    assert calls and all(isinstance(p, str) for _, p, _, _, _ in calls)
+    assert calls and all(isinstance(p, str) for _, p, _, _, _, _ in calls)
     m.bad_tensor(c)  # every method, every tensor parameter, every kind of bad tensor: refused, nothing changed
 
 
@@ -409,3 +409,33 @@ def test_a_cached_state_overwritten_behind_the_cache_is_caught() -> None:
     m.a.write_mamba(state, 12345)  # BUG: the cached state is written over
     with pytest.raises(AssertionError, match=rf"inv_mamba_content: cached state {state} of .* holds 12345"):
         m.inv_all_laws()
+
+
+def _sweep_constructors(kind: str, examples: int = 40) -> None:
+    from hypothesis import Phase
+    from hypothesis import strategies as st
+
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
+    @given(st.data())
+    def run(data: st.DataObject) -> None:
+        machine(kind).construct_sweep(data)
+
+    run()
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_constructor_sweep_holds_on_the_reference(kind: str) -> None:
+    _sweep_constructors(kind)
+
+
+def test_a_constructor_that_takes_any_shape_is_caught_by_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shape check weakened for one kind of dimension (here any shape is replaced by a good one: a zero, negative,
+    bool or float dimension is taken) is met by the sweep, which gives each kind in turn."""
+    real = MambaPool.__init__
+
+    def lenient(self: MambaPool, size: int, conv_shape: Any = (2,), temporal_shape: Any = (2,), **kw: Any) -> None:
+        real(self, size, conv_shape=(2,), temporal_shape=(2,), **kw)  # BUG: the shapes are never checked
+
+    monkeypatch.setattr(MambaPool, "__init__", lenient)
+    with pytest.raises(AssertionError, match="inv_domain_enforced: MambaPool"):
+        _sweep_constructors("mamba")

@@ -308,11 +308,12 @@ def test_a_use_without_the_holder_check_is_caught(
 
 
 def _choosing(name: str, n: int = 1) -> C.Draw:
-    """A draw that picks pool ``name`` from the audit's ``sampled_from`` of (name, pool), and plants ``n`` slots."""
+    """A draw that picks pool ``name`` from the audit's ``sampled_from`` of (name, pool), and plants ``n`` slots
+    (any other ``sampled_from``: its first element)."""
 
     def draw(strategy: Any) -> Any:
         elements = getattr(strategy, "elements", None)
-        return n if elements is None else next(p for p in elements if p[0] == name)
+        return n if elements is None else next((p for p in elements if p[0] == name), elements[0])
 
     return draw
 
@@ -904,3 +905,44 @@ def test_a_log_that_forgets_a_named_event_fails_the_audit(monkeypatch: pytest.Mo
     monkeypatch.setattr(MemoryManager, "_prune_events", prune)
     with pytest.raises(AssertionError, match=r"law: events \[.*\], which slots' provenance names, were forgotten"):
         C.log_audit(_full_with_evictable(), "law")
+
+
+def _deciding(op: str) -> C.Draw:
+    """A draw that picks operation ``op`` (on the first request it may act on) from the provenance audit's choices."""
+
+    def draw(strategy: Any) -> Any:
+        return next(p for p in getattr(strategy, "elements", ()) if p[0] == op)
+
+    return draw
+
+
+@pytest.mark.parametrize("op", ["finish", "extend", "retract", "abort"])
+def test_the_provenance_audit_holds_on_the_reference_and_changes_nothing(op: str) -> None:
+    mm = _running_manager(False)
+    before = C._manager_fingerprint(mm)
+    assert C.provenance_audit(mm, _deciding(op), "law").startswith("provenance audit: ")
+    assert C._manager_fingerprint(mm) == before
+
+
+def test_an_operation_that_logs_no_event_fails_the_provenance_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``finish`` that logs nothing: the slots it hands the tree keep the stamp of the operation before it."""
+    real = MemoryManager.event
+    silent = lambda self, op, who: self._step if op == "finish" else real(self, op, who)  # noqa: E731
+    monkeypatch.setattr(MemoryManager, "event", silent)
+    with pytest.raises(AssertionError, match=r"law: finish of request \d+ gave \w+ slots .* owners, logging \[\]"):
+        C.provenance_audit(_running_manager(False), _deciding("finish"), "law")
+
+
+def test_an_operation_that_stamps_the_wrong_slots_fails_the_provenance_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An extend whose new slot keeps the stamp of an older event (the stamp set after the allocation)."""
+    real = MemoryManager.extend
+
+    def extend(self: MemoryManager, req: Any, new_tokens: tuple[int, ...], ahead: int = 0) -> None:
+        step = self._step
+        real(self, req, new_tokens, ahead)
+        for p in self.pools().values():
+            p.origin[p.origin == self._step] = step  # BUG: what extend handed out names the event before it
+
+    monkeypatch.setattr(MemoryManager, "extend", extend)
+    with pytest.raises(AssertionError, match=r"law: extend of request \d+ \(event \d+\) gave"):
+        C.provenance_audit(_running_manager(False), _deciding("extend"), "law")

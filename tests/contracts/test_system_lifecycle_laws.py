@@ -200,3 +200,19 @@ def test_a_chunk_that_moves_the_lock_without_the_prefix_is_caught(monkeypatch: p
     monkeypatch.setattr(MemoryManager, "chunk", chunk)
     result = run()
     assert result.violation is not None and result.violation.rule == "inv_lock_covers_prefix", result.violation
+
+
+def test_an_admission_that_gives_no_mamba_state_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request admitted without the Mamba state it runs on (the allocation skipped): memory stays consistent, but
+    the request has no recurrent state."""
+    real = admission._acquire
+
+    def acquire(mm: MemoryManager, a: Any) -> None:
+        real(mm, a)
+        if a.req.session is None and a.mamba is not None and mm.mamba is not None:
+            mm.free_mamba(a.req.owner, a.mamba)  # BUG: no state for the request
+            a.mamba = a.req.mamba = None
+
+    monkeypatch.setattr(admission, "_acquire", acquire)
+    result = run("mamba")
+    assert result.violation is not None and result.violation.rule == "admission commits", result.violation

@@ -391,7 +391,7 @@ class LegacyMambaAdapter(_LegacyAdapter):
     """SGLang 0.5.9 ``MambaRadixCache`` (full attention + Mamba states, page size 1) with its two ``LRUList``."""
 
     cache_class = "MambaRadixCache"
-    capabilities = frozenset({"lru", "locks", "ledgers", "content", "sizes", "mamba_cow"})
+    capabilities = frozenset({"lru", "locks", "ledgers", "content", "sizes", "mamba_cow", "mamba_content"})
 
     def __init__(self, config: CacheConfig) -> None:
         if not config.mamba:
@@ -399,6 +399,10 @@ class LegacyMambaAdapter(_LegacyAdapter):
         if config.page_size != 1:
             raise NotExpressible("SGLang 0.5.9 MambaRadixCache supports page size 1 only (without extra buffer)")
         super().__init__(config)
+        if getattr(self.req_pool, "mamba_allocator", None) is not None:
+            # NOTE: from 0.5.13 a copy-on-write only records its source (the forward pass copies the state), so
+            # what the new slot holds is not the cache's to answer for
+            self.capabilities = self.capabilities - {"mamba_content"}
 
     def _build(self) -> Any:
         # NOTE: match_prefix reads mamba_cache_chunk_size from the global server args; only that field is needed.
@@ -528,7 +532,21 @@ class LegacyMambaAdapter(_LegacyAdapter):
             self.kv.content(slots),
             sizes,
             {c: frozenset(ns) for c, ns in cached.items()},
+            mamba_content=self._mamba_content(
+                {x for xs in (*mamba_owners.values(), *self.req_mamba.values()) for x in xs}
+            ),
         )
+
+    def _mamba_content(self, held: set[int]) -> dict[int, int]:
+        """Each held state's value (``write_mamba`` writes it into every layer's temporal state; SGLang's
+        copy-on-write copies the tensors): the value where every layer and element agrees on it, else -1."""
+        temporal = self.mamba_pool.mamba_cache.temporal
+        out: dict[int, int] = {}
+        for slot in sorted(held):
+            vals = temporal[:, slot].flatten()
+            first = float(vals[0]) if vals.numel() else -1.0
+            out[slot] = int(first) if vals.numel() and bool((vals == first).all()) and first.is_integer() else -1
+        return out
 
     def _lru(self, lst: Any, comp: Component) -> LruState:
         return lru_state(
