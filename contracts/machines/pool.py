@@ -498,7 +498,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             """Write ``n`` KV slot ids into the chunk's row at ``start``: new ids, or a view of the table itself
             (columns ``shift`` away in its own row, overlapping the target or not, or of another row), as engines copy
             a prefix. ``row write commits``: the table afterwards is the table before with exactly those columns
-            set to what the source held; a source naming a slot twice is refused, the table unchanged."""
+            set to what the source held, and ``read`` of those columns answers them; a source naming a slot twice
+            is refused, the table unchanged."""
             pool = self.pool
             if not isinstance(pool, ReqToTokenPool):
                 return
@@ -529,6 +530,12 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 raise AssertionError(
                     f"row write commits: write(row {row}, {start}, {src} [{at}:{at + n}]) left the row {got}, "
                     f"expected {expected[row].tolist()}"
+                )
+            back, want = pool.read(row, start, start + n), expected[row, start : start + n]
+            if not torch.equal(back, want):  # NOTE: and reads back, through the table's own read
+                raise AssertionError(
+                    f"results equal the spec's: read(row {row}, {start}, {start + n}) after the write answered "
+                    f"{back.tolist()}, the row holds {want.tolist()}"
                 )
 
         @rule(n=st.integers(1, 3), which=st.integers(0, 3))

@@ -316,6 +316,18 @@ EQUIVALENT: dict[str, str] = {
         "never equals 0 .. k-1, so a scattered claim always puts the tags back and declines (False), and the caller "
         "takes the general checks (the same result)"
     ),
+    "impl/slots.py:RecentAllocs.find:slice+1:-64:": (
+        "a speed memo's lookup key made one byte shorter than the stored key: every lookup misses, and the caller "
+        "proves the result distinct by the slow path (the same answer, one scan more)"
+    ),
+    "impl/slots.py:_tag_bytes:boundary:len(_TAG_BYTES) > 4096": (
+        "a memo's size bound (one tag's bytes per code) made `>=`: cleared one entry sooner, it makes the same bytes "
+        "again"
+    ),
+    "impl/slots.py:SlotPool.__init__:slice+1::0": (
+        "the initial positions view is only a length: it holds one element instead of none, and every reader asks "
+        "for k >= 2 positions (shorter calls return before), which regrows it to an arange before anything is read"
+    ),
     "impl/slots.py:RecentAllocs.find:len+1:len(raw)": (
         "a speed memo's lookup: a result exactly at the short bound is looked up among the long ones and missed, "
         "and the caller proves it distinct by the slow path (the same answer, one scan more)"

@@ -439,3 +439,16 @@ def test_a_constructor_that_takes_any_shape_is_caught_by_the_sweep(monkeypatch: 
     monkeypatch.setattr(MambaPool, "__init__", lenient)
     with pytest.raises(AssertionError, match="inv_domain_enforced: MambaPool"):
         _sweep_constructors("mamba")
+
+
+def test_a_row_read_one_column_too_long_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read`` answers what ``write`` stored: a read whose slice runs one column past ``end`` is caught by the row
+    write's read-back (``results equal the spec's``)."""
+    from kvledger.impl.req_to_token import ReqToTokenPool
+
+    m = machine("req_to_token")
+    c = chunk_of(m)
+    m.write_row(c, 0, 2, "ids", 0)  # the reference reads back what it wrote
+    monkeypatch.setattr(ReqToTokenPool, "read", lambda self, row, start, end: self.table[row, start : end + 1].clone())
+    with pytest.raises(AssertionError, match=r"results equal the spec's: read\(row \d+, 0, 2\) after the write"):
+        m.write_row(c, 0, 2, "ids", 0)

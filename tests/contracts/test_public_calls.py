@@ -946,3 +946,41 @@ def test_an_operation_that_stamps_the_wrong_slots_fails_the_provenance_audit(mon
     monkeypatch.setattr(MemoryManager, "extend", extend)
     with pytest.raises(AssertionError, match=r"law: extend of request \d+ \(event \d+\) gave"):
         C.provenance_audit(_running_manager(False), _deciding("extend"), "law")
+
+
+def _mamba_session_manager() -> MemoryManager:
+    mm = build_manager(SystemConfig(kv_tokens=16, rows=3, max_context=12, mamba=True, mamba_slots=4))
+    mm.sessions.open(1)
+    req = mm.add_request((1, 2, 3), session=1)
+    admit(mm, [req], Budget(24, 1))
+    mm.finish(req)
+    assert mm.sessions.slots[1].mamba is not None
+    return mm
+
+
+def test_a_release_made_on_a_copy_balances_on_the_reference() -> None:
+    mm = _mamba_session_manager()
+    before = C._manager_fingerprint(mm)
+    scenario = C.manager_scenario_of(mm, ["a session's first turn finished"])
+    assert scenario.on_copy is not None
+    for what, args in (("sessions.release_state", {"slot": mm.sessions.slots[1]}), ("close_session", {"sid": 1})):
+        method = {m.what: m for m in scenario.methods}[what]
+        assert method.releases and "the books balance" in scenario.on_copy(method, args)
+    assert C._manager_fingerprint(mm) == before
+
+
+def test_a_release_that_keeps_pointing_at_what_it_freed_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``release_state`` that frees the session's state but keeps its reference: the copy's books do not balance."""
+
+    def release(self: Sessions, slot: SessionSlot) -> None:
+        self._own_slot("release_state", slot)
+        if slot.mamba is not None:
+            self.mm.free_mamba(slot.owner, slot.mamba)  # BUG: slot.mamba still names the freed slots
+
+    monkeypatch.setattr(Sessions, "release_state", release)
+    mm = _mamba_session_manager()
+    scenario = C.manager_scenario_of(mm, ["a session's first turn finished"])
+    assert scenario.on_copy is not None
+    method = {m.what: m for m in scenario.methods}["sessions.release_state"]
+    with pytest.raises(AssertionError, match=r"leak checker agrees with the ledgers: MemoryManager.sessions.release_"):
+        scenario.on_copy(method, {"slot": mm.sessions.slots[1]})
