@@ -69,21 +69,29 @@ def test_public_calls_obey_the_domain_law_on_the_reference(kind: str, make: Make
     run_probes(kind, make, 120)
 
 
+def over_scenarios(examples: int, each: Callable[[C.Scenario, st.DataObject], None]) -> None:
+    """``each`` of ``examples`` scenarios drawn from every pool kind's (derandomised)."""
+
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
+    @given(st.data())
+    def run(data: st.DataObject) -> None:
+        kind, make = data.draw(st.sampled_from(CASES))
+        each(make(kind, data.draw), data)
+
+    run()
+
+
 def test_every_public_call_is_probed() -> None:
     """Each method of each scenario is drawn and made (a probe that never runs is no probe)."""
     seen: set[str] = set()
 
-    @settings(max_examples=300, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
-    @given(st.data())
-    def collect(data: st.DataObject) -> None:
-        kind, make = data.draw(st.sampled_from(CASES))
-        scenario = make(kind, data.draw)
+    def collect(scenario: C.Scenario, data: st.DataObject) -> None:
         for _ in range(4):
             what = C.probe(scenario, data.draw)
             if "(" in what:  # NOTE: a call made (not a valid one left to the rules, not one with no value here)
                 seen.add(what.split("(")[0])
 
-    collect()
+    over_scenarios(300, collect)
     wanted = {"MemoryManager." + m for m in ("alloc_kv", "add_request", "extend", "finish", "abort", "write_kv")}
     wanted |= {"RadixCache." + m for m in ("insert", "verify", "node", "match_prefix", "inc_lock_ref", "evict")}
     assert wanted <= seen, sorted(wanted - seen)
@@ -97,11 +105,7 @@ def test_every_public_method_is_in_a_scenario_or_set_aside_with_a_reason() -> No
     ``NOT_PROBED`` (with a reason); a name in ``NOT_PROBED`` is a real public method that no scenario has."""
     listed: set[str] = set()
 
-    @settings(max_examples=60, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
-    @given(st.data())
-    def collect(data: st.DataObject) -> None:
-        kind, make = data.draw(st.sampled_from(CASES))
-        scenario = make(kind, data.draw)
+    def collect(scenario: C.Scenario, data: st.DataObject) -> None:
         for m in scenario.methods:
             if m.what in PROBED_AS:
                 listed.add(PROBED_AS[m.what])
@@ -110,7 +114,7 @@ def test_every_public_method_is_in_a_scenario_or_set_aside_with_a_reason() -> No
             else:
                 listed.add(f"{scenario.what}.{m.what}")
 
-    collect()
+    over_scenarios(60, collect)
     public = {
         f"{cls.__name__}.{name}"
         for cls in (MemoryManager, Sessions, RadixCache)
