@@ -295,6 +295,7 @@ class _Cache:
     state: int | None
     others: dict[Owner, list[int]]  # other requests' token slots
     swa_dead: frozenset[int] = frozenset()  # held token slots whose SWA slot is not the prober's (freed, or given)
+    stale_matches: list[tuple[MatchResult, list[int]]] = field(default_factory=list)  # last node evicted since
 
 
 def _cache_fingerprint(c: RadixCache) -> object:
@@ -342,6 +343,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
         keys.append(key)
         seen.extend(n for n in cache.nodes() if n is not cache.root)
     matches: list[tuple[MatchResult, list[int]]] = []
+    unlocked: list[tuple[MatchResult, list[int]]] = []
     released: list[LockHandle] = []
     for key in draw(st.lists(st.sampled_from(keys), min_size=1, max_size=2)) if keys else []:
         m = cache.match_prefix(torch.tensor(key))
@@ -349,14 +351,16 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
         if draw(st.booleans()):
             cache.dec_lock_ref(h)
             released.append(h)
+            unlocked.append((m, key))
         else:
             matches.append((m, key))
     evict = draw(st.booleans())
-    if keys and evict:
-        cache.evict(draw(st.sampled_from(cache.components)), draw(st.integers(1, 6)))
+    if keys and evict:  # NOTE: a few tokens, or all that no lock holds (then a released match is stale for sure)
+        cache.evict(draw(st.sampled_from(cache.components)), draw(st.integers(1, 6) | st.just(1 << 20)))
     live = {id(n) for n in cache.nodes()}
     stale = [n for n in seen if id(n) not in live]
     matches = [(m, k) for m, k in matches if m.length and id(m.last_node) in live]
+    gone = [(m, k) for m, k in unlocked if m.length and id(m.last_node) not in live]  # NOTE: stale: use after evict
     prober = request(90)
     held = kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(0, 3))), prober).tolist()
     state = None
@@ -377,7 +381,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
                 kv.swa.pool.transfer(kv.translate(ids), swa_owner(prober), request(92))
     other = request(91)
     others[other] = kv.alloc(min(kv.available_size(), 2 * ps), other).tolist()
-    return _Cache(cache, keys, matches, stale, released, prober, held, state, others, frozenset(dead))
+    return _Cache(cache, keys, matches, stale, released, prober, held, state, others, frozenset(dead), gone)
 
 
 def _comp_arg(cache: RadixCache, any_on: bool = False) -> Arg:
@@ -471,13 +475,18 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
             {"key": _arg(key_forms([1, 2]), junk_keys(2), _is_key, edges=junk_key_values(2))},
         ),
     ]
-    if c.matches:  # NOTE: matches of length >= 1: ``verify`` of an empty match reads no key at all
+    if c.matches or c.stale_matches:  # NOTE: matches of length >= 1: ``verify`` of an empty match reads no key
         methods.append(
             Method(
                 "verify",
                 lambda match, key: cache.verify(_first(match), key),  # type: ignore[arg-type]
                 {
-                    "match": _arg(st.sampled_from(c.matches), st.sampled_from([None, 1, "match"]), _is_match(cache)),
+                    "match": _arg(
+                        st.sampled_from(c.matches) if c.matches else None,
+                        st.sampled_from([None, 1, "match", *c.stale_matches]),  # NOTE: stale: its node evicted
+                        _is_match(cache),
+                        edges=[None, 1, "match", *c.stale_matches],
+                    ),
                     "key": _arg(_covering_key, _short_key, _covers, after=True, edges=_short_key_edges),
                 },
                 reads=True,
@@ -485,13 +494,18 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
             )
         )
         states = [(m, k) for m, k in c.matches if m.mamba_slot is not None]
-        if cache.mamba is not None and states:
+        gone = [(m, k) for m, k in c.stale_matches if m.mamba_slot is not None]
+        if cache.mamba is not None and (states or gone):
             methods.append(
                 Method(
                     "mamba_copy_on_write",
                     lambda match, owner: cache.mamba_copy_on_write(_first(match), owner),  # type: ignore[arg-type]
                     {
-                        "match": _arg(st.sampled_from(states), st.sampled_from([None, 1]), _is_match(cache)),
+                        "match": _arg(
+                            st.sampled_from(states) if states else None,
+                            st.sampled_from([None, 1, *gone]),
+                            _is_match(cache),
+                        ),
                         "owner": _arg(st.just(request(92)), owner_or_junk(), D.is_owner, edges=OWNER_EDGES),
                     },
                     weight=3,
@@ -664,6 +678,9 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         )
 
     again = own[:ps] * 2 + own[2 * ps :]
+    # NOTE: its own slots, but not whole pages in page order: the first page's slots reversed, or every slot moved
+    # one position on (pages straddled): a paged pool's insert must refuse them (``PageAlignmentError``)
+    torn = [own[:ps][::-1] + own[ps:], own[1:] + own[:1]] if grain > 1 and ps > 1 and own else []
     theirs = [
         s
         for s in (swap(foreign), swap(free), swap(cached), st.just(_slots(again)) if pages > 1 else None)
@@ -675,6 +692,7 @@ def _insert_method(c: _Cache, ps: int) -> Method:
             st.one_of(*theirs) if theirs else None,  # NOTE: slots it does not hold, or one twice: half the junk
             st.just(_slots(own[:-ps])),
             st.just(_slots(own + own[:ps])),
+            *(st.just(_slots(t)) for t in torn),
             st.just(_slots(own).float()),
             st.just(_slots(own).reshape(1, -1)),
             st.just(own),
@@ -695,6 +713,7 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         *([_slots(again)] if pages > 1 else []),
         _slots(own[:-ps]),
         _slots(own + own[:ps]),
+        *(_slots(t) for t in torn),
         _slots(own).float(),
         _slots(own).reshape(1, -1),
         own,
@@ -870,6 +889,35 @@ HAND_OVERS = ("cached whole", "cached in part", "cached as int32", "transferred"
 moved past them) out of its hands before it uses them again."""
 
 
+def _stale_match(cache: RadixCache) -> str:
+    """A match is a reference into the tree: once its node is evicted, every call that takes it must refuse it. On a
+    deep copy of ``cache``, the longest cached key with no lock on its node is matched, everything no lock holds is
+    evicted, and ``verify`` of that match (and, with Mamba, a copy-on-write of it) must fail typed and change
+    nothing; what went wrong, or ""."""
+    dup = deepcopy(cache)
+    nodes = [n for n in dup.nodes() if n is not dup.root and not n.children and not any(n.refs)]
+    if not nodes:
+        return ""
+    n = max(nodes, key=lambda x: x.end)
+    key = dup.prefix(n)
+    m = dup.match_prefix(key)
+    dup.evict(FULL, 1 << 30)
+    if dup._nodes.get(m.last_node.id) is m.last_node:
+        return ""  # NOTE: still cached (an ancestor of a locked node)
+    calls: list[tuple[str, Callable[[], object]]] = [("verify", lambda: dup.verify(m, key))]
+    if dup.mamba is not None:
+        calls.append(("mamba_copy_on_write", lambda: dup.mamba_copy_on_write(m, request(97))))
+    for what, call in calls:
+        before = _cache_fingerprint(dup)
+        err = raised(call)
+        if not isinstance(err, KVLedgerError):
+            got = "accepted" if err is None else f"raised {err!r}"
+            return f"{what} of a match of {key.tolist()} whose node {m.last_node.id} was evicted was {got}"
+        if _cache_fingerprint(dup) != before:
+            return f"{what} of a stale match of {key.tolist()}, refused, changed the cache"
+    return ""
+
+
 def _handed_over(cache: RadixCache) -> str:
     """Slots that changed hands are no longer their old holder's, even when its pool remembers handing them out. On
     a deep copy of ``cache`` per move (``HAND_OVERS``), with runs looked for from one slot on, a fresh owner
@@ -913,7 +961,8 @@ def cache_audit(cache: RadixCache) -> str:
     ``check()`` and fails it, typed, with a link planted broken (``_planted_breaks``; the link is put
     back), a lock of a node planted with a parent cycle fails typed and changes nothing (``_planted_cycle``), a
     release of a handle whose count was planted lost fails typed and puts back what it lowered (``_planted_unheld``),
-    slots a fresh owner hands to the cache are no longer its to free (``_handed_over``),
+    slots a fresh owner hands to the cache are no longer its to free (``_handed_over``), a match whose node was
+    evicted is refused (``_stale_match``),
     and ``node_count()`` is the number of nodes a walk from the root through ``children`` meets.
 
     Raises ``AssertionError`` naming ``self-checks agree with the state`` otherwise (a healthy cache whose own
@@ -926,7 +975,7 @@ def cache_audit(cache: RadixCache) -> str:
         for how, err in list(_planted_breaks(cache.lru(comp))):  # NOTE: every link back before a verdict
             if not isinstance(err, IntegrityError):
                 raise AssertionError(f"{law}: {comp.value} LRU list's check() passed {how}: {err!r}")
-    broken = _planted_cycle(cache) or _planted_unheld(cache) or _handed_over(cache)
+    broken = _planted_cycle(cache) or _planted_unheld(cache) or _handed_over(cache) or _stale_match(cache)
     if broken:
         raise AssertionError(f"{law}: {broken}")
     seen, todo = {cache.root.id}, [cache.root]

