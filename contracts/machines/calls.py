@@ -1021,13 +1021,24 @@ def _misuses(lst: LRUList[Linked], a: Linked, b: Linked, out: Linked) -> list[tu
         ("place of a string", lambda: lst.place("ab"), NotInList),  # type: ignore[arg-type]
         ("touch of a node outside the list", lambda: lst.touch(out), NotInList),
         ("touch_all naming a member twice", lambda: lst.touch_all([b, b]), AlreadyInList),
-        ("insert_mru of a member", lambda: lst.insert_mru(a), AlreadyInList),
-        ("insert_mru of a non-node", lambda: lst.insert_mru(7), UnknownNode),  # type: ignore[arg-type]
-        ("insert_mru of a node still linked", lambda: lst.insert_mru(dangling), AlreadyInList),
         ("remove of a node outside the list", lambda: lst.remove(out), NotInList),
         ("insert_behind an anchor outside the list", lambda: lst.insert_behind(out, dangling), NotInList),
-        ("insert_ahead_of a member, of a member", lambda: lst.insert_ahead_of(a, b), AlreadyInList),
+        ("insert_ahead_of an anchor outside the list", lambda: lst.insert_ahead_of(out, dangling), NotInList),
         ("more_recent of a node outside the list", lambda: lst.more_recent(out), NotInList),
+        # NOTE: every insert, given each kind of node it must not link (next to a member anchor)
+        *(
+            (f"{name} of {what}", partial(insert, bad), err)  # type: ignore[arg-type]  # NOTE: junk on purpose
+            for name, insert in (
+                ("insert_mru", lst.insert_mru),
+                ("insert_behind", partial(lst.insert_behind, a)),
+                ("insert_ahead_of", partial(lst.insert_ahead_of, a)),
+            )
+            for what, bad, err in (
+                ("a member", b, AlreadyInList),
+                ("a node still linked", dangling, AlreadyInList),
+                ("a non-node", 7, UnknownNode),
+            )
+        ),
     ]
 
 

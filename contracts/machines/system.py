@@ -330,6 +330,22 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 tokens = (tokens + (1,) * self.sys.config.max_context)[: self.sys.config.max_context]
             self._add(tokens, sid, 64)
 
+        @precondition(lambda self: bool(self.prompts))
+        @rule(pick=st.integers(0, 15), finish=st.booleans())
+        def repeat_sequence(self, pick: int, finish: bool) -> None:
+            """A request arrives with exactly the sequence of an earlier one (its prompt, or all it holds now:
+            prompt and decoded tokens), as a retried or duplicated request does. With ``finish`` it ends at once,
+            and a second copy arrives and ends too: that one caches a sequence the cache holds whole (every page,
+            and the state at its end, a duplicate), a path of its own."""
+            known = [v.tokens for v in self.last.requests.values() if v.tokens and v.session is None]
+            seqs = list(dict.fromkeys([*known, *self.prompts.values()]))
+            tokens = seqs[pick % len(seqs)][: self.sys.config.max_context]
+            for _ in range(2 if finish else 1):
+                self._add(tokens, None, 64)
+                rid = max(self.prompts)
+                if finish and rid in self.last.requests and self.last.requests[rid].status == "running":
+                    self.end_or_chunk(self.ids("running").index(rid), "finish")
+
         def _add(self, tokens: tuple[int, ...], sid: int | None, budget: int) -> None:
             if sid is not None and (not self.has("sessions") or not self.on("sessions")):
                 sid = None

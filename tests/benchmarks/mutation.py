@@ -332,6 +332,10 @@ EQUIVALENT: dict[str, str] = {
         "only a pool on a device other than the CPU takes that path (a CPU pool pops through its host stack and "
         "returns before it); no check on a CPU machine reaches it, and this task had no GPU lent"
     ),
+    "impl/kvview.py:KVView.take:negate-if:if int(lo) < pool.base or int(hi) >= pool.size:": (
+        "take's general branch runs only off the CPU (a CPU pool returns through claim above it, and an SWA "
+        "allocator declines first): no check on a CPU machine reaches it, and this task had no GPU lent"
+    ),
     "impl/slots.py:RecentAllocs.find:slice+1:-64:": (
         "a speed memo's lookup key made one byte shorter than the stored key: every lookup misses, and the caller "
         "proves the result distinct by the slow path (the same answer, one scan more)"
