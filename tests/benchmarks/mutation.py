@@ -336,6 +336,10 @@ EQUIVALENT: dict[str, str] = {
         "take's general branch runs only off the CPU (a CPU pool returns through claim above it, and an SWA "
         "allocator declines first): no check on a CPU machine reaches it, and this task had no GPU lent"
     ),
+    "impl/slots.py:SlotPool.release:drop-call:self.owner_tag.index_fill_(0, _long(idx), FREE_TAG)": (
+        "the device pools' release (a CPU pool frees through its host mirror above): no check on a CPU machine "
+        "reaches it, and this task had no GPU lent"
+    ),
     "impl/slots.py:RecentAllocs.find:slice+1:-64:": (
         "a speed memo's lookup key made one byte shorter than the stored key: every lookup misses, and the caller "
         "proves the result distinct by the slow path (the same answer, one scan more)"
