@@ -299,7 +299,10 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     raise AssertionError(f"refinement: the implementation did what spec.{op} forbids: {err}") from err
             self.model = new
 
-        def _expect_rejected(self, call: Callable[[], object], expected: type[KVLedgerError]) -> None:
+        def _expect_rejected(
+            self, call: Callable[[], object], expected: type[KVLedgerError], culprits: set[int] | None = None
+        ) -> None:
+            """``call`` refused with ``expected``, naming a slot (``culprits``: exactly those), nothing changed."""
             before = abstract(self.pool)
             contents = _contents(self.pool)
             try:
@@ -307,6 +310,11 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             except KVLedgerError as err:
                 assert isinstance(err, expected), f"expected {expected.__name__}, got {type(err).__name__}: {err}"
                 assert inv_names_culprit(err), f"inv_names_culprit: {type(err).__name__} names no slot: {err}"
+                named = set(getattr(err, "slots", ()))
+                assert culprits is None or named == culprits, (
+                    f"inv_names_culprit: {type(err).__name__} names slots {sorted(named)}, the culprits are "
+                    f"{sorted(culprits or ())}: {err}"
+                )
             else:
                 raise AssertionError(f"invalid call accepted (expected {expected.__name__})")
             assert abstract(self.pool) == before, "rejected call leaves state unchanged: the pool changed"
@@ -440,6 +448,11 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 page = {"below": pages.base - 1, "above": pages.size + 10_000, "edge": pages.size}[where]
                 self._expect_rejected(lambda: tokens_of(torch.tensor([page], dtype=torch.int64)), OutOfRange)
             self._expect_rejected(lambda: _free(self.pool, bad, OWNERS[0]), OutOfRange)
+            # NOTE: and with the pool's first valid ids among them: the refusal names the culprits, and only them
+            ps = int(getattr(self.pool, "page_size", 1))
+            first = min(led.base for led in self.model.values()) * ps
+            mixed = torch.cat((torch.arange(first, first + ps, dtype=torch.int64), bad))
+            self._expect_rejected(lambda: _free(self.pool, mixed, OWNERS[0]), OutOfRange, set(bad.tolist()))
             if isinstance(self.pool, PagedAllocator) and where == "below":
                 # NOTE: and the whole page below the pool, which is whole pages in order and still no page of it
                 reserved = torch.arange(0, self.pool.page_size, dtype=torch.int64)

@@ -158,3 +158,25 @@ def test_a_kv_write_range_check_off_by_one_is_caught(kind: str, monkeypatch: pyt
     state = machine_for(KINDS[kind])()
     with pytest.raises(Exception, match=r"expected OutOfRange|invalid call accepted|out of (range|bounds)"):
         state.out_of_range("edge")
+
+
+def test_a_refusal_that_names_an_innocent_slot_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ids past the pool freed together with the pool's first valid id: the refusal must name the culprits and only
+    them (one that names the valid id too sends whoever reads it to a slot that did nothing wrong)."""
+    from kvledger.impl.slots import SlotPool
+    from kvledger.spec.errors import OutOfRange
+
+    real = SlotPool.as_index
+
+    def as_index(self: SlotPool, op: str, indices: torch.Tensor) -> torch.Tensor:
+        try:
+            return real(self, op, indices)
+        except OutOfRange as err:  # BUG: the pool's first slot named among the culprits
+            raise OutOfRange(err.operation, err.pool, {*err.slots, self.base}, err.detail) from None
+
+    monkeypatch.setattr(SlotPool, "as_index", as_index)
+    state = machine_for(KINDS["token"])()
+    with pytest.raises(
+        AssertionError, match=r"inv_names_culprit: OutOfRange names slots \[1, \d+\], the culprits are \[\d+\]"
+    ):
+        state.out_of_range("above")
