@@ -61,13 +61,13 @@ from kvledger.contracts.machines.probes import (
 from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.arguments import MAX_TOKEN
-from kvledger.impl.integrity import fingerprint
+from kvledger.impl.integrity import fingerprint, fingerprint_one
 from kvledger.impl.leaks import PoolCount, check_leaks, expected_owners
 from kvledger.impl.locks import LockHandle
 from kvledger.impl.lru import SLOT, Linked, LRUList
 from kvledger.impl.mamba import MambaAlloc, MambaPool
 from kvledger.impl.memory import MemoryManager
-from kvledger.impl.owners import FREE_TAG, MAX_IDENT, RESERVED_TAG, decode, encode
+from kvledger.impl.owners import FREE_TAG, MAX_IDENT, RESERVED_TAG, decode, encode, node_tag
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.requests import Request, Status
 from kvledger.impl.session import SessionSlot
@@ -88,6 +88,8 @@ from kvledger.spec.types import Component, Owner, OwnerKind, request, session
 
 __all__ = [
     "NOT_PROBED",
+    "NOT_PROBED_FUNCTIONS",
+    "PROBED_FUNCTIONS",
     "SCENARIOS",
     "Arg",
     "Draw",
@@ -241,6 +243,31 @@ def junk_key_values(length: int) -> tuple[object, ...]:
         set(toks),  # NOTE: iterables of ints that are no sequence: no order to read a key in
         dict.fromkeys(toks),
         *SCALAR_EDGES,
+    )
+
+
+LONG_KEY = 10_000
+"""Tokens in a long key: past the cut-offs where an implementation trades its per-token path for a bulk one (a
+memo of short keys, a byte-wise sign check: kvledger's own key check changes path at 4,096 tokens). The machines'
+own keys are a few tokens, so a path taken only past such a cut-off would otherwise never run."""
+
+
+def long_keys(head: list[int]) -> tuple[object, ...]:
+    """Valid keys of ``LONG_KEY`` tokens that start with ``head``, one of each kind: the smallest id (0) and the
+    largest (``2**63 - 1``) among them, as an int64 tensor and as a list; and the tensor's strided view."""
+    tail = [0, 2**63 - 1, *range(LONG_KEY - len(head) - 2)]
+    toks = head + tail[: max(LONG_KEY - len(head), 0)]
+    return (torch.tensor(toks, dtype=torch.int64), toks, _as(toks, "strided"))
+
+
+def long_junk_keys(head: list[int]) -> tuple[object, ...]:
+    """Keys of ``LONG_KEY`` tokens that start with ``head`` and are no key: a negative id last (as an int64 tensor
+    and as a list), the smallest int64 among large ones."""
+    body = [*head, *range(5, LONG_KEY - len(head) + 4)]
+    return (
+        torch.tensor([*body, -1], dtype=torch.int64),
+        [*body, -1],
+        torch.tensor([*body[:-1], -(2**63), 7], dtype=torch.int64),
     )
 
 
@@ -472,7 +499,11 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
         Method(
             "match_prefix",
             cache.match_prefix,
-            {"key": _arg(key_forms([1, 2]), junk_keys(2), _is_key, edges=junk_key_values(2))},
+            {
+                "key": _arg(
+                    key_forms([1, 2]), junk_keys(2), _is_key, edges=(*junk_key_values(2), *long_junk_keys([1, 2]))
+                )
+            },
         ),
     ]
     if c.matches or c.stale_matches:  # NOTE: matches of length >= 1: ``verify`` of an empty match reads no key
@@ -513,7 +544,7 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
             )
     if len(c.held) >= ps:
         methods.append(_insert_method(c, ps))
-    methods += [_fingerprint_method(), _decode_method()]
+    methods += [_fingerprint_method(), _fingerprint_one_method(), _decode_method(), _node_tag_method()]
     return tuple(methods)
 
 
@@ -590,6 +621,33 @@ def _decode_method() -> Method:
     return Method("decode", decode, {"tag": _arg(tags, junk, lambda x: _is_tag(x), edges=TAG_EDGES)}, reads=True)
 
 
+def _fingerprint_one_method() -> Method:
+    """``impl.integrity.fingerprint_one``: a reading call of a token and a position, ints in ``[0, 2**31)``; anything
+    else is refused, typed."""
+
+    def inside(x: object) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < MAX_TOKEN
+
+    edges = id_edges(MAX_TOKEN)
+    arg = _arg(
+        st.integers(0, MAX_TOKEN - 1), id_or_junk(MAX_TOKEN).filter(lambda x: not inside(x)), inside, edges=edges
+    )
+    return Method("fingerprint_one", fingerprint_one, {"token": arg, "position": arg}, reads=True)
+
+
+def _node_tag_method() -> Method:
+    """``impl.owners.node_tag``: a reading call of a tree node's id in ``[0, MAX_IDENT]`` (the ids an owner tag has
+    room for); any other value is refused, typed."""
+    ids = st.integers(0, MAX_IDENT) | st.sampled_from([0, MAX_IDENT])
+    edges = (*id_edges(MAX_IDENT + 1), 2**64, -(2**63))
+
+    def inside(x: object) -> bool:
+        return type(x) is int and 0 <= x <= MAX_IDENT
+
+    junk = st.sampled_from(edges) | id_or_junk(MAX_IDENT + 1).filter(lambda x: not inside(x))
+    return Method("node_tag", node_tag, {"ident": _arg(ids, junk, inside, edges=edges)}, reads=True)
+
+
 def _first(x: object) -> object:
     """A drawn match (the match and its key) as the call takes it: the match; junk as it is."""
     return x[0] if isinstance(x, tuple) and x else x
@@ -626,7 +684,8 @@ def _covering_key(d: Drawn) -> st.SearchStrategy[object]:
         return key_forms([1], TENSOR_FORMS)  # NOTE: the match is the junk argument
     m, key = d["match"]
     head = key[: m.length]
-    return st.lists(st.integers(1, 3), max_size=3).flatmap(lambda more: key_forms(head + more, TENSOR_FORMS))
+    more = st.lists(st.integers(1, 3), max_size=3).flatmap(lambda more: key_forms(head + more, TENSOR_FORMS))
+    return more | st.sampled_from([k for k in long_keys(head) if isinstance(k, torch.Tensor)])
 
 
 def _short_key(d: Drawn) -> st.SearchStrategy[object]:
@@ -918,6 +977,30 @@ def _stale_match(cache: RadixCache) -> str:
     return ""
 
 
+def _long_match(cache: RadixCache) -> None:
+    """A key past every cut-off for short keys (``LONG_KEY`` tokens: the smallest and the largest id among them)
+    matches as its cached head does. On a deep copy of ``cache``, each of ``long_keys`` of the longest cached key
+    must be matched, not refused (``inv_domain_enforced``), to exactly that key's length and slots (``results equal
+    the spec's``: the rest of the key is cached nowhere)."""
+    dup = deepcopy(cache)
+    leaves = [n for n in dup.nodes() if n is not dup.root and not n.children]
+    head = dup.prefix(max(leaves, key=lambda x: x.end)).tolist() if leaves else []
+    want = dup.match_prefix(torch.tensor(head, dtype=torch.int64))
+    for key in long_keys(head):
+        err = raised(lambda key=key: dup.match_prefix(key))  # type: ignore[misc]
+        if err is not None:
+            raise AssertionError(
+                f"inv_domain_enforced: match_prefix of a key of {LONG_KEY} tokens (cached head {head}, then "
+                f"{_show(key)}) lies in its domain and was refused: {err!r}"
+            )
+        got = dup.match_prefix(key)  # type: ignore[arg-type]
+        if (got.length, got.indices.tolist()) != (want.length, want.indices.tolist()):
+            raise AssertionError(
+                f"results equal the spec's: match_prefix of a key of {LONG_KEY} tokens (cached head {head}) matched "
+                f"{got.length} tokens {got.indices.tolist()}, its head {want.length} {want.indices.tolist()}"
+            )
+
+
 def _handed_over(cache: RadixCache) -> str:
     """Slots that changed hands are no longer their old holder's, even when its pool remembers handing them out. On
     a deep copy of ``cache`` per move (``HAND_OVERS``), with runs looked for from one slot on, a fresh owner
@@ -962,7 +1045,7 @@ def cache_audit(cache: RadixCache) -> str:
     back), a lock of a node planted with a parent cycle fails typed and changes nothing (``_planted_cycle``), a
     release of a handle whose count was planted lost fails typed and puts back what it lowered (``_planted_unheld``),
     slots a fresh owner hands to the cache are no longer its to free (``_handed_over``), a match whose node was
-    evicted is refused (``_stale_match``),
+    evicted is refused (``_stale_match``), a key past the cut-offs for short keys matches as its head (``_long_match``),
     and ``node_count()`` is the number of nodes a walk from the root through ``children`` meets.
 
     Raises ``AssertionError`` naming ``self-checks agree with the state`` otherwise (a healthy cache whose own
@@ -978,6 +1061,7 @@ def cache_audit(cache: RadixCache) -> str:
     broken = _planted_cycle(cache) or _planted_unheld(cache) or _handed_over(cache) or _stale_match(cache)
     if broken:
         raise AssertionError(f"{law}: {broken}")
+    _long_match(cache)
     seen, todo = {cache.root.id}, [cache.root]
     while todo:
         for child in todo.pop().children.values():
@@ -1033,13 +1117,41 @@ def _misuses(lst: LRUList[Linked], a: Linked, b: Linked, out: Linked) -> list[tu
                 ("insert_behind", partial(lst.insert_behind, a)),
                 ("insert_ahead_of", partial(lst.insert_ahead_of, a)),
             )
-            for what, bad, err in (
-                ("a member", b, AlreadyInList),
-                ("a node still linked", dangling, AlreadyInList),
-                ("a non-node", 7, UnknownNode),
+            for what, bad, err in (("a member", b, AlreadyInList), ("a node still linked", dangling, AlreadyInList))
+        ),
+        # NOTE: every call that takes a node, and every anchor, given each kind of non-node: a call that lets one
+        # kind through to its membership test misnames it, or crashes on one that cannot be hashed
+        *(
+            (f"{name} of {what}", partial(call, bad), err)  # type: ignore[operator]  # NOTE: junk on purpose
+            for name, call, err in (
+                ("insert_mru", lst.insert_mru, UnknownNode),
+                ("insert_behind", partial(lst.insert_behind, a), UnknownNode),
+                ("insert_ahead_of", partial(lst.insert_ahead_of, a), UnknownNode),
+                ("insert_behind's anchor", lambda x: lst.insert_behind(x, out), UnknownNode),
+                ("insert_ahead_of's anchor", lambda x: lst.insert_ahead_of(x, out), UnknownNode),
+                ("remove", lst.remove, UnknownNode),
+                ("more_recent", lst.more_recent, UnknownNode),
+                ("touch", lst.touch, NotInList),  # NOTE: ``place`` names a non-node as not in the list
             )
+            for what, bad in _NON_NODES
         ),
     ]
+
+
+def _bad_id_node() -> Linked:
+    x = Linked(0)
+    x.id = "0"  # type: ignore[assignment]  # NOTE: junk on purpose
+    return x
+
+
+_NON_NODES: tuple[tuple[str, object], ...] = (
+    ("an int", 7),
+    ("a string", "7"),
+    ("None", None),
+    ("a list (unhashable)", [7]),
+    ("a node whose id is no int", _bad_id_node()),
+)
+"""Each kind of value that is no node an LRU list can hold (``impl.lru._check_node``)."""
 
 
 def lru_audit(cache: RadixCache, draw: Draw) -> str:
@@ -1706,6 +1818,59 @@ of ``MemoryManager``, ``Sessions`` and ``RadixCache`` is in a scenario (``test_p
 together, so a new public call cannot go unprobed unnoticed)."""
 
 
+PROBED_FUNCTIONS: dict[str, str] = {
+    "admission.admit": "admit",
+    "integrity.fingerprint": "fingerprint",
+    "integrity.fingerprint_one": "fingerprint_one",
+    "owners.decode": "decode",
+    "owners.node_tag": "node_tag",
+}
+"""Public functions of ``kvledger.impl``'s modules that a scenario calls, by the name of its method."""
+
+_CHECKS = "an argument check the public calls make first: probed through the junk of every call that takes one"
+_OWN = "a helper on values the implementation has already checked"
+NOT_PROBED_FUNCTIONS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "arguments.check_device",
+            "arguments.check_id",
+            "arguments.check_ids_tensor",
+            "arguments.check_int",
+            "arguments.check_range",
+            "arguments.check_tokens",
+            "arguments.has_bool",
+            "arguments.not_ids",
+            "allocators.check_kv_write",
+            "allocators.not_int64_1d",
+            "owners.encode",
+            "tree.as_key",
+            "tree.key_bytes",
+        ),
+        _CHECKS,
+    ),
+    **dict.fromkeys(
+        ("faults.active", "faults.disable", "faults.enable", "faults.injected"),
+        ("a switch of the named faults (B1..B5), not part of the memory manager: the fault tests run each"),
+    ),
+    "admission.rollback": "the admission's own undo of a rejected attempt: the system machine's admissions run it",
+    "admission.release_attempt_state": f"{_OWN} (a rejected attempt's state): the admissions run it",
+    "allocators.swa_owner": f"{_OWN} (an owner's SWA twin): every SWA allocator call runs it",
+    "integrity.fingerprint_unchecked": f"{_OWN} (the fingerprint of ids checked by its caller)",
+    "integrity.verify": f"{_OWN} (allocators' verify checks the ids first): probed through RadixCache.verify",
+    "leaks.check_leaks": "the leak checker: the leak audit plants leaks and wants each found, on every probing step",
+    "leaks.expected_owners": "the leak checker's model of owners: the leak audit compares it with the ledgers",
+    "leaks.session_mamba_refs": f"{_OWN} (a session slot the leak checker walks; anything else is refused)",
+    "req_to_token.has_duplicates": f"{_OWN} (ids a row write has checked in range)",
+    "session.common_prefix": f"{_OWN} (a request's tokens and a session's, both checked at add and save)",
+    "slots.host_bytes": f"{_OWN} (a 1-D int64 CPU tensor's bytes)",
+    "slots.run_start": f"{_OWN} (ids a pool popped from its own free stack)",
+    "tree.common_prefix": f"{_OWN} (keys the tree has checked): every match and insert runs it",
+    "tree.longest_match": f"{_OWN} (a walk's own positions): every match runs it",
+}
+"""Public functions of ``kvledger.impl``'s modules that no scenario calls by name, each with the reason
+(``test_public_calls`` holds every public function to this list or to ``PROBED_FUNCTIONS``)."""
+
+
 SCENARIOS: dict[str, tuple[Callable[[str, Draw], Scenario], ...]] = {
     "token": (cache_scenario, manager_scenario),
     "paged": (cache_scenario, manager_scenario),
@@ -1847,6 +2012,8 @@ def _show(v: object) -> str:
     if isinstance(v, torch.Tensor):
         if v.is_meta or v.layout != torch.strided:
             return f"a {'meta' if v.is_meta else v.layout} tensor of {tuple(v.shape)} {v.dtype}"
+        if v.dim() == 1 and len(v) > 16:  # NOTE: a long key: its ends and its length
+            return f"tensor([{str(v[:8].tolist())[1:-1]}, ..., {str(v[-2:].tolist())[1:-1]}] of {len(v)}, {v.dtype})"
         return f"tensor({v.tolist()}, {v.dtype})"
     if isinstance(v, tuple) and v and isinstance(v[0], MatchResult):
         return f"match of {v[1]} (length {v[0].length})"
@@ -1854,4 +2021,6 @@ def _show(v: object) -> str:
         return f"match (length {v.length})"
     if isinstance(v, Request):
         return f"request {v.rid} ({v.status.value})"
+    if isinstance(v, list) and len(v) > 16:  # NOTE: a long key: its ends and its length
+        return f"[{repr(v[:8])[1:-1]}, ..., {repr(v[-2:])[1:-1]}] of {len(v)}"
     return repr(v)[:60]

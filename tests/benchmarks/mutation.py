@@ -282,6 +282,16 @@ EQUIVALENT: dict[str, str] = {
         "and a refused admission release everything), so no expected owner is counted as waiting and the count "
         "is 0 with the line or without it"
     ),
+    "impl/slots.py:SlotPool.alloc_ids:negate-if:if 0 < n <= HANDED_MAX:": (
+        "the bound of a speed memo negated (the last alloc's ids and owner, so their free reads no tags back): set "
+        "for an empty or a long result instead of a short one; every tag write clears it, so it is as true for any "
+        "length, and a short result not remembered has its tags read and compared (the same answer, one read more)"
+    ),
+    "impl/kvview.py:KVView.take:negate-if:if units is None:": (
+        "a fast path that declines: recent pages are proven whole again by whole_pages (the same pages), and pages "
+        "that are not recent reach claim as None, which declines (False), so the insert takes the general checks "
+        "(the same result)"
+    ),
     "impl/slots.py:SlotPool.alloc:drop-store:self._last = (raw, ids, owner)": (
         "a speed memo (the last alloc result, so its free reads no tags back): not set, the free reads the tags "
         "and compares them with the owner's (the same answer, one read more); a stale memo is never taken, since "

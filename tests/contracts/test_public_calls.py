@@ -3,16 +3,20 @@ machine's ownership probe: they hold on the reference and fail, naming the law, 
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 from collections.abc import Callable
 from copy import copy
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+import kvledger.impl
 from kvledger.contracts.adapters.reference_system import build_manager
 from kvledger.contracts.adapters.system import SystemConfig
 from kvledger.contracts.machines import calls as C
@@ -210,7 +214,7 @@ def test_the_sweep_makes_each_value_of_the_catalogue_once(data: st.DataObject) -
 
     methods = tuple(C.Method(m.what, spy(m.call), m.args) for m in scenario.methods if m.what == "match_prefix")
     what = C.sweep(C.Scenario(scenario.what, methods, scenario.fingerprint, scenario.story), data.draw)
-    edges = C.junk_key_values(2)
+    edges = (*C.junk_key_values(2), *C.long_junk_keys([1, 2]))
     assert what == f"RadixCache.match_prefix: {len(edges)} junk key"
 
     def shown(x: object) -> str:  # NOTE: a memoryview's repr names its address: show its bytes
@@ -1015,3 +1019,84 @@ def test_a_verify_of_an_evicted_match_that_is_accepted_fails_the_audit(monkeypat
     assert "was evicted was accepted" in C._stale_match(_with_an_unlocked_leaf())
     with pytest.raises(AssertionError, match="self-checks agree with the state: verify of a match"):
         C.cache_audit(_with_an_unlocked_leaf())
+
+
+def test_every_public_function_is_probed_or_set_aside_with_a_reason() -> None:
+    """Each public function of ``kvledger.impl``'s modules is a scenario's method (``PROBED_FUNCTIONS``, found in a
+    scenario under that name) or in ``NOT_PROBED_FUNCTIONS`` with a reason, not both; each name there is real."""
+    names: set[str] = set()
+
+    def collect(scenario: C.Scenario, data: st.DataObject) -> None:
+        names.update(m.what for m in scenario.methods)
+
+    over_scenarios(60, collect)
+    public = set()
+    for info in pkgutil.iter_modules(kvledger.impl.__path__):
+        mod = importlib.import_module(f"kvledger.impl.{info.name}")
+        public |= {
+            f"{info.name}.{name}"
+            for name, f in inspect.getmembers(mod, inspect.isfunction)
+            if not name.startswith("_") and f.__module__ == mod.__name__
+        }
+    probed, set_aside = set(C.PROBED_FUNCTIONS), set(C.NOT_PROBED_FUNCTIONS)
+    assert not public - probed - set_aside, sorted(public - probed - set_aside)
+    assert probed | set_aside <= public, sorted((probed | set_aside) - public)
+    assert not probed & set_aside, sorted(probed & set_aside)
+    assert set(C.PROBED_FUNCTIONS.values()) <= names, sorted(set(C.PROBED_FUNCTIONS.values()) - names)
+    assert all(len(why) > 20 for why in C.NOT_PROBED_FUNCTIONS.values())
+
+
+@pytest.mark.parametrize("what", ["remove", "more_recent"])
+def test_a_list_call_that_skips_its_node_check_fails_the_audit(monkeypatch: pytest.MonkeyPatch, what: str) -> None:
+    """A call that takes its node to the membership test unchecked misnames a non-node (``NotInList``) or crashes
+    on one that cannot be hashed; the audit gives each call that takes a node every kind of non-node."""
+    from kvledger.impl import lru
+
+    real, ops = lru._check_node, {what, f"lru_{what}"}
+    monkeypatch.setattr(lru, "_check_node", lambda op, comp, node: None if op in ops else real(op, comp, node))
+    with pytest.raises(AssertionError, match=rf"inv_domain_enforced: full list: {what} of .* not UnknownNode"):
+        C.lru_audit(_locked(), _first_choice)
+
+
+def test_a_tag_of_a_node_id_past_the_tag_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``node_tag`` of an id with no room in a tag would tag another node's slots: the probe wants it refused."""
+    from kvledger.impl import owners
+
+    monkeypatch.setattr(owners, "node_tag", lambda ident: owners._NODE_FULL | int(ident))  # BUG: no range check
+    monkeypatch.setattr(C, "node_tag", owners.node_tag)
+    msg = fails("token", C.cache_scenario, "inv_domain_enforced")
+    assert "node_tag" in msg
+
+
+def test_a_long_key_check_that_refuses_token_zero_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check that takes another path for long keys (here numpy's ``min``) meets only keys past its cut-off; the
+    cache audit's long keys hold the smallest id, which a bound off by one refuses."""
+    from kvledger.impl import tree
+
+    real = tree.key_bytes
+
+    def strict(op: str, t: object) -> bytes | bytearray:
+        raw = real(op, t)
+        if len(raw) >= tree._SIGN_LONG and int(np.frombuffer(raw, np.int64).min()) <= 0:  # BUG: `> 0`, not `>= 0`
+            raise CacheError(f"{op}: token ids must be >= 0")
+        return raw
+
+    monkeypatch.setattr(tree, "key_bytes", strict)
+    assert _locked().match_prefix(torch.tensor([0, 9, 9])).length == 0  # NOTE: a short key with a 0 is still taken
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: match_prefix of a key of 10000 tokens"):
+        C.cache_audit(_locked())
+
+
+def test_a_long_key_matched_past_its_cached_head_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long key's rest is cached nowhere: a match of it that reaches further than its head's breaks the law."""
+    real = RadixCache.match_prefix
+
+    def longer(self: RadixCache, key: Any) -> Any:
+        m = real(self, key)
+        if len(key) >= C.LONG_KEY and m.length:
+            return real(self, key[: m.length - 1])  # BUG: a long key is matched one page short
+        return m
+
+    monkeypatch.setattr(RadixCache, "match_prefix", longer)
+    with pytest.raises(AssertionError, match=r"results equal the spec's: match_prefix of a key of 10000 tokens"):
+        C.cache_audit(_locked())
