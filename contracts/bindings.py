@@ -389,13 +389,13 @@ def _bufs(self: SlotPool, tags: Any) -> tuple[bytearray, bytearray] | None:
     """The pool's tag column and free stack as the bytearrays they live in (``SlotPool._tag_buf`` / ``_free_buf``),
     shown to be the memory of ``tags`` (its ``_tags``) and of ``_free_np``; ``None`` where they are not (another
     device, a copy)."""
-    tbuf, fbuf, free_np = self._tag_buf, self._free_buf, self._free_np
-    if tbuf is None or fbuf is None or type(tags) is not np.ndarray or type(free_np) is not np.ndarray:
-        return None
-    tb, fb = tags.base, free_np.base  # NOTE: ``np.frombuffer``'s base: a memoryview of the bytearray
-    if type(tb) is not memoryview or type(fb) is not memoryview:
-        return None
-    return (tbuf, fbuf) if tb.obj is tbuf and fb.obj is fbuf else None
+    tbuf, fbuf = self._tag_buf, self._free_buf
+    try:  # NOTE: ``np.frombuffer``'s base: a memoryview of the bytearray (anything else has no such ``obj``)
+        if tags.base.obj is tbuf is not None and self._free_np.base.obj is fbuf is not None:  # type: ignore[union-attr]
+            return tbuf, fbuf  # type: ignore[return-value]
+    except AttributeError:
+        pass
+    return None
 
 
 def _one_id(self: SlotPool, result: Any, slot: int) -> bool:
@@ -446,25 +446,36 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
                 if tags.item(slot) != (seen[1] if owner is seen[0] else self.code_of(owner, "alloc")):
                     raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
                 return result
-            if 1 < n <= top and n <= HANDED_MAX and (bufs := _bufs(self, tags)) is not None:
+            tbuf, fbuf, free_np = self._tag_buf, self._free_buf, self._free_np
+            if (
+                1 < n <= top
+                and n <= HANDED_MAX
+                and tbuf is not None
+                and type(tags) is np.ndarray
+                and tags.base.obj is tbuf  # NOTE: ``_bufs`` inline
+                and free_np.base.obj is fbuf is not None  # type: ignore[union-attr]
+            ):
                 # NOTE: the top n of the stack as a run of slots, proven by comparing their bytes in place with a run's
                 # (``_run``); its tags, before and after, are then a slice of the column, compared in place too
-                tbuf, fbuf = bufs
-                at = 8 * (top - n)
-                lo = first = self._free_np.item(top - 1)  # type: ignore[union-attr]  # NOTE: the first slot popped
-                span = down.get(lo)  # NOTE: popped ascending: the stack holds them descending
-                if span is None or len(span) != 8 * n:
-                    span = _run(lo, n, False)
-                if span is None or not fbuf.startswith(span, at):
-                    lo = first - n + 1
-                    span = up.get(lo)  # NOTE: popped descending
-                    if span is None or len(span) != 8 * n:
+                first, last = free_np.item(top - 1), free_np.item(top - n)  # type: ignore[union-attr]  # NOTE: popped first, last
+                size = 8 * n
+                if last - first == n - 1:  # NOTE: popped ascending (the stack holds them descending)
+                    lo, span, handed = first, down.get(first), up.get(first)
+                    if span is None or len(span) != size:
+                        span = _run(lo, n, False)
+                    if handed is None or len(handed) != size:
+                        handed = _run(lo, n, True)
+                elif first - last == n - 1:  # NOTE: popped descending
+                    lo, span, handed = last, up.get(last), down.get(last)
+                    if span is None or len(span) != size:
                         span = _run(lo, n, True)
-                    if span is None or not fbuf.startswith(span, at):
-                        lo = -1
-                if lo >= 0:
+                    if handed is None or len(handed) != size:
+                        handed = _run(lo, n, False)
+                else:
+                    span = None
+                if span is not None and handed is not None and fbuf.startswith(span, 8 * (top - n)):
                     free = runs.get(FREE_TAG)
-                    if free is None or len(free) != 8 * n:
+                    if free is None or len(free) != size:
                         free = _uniform_bytes(FREE_TAG, n)
                     was_free = tbuf.startswith(free, 8 * lo)
                     result = fn(self, n, owner, *args, **kwargs) if args or kwargs else fn(self, n, owner)
@@ -476,29 +487,20 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
                             pass
                     elif type(result) is np.ndarray:
                         got = result
-                    if got is None or got.dtype != I64:
-                        got = _result_ids(self, result)
-                        _remember(result, got)
-                        if got is None or len(got) != n or not _same_ids(got, np.frombuffer(span, I64)):
-                            raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
-                        handed = None
-                    else:
-                        handed = (down if first != lo else up).get(lo)  # NOTE: the span reversed
-                        if handed is None or len(handed) != 8 * n:
-                            handed = _run(lo, n, first == lo)
-                        assert handed is not None
-                        try:
-                            exact = len(got) == n and handed.startswith(got)
-                        except BufferError:  # NOTE: not contiguous
-                            exact = False
-                        if not exact:
-                            if len(got) != n or not _same_ids(got, np.frombuffer(span, I64)):
-                                raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
-                            handed = None
+                    exact = False
+                    if got is not None and (got.dtype is I64 or got.dtype == I64) and len(got) == n:
+                        # NOTE: the span reversed; ``tobytes`` costs less than numpy's buffer export to a new array
+                        exact = got.tobytes() == handed
+                    if exact:
                         if type(result) is torch.Tensor:
                             views[id(result)] = (result, result._version, got, handed, lo)  # NOTE: ``_remember``
                             if len(views) > kept:
                                 del views[next(iter(views))]
+                    else:  # NOTE: the same slots in another order, or not slot ids: read as the checked path reads
+                        got = _result_ids(self, result)
+                        _remember(result, got)
+                        if got is None or len(got) != n or not _same_ids(got, np.frombuffer(span, I64)):
+                            raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
                     if not was_free:
                         raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
                     if self._top != top - n:
@@ -506,7 +508,7 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
                     seen = self._seen
                     code = seen[1] if owner is seen[0] else self.code_of(owner, "alloc")
                     held = runs.get(code)
-                    if held is None or len(held) != 8 * n:
+                    if held is None or len(held) != size:
                         held = _uniform_bytes(code, n)
                     if not tbuf.startswith(held, 8 * lo):
                         raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
@@ -626,7 +628,12 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
                 ids = mem[2]
                 k, top = len(ids), self._top
                 run, lo = mem[3], mem[4]
-                if run is not None and len(run) == 8 * k and (bufs := _bufs(self, tags)) is not None and run.startswith(ids):
+                if (
+                    run is not None
+                    and len(run) == 8 * k
+                    and (bufs := _bufs(self, tags)) is not None
+                    and ids.tobytes() == run
+                ):
                     # NOTE: still the run of slots lo .. lo + k - 1 the alloc handed out (its bytes now, compared in
                     # place): their signs hold, their tags before and after are a slice of the column and the pushed
                     # span one of the stack, each compared in place with the tag bytes expected
@@ -638,7 +645,13 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
                         if held is None or len(held) != 8 * k:
                             held = _uniform_bytes(was, k)
                         ok = tbuf.startswith(held, 8 * lo)  # NOTE: before the call
-                        if freed_by(self, indices, owner) != was or not ok:
+                        inside.pool = self  # NOTE: ``freed_by`` inline
+                        try:
+                            fn(self, indices, owner)
+                        finally:
+                            inside.pool = None
+                        seen = self._seen
+                        if not ok or (seen[1] if owner is seen[0] else self.code_of(owner, "free")) != was:
                             raise violation(FREE_OWNER, free_by_owner, indices, owner)
                     else:
                         before = tbuf[8 * lo : 8 * (lo + k)]  # NOTE: a copy; the owner's tag is known after the call
