@@ -392,7 +392,7 @@ def _bufs(self: SlotPool, tags: Any) -> tuple[bytearray, bytearray] | None:
     tbuf, fbuf = self._tag_buf, self._free_buf
     try:  # NOTE: ``np.frombuffer``'s base: a memoryview of the bytearray (anything else has no such ``obj``)
         if tags.base.obj is tbuf is not None and self._free_np.base.obj is fbuf is not None:  # type: ignore[union-attr]
-            return tbuf, fbuf  # type: ignore[return-value]
+            return tbuf, fbuf
     except AttributeError:
         pass
     return None
@@ -452,44 +452,43 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
                 and n <= HANDED_MAX
                 and tbuf is not None
                 and type(tags) is np.ndarray
-                and tags.base.obj is tbuf  # NOTE: ``_bufs`` inline
+                and tags.base.obj is tbuf  # type: ignore[union-attr]  # NOTE: ``_bufs`` inline
                 and free_np.base.obj is fbuf is not None  # type: ignore[union-attr]
             ):
                 # NOTE: the top n of the stack as a run of slots, proven by comparing their bytes in place with a run's
                 # (``_run``); its tags, before and after, are then a slice of the column, compared in place too
-                first, last = free_np.item(top - 1), free_np.item(top - n)  # type: ignore[union-attr]  # NOTE: popped first, last
+                first, last = free_np.item(top - 1), free_np.item(top - n)  # type: ignore[union-attr]  # NOTE: popped 1st, last
                 size = 8 * n
                 if last - first == n - 1:  # NOTE: popped ascending (the stack holds them descending)
-                    lo, span, handed = first, down.get(first), up.get(first)
-                    if span is None or len(span) != size:
-                        span = _run(lo, n, False)
+                    lo, stacked, handed = first, down.get(first), up.get(first)
+                    if stacked is None or len(stacked) != size:
+                        stacked = _run(lo, n, False)
                     if handed is None or len(handed) != size:
                         handed = _run(lo, n, True)
                 elif first - last == n - 1:  # NOTE: popped descending
-                    lo, span, handed = last, up.get(last), down.get(last)
-                    if span is None or len(span) != size:
-                        span = _run(lo, n, True)
+                    lo, stacked, handed = last, up.get(last), down.get(last)
+                    if stacked is None or len(stacked) != size:
+                        stacked = _run(lo, n, True)
                     if handed is None or len(handed) != size:
                         handed = _run(lo, n, False)
                 else:
-                    span = None
-                if span is not None and handed is not None and fbuf.startswith(span, 8 * (top - n)):
+                    stacked = None
+                if stacked is not None and handed is not None and fbuf.startswith(stacked, 8 * (top - n)):
                     free = runs.get(FREE_TAG)
                     if free is None or len(free) != size:
                         free = _uniform_bytes(FREE_TAG, n)
                     was_free = tbuf.startswith(free, 8 * lo)
                     result = fn(self, n, owner, *args, **kwargs) if args or kwargs else fn(self, n, owner)
-                    got = None
                     if type(result) is torch.Tensor:
                         try:
                             got = result.numpy()  # NOTE: a view; raises off the CPU
                         except (TypeError, RuntimeError):
-                            pass
-                    elif type(result) is np.ndarray:
-                        got = result
+                            got = None
+                    else:
+                        got = result if type(result) is np.ndarray else None
                     exact = False
                     if got is not None and (got.dtype is I64 or got.dtype == I64) and len(got) == n:
-                        # NOTE: the span reversed; ``tobytes`` costs less than numpy's buffer export to a new array
+                        # NOTE: the stacked reversed; ``tobytes`` costs less than numpy's buffer export to a new array
                         exact = got.tobytes() == handed
                     if exact:
                         if type(result) is torch.Tensor:
@@ -499,7 +498,7 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
                     else:  # NOTE: the same slots in another order, or not slot ids: read as the checked path reads
                         got = _result_ids(self, result)
                         _remember(result, got)
-                        if got is None or len(got) != n or not _same_ids(got, np.frombuffer(span, I64)):
+                        if got is None or len(got) != n or not _same_ids(got, np.frombuffer(stacked, I64)):
                             raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
                     if not was_free:
                         raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
@@ -651,11 +650,11 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
                         finally:
                             inside.pool = None
                         seen = self._seen
-                        if not ok or (seen[1] if owner is seen[0] else self.code_of(owner, "free")) != was:
+                        if not ok or (seen[1] if owner is seen[0] else self.code_of(owner, "free")) != was:  # type: ignore[arg-type]
                             raise violation(FREE_OWNER, free_by_owner, indices, owner)
                     else:
-                        before = tbuf[8 * lo : 8 * (lo + k)]  # NOTE: a copy; the owner's tag is known after the call
-                        if before != _uniform_bytes(freed_by(self, indices, owner), k):
+                        was_tags = bytes(tbuf[8 * lo : 8 * (lo + k)])  # NOTE: a copy; the owner's tag is known after
+                        if was_tags != _uniform_bytes(freed_by(self, indices, owner), k):
                             raise violation(FREE_OWNER, free_by_owner, indices, owner)
                     free = runs.get(FREE_TAG)
                     if free is None or len(free) != 8 * k:
