@@ -40,7 +40,7 @@ from kvledger.contracts.tiers import Level as Level
 from kvledger.contracts.tiers import level_from_env as level_from_env
 from kvledger.impl.allocators import SWATokenAllocator
 from kvledger.impl.owners import FREE_TAG, RESERVED_TAG
-from kvledger.impl.slots import HANDED_MAX, I64, SlotPool, _tag_bytes
+from kvledger.impl.slots import _RUNS, HANDED_MAX, I64, SlotPool, _tag_bytes
 from kvledger.spec import ledger as spec
 from kvledger.spec.errors import LedgerError
 from kvledger.spec.types import Owner
@@ -108,16 +108,17 @@ def _safe(fn: Callable[[], Any]) -> Any:
 # ------------------------------------------------------------------ slot ids as the pool keeps them
 
 
-_VIEWS: dict[int, tuple[torch.Tensor, int, Any]] = {}
+_VIEWS: dict[int, tuple[torch.Tensor, int, Any, bytes | None, int]] = {}
 """Host views of the last alloc results checked (CPU pools), by tensor identity: the tensor, its version counter
-then and the view. A free of one that torch has not changed since (in place, shape included) reads the same view:
-it shares the tensor's memory, so it reads what the tensor names now."""
+then, the view and, when the result was a run of slots, its bytes then (``_run``) and its lowest slot (else ``None``,
+-1). A free of one that torch has not changed since (in place, shape included) reads the same view: it shares the
+tensor's memory, so it reads what the tensor names now."""
 VIEWS_KEPT = 64
 
 
 def _remember(result: Any, ids: Any) -> None:
     if type(result) is torch.Tensor and ids is not None and ids.base is not None:  # NOTE: a view, not a copy
-        _VIEWS[id(result)] = (result, result._version, ids)
+        _VIEWS[id(result)] = (result, result._version, ids, None, -1)
         if len(_VIEWS) > VIEWS_KEPT:
             del _VIEWS[next(iter(_VIEWS))]
 
@@ -357,6 +358,46 @@ def _uniform_bytes(code: int, n: int) -> bytes:
     return got
 
 
+_UP: dict[int, bytes] = {}
+"""Runs of slot ids as int64 bytes, ascending, by their lowest slot: ``_run(lo, n, True)``'s last answers."""
+_DOWN: dict[int, bytes] = {}
+"""The same, descending (``lo + n - 1`` down to ``lo``), by their lowest slot."""
+
+
+def _run(lo: int, n: int, up: bool) -> bytes | None:
+    """The slot ids ``lo .. lo + n - 1`` (``up``; else in the reverse order) as int64 bytes, ``None`` when not all
+    of them are below the largest CPU pool's size (or ``lo`` is negative).
+
+    NOTE: a slice of ``slots._RUNS``, remembered per ``lo`` and direction for ``n <= HANDED_MAX`` (at most 64 of
+    64 KiB each way): a free stack's span, an alloc's result or a free's slots equal to one are exactly those
+    slots, so their tags are a slice of the tag column and compare in place (``bytearray.startswith``).
+    """
+    asc, desc = _RUNS
+    top = len(asc) // 8
+    if lo < 0 or lo + n > top:
+        return None
+    got = asc[8 * lo : 8 * (lo + n)] if up else desc[8 * (top - lo - n) : 8 * (top - lo)]
+    if n <= HANDED_MAX:
+        memo = _UP if up else _DOWN
+        if len(memo) >= 64:
+            memo.clear()
+        memo[lo] = got
+    return got
+
+
+def _bufs(self: SlotPool, tags: Any) -> tuple[bytearray, bytearray] | None:
+    """The pool's tag column and free stack as the bytearrays they live in (``SlotPool._tag_buf`` / ``_free_buf``),
+    shown to be the memory of ``tags`` (its ``_tags``) and of ``_free_np``; ``None`` where they are not (another
+    device, a copy)."""
+    tbuf, fbuf = self._tag_buf, self._free_buf
+    try:  # NOTE: ``np.frombuffer``'s base: a memoryview of the bytearray (anything else has no such ``obj``)
+        if tags.base.obj is tbuf is not None and self._free_np.base.obj is fbuf is not None:  # type: ignore[union-attr]
+            return tbuf, fbuf
+    except AttributeError:
+        pass
+    return None
+
+
 def _one_id(self: SlotPool, result: Any, slot: int) -> bool:
     """``result`` names exactly ``slot``, read as ``_host`` reads slot ids (an alloc's result that ``tolist`` did not
     show as ``[slot]``: another dtype, say)."""
@@ -380,7 +421,7 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         return _violation(description, law, names, (n, owner, *args), kwargs, result)
 
-    views, kept, runs = _VIEWS, VIEWS_KEPT, _RUN_OF
+    views, kept, runs, up, down = _VIEWS, VIEWS_KEPT, _RUN_OF, _UP, _DOWN
 
     @functools.wraps(fn)
     def wrapper(self: SlotPool, n: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
@@ -405,6 +446,72 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
                 if tags.item(slot) != (seen[1] if owner is seen[0] else self.code_of(owner, "alloc")):
                     raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
                 return result
+            tbuf, fbuf, free_np = self._tag_buf, self._free_buf, self._free_np
+            if (
+                1 < n <= top
+                and n <= HANDED_MAX
+                and tbuf is not None
+                and type(tags) is np.ndarray
+                and tags.base.obj is tbuf  # type: ignore[union-attr]  # NOTE: ``_bufs`` inline
+                and free_np.base.obj is fbuf is not None  # type: ignore[union-attr]
+            ):
+                # NOTE: the top n of the stack as a run of slots, proven by comparing their bytes in place with a run's
+                # (``_run``); its tags, before and after, are then a slice of the column, compared in place too
+                first, last = free_np.item(top - 1), free_np.item(top - n)  # type: ignore[union-attr]  # NOTE: popped 1st, last
+                size = 8 * n
+                if last - first == n - 1:  # NOTE: popped ascending (the stack holds them descending)
+                    lo, stacked, handed = first, down.get(first), up.get(first)
+                    if stacked is None or len(stacked) != size:
+                        stacked = _run(lo, n, False)
+                    if handed is None or len(handed) != size:
+                        handed = _run(lo, n, True)
+                elif first - last == n - 1:  # NOTE: popped descending
+                    lo, stacked, handed = last, up.get(last), down.get(last)
+                    if stacked is None or len(stacked) != size:
+                        stacked = _run(lo, n, True)
+                    if handed is None or len(handed) != size:
+                        handed = _run(lo, n, False)
+                else:
+                    stacked = None
+                if stacked is not None and handed is not None and fbuf.startswith(stacked, 8 * (top - n)):
+                    free = runs.get(FREE_TAG)
+                    if free is None or len(free) != size:
+                        free = _uniform_bytes(FREE_TAG, n)
+                    was_free = tbuf.startswith(free, 8 * lo)
+                    result = fn(self, n, owner, *args, **kwargs) if args or kwargs else fn(self, n, owner)
+                    if type(result) is torch.Tensor:
+                        try:
+                            got = result.numpy()  # NOTE: a view; raises off the CPU
+                        except (TypeError, RuntimeError):
+                            got = None
+                    else:
+                        got = result if type(result) is np.ndarray else None
+                    exact = False
+                    if got is not None and (got.dtype is I64 or got.dtype == I64) and len(got) == n:
+                        # NOTE: the stacked reversed; ``tobytes`` costs less than numpy's buffer export to a new array
+                        exact = got.tobytes() == handed
+                    if exact:
+                        if type(result) is torch.Tensor:
+                            views[id(result)] = (result, result._version, got, handed, lo)  # NOTE: ``_remember``
+                            if len(views) > kept:
+                                del views[next(iter(views))]
+                    else:  # NOTE: the same slots in another order, or not slot ids: read as the checked path reads
+                        got = _result_ids(self, result)
+                        _remember(result, got)
+                        if got is None or len(got) != n or not _same_ids(got, np.frombuffer(stacked, I64)):
+                            raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
+                    if not was_free:
+                        raise fail(ALLOC_TOP, alloc_takes_free_top, n, owner, args, kwargs, result)
+                    if self._top != top - n:
+                        raise fail(ALLOC_COUNT, alloc_count, n, owner, args, kwargs, result)
+                    seen = self._seen
+                    code = seen[1] if owner is seen[0] else self.code_of(owner, "alloc")
+                    held = runs.get(code)
+                    if held is None or len(held) != size:
+                        held = _uniform_bytes(code, n)
+                    if not tbuf.startswith(held, 8 * lo):
+                        raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
+                    return result
             if 1 < n <= top:
                 span = self._free_np[top - n : top]  # type: ignore[index]
                 before = tags[span].tobytes()
@@ -418,7 +525,7 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
                         pass
                     else:
                         if got.dtype is I64 or got.dtype == I64:
-                            views[id(result)] = (result, result._version, got)  # NOTE: ``_remember`` inline
+                            views[id(result)] = (result, result._version, got, None, -1)  # NOTE: ``_remember``
                             if len(views) > kept:
                                 del views[next(iter(views))]
                         else:
@@ -519,6 +626,42 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
                 # place of ``snap_touched`` (the same reads: the slots' signs and tags before, the pushed span after)
                 ids = mem[2]
                 k, top = len(ids), self._top
+                run, lo = mem[3], mem[4]
+                if (
+                    run is not None
+                    and len(run) == 8 * k
+                    and (bufs := _bufs(self, tags)) is not None
+                    and ids.tobytes() == run
+                ):
+                    # NOTE: still the run of slots lo .. lo + k - 1 the alloc handed out (its bytes now, compared in
+                    # place): their signs hold, their tags before and after are a slice of the column and the pushed
+                    # span one of the stack, each compared in place with the tag bytes expected
+                    tbuf, fbuf = bufs
+                    seen = self._seen
+                    if owner is seen[0]:
+                        was = seen[1]
+                        held = runs.get(was)
+                        if held is None or len(held) != 8 * k:
+                            held = _uniform_bytes(was, k)
+                        ok = tbuf.startswith(held, 8 * lo)  # NOTE: before the call
+                        inside.pool = self  # NOTE: ``freed_by`` inline
+                        try:
+                            fn(self, indices, owner)
+                        finally:
+                            inside.pool = None
+                        seen = self._seen
+                        if not ok or (seen[1] if owner is seen[0] else self.code_of(owner, "free")) != was:  # type: ignore[arg-type]
+                            raise violation(FREE_OWNER, free_by_owner, indices, owner)
+                    else:
+                        was_tags = bytes(tbuf[8 * lo : 8 * (lo + k)])  # NOTE: a copy; the owner's tag is known after
+                        if was_tags != _uniform_bytes(freed_by(self, indices, owner), k):
+                            raise violation(FREE_OWNER, free_by_owner, indices, owner)
+                    free = runs.get(FREE_TAG)
+                    if free is None or len(free) != 8 * k:
+                        free = _uniform_bytes(FREE_TAG, k)
+                    if self._top == top + k and tbuf.startswith(free, 8 * lo) and fbuf.startswith(run, 8 * top):
+                        return
+                    raise violation(RELEASE_FREES, release_frees, indices, owner)
                 raw = ids.tobytes()
                 if k > 1 and raw[_SIGN].isascii():
                     try:

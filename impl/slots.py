@@ -68,13 +68,25 @@ class SlotPool:
         self.is_cpu = self.device.type == "cpu"
         self.size = base + capacity
         # owner_tag[s]: FREE_TAG, RESERVED_TAG (s < base) or the encoded owner of slot s.
-        self.owner_tag = torch.zeros(self.size, dtype=torch.int64, device=self.device)
+        # NOTE: on the CPU the tag column and the free stack live in bytearrays (``_tag_buf``, ``_free_buf``): the
+        # same memory as ``owner_tag`` / ``_tags`` and ``_free_np``, which a reader can compare a run of with bytes in
+        # place (``bytearray.startswith(b, offset)``: one ``memcmp``, no slice or copy). ``None`` on another device and
+        # in a copy (pickle, deepcopy), whose columns are the torch tensors it was given.
+        self._tag_buf: bytearray | None = None
+        self._free_buf: bytearray | None = None
+        if self.is_cpu:
+            self._tag_buf = bytearray(8 * self.size)
+            self.owner_tag = torch.from_numpy(np.frombuffer(self._tag_buf, dtype=I64))
+        else:
+            self.owner_tag = torch.zeros(self.size, dtype=torch.int64, device=self.device)
         self.owner_tag[:base] = RESERVED_TAG
         # The free stack holds free slots in _stack[:_top]; the next alloc pops from the top.
         # NOTE: filled descending so a fresh pool hands out its lowest slots first.
         if self.is_cpu:
             _grow_runs(self.size)
-            self._free_np: Ids | None = np.arange(self.size - 1, base - 1, -1, dtype=np.int64)
+            self._free_buf = bytearray(8 * capacity)
+            self._free_np: Ids | None = np.frombuffer(self._free_buf, dtype=I64)
+            self._free_np[:] = np.arange(self.size - 1, base - 1, -1, dtype=np.int64)
             self._stack = torch.from_numpy(self._free_np)
         else:
             self._free_np = None
@@ -118,7 +130,9 @@ class SlotPool:
         self._tags: Ids | None = None
         self._origins: Ids | None = None
         if self._free_np is not None:
-            self._tags = self.owner_tag.numpy()
+            # NOTE: the column's host view over its bytearray, so ``_tags.base is _tag_buf`` shows they are one memory
+            buf = self._tag_buf
+            self._tags = np.frombuffer(buf, dtype=I64) if buf is not None else self.owner_tag.numpy()
             self._origins = self.origin.numpy()
             self._stack = torch.from_numpy(self._free_np)
 
@@ -127,6 +141,7 @@ class SlotPool:
         for view in ("_tags", "_origins") + (("_stack",) if self._free_np is not None else ()):
             del state[view]
         state["_handed"] = {}  # NOTE: a copy's alloc results are other tensors
+        state["_tag_buf"] = state["_free_buf"] = None  # NOTE: a copy's columns are the tensors it gets, not these
         state["_last"] = None
         return state
 

@@ -452,3 +452,129 @@ def test_tag_bytes_of_long_calls_are_not_kept(on: None) -> None:
     y = a.alloc(HANDED_MAX, R1)
     assert len(bindings._RUN_OF[a.pool.code_of(R1, "alloc")]) == 8 * HANDED_MAX
     a.free(y, R1)
+
+
+def _run_of(x: torch.Tensor) -> bytes | None:
+    """The run of slots tier on remembered for alloc result ``x`` (``None``: read as any other result)."""
+    return bindings._VIEWS[id(x)][3]
+
+
+def test_run_path_is_taken_for_a_run_only(on: None) -> None:
+    """An alloc whose popped slots are a run of slots (a fresh pool's, or one freed whole) is read in place; a
+    fragmented stack's is not, and both pass."""
+    a = TokenAllocator(16)
+    x = a.alloc(4, R1)
+    assert _run_of(x) == torch.arange(1, 5).numpy().tobytes()
+    a.free(x, R1)
+    y = a.alloc(4, R1)  # NOTE: the freed run, popped in the other order
+    assert _run_of(y) == torch.arange(4, 0, -1).numpy().tobytes()
+    a.free(y[1:3], R1)
+    a.free(y[torch.tensor([0, 3])], R1)  # NOTE: the stack's top four are 3, 2, 4, 1: not a run
+    z = a.alloc(4, R1)
+    assert _run_of(z) is None
+    a.free(z, R1)
+
+
+def test_run_alloc_one_past_its_run_is_caught(on: None, restore: None) -> None:
+    """An alloc that pops a run and hands out (and tags) the run one slot further is caught in the run path."""
+    original = bindings._originals[(SlotPool, "alloc")]
+
+    def one_past(self: SlotPool, n: int, owner: object) -> torch.Tensor:
+        out: torch.Tensor = original(self, n, owner)
+        moved = out + 1  # BUG: slots 2 .. n + 1 handed out and tagged; slot 1 popped, tagged and lost
+        self.owner_tag[moved] = int(self.owner_tag[out[0]])
+        return moved
+
+    _broken("alloc", one_past)
+    with pytest.raises(icontract.ViolationError, match="alloc hands out exactly the top n free slots"):
+        TokenAllocator(16).alloc(4, R1)
+
+
+def test_run_alloc_of_a_held_slot_is_caught(on: None) -> None:
+    """A run on the free stack whose slot is held (tagged behind the pool's back) is caught before it is handed out."""
+    a = TokenAllocator(16)
+    assert a.pool._tags is not None
+    a.pool._tags[3] = a.pool.code_of(session(2), "test")  # BUG: a free slot of the run carries an owner
+    with pytest.raises(icontract.ViolationError, match="alloc hands out exactly the top n free slots"):
+        a.alloc(4, R1)
+
+
+@pytest.mark.parametrize("how", ["transfer", "behind the pool"])
+def test_run_free_of_another_owners_slot_is_caught(on: None, restore: None, how: str) -> None:
+    """A free that checks nothing, of a remembered run one of whose slots another owner now holds (by a transfer,
+    after which the freeing owner is not the pool's last seen; or written behind the pool's back, after which it
+    is): the run path reads the tags before the call and names the law."""
+
+    def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
+        self.release(indices.numpy())  # BUG: no ownership check
+
+    _broken("free", frees_anything)
+    a = TokenAllocator(16)
+    x = a.alloc(4, R1)
+    if how == "transfer":
+        a.transfer(x[1:2], R1, session(2))
+    else:
+        assert a.pool._tags is not None
+        a.pool._tags[2] = a.pool._tags[1] + 1  # BUG: slot 2 carries another tag; R1 stays the last owner seen
+        assert a.pool._seen[0] is R1
+    assert _run_of(x) is not None
+    with pytest.raises(icontract.ViolationError, match="free takes slots only from their owner"):
+        a.pool.free(x, R1)
+
+
+@pytest.mark.parametrize("bug", ["pushes past the run", "keeps a tag"])
+def test_run_free_that_misplaces_the_run_is_caught(on: None, restore: None, bug: str) -> None:
+    """A free of a remembered run that pushes the run one slot further, or leaves one slot tagged, is caught."""
+    original = bindings._originals[(SlotPool, "free")]
+
+    def misplaces(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
+        tag = self.owner_tag[indices[:1]].clone()
+        original(self, indices, owner)
+        if bug == "pushes past the run":
+            self._stack[self._top - 1] += 1  # BUG: the top pushed entry names the slot past the run
+        else:
+            self.owner_tag[indices[:1]] = tag  # BUG: one freed slot still carries its owner
+
+    _broken("free", misplaces)
+    a = TokenAllocator(16)
+    x = a.alloc(4, R1)
+    assert _run_of(x) is not None
+    with pytest.raises(icontract.ViolationError, match="released slots are free-tagged and pushed once"):
+        a.pool.free(x, R1)
+
+
+def test_run_rewritten_through_numpy_is_read_anew(on: None, restore: None) -> None:
+    """A remembered run rewritten through numpy (no torch version change) to name another owner's slot is no longer
+    the run: the free reads its slots again and a free that checks nothing is caught."""
+
+    def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
+        self.release(indices.numpy())  # BUG: no ownership check
+
+    _broken("free", frees_anything)
+    a = TokenAllocator(16)
+    x = a.alloc(4, R1)
+    a.alloc(4, session(2))  # slots 5 .. 8
+    x.numpy()[0] = 5
+    with pytest.raises(icontract.ViolationError, match="free takes slots only from their owner"):
+        a.pool.free(x, R1)
+
+
+def test_pool_copy_reads_its_own_columns(on: None, restore: None) -> None:
+    """A copy's columns are the tensors it was given (no bytearrays): tier on reads them as before and still catches
+    a free that checks nothing."""
+    import copy
+
+    a = TokenAllocator(16)
+    b = copy.deepcopy(a)
+    assert a.pool._tag_buf is not None and b.pool._tag_buf is None and b.pool._free_buf is None
+    x = b.alloc(4, R1)
+    assert _run_of(x) is None
+    b.free(x, R1)
+
+    def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
+        self.release(indices.numpy())  # BUG: no ownership check
+
+    _broken("free", frees_anything)
+    y = b.alloc(4, R1)
+    with pytest.raises(icontract.ViolationError, match="free takes slots only from their owner"):
+        b.pool.free(y, session(2))
