@@ -566,6 +566,8 @@ class SlotPool:
             idx = self.as_index("transfer", indices)
             raise InvalidArgument("transfer", self.name, idx.tolist(), f"source and destination are both {src}")
         code = encode(dst, "transfer", self.name)
+        if not isinstance(indices, torch.Tensor):
+            self.as_index("transfer", indices)  # NOTE: raises: a caller's ids are a tensor (host ids: the pool's own)
         if self.claim(indices, src, code, op="transfer"):
             return
         self.retag_code(self._held_index("transfer", indices, src), code)

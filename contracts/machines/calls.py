@@ -1691,6 +1691,8 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
     report = check_leaks(mm)
     if report.findings:
         raise AssertionError(f"{law}: a healthy manager was reported: {report.findings[0]}")
+    if not report.ok or report.leaked():
+        raise AssertionError(f"{law}: a healthy manager's report reads ok={report.ok}, leaked {report.leaked()}")
     _counts_agree(mm, report.pools, law)
     pools = [(name, pool) for name, pool in mm.pools().items() if pool.available_size() > 0]
     if not pools:
@@ -1711,11 +1713,18 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
                 f"{law}: an alloc of {name} slots {slots} for {PHANTOM} at event {step} stamped the provenance of "
                 f"slots {stamped}: an alloc stamps exactly the slots it hands out"
             )
-        found = check_leaks(mm).findings
+        leaky = check_leaks(mm)
+        found = leaky.findings
         named = [f for f in found if (f.pool, f.kind) == (name, "leaked") and str(PHANTOM) in f.owner]
         if len(found) != len(slots) or sorted(x.slot for x in named) != slots:
             seen = "; ".join(map(str, found)) or "nothing"
             raise AssertionError(f"{law}: {name} slots {slots} planted for {PHANTOM}, nobody referencing them: {seen}")
+        # NOTE: every reading of the report agrees with its findings (an idle check reads ``leaked()`` and ``ok``)
+        if leaky.ok or leaky.leaked() != {name: set(slots)}:
+            raise AssertionError(
+                f"{law}: {name} slots {slots} planted for {PHANTOM} are found, but the report reads ok={leaky.ok}, "
+                f"leaked {leaky.leaked()}"
+            )
         for finding in named:
             if (finding.op, finding.step) != ("leak audit", step):
                 raise AssertionError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 import torch
 from hypothesis import strategies as st
@@ -120,6 +121,22 @@ def _transfer(pool: AnyPool, idx: torch.Tensor, src: Owner, dst: Owner) -> None:
         pool.transfer(idx, src, dst)
 
 
+ID_FORMS = ("as handed out", "clone", "int32", "strided")
+"""Each form of slot ids an engine passes back to a pool: the alloc's very result, a copy of it (no memo knows
+it), int32 ids, a strided view. A pool's fast path for one form must not change what a call does in another."""
+
+
+def _in_form(idx: torch.Tensor, form: str) -> torch.Tensor:
+    """``idx`` (an alloc's result) in ``form`` (``ID_FORMS``)."""
+    if form == "clone":
+        return idx.clone()
+    if form == "int32":
+        return idx.to(torch.int32)
+    if form == "strided":
+        return torch.stack([idx, idx], 1)[:, 0]
+    return idx
+
+
 def _contents(pool: AnyPool) -> tuple[torch.Tensor, ...]:
     """Every tensor of ``pool`` a call can write (slot data, SWA copies, Mamba states, the request table): copies."""
     if isinstance(pool, ReqToTokenPool):
@@ -143,12 +160,13 @@ def _data(pool: AnyPool) -> torch.Tensor | None:
     return pool.data
 
 
-TENSOR_EDGES = ("float", "2d", "sparse", "meta", "below", "above", "empty")
+TENSOR_EDGES = ("float", "2d", "sparse", "meta", "below", "above", "empty", "list", "ndarray", "none")
 """Every kind of bad tensor ``bad_tensor`` gives a tensor parameter: a float or 2-D copy of valid ids, the same ids
 in a sparse or a meta tensor (the right dtype and no readable values), and, for a parameter naming this pool's ids,
 the same ids moved just below the pool (negative) or far past its end (whole pages stay whole pages), and none at
 all (an empty 1-D tensor: a call that acts on this pool's slots names at least one; a query of none may answer
-none, so queries are not given it)."""
+none, so queries are not given it); and no tensor at all: the same ids as a list or a numpy array (an engine's
+host ids: a call takes a tensor, and a fast path for host ids must not let them in), or ``None``."""
 
 ROW_SOURCES = ("ids", "own row", "other row")
 """Where ``write_row`` takes the ids it writes: new ids, a window of the row itself, another row."""
@@ -162,7 +180,11 @@ which the table cannot range-check): given malformed tensors, not ids outside th
 
 
 def bad_tensor_of(good: torch.Tensor, edge: str, top: int) -> torch.Tensor:
-    """The bad tensor of kind ``edge`` (``TENSOR_EDGES``) made from valid ids ``good``; ``top`` lies past the pool."""
+    """The bad tensor of kind ``edge`` (``TENSOR_EDGES``) made from valid ids ``good``; ``top`` lies past the pool.
+    (``list``, ``ndarray`` and ``none`` are no tensor: typed as one, as the call under test is.)"""
+    if edge in ("list", "ndarray", "none"):
+        host = None if edge == "none" else good.tolist() if edge == "list" else good.numpy().copy()
+        return cast(torch.Tensor, host)
     if edge == "float":
         return good.to(torch.float32)
     if edge == "2d":
@@ -183,6 +205,8 @@ def _none_or_raise(answer: object) -> None:
 
 
 def _shown_tensor(x: torch.Tensor) -> str:
+    if not isinstance(x, torch.Tensor):
+        return f"{type(x).__name__} {x!r:.60}"
     if x.is_sparse or x.is_meta:
         return f"({x.layout}, {x.device})"
     return f"{x.tolist()!r:.60}"
@@ -353,22 +377,22 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 self.expect[self.stamp] = (idx, fp)
             return Chunk(owner, idx, self.stamp)
 
-        @rule(chunk=consumes(chunks))
-        def free(self, chunk: Chunk) -> None:
+        @rule(chunk=consumes(chunks), form=st.sampled_from(ID_FORMS))
+        def free(self, chunk: Chunk, form: str) -> None:
             effects = kind.effects(self.pool, chunk.idx, chunk.owner)
-            _free(self.pool, chunk.idx, chunk.owner)
+            _free(self.pool, _in_form(chunk.idx, form), chunk.owner)
             self._apply("free", effects)
             self.expect.pop(chunk.stamp, None)
             self.written.pop(chunk.stamp, None)
             self.released.append(chunk)
 
-        @rule(target=chunks, chunk=consumes(chunks), dst=st.sampled_from(OWNERS))
-        def transfer(self, chunk: Chunk, dst: Owner) -> Chunk:
+        @rule(target=chunks, chunk=consumes(chunks), dst=st.sampled_from(OWNERS), form=st.sampled_from(ID_FORMS))
+        def transfer(self, chunk: Chunk, dst: Owner, form: str) -> Chunk:
             if dst == chunk.owner:
                 self._expect_rejected(lambda: _transfer(self.pool, chunk.idx, chunk.owner, dst), InvalidArgument)
                 return chunk
             effects = kind.effects(self.pool, chunk.idx, chunk.owner)
-            _transfer(self.pool, chunk.idx, chunk.owner, dst)
+            _transfer(self.pool, _in_form(chunk.idx, form), chunk.owner, dst)
             self._apply("transfer", effects, dst)
             return Chunk(dst, chunk.idx, chunk.stamp)
 
@@ -607,7 +631,13 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             s, d = int(src.idx[0]), int(dst.idx[-1])
             if s == d:
                 return
-            self.pool.copy_state(s, d, dst.owner)
+            from kvledger.spec.errors import NotOwner
+
+            pool = self.pool
+            for thief in OWNERS:  # NOTE: the same copy by each owner that does not hold the destination: refused
+                if thief != dst.owner:
+                    self._expect_rejected(lambda thief=thief: pool.copy_state(s, d, thief), NotOwner)  # type: ignore[misc]
+            pool.copy_state(s, d, dst.owner)
             self.pool.verify(d, int(self.pool.data[s]))
             # the destination now holds the source's state: update what it must hold
             slots, fps = self.expect[dst.stamp]

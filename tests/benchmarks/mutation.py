@@ -287,6 +287,19 @@ EQUIVALENT: dict[str, str] = {
         "for an empty or a long result instead of a short one; every tag write clears it, so it is as true for any "
         "length, and a short result not remembered has its tags read and compared (the same answer, one read more)"
     ),
+    "impl/session.py:<module>:negate-if:if TYPE_CHECKING:": (
+        "an import block for annotations only: made at run time it imports modules the package has already "
+        "imported (no cycle arises), and with postponed annotations nothing reads the names"
+    ),
+    "impl/lru.py:LRUList._move_run:and-or:prev is not None and nxt is not None": (
+        "an assertion weakened: a stretch of members always has both neighbours (a member, or a sentinel), so "
+        "neither form of the assertion fails in a reachable state"
+    ),
+    "impl/slots.py:SlotPool.claim:negate-if:elif isinstance(idx, np.ndarray) and idx.dtype == I64 and idx.ndim == 1:": (
+        "a fast path that declines: claim is given a tensor (its own branch) or the pool's own int64 host ids; "
+        "negated, host ids decline (False) and the caller takes the general checks (the same result). A caller's "
+        "non-tensor never reaches it: transfer refuses one first (seed 21's finding)"
+    ),
     "impl/kvview.py:KVView.take:negate-if:if units is None:": (
         "a fast path that declines: recent pages are proven whole again by whole_pages (the same pages), and pages "
         "that are not recent reach claim as None, which declines (False), so the insert takes the general checks "

@@ -180,3 +180,48 @@ def test_a_refusal_that_names_an_innocent_slot_is_caught(monkeypatch: pytest.Mon
         AssertionError, match=r"inv_names_culprit: OutOfRange names slots \[1, \d+\], the culprits are \[\d+\]"
     ):
         state.out_of_range("above")
+
+
+def test_a_free_that_forgets_its_pages_when_given_int32_ids_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A paged free takes its fast path for int64 ids and its checked path for other forms; the machine frees in
+    each form an engine passes back (``ID_FORMS``), so a checked path that drops the release is met."""
+    from kvledger.impl.allocators import PagedAllocator
+
+    real = PagedAllocator.free
+
+    def free(self: PagedAllocator, indices: torch.Tensor, owner: object) -> None:
+        if isinstance(indices, torch.Tensor) and indices.dtype != torch.int64:  # BUG: checks the owner, frees nothing
+            self.pool.check_held("free", self.pages_of("free", indices), owner)  # type: ignore[arg-type]
+            return
+        real(self, indices, owner)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PagedAllocator, "free", free)
+    msg = run_expecting_failure("paged")
+    assert any(law in msg for law in LEAK_CAUGHT), msg
+
+
+def test_a_state_copied_into_a_slot_the_owner_does_not_hold_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``copy_state`` writes into ``dst``: made by an owner that does not hold it, it must be refused."""
+    from kvledger.impl.mamba import MambaPool
+
+    def copy_state(self: MambaPool, src: int, dst: int, owner: object) -> None:
+        self.conv[dst] = self.conv[src]  # BUG: no check of who holds ``dst``
+        self.temporal[dst] = self.temporal[src]
+        self.data[dst] = self.data[src]
+
+    monkeypatch.setattr(MambaPool, "copy_state", copy_state)
+    assert "expected NotOwner" in run_expecting_failure("mamba")
+
+
+def test_a_transfer_that_takes_host_ids_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bad-tensor sweep gives each tensor parameter the same ids with no tensor around them (a list, a numpy
+    array, ``None``): a call that takes host ids through a fast path is caught."""
+    real = SlotPool.transfer
+
+    def transfer(self: SlotPool, indices: object, src: object, dst: object) -> None:
+        if type(indices) is list:  # BUG: host ids taken as ids
+            indices = torch.tensor(indices, dtype=torch.int64)
+        real(self, indices, src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SlotPool, "transfer", transfer)
+    assert "lies outside its domain and was accepted" in run_expecting_failure("token")

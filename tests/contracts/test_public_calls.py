@@ -377,6 +377,18 @@ def test_a_leak_report_whose_counts_are_not_the_ledgers_fails_the_audit(monkeypa
         C.leak_audit(mm, _choosing("kv"))
 
 
+def test_a_leak_report_whose_leaked_view_drops_its_findings_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle check reads ``leaked()`` and ``ok``: a report whose findings name the leak but whose ``leaked()``
+    reads empty tells the engine nothing leaked."""
+    from kvledger.impl import leaks
+
+    mm = _running_manager(False)
+    C.leak_audit(mm, _choosing("kv"))  # NOTE: the real report's views agree
+    monkeypatch.setattr(leaks.LeakReport, "leaked", lambda self: {})  # BUG: the view drops every finding
+    with pytest.raises(AssertionError, match=r"leak checker agrees with the ledgers: .* but the report reads"):
+        C.leak_audit(mm, _choosing("kv"))
+
+
 def test_a_leak_checker_that_reports_a_healthy_manager_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
     from kvledger.impl import leaks
 

@@ -24,6 +24,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvledger.contracts.abstraction import abstract
 from kvledger.contracts.adapters.reference import snapshot_of
 from kvledger.impl import integrity
 from kvledger.impl.admission import Attempt, Budget, admit, rollback
@@ -39,7 +40,7 @@ from kvledger.impl.req_to_token import ReqToTokenPool
 from kvledger.impl.requests import Request, Status
 from kvledger.impl.slots import SlotPool
 from kvledger.impl.tree import MatchResult, TreeNode
-from kvledger.spec.errors import KVLedgerError
+from kvledger.spec.errors import InvalidArgument, KVLedgerError
 from kvledger.spec.types import Component, HandleId, NodeId, Owner, OwnerKind, request, session
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
@@ -782,3 +783,17 @@ def test_the_foreign_request_class_is_what_freed_ours() -> None:
     with pytest.raises(KVLedgerError, match="abort"):
         w.mm.abort(other_request(w, w.running))
     assert fingerprint_mm(w.mm) == before and w.running.status is Status.RUNNING
+
+
+@pytest.mark.parametrize("make", [lambda: TokenAllocator(8), lambda: PagedAllocator(4, 2), lambda: MambaPool(4)])
+@pytest.mark.parametrize("form", ["ndarray", "list"])
+def test_a_transfer_of_host_ids_is_refused_with_the_pool_unchanged(make: Callable[[], Any], form: str) -> None:
+    """Found by the pool machine's non-tensor sweep: ``transfer`` took a numpy array through the pool's fast path for
+    its own host ids, where ``free`` (and a paged pool's ``transfer``) refuse it; a caller's ids are a tensor."""
+    pool = make()
+    got = pool.alloc(2, request(1))
+    host = got.numpy().copy() if form == "ndarray" else got.tolist()
+    before = abstract(pool)
+    with pytest.raises(InvalidArgument, match="must be a"):
+        pool.transfer(host, request(1), request(2))
+    assert abstract(pool) == before
