@@ -1111,7 +1111,7 @@ def _misuses(lst: LRUList[Linked], a: Linked, b: Linked, out: Linked) -> list[tu
         ("more_recent of a node outside the list", lambda: lst.more_recent(out), NotInList),
         # NOTE: every insert, given each kind of node it must not link (next to a member anchor)
         *(
-            (f"{name} of {what}", partial(insert, bad), err)  # type: ignore[arg-type]  # NOTE: junk on purpose
+            (f"{name} of {what}", partial(insert, bad), err)
             for name, insert in (
                 ("insert_mru", lst.insert_mru),
                 ("insert_behind", partial(lst.insert_behind, a)),
@@ -1122,7 +1122,7 @@ def _misuses(lst: LRUList[Linked], a: Linked, b: Linked, out: Linked) -> list[tu
         # NOTE: every call that takes a node, and every anchor, given each kind of non-node: a call that lets one
         # kind through to its membership test misnames it, or crashes on one that cannot be hashed
         *(
-            (f"{name} of {what}", partial(call, bad), err)  # type: ignore[operator]  # NOTE: junk on purpose
+            (f"{name} of {what}", partial(call, bad), err)  # type: ignore[arg-type]  # NOTE: junk on purpose
             for name, call, err in (
                 ("insert_mru", lst.insert_mru, UnknownNode),
                 ("insert_behind", partial(lst.insert_behind, a), UnknownNode),

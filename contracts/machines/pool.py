@@ -378,7 +378,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             return Chunk(owner, idx, self.stamp)
 
         @rule(chunk=consumes(chunks), form=st.sampled_from(ID_FORMS))
-        def free(self, chunk: Chunk, form: str) -> None:
+        def free(self, chunk: Chunk, form: str = "as handed out") -> None:
             effects = kind.effects(self.pool, chunk.idx, chunk.owner)
             _free(self.pool, _in_form(chunk.idx, form), chunk.owner)
             self._apply("free", effects)
@@ -387,7 +387,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self.released.append(chunk)
 
         @rule(target=chunks, chunk=consumes(chunks), dst=st.sampled_from(OWNERS), form=st.sampled_from(ID_FORMS))
-        def transfer(self, chunk: Chunk, dst: Owner, form: str) -> Chunk:
+        def transfer(self, chunk: Chunk, dst: Owner, form: str = "as handed out") -> Chunk:
             if dst == chunk.owner:
                 self._expect_rejected(lambda: _transfer(self.pool, chunk.idx, chunk.owner, dst), InvalidArgument)
                 return chunk
