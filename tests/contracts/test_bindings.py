@@ -599,3 +599,62 @@ def test_pool_copy_reads_its_own_columns(on: None, restore: None) -> None:
     y = b.alloc(4, R1)
     with pytest.raises(icontract.ViolationError, match="free takes slots only from their owner"):
         b.pool.free(y, session(2))
+
+
+def test_run_free_by_its_owner_reads_the_bytes_its_alloc_kept(
+    on: None, restore: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A free of a remembered run by the owner it was handed to compares the run's tags, in place, with the owner's
+    tag bytes the alloc's check kept (no lookup): a slot of the run tagged behind the pool's back is caught there."""
+
+    def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
+        self._release(indices.numpy())  # BUG: no ownership check
+
+    _broken("free", frees_anything)
+    a = TokenAllocator(16)
+    x = a.alloc(4, R1)
+    kept = bindings._VIEWS[id(x)][3]
+    assert kept is not None and kept[3] is R1
+    looked_up: list[int] = []
+    uniform = bindings._uniform_bytes
+    monkeypatch.setattr(bindings, "_uniform_bytes", lambda code, n: looked_up.append(code) or uniform(code, n))
+    assert a.pool._tags is not None
+    a.pool._tags[2] = a.pool.code_of(session(2), "test")  # BUG: a slot of R1's run carries another owner's tag
+    with pytest.raises(icontract.ViolationError, match="free takes slots only from their owner"):
+        a.pool.free(x, R1)
+    assert looked_up == []  # NOTE: the run path, with the bytes its alloc kept
+
+
+def test_run_free_reads_the_columns_the_pool_has_now(on: None, restore: None) -> None:
+    """A free of a remembered run reads it in place only while the pool's tag column and free stack are still the
+    views of its bytearrays the alloc's check proved them to be: a pool whose column was replaced since is read
+    through the column it has now, so a slot tagged there is caught (and a correct free after the stack was
+    replaced is not refused)."""
+    a = TokenAllocator(16)
+    x = a.alloc(4, R1)
+    assert _run_of(x) is not None and a.pool._free_np is not None
+    a.pool._free_np = a.pool._free_np.copy()  # NOTE: the free stack no longer the bytearray's memory
+    a.pool.free(x, R1)
+
+    def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
+        self._release(indices.numpy())  # BUG: no ownership check
+
+    _broken("free", frees_anything)
+    b = TokenAllocator(16)
+    y = b.alloc(4, R1)
+    assert _run_of(y) is not None and b.pool._tags is not None
+    b.pool._tags = b.pool._tags.copy()  # NOTE: the column no longer the bytearray's memory
+    b.pool._tags[2] = b.pool.code_of(session(2), "test")  # BUG: slot 2 carries another owner's tag there
+    with pytest.raises(icontract.ViolationError, match="free takes slots only from their owner"):
+        b.pool.free(y, R1)
+
+
+def test_run_memo_is_read_per_length(on: None) -> None:
+    """The runs tier on remembers are keyed by their first slot popped and direction and read only at their own
+    length: runs of other lengths from the same first slot, popped either way, are each read as themselves."""
+    a = TokenAllocator(32)
+    for n in (8, 8, 4, 4, 2, 2):  # NOTE: from slot 1 up, from 8 down, from 1 up, from 4 down, ...
+        x = a.alloc(n, R1)
+        assert _run_of(x) == x.numpy().tobytes()
+        a.free(x, R1)
+    assert a.available_size() == 32
