@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -108,17 +107,23 @@ def _safe(fn: Callable[[], Any]) -> Any:
 # ------------------------------------------------------------------ slot ids as the pool keeps them
 
 
-_VIEWS: dict[int, tuple[torch.Tensor, int, Any, bytes | None, int]] = {}
+Handed = tuple[bytes, int, int, object, bytes, bytes, Any, Any, bytearray, bytearray]
+"""What tier ``on`` keeps of a checked alloc result that was a run of slots, for its free to read in place: the run's
+bytes as handed out, its lowest slot ``lo`` and length ``n``; the owner it was handed to, ``n`` copies of that owner's
+tag bytes and ``n`` of ``FREE_TAG``'s (what the alloc's check compared the run's tags with); and the pool's tag column
+and free stack (``_tags``, ``_free_np``) with the bytearrays the alloc's check showed them to be views of."""
+
+_VIEWS: dict[int, tuple[torch.Tensor, int, Any, Handed | None]] = {}
 """Host views of the last alloc results checked (CPU pools), by tensor identity: the tensor, its version counter
-then, the view and, when the result was a run of slots, its bytes then (``_run``) and its lowest slot (else ``None``,
--1). A free of one that torch has not changed since (in place, shape included) reads the same view: it shares the
-tensor's memory, so it reads what the tensor names now."""
+then, the view and, when the result was a run of slots, its ``Handed`` (else ``None``). A free of one that torch has
+not changed since (in place, shape included) reads the same view: it shares the tensor's memory, so it reads what the
+tensor names now."""
 VIEWS_KEPT = 64
 
 
 def _remember(result: Any, ids: Any) -> None:
     if type(result) is torch.Tensor and ids is not None and ids.base is not None:  # NOTE: a view, not a copy
-        _VIEWS[id(result)] = (result, result._version, ids, None, -1)
+        _VIEWS[id(result)] = (result, result._version, ids, None)
         if len(_VIEWS) > VIEWS_KEPT:
             del _VIEWS[next(iter(_VIEWS))]
 
@@ -303,17 +308,7 @@ def transfer_to_destination(self: SlotPool, old: Touched, code: int) -> bool:
 # ------------------------------------------------------------------ tier "on" wrappers of the pool's transitions
 # NOTE: one wrapper per transition, each law called with what it reads (no generic argument binding, no
 # snapshot object beyond the few values the laws need); a free checks the release it makes as part of itself
-# (its wrapper marks the pool, and the release's own wrapper then only runs it).
-
-
-class _Inside(threading.local):
-    """Per thread, ``pool``: the pool whose ``free`` is being checked now (its inner ``release`` is part of that
-    check), else ``None``. NOTE: the class attribute is the default each thread reads first (no ``getattr``)."""
-
-    pool: SlotPool | None = None
-
-
-_inside = _Inside()
+# (the impl's free pushes through ``SlotPool._release``, which no tier wraps; ``release`` called alone is checked).
 
 ALLOC_TOP = "alloc hands out exactly the top n free slots"
 ALLOC_COUNT = "free count drops by exactly n"
@@ -358,44 +353,44 @@ def _uniform_bytes(code: int, n: int) -> bytes:
     return got
 
 
-_UP: dict[int, bytes] = {}
-"""Runs of slot ids as int64 bytes, ascending, by their lowest slot: ``_run(lo, n, True)``'s last answers."""
-_DOWN: dict[int, bytes] = {}
-"""The same, descending (``lo + n - 1`` down to ``lo``), by their lowest slot."""
+Run = tuple[bytes, bytes, int, bytes]
+"""A run of ``n`` slot ids ``lo .. lo + n - 1`` popped off a free stack: as the stack holds it (bottom to top) and as
+an alloc hands it out (pop order), each as int64 bytes; ``lo``; and ``n`` copies of ``FREE_TAG``'s bytes."""
+_POPPED_UP: dict[int, Run] = {}
+"""The ``Run`` of the last runs popped ascending (``lo`` first), by their first slot popped (``lo``)."""
+_POPPED_DOWN: dict[int, Run] = {}
+"""The same, popped descending (``lo + n - 1`` first), by their first slot popped."""
 
 
 def _run(lo: int, n: int, up: bool) -> bytes | None:
     """The slot ids ``lo .. lo + n - 1`` (``up``; else in the reverse order) as int64 bytes, ``None`` when not all
-    of them are below the largest CPU pool's size (or ``lo`` is negative).
-
-    NOTE: a slice of ``slots._RUNS``, remembered per ``lo`` and direction for ``n <= HANDED_MAX`` (at most 64 of
-    64 KiB each way): a free stack's span, an alloc's result or a free's slots equal to one are exactly those
-    slots, so their tags are a slice of the tag column and compare in place (``bytearray.startswith``).
-    """
+    of them are below the largest CPU pool's size (or ``lo`` is negative): a slice of ``slots._RUNS``."""
     asc, desc = _RUNS
     top = len(asc) // 8
     if lo < 0 or lo + n > top:
         return None
-    got = asc[8 * lo : 8 * (lo + n)] if up else desc[8 * (top - lo - n) : 8 * (top - lo)]
+    return asc[8 * lo : 8 * (lo + n)] if up else desc[8 * (top - lo - n) : 8 * (top - lo)]
+
+
+def _popped_run(first: int, n: int, up: bool) -> Run | None:
+    """The ``Run`` of ``n`` slots popped from ``first`` on, ascending (``up``) or descending; ``None`` when they are
+    not all below the largest CPU pool's size.
+
+    NOTE: remembered per first slot and direction for ``n <= HANDED_MAX`` (at most 64 each way, each of up to
+    3 x 64 KiB): a free stack's span, an alloc's result or a free's slots equal to one of its runs are exactly those
+    slots, so their tags are a slice of the tag column and compare in place (``bytearray.startswith``).
+    """
+    lo = first if up else first - n + 1
+    stacked, handed = _run(lo, n, not up), _run(lo, n, up)
+    if stacked is None or handed is None:
+        return None
+    got = (stacked, handed, lo, _uniform_bytes(FREE_TAG, n))
     if n <= HANDED_MAX:
-        memo = _UP if up else _DOWN
+        memo = _POPPED_UP if up else _POPPED_DOWN
         if len(memo) >= 64:
             memo.clear()
-        memo[lo] = got
+        memo[first] = got
     return got
-
-
-def _bufs(self: SlotPool, tags: Any) -> tuple[bytearray, bytearray] | None:
-    """The pool's tag column and free stack as the bytearrays they live in (``SlotPool._tag_buf`` / ``_free_buf``),
-    shown to be the memory of ``tags`` (its ``_tags``) and of ``_free_np``; ``None`` where they are not (another
-    device, a copy)."""
-    tbuf, fbuf = self._tag_buf, self._free_buf
-    try:  # NOTE: ``np.frombuffer``'s base: a memoryview of the bytearray (anything else has no such ``obj``)
-        if tags.base.obj is tbuf is not None and self._free_np.base.obj is fbuf is not None:  # type: ignore[union-attr]
-            return tbuf, fbuf
-    except AttributeError:
-        pass
-    return None
 
 
 def _one_id(self: SlotPool, result: Any, slot: int) -> bool:
@@ -421,7 +416,7 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         return _violation(description, law, names, (n, owner, *args), kwargs, result)
 
-    views, kept, runs, up, down = _VIEWS, VIEWS_KEPT, _RUN_OF, _UP, _DOWN
+    views, kept, runs, up, down = _VIEWS, VIEWS_KEPT, _RUN_OF, _POPPED_UP, _POPPED_DOWN
 
     @functools.wraps(fn)
     def wrapper(self: SlotPool, n: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
@@ -452,32 +447,28 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
                 and n <= HANDED_MAX
                 and tbuf is not None
                 and type(tags) is np.ndarray
-                and tags.base.obj is tbuf  # type: ignore[union-attr]  # NOTE: ``_bufs`` inline
+                and tags.base.obj is tbuf  # type: ignore[union-attr]
                 and free_np.base.obj is fbuf is not None  # type: ignore[union-attr]
             ):
+                # NOTE: the pool's tag column and free stack are views of its bytearrays (``np.frombuffer``'s base is a
+                # memoryview of the bytearray; another device or a copy has none), so the bytearrays are their memory
                 # NOTE: the top n of the stack as a run of slots, proven by comparing their bytes in place with a run's
                 # (``_run``); its tags, before and after, are then a slice of the column, compared in place too
                 first, last = free_np.item(top - 1), free_np.item(top - n)  # type: ignore[union-attr]  # NOTE: popped 1st, last
                 size = 8 * n
                 if last - first == n - 1:  # NOTE: popped ascending (the stack holds them descending)
-                    lo, stacked, handed = first, down.get(first), up.get(first)
-                    if stacked is None or len(stacked) != size:
-                        stacked = _run(lo, n, False)
-                    if handed is None or len(handed) != size:
-                        handed = _run(lo, n, True)
+                    run = up.get(first)
+                    if run is None or len(run[0]) != size:
+                        run = _popped_run(first, n, True)
                 elif first - last == n - 1:  # NOTE: popped descending
-                    lo, stacked, handed = last, up.get(last), down.get(last)
-                    if stacked is None or len(stacked) != size:
-                        stacked = _run(lo, n, True)
-                    if handed is None or len(handed) != size:
-                        handed = _run(lo, n, False)
+                    run = down.get(first)
+                    if run is None or len(run[0]) != size:
+                        run = _popped_run(first, n, False)
                 else:
-                    stacked = None
-                if stacked is not None and handed is not None and fbuf.startswith(stacked, 8 * (top - n)):
-                    free = runs.get(FREE_TAG)
-                    if free is None or len(free) != size:
-                        free = _uniform_bytes(FREE_TAG, n)
-                    was_free = tbuf.startswith(free, 8 * lo)
+                    run = None
+                if run is not None and fbuf.startswith(run[0], 8 * (top - n)):
+                    stacked, handed, lo, freed = run
+                    was_free = tbuf.startswith(freed, 8 * lo)
                     result = fn(self, n, owner, *args, **kwargs) if args or kwargs else fn(self, n, owner)
                     if type(result) is torch.Tensor:
                         try:
@@ -490,12 +481,7 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
                     if got is not None and (got.dtype is I64 or got.dtype == I64) and len(got) == n:
                         # NOTE: the stacked reversed; ``tobytes`` costs less than numpy's buffer export to a new array
                         exact = got.tobytes() == handed
-                    if exact:
-                        if type(result) is torch.Tensor:
-                            views[id(result)] = (result, result._version, got, handed, lo)  # NOTE: ``_remember``
-                            if len(views) > kept:
-                                del views[next(iter(views))]
-                    else:  # NOTE: the same slots in another order, or not slot ids: read as the checked path reads
+                    if not exact:  # NOTE: the same slots in another order, or not slot ids: read as the checked path
                         got = _result_ids(self, result)
                         _remember(result, got)
                         if got is None or len(got) != n or not _same_ids(got, np.frombuffer(stacked, I64)):
@@ -511,6 +497,16 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
                         held = _uniform_bytes(code, n)
                     if not tbuf.startswith(held, 8 * lo):
                         raise fail(ALLOC_TAGS, alloc_tags_owner, n, owner, args, kwargs, result)
+                    if exact and type(result) is torch.Tensor:
+                        # NOTE: ``_remember``, with what the free of this run reads in place (``Handed``)
+                        views[id(result)] = (
+                            result,
+                            result._version,
+                            got,
+                            (handed, lo, n, owner, held, freed, tags, free_np, tbuf, fbuf),
+                        )
+                        if len(views) > kept:
+                            del views[next(iter(views))]
                     return result
             if 1 < n <= top:
                 span = self._free_np[top - n : top]  # type: ignore[index]
@@ -525,7 +521,7 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
                         pass
                     else:
                         if got.dtype is I64 or got.dtype == I64:
-                            views[id(result)] = (result, result._version, got, None, -1)  # NOTE: ``_remember``
+                            views[id(result)] = (result, result._version, got, None)  # NOTE: ``_remember``
                             if len(views) > kept:
                                 del views[next(iter(views))]
                         else:
@@ -572,14 +568,12 @@ def on_alloc(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def on_release(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Tier ``on`` for ``SlotPool.release`` (run alone: inside a checked ``free`` it is part of that check)."""
+    """Tier ``on`` for ``SlotPool.release`` called alone (the paged and SWA allocators' frees; a pool's own ``free``
+    pushes through ``SlotPool._release``, checked as part of the free)."""
     names = [p for p in inspect.signature(fn).parameters][1:]
 
     @functools.wraps(fn)
     def wrapper(self: SlotPool, idx: Any) -> None:
-        if _inside.pool is self:
-            fn(self, idx)
-            return
         old = snap_touched(self, idx)
         fn(self, idx)
         if not release_only_held(old):
@@ -596,8 +590,9 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     NOTE: on a CPU pool the laws after the call are inlined (no helper frames): one gather of the slots' tags and one
     read of the pushed span, each compared as bytes with what was read before; one slot (named by any integer
-    tensor of one id) is read and compared as scalars. The pool is marked as inside its checked free around the
-    call (``_inside``), so the release it makes runs unchecked: it is part of this check.
+    tensor of one id) is read and compared as scalars; a checked alloc result that was a run of slots, still the run,
+    is read in place with what its alloc's check kept (``Handed``). The release the free makes (through
+    ``SlotPool._release``, which no tier wraps) is checked as part of it.
     """
     names = [p for p in inspect.signature(fn).parameters][1:]
 
@@ -605,16 +600,12 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
         return _violation(description, law, names, (indices, owner), {}, None)
 
     def freed_by(self: SlotPool, indices: Any, owner: Any) -> int:
-        """Make the free, marked as inside its checked free (its release runs unchecked); ``owner``'s tag code."""
-        inside.pool = self
-        try:
-            fn(self, indices, owner)
-        finally:
-            inside.pool = None
+        """Make the free; ``owner``'s tag code."""
+        fn(self, indices, owner)
         seen = self._seen
         return seen[1] if owner is seen[0] else self.code_of(owner, "free")
 
-    views, inside, runs = _VIEWS, _inside, _RUN_OF
+    views, runs = _VIEWS, _RUN_OF
 
     @functools.wraps(fn)
     def wrapper(self: SlotPool, indices: Any, owner: Any) -> None:
@@ -624,44 +615,28 @@ def on_free(fn: Callable[..., Any]) -> Callable[..., Any]:
             if mem is not None and mem[0] is indices and mem[1] == indices._version:
                 # NOTE: an alloc result this tier checked, unchanged in torch's count since: its host view, read in
                 # place of ``snap_touched`` (the same reads: the slots' signs and tags before, the pushed span after)
-                ids = mem[2]
-                k, top = len(ids), self._top
-                run, lo = mem[3], mem[4]
-                if (
-                    run is not None
-                    and len(run) == 8 * k
-                    and (bufs := _bufs(self, tags)) is not None
-                    and ids.tobytes() == run
-                ):
-                    # NOTE: still the run of slots lo .. lo + k - 1 the alloc handed out (its bytes now, compared in
-                    # place): their signs hold, their tags before and after are a slice of the column and the pushed
-                    # span one of the stack, each compared in place with the tag bytes expected
-                    tbuf, fbuf = bufs
-                    seen = self._seen
-                    if owner is seen[0]:
-                        was = seen[1]
-                        held = runs.get(was)
-                        if held is None or len(held) != 8 * k:
-                            held = _uniform_bytes(was, k)
-                        ok = tbuf.startswith(held, 8 * lo)  # NOTE: before the call
-                        inside.pool = self  # NOTE: ``freed_by`` inline
-                        try:
+                ids, run = mem[2], mem[3]
+                if run is not None:
+                    handed, lo, k, was, owned, freed, their_tags, their_free, tbuf, fbuf = run
+                    if tags is their_tags and self._free_np is their_free and ids.tobytes() == handed:
+                        # NOTE: still the run of slots lo .. lo + k - 1 the alloc handed out (its bytes now), and the
+                        # pool's columns still the views of ``tbuf`` / ``fbuf`` the alloc's check showed them to be (a
+                        # numpy array's base never changes): their signs hold, their tags before and after are a
+                        # slice of the column and the pushed span one of the stack, each compared in place with the
+                        # bytes the alloc's check compared
+                        top = self._top
+                        if owner is was:
+                            ok = tbuf.startswith(owned, 8 * lo)  # NOTE: before the call
                             fn(self, indices, owner)
-                        finally:
-                            inside.pool = None
-                        seen = self._seen
-                        if not ok or (seen[1] if owner is seen[0] else self.code_of(owner, "free")) != was:  # type: ignore[arg-type]
+                        else:
+                            tagged = bytes(tbuf[8 * lo : 8 * (lo + k)])  # NOTE: a copy; the owner's tag is known after
+                            ok = tagged == _uniform_bytes(freed_by(self, indices, owner), k)
+                        if not ok:
                             raise violation(FREE_OWNER, free_by_owner, indices, owner)
-                    else:
-                        was_tags = bytes(tbuf[8 * lo : 8 * (lo + k)])  # NOTE: a copy; the owner's tag is known after
-                        if was_tags != _uniform_bytes(freed_by(self, indices, owner), k):
-                            raise violation(FREE_OWNER, free_by_owner, indices, owner)
-                    free = runs.get(FREE_TAG)
-                    if free is None or len(free) != 8 * k:
-                        free = _uniform_bytes(FREE_TAG, k)
-                    if self._top == top + k and tbuf.startswith(free, 8 * lo) and fbuf.startswith(run, 8 * top):
-                        return
-                    raise violation(RELEASE_FREES, release_frees, indices, owner)
+                        if self._top == top + k and tbuf.startswith(freed, 8 * lo) and fbuf.startswith(handed, 8 * top):
+                            return
+                        raise violation(RELEASE_FREES, release_frees, indices, owner)
+                k, top = len(ids), self._top
                 raw = ids.tobytes()
                 if k > 1 and raw[_SIGN].isascii():
                     try:

@@ -65,6 +65,7 @@ def test_leaky_release_violates_a_named_law(level: str, monkeypatch: pytest.Monk
         original(self, idx)
         self._top -= 1  # BUG: one freed slot never reaches the free stack
 
+    monkeypatch.setattr(SlotPool, "_release", leaky)  # NOTE: the push a free makes (no tier wraps it)
     bindings._originals[(SlotPool, "release")] = leaky
     try:
         bindings.install(level)  # type: ignore[arg-type]
@@ -75,6 +76,14 @@ def test_leaky_release_violates_a_named_law(level: str, monkeypatch: pytest.Monk
             match=r"released slots are free-tagged and pushed once|free stack matches tags|ledger laws",
         ):
             a.free(x, R1)
+        b = TokenAllocator(8)  # NOTE: a's pool is broken now (the slow tier checks it whole)
+        y = b.alloc(2, R1)
+        b.pool.check_held("free", y, R1)
+        with pytest.raises(
+            icontract.ViolationError,
+            match=r"released slots are free-tagged and pushed once|free stack matches tags|ledger laws",
+        ):
+            b.pool.release(y)  # NOTE: alone, as the paged and SWA allocators call it
     finally:
         bindings._originals[(SlotPool, "release")] = original
         bindings.install(level)  # type: ignore[arg-type]
@@ -215,8 +224,13 @@ def test_release_of_a_free_slot_is_caught(on: None) -> None:
         a.pool.release(x[:2])  # NOTE: unchecked by design; the contract sees the double free
 
 
+@pytest.mark.parametrize("alone", [False, True])
 @pytest.mark.parametrize("n", [1, 2])
-def test_release_that_leaves_a_tag_is_caught(on: None, restore: None, n: int) -> None:
+def test_release_that_leaves_a_tag_is_caught(
+    on: None, restore: None, monkeypatch: pytest.MonkeyPatch, n: int, alone: bool
+) -> None:
+    """A release that leaves its slots tagged is caught in a free (through the push the free makes,
+    ``SlotPool._release``) and called alone (``SlotPool.release``, as the paged and SWA allocators call it)."""
     original = bindings._originals[(SlotPool, "release")]
 
     def keeps_tag(self: SlotPool, idx: torch.Tensor) -> None:
@@ -224,10 +238,16 @@ def test_release_that_leaves_a_tag_is_caught(on: None, restore: None, n: int) ->
         original(self, idx)
         self.owner_tag.copy_(tags)  # BUG: pushed on the stack, still tagged with the old owner
 
+    monkeypatch.setattr(SlotPool, "_release", keeps_tag)
     _broken("release", keeps_tag)
     a = TokenAllocator(8)
+    x = a.alloc(n, R1)
     with pytest.raises(icontract.ViolationError, match="released slots are free-tagged and pushed once"):
-        a.free(a.alloc(n, R1), R1)
+        if alone:
+            a.pool.check_held("free", x, R1)
+            a.pool.release(x)
+        else:
+            a.free(x, R1)
 
 
 @pytest.mark.parametrize("n", [1, 2])
@@ -249,7 +269,7 @@ def test_free_that_pushes_another_slot_is_caught(on: None, restore: None, n: int
 @pytest.mark.parametrize("n", [1, 2])
 def test_free_from_the_wrong_owner_is_caught(on: None, restore: None, n: int) -> None:
     def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
-        self.release(indices)  # BUG: no ownership check
+        self._release(indices)  # BUG: no ownership check
 
     _broken("free", frees_anything)
     a = TokenAllocator(8)
@@ -364,7 +384,7 @@ def test_free_of_an_alloc_result_rewritten_through_numpy_is_caught(n: int, on: N
     again, so a negative id written there is refused as for any other tensor."""
 
     def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
-        self.release(indices.numpy())  # BUG: no checks; numpy wraps -1 around to the last slot
+        self._release(indices.numpy())  # BUG: no checks; numpy wraps -1 around to the last slot
 
     _broken("free", frees_anything)
     a = TokenAllocator(4)
@@ -377,7 +397,7 @@ def test_free_of_an_alloc_result_rewritten_through_numpy_is_caught(n: int, on: N
 
 def test_free_of_a_negative_id_is_caught(on: None, restore: None) -> None:
     def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
-        self.release(indices.numpy())  # BUG: no checks; numpy wraps -1 around to the last slot
+        self._release(indices.numpy())  # BUG: no checks; numpy wraps -1 around to the last slot
 
     _broken("free", frees_anything)
     a = TokenAllocator(4)
@@ -409,7 +429,7 @@ def test_one_slot_free_is_checked_whatever_its_integer_dtype(on: None, restore: 
     """A one-slot free is read as a Python int (``tolist``), so an int32 id is checked as an int64 one is."""
 
     def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
-        self.release(indices.to(torch.int64).numpy())  # BUG: no ownership check
+        self._release(indices.to(torch.int64).numpy())  # BUG: no ownership check
 
     _broken("free", frees_anything)
     a = TokenAllocator(8)
@@ -456,7 +476,8 @@ def test_tag_bytes_of_long_calls_are_not_kept(on: None) -> None:
 
 def _run_of(x: torch.Tensor) -> bytes | None:
     """The run of slots tier on remembered for alloc result ``x`` (``None``: read as any other result)."""
-    return bindings._VIEWS[id(x)][3]
+    handed = bindings._VIEWS[id(x)][3]
+    return None if handed is None else handed[0]
 
 
 def test_run_path_is_taken_for_a_run_only(on: None) -> None:
@@ -506,7 +527,7 @@ def test_run_free_of_another_owners_slot_is_caught(on: None, restore: None, how:
     is): the run path reads the tags before the call and names the law."""
 
     def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
-        self.release(indices.numpy())  # BUG: no ownership check
+        self._release(indices.numpy())  # BUG: no ownership check
 
     _broken("free", frees_anything)
     a = TokenAllocator(16)
@@ -548,7 +569,7 @@ def test_run_rewritten_through_numpy_is_read_anew(on: None, restore: None) -> No
     the run: the free reads its slots again and a free that checks nothing is caught."""
 
     def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
-        self.release(indices.numpy())  # BUG: no ownership check
+        self._release(indices.numpy())  # BUG: no ownership check
 
     _broken("free", frees_anything)
     a = TokenAllocator(16)
@@ -572,9 +593,68 @@ def test_pool_copy_reads_its_own_columns(on: None, restore: None) -> None:
     b.free(x, R1)
 
     def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
-        self.release(indices.numpy())  # BUG: no ownership check
+        self._release(indices.numpy())  # BUG: no ownership check
 
     _broken("free", frees_anything)
     y = b.alloc(4, R1)
     with pytest.raises(icontract.ViolationError, match="free takes slots only from their owner"):
         b.pool.free(y, session(2))
+
+
+def test_run_free_by_its_owner_reads_the_bytes_its_alloc_kept(
+    on: None, restore: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A free of a remembered run by the owner it was handed to compares the run's tags, in place, with the owner's
+    tag bytes the alloc's check kept (no lookup): a slot of the run tagged behind the pool's back is caught there."""
+
+    def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
+        self._release(indices.numpy())  # BUG: no ownership check
+
+    _broken("free", frees_anything)
+    a = TokenAllocator(16)
+    x = a.alloc(4, R1)
+    kept = bindings._VIEWS[id(x)][3]
+    assert kept is not None and kept[3] is R1
+    looked_up: list[int] = []
+    uniform = bindings._uniform_bytes
+    monkeypatch.setattr(bindings, "_uniform_bytes", lambda code, n: looked_up.append(code) or uniform(code, n))
+    assert a.pool._tags is not None
+    a.pool._tags[2] = a.pool.code_of(session(2), "test")  # BUG: a slot of R1's run carries another owner's tag
+    with pytest.raises(icontract.ViolationError, match="free takes slots only from their owner"):
+        a.pool.free(x, R1)
+    assert looked_up == []  # NOTE: the run path, with the bytes its alloc kept
+
+
+def test_run_free_reads_the_columns_the_pool_has_now(on: None, restore: None) -> None:
+    """A free of a remembered run reads it in place only while the pool's tag column and free stack are still the
+    views of its bytearrays the alloc's check proved them to be: a pool whose column was replaced since is read
+    through the column it has now, so a slot tagged there is caught (and a correct free after the stack was
+    replaced is not refused)."""
+    a = TokenAllocator(16)
+    x = a.alloc(4, R1)
+    assert _run_of(x) is not None and a.pool._free_np is not None
+    a.pool._free_np = a.pool._free_np.copy()  # NOTE: the free stack no longer the bytearray's memory
+    a.pool.free(x, R1)
+
+    def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
+        self._release(indices.numpy())  # BUG: no ownership check
+
+    _broken("free", frees_anything)
+    b = TokenAllocator(16)
+    y = b.alloc(4, R1)
+    assert _run_of(y) is not None and b.pool._tags is not None
+    b.pool._tags = b.pool._tags.copy()  # NOTE: the column no longer the bytearray's memory
+    b.pool._tags[2] = b.pool.code_of(session(2), "test")  # BUG: slot 2 carries another owner's tag there
+    with pytest.raises(icontract.ViolationError, match="free takes slots only from their owner"):
+        b.pool.free(y, R1)
+
+
+def test_run_memo_is_read_per_length(on: None) -> None:
+    """The runs tier on remembers are keyed by their first slot popped and direction and read only at their own
+    length: runs of other lengths from the same first slot, popped either way, are each read as themselves."""
+    a = TokenAllocator(32)
+    for n in (8, 8, 4, 4, 2, 2):  # NOTE: from slot 1 up, from 8 down, from 1 up, from 4 down, ...
+        x = a.alloc(n, R1)
+        assert _run_of(x) == x.numpy().tobytes()
+        a.free(x, R1)
+    assert a.available_size() == 32

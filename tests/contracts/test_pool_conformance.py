@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -34,14 +34,17 @@ def run_expecting_failure(kind: str, *also: type[Exception]) -> str:
 @pytest.fixture
 def leaky_release(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A pool whose free forgets to push the last slot back on the free stack (a leak)."""
-    original = SlotPool.release
 
-    def release(self: SlotPool, idx: torch.Tensor) -> None:
-        original(self, idx)
-        if len(idx) > 1:  # NOTE: a tensor or host ids (Ids), as release takes them
-            self._top -= 1
+    def leaky(original: Callable[[SlotPool, torch.Tensor], None]) -> Callable[[SlotPool, torch.Tensor], None]:
+        def release(self: SlotPool, idx: torch.Tensor) -> None:
+            original(self, idx)
+            if len(idx) > 1:  # NOTE: a tensor or host ids (Ids), as release takes them
+                self._top -= 1
 
-    monkeypatch.setattr(SlotPool, "release", release)
+        return release
+
+    monkeypatch.setattr(SlotPool, "release", leaky(SlotPool.release))  # NOTE: as the paged and SWA allocators call it
+    monkeypatch.setattr(SlotPool, "_release", leaky(SlotPool._release))  # NOTE: the push a pool's own free makes
     yield
 
 
