@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 import textwrap
 
+from kvledger.contracts.machines.fair import SCHEDULE
+
 _MACHINE_LINE = re.compile(r"^state = \w+\(\)$")
 
 
@@ -26,6 +28,8 @@ def program_lines(notes: str) -> list[str]:
             inside = True
             continue
         if inside and (line.startswith("state.") or re.match(r"^\w+ = state\.", line)):
+            if line.startswith(f"state.{SCHEDULE}("):
+                continue  # NOTE: how the example was scheduled (drawn by the runner), not a call of the machine's
             out.append(line)
             if line == "state.teardown()":
                 break

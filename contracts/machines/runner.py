@@ -36,12 +36,13 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 import kvledger.contracts as contracts_package
 import kvledger.spec as spec_package
+from kvledger.contracts.machines.fair import SCHEDULE, fair
 from kvledger.contracts.machines.kept import Kept
 from kvledger.contracts.machines.regression import program_lines
 from kvledger.spec.errors import KVLedgerError
 
 _STEP = re.compile(r"^(?:\w+ = )?state\.(\w+)\((.*)\)$")
-_NOISE = ("inv_", "teardown", "check_invariants")
+_NOISE = ("inv_", "teardown", "check_invariants", SCHEDULE)
 
 STEP_TIMEOUT = 30.0
 """Seconds one step (a rule and the laws checked after it) may run before the watchdog calls it a hang."""
@@ -421,7 +422,7 @@ def run_machine(
         result.violation = Violation(rule, f"{message}\n(kept program: {first.origin})", steps, text)
         result.seconds = time.perf_counter() - start
         return result
-    counted_machine, counts = counted(machine, progress, watchdog, stop_at)
+    counted_machine, counts = counted(fair(machine), progress, watchdog, stop_at)
     saved_seed = hypothesis.core.global_force_seed
     saved_random = hypothesis.core.threadlocal._hypothesis_global_random
     if database is None:

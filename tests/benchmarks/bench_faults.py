@@ -40,6 +40,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+import kvledger.contracts.machines.runner as runner
 from kvledger.contracts import bindings
 from kvledger.contracts.machines.profiles import PROFILES, register_profiles
 from kvledger.contracts.machines.runner import CheckResult, run_machine
@@ -239,6 +240,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="override the profile's stateful_step_count")
     p.add_argument("--contracts", default="on", choices=bindings.LEVELS, help="contract tier (default on)")
     p.add_argument("--no-shrink", action="store_true", help="skip the shrinking runs")
+    p.add_argument("--unfair", action="store_true", help="run without the fair schedule (machines.fair), as before it")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the results as JSON")
     args = p.parse_args(argv)
     for name in args.fault or []:
@@ -257,6 +259,8 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
     args = parse_args(argv)
     console = console or _console()
     register_profiles()
+    if args.unfair:
+        runner.fair = lambda machine, *_, **__: machine  # type: ignore[assignment]
     overrides: dict[str, Any] = {"derandomize": False}
     if args.max_examples is not None:
         overrides["max_examples"] = args.max_examples

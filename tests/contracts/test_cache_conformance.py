@@ -126,7 +126,10 @@ def test_lock_that_skips_ancestors_is_caught(monkeypatch: pytest.MonkeyPatch) ->
     broken(monkeypatch, RadixCache, "inc_lock_ref", make)
     result = run("full")
     assert result.violation is not None
-    assert result.violation.rule in ("inv_lock_ref_counts_handles", "inv_sizes"), result.violation
+    # NOTE: a law sees the lost counts, or the reference's own integrity check refuses the unlock that would take
+    # a count below zero (a typed IntegrityError on a valid call: a finding too), whichever the draws meet first
+    lock_refused = result.violation.message.startswith("IntegrityError") and "lock_ref" in result.violation.message
+    assert result.violation.rule in ("inv_lock_ref_counts_handles", "inv_sizes") or lock_refused, result.violation
 
 
 def test_eviction_that_leaves_the_parent_pointer_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
