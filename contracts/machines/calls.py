@@ -1308,9 +1308,41 @@ def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
     return mm, story
 
 
-def _never(x: object) -> bool:
-    """No value is inside: a method probed with junk only (its valid calls belong to a flow another method runs)."""
-    return False
+def _borrower(mm: MemoryManager, r: Request) -> bool:
+    """``r`` holds its row and its session's memory, lent to it for this turn (a resumed session request)."""
+    slot = mm.sessions.slots.get(r.session) if type(r.session) is int else None
+    return slot is not None and slot.lent_to == r.rid and r.row is not None
+
+
+def _lender_free(mm: MemoryManager, r: Request) -> bool:
+    """``r`` names an open session that is lent to no request: it may resume it."""
+    slot = mm.sessions.slots.get(r.session) if type(r.session) is int else None
+    return slot is not None and slot.lent_to is None
+
+
+_TURN_DOMAINS: dict[str, Callable[[MemoryManager, Request], bool]] = {
+    "save": _borrower,
+    "unresume": _borrower,
+    "resume": _lender_free,
+    "extend_resumed": lambda mm, r: r.row is not None and r.session is not None,
+}
+"""A session turn's calls on one of the manager's own requests: the requests each accepts (its domain). The turn's
+valid calls belong to the flow the rules run (admission resumes, finish saves); the probe makes each with the
+manager's requests outside its domain (a request of no session, one whose session is lent to another, one with no
+row), which must be refused, typed, with nothing changed."""
+
+
+def _turn_arg(
+    mm: MemoryManager, reqs: list[Request], strangers: list[object], inside: Callable[[MemoryManager, Request], bool]
+) -> Arg:
+    """A session turn call's ``req``: junk is a stranger or one of the manager's requests outside ``inside``."""
+    outside = [r for r in reqs if not inside(mm, r)]
+    return _arg(
+        None,
+        st.sampled_from([*strangers, *outside]),
+        lambda x: isinstance(x, Request) and mm.requests.get(x.rid) is x and inside(mm, x),
+        edges=[*strangers, *outside],
+    )
 
 
 def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
@@ -1410,12 +1442,8 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
             },
         ),
         *(
-            Method(
-                f"sessions.{name}",
-                getattr(mm.sessions, name),
-                {"req": _arg(None, not_requests, _never, edges=strangers)},
-            )
-            for name in ("save", "resume", "unresume", "extend_resumed")
+            Method(f"sessions.{name}", getattr(mm.sessions, name), {"req": _turn_arg(mm, reqs, strangers, inside)})
+            for name, inside in _TURN_DOMAINS.items()
         ),
         Method(
             "sessions.free_tail",
