@@ -195,12 +195,18 @@ def check_snapshot(
             )
         if "prefix_locked" in capabilities:
             for r in snap.requests.values():
+                if r.status != "running":
+                    continue
                 cover = snap.locks.handles.get(HandleId(r.handle)) if r.handle is not None else None
-                if r.status == "running" and cover is not None and not K.inv_lock_covers_prefix(cover, r.prefix_len):
+                if cover is None and r.session is not None:
+                    continue  # NOTE: a resumed turn runs on its session's own KV, which no tree lock covers
+                # NOTE: no live handle at all locks nothing: a prefix matched from the tree and left unlocked
+                if not K.inv_lock_covers_prefix(cover or frozenset(), r.prefix_len):
+                    held = f"its lock (handle {r.handle})" if cover is not None else "it holds no live lock, which"
                     raise _fail(
                         "inv_lock_covers_prefix",
-                        f"running request {r.rid} runs on a prefix of {r.prefix_len} tokens, its lock (handle "
-                        f"{r.handle}) covers {K.locked_length(cover)}",
+                        f"running request {r.rid} runs on a prefix of {r.prefix_len} tokens, {held} covers "
+                        f"{K.locked_length(cover or frozenset())}",
                     )
     if "prefill_on_admit" in capabilities:
         for r in snap.requests.values():

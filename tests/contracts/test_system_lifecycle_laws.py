@@ -188,6 +188,24 @@ def test_an_admission_that_locks_its_match_and_recomputes_it_is_caught(monkeypat
     assert result.violation is not None and result.violation.rule == "inv_lock_covers_prefix", result.violation
 
 
+def test_an_admission_that_runs_on_its_match_without_locking_it_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The match is used but never locked: the request holds no live handle at all, so eviction may take the KV it
+    runs on. No lock covers nothing, which is not the prefix it runs on (mutation seed 23 found the law skipped a
+    request without a handle)."""
+    real = admission._acquire
+
+    def acquire(mm: MemoryManager, a: Any) -> None:
+        real(mm, a)
+        if a.req.session is None and a.req.handle is not None:
+            mm.cache.dec_lock_ref(a.req.handle)
+            a.req.handle = None  # BUG: the matched prefix runs unlocked
+
+    monkeypatch.setattr(admission, "_acquire", acquire)
+    result = run()
+    assert result.violation is not None and result.violation.rule == "inv_lock_covers_prefix", result.violation
+    assert "holds no live lock" in result.violation.message
+
+
 def test_a_chunk_that_moves_the_lock_without_the_prefix_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunked prefill caches the computed prefix and locks it, but the request keeps its old prefix length."""
     real = MemoryManager.chunk
