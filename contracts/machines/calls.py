@@ -1594,17 +1594,46 @@ def _release_on_copy(mm: MemoryManager, method: Method, args: Mapping[str, objec
     return f"{shown}: {'refused' if err is not None else 'made'}, the books balance"
 
 
+ROOM_PROMPT = (11, 12, 13, 14)
+"""The prompt of the request the room audit runs to its end on a copy (tokens the machines' stories do not draw)."""
+
+
+def _cached_copy(mm: MemoryManager) -> MemoryManager | None:
+    """A copy of ``mm`` with one request more run to its end, so that its cache holds something it can evict (the
+    prompt's KV and, with a Mamba pool, its state); ``None`` when the copy cannot admit it (no room)."""
+    m = deepcopy(mm)
+    m.fail_next = 0
+    try:
+        req = m.add_request(ROOM_PROMPT, None)
+        admitted = admit(m, [req], Budget(10**6, 10**6))[0]
+        if not admitted:
+            return None
+        m.finish(req)
+    except KVLedgerError:
+        return None
+    return m
+
+
 def room_audit(mm: MemoryManager) -> str:
     """Every allocation evicts before it refuses: on a copy of ``mm`` with no failure pending, an allocation from
     each pool the cache can evict into, a little more than is free and no more than the cache's evictable part
     covers, must succeed and be held by its owner: ``alloc_kv`` of one page more than is free, and (with a Mamba
     pool) ``alloc_mamba`` with one slot fewer free than a request state and its track buffers take (the copy's
-    free slots taken by another owner first, straight from the pool, down to that).
+    free slots taken by another owner first, straight from the pool, down to that). Where the story left nothing
+    evictable (in either pool), the audit runs on a copy with one request more run to its end (``_cached_copy``), so
+    that it always has something to evict.
 
     Raises ``AssertionError`` naming ``alloc evicts before it refuses`` otherwise (a manager that refuses memory it
     could free turns a full cache into refused requests)."""
     law = "alloc evicts before it refuses"
     told: list[str] = []
+    if not mm.cache.evictable_size(Component.FULL) or (
+        mm.mamba is not None and not mm.cache.evictable_size(Component.MAMBA)
+    ):
+        grown = _cached_copy(mm)  # NOTE: nothing to evict in this story: audit a copy with one request more cached
+        if grown is not None:
+            mm = grown
+            told.append("on a copy with one request more cached")
     free, evictable = mm.kv.available_size(), mm.cache.evictable_size(Component.FULL)
     n = mm.round_up(free + 1)
     if n > free + evictable:
