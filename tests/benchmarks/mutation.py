@@ -362,6 +362,19 @@ EQUIVALENT: dict[str, str] = {
         "of its session, or with no session, which `_slot` refuses first), and the probe now makes unresume "
         "with every request outside its domain (seed 23)"
     ),
+    "impl/allocators.py:PagedAllocator.alloc:boundary:num_tokens < 0": (
+        "made `<= 0`: alloc(0) takes the checked branch, whose check_int accepts 0 (its least value is 0) and "
+        "returns it, so the same empty allocation follows (seed 22)"
+    ),
+    "impl/lru.py:Linked.__init__:len+1:len(SLOT)": (
+        "one pointer slot more than there are components: no component indexes it and it stays None, so every "
+        "walk, link and detachment check reads the same pointers (seed 22)"
+    ),
+    "impl/slots.py:RecentAllocs.add:slice+1:-64:": (
+        "the memo of recent alloc results keyed by one byte less than find looks up: a long result is never "
+        "found and the free takes the checked path (find compares the whole bytes before trusting a hit): a "
+        "speed memo, the same answers (seed 22)"
+    ),
     "impl/radix.py:RadixCache.evict:boundary:n <= 0": (
         "made `< 0`: evict of 0 goes on to the eviction loop, which stops before taking anything (freed 0 >= 0) "
         "and returns 0, as the early return does"
