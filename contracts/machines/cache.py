@@ -348,10 +348,19 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
         def double_dec_lock_ref(self) -> None:
             held = self.released[-1]
             before = self.a.snapshot()
+            # NOTE: the spec's refusal of a handle issued and then released (a DoubleUnlock, not an unknown handle)
+            issued = K.dec_lock_ref(K.inc_lock_ref(K.new_lock_state(), HandleId(1), frozenset()), HandleId(1))
+            spec_err = K.check_dec_lock_ref(issued, HandleId(1))
+            assert spec_err is not None
             try:
                 self.a.unlock(held.handle)
-            except KVLedgerError:
-                pass
+            except KVLedgerError as err:
+                if not isinstance(err, type(spec_err)):
+                    raise _fail(
+                        "results equal the spec's",
+                        f"second dec_lock_ref of handle {held.hid} refused with {type(err).__name__}: {err}; the "
+                        f"spec refuses a released handle with {type(spec_err).__name__}",
+                    ) from err
             else:
                 raise _fail("inv_lock_ref_counts_handles", f"second dec_lock_ref of handle {held.hid} was accepted")
             after = self.a.snapshot()

@@ -920,6 +920,37 @@ def _planted_cycle(cache: RadixCache) -> str:
     return ""
 
 
+def _covering_answers(cache: RadixCache) -> str:
+    """On a deep copy of ``cache``: ``handles_covering`` answers, for every node and component, how many live handles
+    cover it (``live_handles``), before a lock, after ``inc_lock_ref`` of the newest node, and after its release (a
+    count kept between calls must follow each change); what went wrong, or ""."""
+    dup = deepcopy(cache)
+
+    def wrong(when: str) -> str:
+        live = dup.live_handles().values()
+        for x in dup.nodes():
+            for comp in dup.components:
+                want = sum(1 for cov in live if (x.id, comp) in cov)
+                got = dup.handles_covering(x.id, comp)
+                if got != want:
+                    return f"handles_covering({x.id}, {comp.value}) {when}answers {got}; {want} live handles cover it"
+        return ""
+
+    nodes = [n for n in dup.nodes() if n is not dup.root]
+    if not nodes:
+        return wrong("")
+    n = max(nodes, key=lambda x: x.id)
+    first = wrong("")
+    if first:
+        return first
+    handle = dup.inc_lock_ref(n)
+    after = wrong(f"after inc_lock_ref of node {n.id} ")
+    if after:
+        return after
+    dup.dec_lock_ref(handle)
+    return wrong(f"after inc_lock_ref and dec_lock_ref of node {n.id} ")
+
+
 def _planted_unheld(cache: RadixCache) -> str:
     """On a deep copy of ``cache``, lose the last count a live handle holds (its counter set to 0) and release the
     handle: ``dec_lock_ref`` must fail typed (``IntegrityError``), put back every counter it lowered before it
@@ -1046,7 +1077,9 @@ def cache_audit(cache: RadixCache) -> str:
     release of a handle whose count was planted lost fails typed and puts back what it lowered (``_planted_unheld``),
     slots a fresh owner hands to the cache are no longer its to free (``_handed_over``), a match whose node was
     evicted is refused (``_stale_match``), a key past the cut-offs for short keys matches as its head (``_long_match``),
-    and ``node_count()`` is the number of nodes a walk from the root through ``children`` meets.
+    ``handles_covering`` answers the live handles' count before and after a lock and its release
+    (``_covering_answers``), and ``node_count()`` is the number of nodes a walk from the root through ``children``
+    meets.
 
     Raises ``AssertionError`` naming ``self-checks agree with the state`` otherwise (a healthy cache whose own
     check raises, or whose counter bounds a walk wrongly, misleads every caller that trusts them)."""
@@ -1058,7 +1091,13 @@ def cache_audit(cache: RadixCache) -> str:
         for how, err in list(_planted_breaks(cache.lru(comp))):  # NOTE: every link back before a verdict
             if not isinstance(err, IntegrityError):
                 raise AssertionError(f"{law}: {comp.value} LRU list's check() passed {how}: {err!r}")
-    broken = _planted_cycle(cache) or _planted_unheld(cache) or _handed_over(cache) or _stale_match(cache)
+    broken = (
+        _planted_cycle(cache)
+        or _planted_unheld(cache)
+        or _handed_over(cache)
+        or _stale_match(cache)
+        or _covering_answers(cache)
+    )
     if broken:
         raise AssertionError(f"{law}: {broken}")
     _long_match(cache)

@@ -280,3 +280,24 @@ def test_an_eviction_that_stops_short_is_caught(monkeypatch: pytest.MonkeyPatch)
         monkeypatch.undo()
         bindings.install(saved)
     assert result.violation is not None and result.violation.rule == "evicts_enough", result.violation
+
+
+def test_a_double_unlock_refused_as_an_unknown_handle_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spec refuses a released handle with ``DoubleUnlock``; a cache that says it never issued it answers
+    wrong (mutation seed 24: handle ids counted down, so released ones looked never issued)."""
+    from kvledger.impl.locks import LockTable
+    from kvledger.spec.errors import DoubleUnlock, UnknownHandle
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def covered(self: LockTable, op: str, handle: Any) -> Any:
+            try:
+                return orig(self, op, handle)
+            except DoubleUnlock as err:
+                raise UnknownHandle(op, handle.id, "was never issued by this cache") from err  # BUG: wrong answer
+
+        return covered
+
+    broken(monkeypatch, LockTable, "covered", make)
+    result = run("full")
+    assert result.violation is not None and result.violation.rule == "results equal the spec's", result.violation
+    assert "the spec refuses a released handle with DoubleUnlock" in result.violation.message

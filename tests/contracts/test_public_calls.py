@@ -1139,3 +1139,23 @@ def test_a_long_key_matched_past_its_cached_head_fails_the_audit(monkeypatch: py
     monkeypatch.setattr(RadixCache, "match_prefix", longer)
     with pytest.raises(AssertionError, match=r"results equal the spec's: match_prefix of a key of 10000 tokens"):
         C.cache_audit(_locked())
+
+
+def test_a_covering_count_kept_stale_after_a_lock_fails_the_cache_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``handles_covering`` answers from a count it keeps between calls; a lock that does not refresh it answers the
+    count from before the lock (mutation seed 24)."""
+    from kvledger.impl.locks import LockTable
+
+    c = _cached()
+    assert C._covering_answers(c) == ""
+    real = LockTable.issue
+
+    def issue(self: LockTable, node_id: Any, counters: Any) -> Any:
+        index = self._index
+        h = real(self, node_id, counters)
+        self._index = index  # BUG: the count kept between calls is not refreshed
+        return h
+
+    monkeypatch.setattr(LockTable, "issue", issue)
+    with pytest.raises(AssertionError, match=r"self-checks agree with the state: handles_covering\(\d+, full\) after"):
+        C.cache_audit(c)
