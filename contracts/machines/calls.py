@@ -302,9 +302,14 @@ def _data_bytes(*ts: torch.Tensor | None) -> tuple[bytes, ...]:
 # ---------------------------------------------------------------- the radix cache
 
 
-def _kv(kind: str) -> TokenAllocator | PagedAllocator | SWATokenAllocator:
+PAGE_SIZES = (2, 3)
+"""Page sizes the scenarios of a paged pool draw from: a power of two (whose page numbers are shifts) and one
+that is not (whose page numbers are divisions): a path taken for one kind of page size only is met too."""
+
+
+def _kv(kind: str, page_size: int = PAGE_SIZES[0]) -> TokenAllocator | PagedAllocator | SWATokenAllocator:
     if kind == "paged":
-        return PagedAllocator(8, 2)
+        return PagedAllocator(8, page_size)
     return SWATokenAllocator(16, 8) if kind == "swa" else TokenAllocator(16)
 
 
@@ -335,7 +340,7 @@ def _cache_fingerprint(c: RadixCache) -> object:
 
 
 def _build_cache(kind: str, draw: Draw) -> _Cache:
-    kv = _kv(kind)
+    kv = _kv(kind, draw(st.sampled_from(PAGE_SIZES)) if kind == "paged" else PAGE_SIZES[0])
     window = draw(st.integers(1, 4)) if kind == "swa" else None
     mamba = MambaPool(draw(st.integers(2, 3)), conv_shape=(2,), temporal_shape=(2,)) if kind == "mamba" else None
     cache = RadixCache(kv, swa_window=window, mamba=mamba)
@@ -1305,8 +1310,9 @@ def _session_fingerprint(x: SessionSlot) -> object:
 
 
 def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
-    ps = 2 if kind == "paged" else 1
-    cfg = SystemConfig(page_size=ps, mamba=kind == "mamba", kv_tokens=16, rows=3, max_context=12, mamba_slots=4)
+    ps = draw(st.sampled_from(PAGE_SIZES)) if kind == "paged" else 1
+    kv_tokens = 16 - 16 % ps  # NOTE: whole pages
+    cfg = SystemConfig(page_size=ps, mamba=kind == "mamba", kv_tokens=kv_tokens, rows=3, max_context=12, mamba_slots=4)
     mm = build_manager(cfg)
     run_min = draw(st.sampled_from((RUN_MIN, 1, 2)))
     for pool in mm.pools().values():
