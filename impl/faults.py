@@ -67,7 +67,7 @@ def _b5_release_cow_lock(self: RadixCache, h: LockHandle) -> None:
     (counters other requests' locks raised).
     """
     cov = self._locks.coverage("dec_lock_ref", h)
-    self._locks.release(h)
+    self._locks.forget(h)
     n = self._nodes[h.node_id]
     x = n
     while x.parent is not None:

@@ -89,14 +89,8 @@ class LockTable:
             raise UnknownHandle(op, handle.id, "was never issued by this cache")
         return cov
 
-    def release(self, handle: LockHandle) -> tuple[Counter, ...]:
-        """Forget live ``handle`` (validated by ``coverage``) and return what it covered."""
-        cov = tuple(self._live[handle.id])
-        self.forget(handle)
-        return cov
-
     def forget(self, handle: LockHandle) -> None:
-        """``release`` without the copy of what it covered."""
+        """Forget live ``handle`` (validated by ``coverage`` or ``covered``): it is released."""
         del self._live[handle.id]
         self._index = None
 

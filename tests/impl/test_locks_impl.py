@@ -54,7 +54,7 @@ def test_table_issue_release_double_and_foreign() -> None:
         h.counters = ()  # type: ignore[misc]
     with pytest.raises(UnknownHandle, match="another cache"):
         b.coverage("dec_lock_ref", h)
-    a.release(h)
+    a.forget(h)
     with pytest.raises(DoubleUnlock, match="double unlock"):
         a.coverage("dec_lock_ref", h)
     forged = h._replace(id=HandleId(99))
@@ -68,7 +68,9 @@ def test_table_extend_on_split() -> None:
     h = a.issue(NodeId(5), [(NodeId(5), FULL), (NodeId(5), SWA)])
     a.extend_on_split(NodeId(5), NodeId(9), [FULL])
     assert a.live()[h.id] == ((5, FULL), (5, SWA), (9, FULL)) and h.counters == ((5, FULL), (5, SWA))
-    assert a.release(h) == ((5, FULL), (5, SWA), (9, FULL)) and a.covering(NodeId(9), FULL) == 0
+    assert a.coverage("dec_lock_ref", h) == ((5, FULL), (5, SWA), (9, FULL))
+    a.forget(h)
+    assert a.covering(NodeId(9), FULL) == 0
 
 
 # ---------------------------------------------------------------- through the cache
