@@ -22,11 +22,15 @@ from kvledger.impl.locks import LockHandle
 from kvledger.impl.lru import SLOT, Linked, LRUList
 from kvledger.impl.owners import encode
 from kvledger.impl.radix import RadixCache
+from kvledger.impl.slots import I64, _tag_bytes
 from kvledger.impl.tree import InsertResult, MatchResult, TreeNode
 from kvledger.spec.errors import IntegrityError
-from kvledger.spec.types import Component, Owner
+from kvledger.spec.types import Component, Owner, OwnerKind
 
 Wrap = Callable[..., None]
+
+_NODE_FULL_BASE = encode(Owner(OwnerKind.NODE, 0, Component.FULL))
+"""The tag of ``node(0, FULL)``: a node's full-slot tag is this base with its id in the low bits (``impl.owners``)."""
 
 
 def _path_locks(cache: RadixCache, n: TreeNode) -> list[tuple[int, int, int]]:
@@ -70,21 +74,30 @@ def insert_caches_key(
     What insert touched: the node ending at the key (its full slots tagged
     with that node) and its ancestors, each a live node of this tree and a
     member of the FULL LRU list. O(depth + the node's slots).
+
+    NOTE: the node's tag is ``encode(node(id, FULL))`` built from this module's own base (no ``Owner`` made per
+    call); on a host tag column the node's slots' tags are gathered once and compared as bytes with the tag's run.
     """
     last = result.last_node
     if last is self.root:
         return len(value) == 0
     if last.end != len(value):
         return False
-    grain = self._kv.grain
-    ids = np.frombuffer(last.slots, np.int64)[::grain] // grain
-    pool = self._kv.pool
-    tags = pool._tags[ids] if pool._tags is not None else pool.owner_tag[torch.from_numpy(ids).to(pool.device)]
-    if not bool((tags == encode(last.owner)).all()):
+    kv = self._kv
+    grain, pool = kv.grain, kv.pool
+    code = _NODE_FULL_BASE | last.id
+    ids = np.frombuffer(last.slots, I64)
+    if grain != 1:
+        ids = ids[::grain] // grain
+    tags = pool._tags
+    if tags is not None:
+        if tags[ids].tobytes() != _tag_bytes(code, len(ids)):
+            return False
+    elif not bool((pool.owner_tag[torch.from_numpy(ids.copy()).to(pool.device)] == code).all()):  # NOTE: writable
         return False
-    full, nodes, n = self._full, self._nodes, last
+    members, nodes, n = self._full._members, self._nodes, last  # NOTE: the list's own member set, as ``in`` reads it
     while n.parent is not None:
-        if nodes.get(n.id) is not n or n not in full:
+        if nodes.get(n.id) is not n or n not in members:
             return False
         n = n.parent
     return n is self.root
