@@ -145,8 +145,9 @@ class Method:
 
     ``reads``: inside its domain the call changes nothing (it only answers), so the probe makes it there too.
     ``weight``: how often it is drawn against the others (a call whose domain depends on much state: more often).
-    ``releases``: it gives memory back (a finish, a retract, a close): inside its domain the probe makes it on a
-    copy of the object (``Scenario.on_copy``), whose books must then balance.
+    A call that changes state (not ``reads``) is made inside its domain on a copy of the object where the scenario
+    has one (``Scenario.on_copy``): it must be accepted or refused typed. ``releases``: it gives memory back (a
+    finish, a retract, a close), so the copy's books must then balance too (an alloc's are balanced by its caller).
     """
 
     what: str
@@ -168,7 +169,7 @@ class Scenario:
     audit: Callable[[Draw], str] | None = None
     """A check of the object's own checker, run once per probing step (the manager's leak checker)."""
     on_copy: Callable[[Method, Mapping[str, object]], str] | None = None
-    """Make a call inside its domain (of a ``releases`` method) on a copy of the object and check the copy."""
+    """Make a call that changes state, inside its domain, on a copy of the object and check the copy."""
 
 
 def _arg(
@@ -1075,6 +1076,34 @@ def _handed_over(cache: RadixCache) -> str:
     return ""
 
 
+def _recomputed_sizes(cache: RadixCache, what: str) -> str:
+    """``recompute_sizes()`` (the counters recomputed from the tree) equals ``sizes()`` (the maintained ones); what
+    went wrong, or ""."""
+    got = raised(cache.recompute_sizes)
+    if got is not None:
+        return f"recompute_sizes() of {what} raised {got!r}"
+    if cache.recompute_sizes() != cache.sizes():
+        return f"recompute_sizes() of {what} is {cache.recompute_sizes()}, sizes() {cache.sizes()}"
+    return ""
+
+
+def _fresh_self_checks(cache: RadixCache) -> str:
+    """A cache built afresh like ``cache`` (over a copy of its pools, nothing cached yet) is one root, holds nothing,
+    and its own checks pass on it: each list's ``check()`` (a list that never had a member is a chain too), the
+    sizes recompute; what went wrong, or ""."""
+    mamba = deepcopy(cache.mamba)
+    fresh = RadixCache(deepcopy(cache.kv), page_size=cache.page_size, swa_window=cache.swa_window, mamba=mamba)
+    for comp in fresh.components:
+        err = raised(fresh.lru(comp).check)
+        if err is not None:
+            return f"a fresh cache's {comp.value} LRU list's check() raised {err!r}"
+        if len(fresh.lru(comp)) or fresh.lru(comp).lru_first() is not None:
+            return f"a fresh cache's {comp.value} LRU list is not empty"
+    if fresh.node_count() != 1 or any(e or p for e, p in fresh.sizes().values()):
+        return f"a fresh cache has {fresh.node_count()} nodes and sizes {fresh.sizes()}"
+    return _recomputed_sizes(fresh, "a fresh cache")
+
+
 def cache_audit(cache: RadixCache) -> str:
     """The cache's own self-checks and counters agree with its state: each component's LRU list passes its
     ``check()`` and fails it, typed, with a link planted broken (``_planted_breaks``; the link is put
@@ -1083,8 +1112,9 @@ def cache_audit(cache: RadixCache) -> str:
     slots a fresh owner hands to the cache are no longer its to free (``_handed_over``), a match whose node was
     evicted is refused (``_stale_match``), a key past the cut-offs for short keys matches as its head (``_long_match``),
     ``handles_covering`` answers the live handles' count before and after a lock and its release
-    (``_covering_answers``), and ``node_count()`` is the number of nodes a walk from the root through ``children``
-    meets.
+    (``_covering_answers``), ``recompute_sizes()`` equals ``sizes()``, a cache built afresh like it passes the same
+    self-checks (``_fresh_self_checks``), and ``node_count()`` is the number of nodes a walk from the root through
+    ``children`` meets.
 
     Raises ``AssertionError`` naming ``self-checks agree with the state`` otherwise (a healthy cache whose own
     check raises, or whose counter bounds a walk wrongly, misleads every caller that trusts them)."""
@@ -1102,6 +1132,8 @@ def cache_audit(cache: RadixCache) -> str:
         or _handed_over(cache)
         or _stale_match(cache)
         or _covering_answers(cache)
+        or _recomputed_sizes(cache, "the cache")
+        or _fresh_self_checks(cache)
     )
     if broken:
         raise AssertionError(f"{law}: {broken}")
@@ -1611,23 +1643,26 @@ def manager_scenario_of(mm: MemoryManager, story: list[str] | None = None) -> Sc
         lambda: _manager_fingerprint(mm),
         story or [],
         lambda draw: f"{leak_audit(mm, draw)}; {room_audit(mm)}; {rollback_audit(mm)}",
-        partial(_release_on_copy, mm),
+        partial(_call_on_copy, mm),
     )
 
 
-def _release_on_copy(mm: MemoryManager, method: Method, args: Mapping[str, object]) -> str:
+def _call_on_copy(mm: MemoryManager, method: Method, args: Mapping[str, object]) -> str:
     """``Scenario.on_copy`` of a manager: ``method`` made with ``args`` (inside its domain) on a copy of ``mm`` and
-    of the arguments together, so they name the copy's requests and sessions. It may be refused, typed; either way
-    the copy's books must balance: its leak checker finds nothing (no slot held that nothing references, none
-    referenced that is not held) and its sessions keep their laws.
+    of the arguments together, so they name the copy's requests and sessions. It may be refused, typed, never
+    untyped. After a ``releases`` call, either way, the copy's books must balance: its leak checker finds nothing (no
+    slot held that nothing references, none referenced that is not held) and its sessions keep their laws.
 
-    Raises ``AssertionError`` naming the law otherwise (a release that frees a slot but keeps pointing at it)."""
+    Raises ``AssertionError`` naming the law otherwise (a release that frees a slot but keeps pointing at it, an
+    empty write that crashes untyped)."""
     m, kw = deepcopy((mm, dict(args)))
     twin = {x.what: x for x in _manager_methods(m)}[method.what]
     shown = f"MemoryManager.{method.what}({', '.join(f'{k}={_show(v)}' for k, v in args.items())}) on a copy"
     err = raised(lambda: twin.call(**kw))
     if err is not None and not isinstance(err, KVLedgerError):
         raise AssertionError(f"inv_domain_enforced: {shown} lies in its domain and raised {err!r}")
+    if not method.releases:  # NOTE: what it hands out is its caller's to reference (an alloc's slots)
+        return f"{shown}: {'refused' if err is not None else 'made'}"
     found = check_leaks(m).findings
     if found:
         raise AssertionError(f"leak checker agrees with the ledgers: {shown} left {found[0]}")
@@ -2008,13 +2043,13 @@ def probe(scenario: Scenario, draw: Draw) -> str:
     unchanged`` (a refused call, or a reading one, changed the fingerprint)."""
     method: Method = draw(st.sampled_from([m for m in scenario.methods for _ in range(m.weight)]))
     names = list(method.args)
-    inside_too = method.reads or (method.releases and scenario.on_copy is not None)
+    inside_too = method.reads or scenario.on_copy is not None
     broken = draw(st.sampled_from([None, *names] if inside_too else names))
     got, inside, missing = _draw_args(method, draw, broken, lambda arg, d: arg.junk(d))
     if missing is not None:
         return f"{scenario.what}.{method.what}: no {'junk' if missing == broken else 'valid'} {missing} in this state"
     if inside and not method.reads:
-        if method.releases and scenario.on_copy is not None:
+        if scenario.on_copy is not None:
             return scenario.on_copy(method, got)
         return f"{scenario.what}.{method.what}: inside"  # NOTE: a valid call that changes state: the rules make those
     return judge(scenario, method, got, inside)

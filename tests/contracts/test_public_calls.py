@@ -23,6 +23,7 @@ from kvledger.contracts.machines import calls as C
 from kvledger.contracts.machines.pool import KINDS, Chunk, machine_for
 from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import TokenAllocator
+from kvledger.impl.lru import SLOT
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.memory import MemoryManager
 from kvledger.impl.owners import encode
@@ -516,8 +517,73 @@ def test_a_node_count_off_by_one_fails_the_audit(monkeypatch: pytest.MonkeyPatch
     c = _cached()
     real = RadixTree.node_count
     monkeypatch.setattr(RadixTree, "node_count", lambda self: real(self) + 1)  # BUG: counts one node too many
-    with pytest.raises(AssertionError, match=r"self-checks agree with the state: node_count\(\) is \d+, a walk"):
+    with pytest.raises(
+        AssertionError, match=r"self-checks agree with the state: (node_count\(\) is \d+, a walk|a fresh cache has 2)"
+    ):
         C.cache_audit(c)
+
+
+def test_a_list_built_without_its_tail_link_fails_the_audit_on_a_fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A list whose constructor leaves the tail sentinel's back link unset is a chain only once a member is linked:
+    the audited cache (with members) passes, a cache built afresh like it does not."""
+    from kvledger.impl.lru import LRUList
+
+    c = _cached()
+    original = LRUList.__init__
+
+    def init(self: LRUList[Any], component: Component) -> None:
+        original(self, component)
+        self.tail.prev[self.slot] = None  # BUG: the tail's back link is never set
+
+    monkeypatch.setattr(LRUList, "__init__", init)
+    with pytest.raises(AssertionError, match=r"agree with the state: a fresh cache's full LRU list's check"):
+        C.cache_audit(c)
+
+
+def _split_mamba_cache() -> RadixCache:
+    """A Mamba cache of two keys that share their first two tokens, each with a state: the split leaves a node with
+    no state (MAMBA holds nothing there)."""
+    kv, mamba = TokenAllocator(16), MambaPool(3, conv_shape=(2,), temporal_shape=(2,))
+    cache = RadixCache(kv, mamba=mamba)
+    for r, key in ((1, [1, 2, 3]), (2, [1, 2, 4])):
+        slots = kv.alloc(3, request(r))
+        state = int(mamba.alloc(1, request(r))[0])
+        cache.insert(torch.tensor(key), slots, request(r), mamba_slot=state)
+    return cache
+
+
+def test_sizes_that_recompute_otherwise_fail_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``recompute_sizes`` that counts every node for every component (a stateless one too) differs from the
+    maintained counters: the audit compares the two."""
+    c = _split_mamba_cache()
+    assert C.cache_audit(c).startswith("cache audit: ")
+
+    def lax(self: RadixTree) -> Any:
+        out = {comp: [0, 0] for comp in self.components}
+        for n in self._nodes.values():
+            for comp in self.components:
+                if n is not self.root or self.holds(n, comp):  # BUG: or for and
+                    out[comp][int(n.refs[SLOT[comp]] > 0)] += 1 if comp is Component.MAMBA else len(n)
+        return {comp: (e, p) for comp, (e, p) in out.items()}
+
+    monkeypatch.setattr(RadixTree, "recompute_sizes", lax)
+    with pytest.raises(AssertionError, match=r"self-checks agree with the state: recompute_sizes\(\) of the cache"):
+        C.cache_audit(c)
+
+
+def test_an_empty_write_that_crashes_on_a_request_without_a_row_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``write_kv(req, 0, 0)`` writes nothing and is inside the domain for any of the manager's requests, with a row
+    or not: the probe makes it on a copy, where an untyped crash is a domain violation."""
+    original = MemoryManager.write_kv
+
+    def write(self: MemoryManager, req: Any, start: Any, end: Any) -> None:
+        self.own("write_kv", req)  # NOTE: a stranger is refused typed, as the reference refuses it
+        if type(start) is int and type(end) is int and end == start:  # NOTE: inside the domain only
+            assert req.row is not None  # BUG: an empty range still needs a row
+        original(self, req, start, end)
+
+    monkeypatch.setattr(MemoryManager, "write_kv", write)
+    fails("token", C.manager_scenario, "inv_domain_enforced: MemoryManager.write_kv(")
 
 
 def test_a_lock_that_keeps_its_raises_on_a_parent_cycle_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
