@@ -107,6 +107,18 @@ def _fail(law: str, detail: str) -> AssertionError:
     return AssertionError(f"{law}: {detail}")
 
 
+def _released_refusal() -> KVLedgerError:
+    """The spec's refusal of a second ``dec_lock_ref`` of a handle issued and then released (a ``DoubleUnlock``, not
+    an unknown handle): what an implementation's second release must raise, by class."""
+    issued = K.dec_lock_ref(K.inc_lock_ref(K.new_lock_state(), HandleId(1), frozenset()), HandleId(1))
+    err = K.check_dec_lock_ref(issued, HandleId(1))
+    assert err is not None
+    return err
+
+
+_RELEASED_REFUSAL = _released_refusal()
+
+
 def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMachine]:
     """A state machine class that checks the caches ``make`` builds against the spec."""
 
@@ -348,10 +360,7 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
         def double_dec_lock_ref(self) -> None:
             held = self.released[-1]
             before = self.a.snapshot()
-            # NOTE: the spec's refusal of a handle issued and then released (a DoubleUnlock, not an unknown handle)
-            issued = K.dec_lock_ref(K.inc_lock_ref(K.new_lock_state(), HandleId(1), frozenset()), HandleId(1))
-            spec_err = K.check_dec_lock_ref(issued, HandleId(1))
-            assert spec_err is not None
+            spec_err = _RELEASED_REFUSAL
             try:
                 self.a.unlock(held.handle)
             except KVLedgerError as err:

@@ -943,12 +943,10 @@ def _covering_answers(cache: RadixCache) -> str:
         return ""
 
     nodes = [n for n in dup.nodes() if n is not dup.root]
-    if not nodes:
-        return wrong("")
-    n = max(nodes, key=lambda x: x.id)
     first = wrong("")
-    if first:
+    if first or not nodes:
         return first
+    n = max(nodes, key=lambda x: x.id)
     handle = dup.inc_lock_ref(n)
     after = wrong(f"after inc_lock_ref of node {n.id} ")
     if after:

@@ -440,6 +440,22 @@ EQUIVALENT: dict[str, str] = {
         "a speed memo's lookup: a result exactly at the short bound is looked up among the long ones and missed, "
         "and the caller proves it distinct by the slow path (the same answer, one scan more)"
     ),
+    "impl/memory.py:MemoryManager.event:boundary:len(self.events) > keep": (
+        "the event log is pruned when it holds exactly events_keep events (as the len+1 mutant above): pruning "
+        "forgets only events no slot's provenance points at, so every leak report names the same events (seed 27)"
+    ),
+    "impl/req_to_token.py:has_duplicates:negate-if:if n <= 256:": (
+        "swaps the two ways of finding a repeated id (a set of a short tensor's values, a sort of a long one's): "
+        "each answers exactly whether a value repeats, for every length (seed 27)"
+    ),
+    "impl/slots.py:SlotPool.alloc:boundary:len(handed) > FRESH_KEEP#2": (
+        "a speed memo's size bound (alloc results remembered by identity) made `>=`: one fewer is remembered, and "
+        "a free of the forgotten one reads its ids by the slow path (the same answer, one conversion more; seed 27)"
+    ),
+    "impl/slots.py:_tag_bytes:drop-call:_TAG_BYTES.clear()": (
+        "a memo's bound dropped: the table of one tag's bytes per code is never cleared, so it grows with the "
+        "codes seen; every lookup still answers the same bytes (memory, not behaviour; seed 27)"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
