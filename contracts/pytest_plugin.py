@@ -298,12 +298,15 @@ def conformance_test(
 
     ``factory``: a ``CacheConfig -> CacheAdapter`` callable or ``package.module:factory``. Models the
     adapter raises :class:`Unsupported` for are skipped. Use ``test_my_cache = conformance_test(make)``.
+    The machine is scheduled fairly as ``kvledger check`` schedules it (:mod:`kvledger.contracts.machines.fair`):
+    each example may hold every rule within a few calls of the least-run one, so no rule is starved.
     """
     from hypothesis import settings
     from hypothesis.stateful import run_state_machine_as_test
 
     from kvledger.contracts.adapters.protocol import Unsupported, load_factory
     from kvledger.contracts.machines.cache import machine_for_cache
+    from kvledger.contracts.machines.fair import fair
     from kvledger.contracts.machines.suites import CACHE_MODELS
 
     def test_kvledger_conformance() -> None:
@@ -315,7 +318,7 @@ def conformance_test(
                 make(cfg)
             except Unsupported:
                 continue
-            machine = machine_for_cache(lambda cfg=cfg: make(cfg))  # type: ignore[misc]
+            machine = fair(machine_for_cache(lambda cfg=cfg: make(cfg)))  # type: ignore[misc]
             run_state_machine_as_test(
                 machine, settings=settings(max_examples=max_examples, stateful_step_count=steps, deadline=None)
             )

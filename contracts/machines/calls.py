@@ -2079,7 +2079,12 @@ def sweep(scenario: Scenario, draw: Draw) -> str:
         if missing is not None:
             return f"{scenario.what}.{method.what}: no valid {missing} in this state"
         if inside and not method.reads:
-            continue  # NOTE: a catalogue value that is valid here (an owner that is the holder): the rules make those
+            # NOTE: a catalogue value that is valid here (an owner that is the holder): made on a copy where the
+            # scenario has one, else left to the rules
+            if scenario.on_copy is not None:
+                scenario.on_copy(method, got)
+                swept += 1
+            continue
         if before is None:
             before = scenario.fingerprint()
         judge(scenario, method, got, inside, before=before, show=False)  # NOTE: each leaves the state as it was

@@ -444,6 +444,12 @@ EQUIVALENT: dict[str, str] = {
         "the event log is pruned when it holds exactly events_keep events (as the len+1 mutant above): pruning "
         "forgets only events no slot's provenance points at, so every leak report names the same events (seed 27)"
     ),
+    "impl/memory.py:MemoryManager.write_kv:boundary:end > start": (
+        "an empty write (start == end) is then refused, typed and changing nothing, when the request holds no row "
+        "or start is past its slots: write_kv's documented domain is a request holding a row and start <= end <= "
+        "alloc_len, so it refuses only calls outside it (an untyped crash there is caught: the manager's probe "
+        "makes every state-changing call on a copy; seed 27)"
+    ),
     "impl/req_to_token.py:has_duplicates:negate-if:if n <= 256:": (
         "swaps the two ways of finding a repeated id (a set of a short tensor's values, a sort of a long one's): "
         "each answers exactly whether a value repeats, for every length (seed 27)"

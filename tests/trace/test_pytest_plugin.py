@@ -99,6 +99,21 @@ test_reference = conformance_test(
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
+def test_conformance_test_schedules_its_machine_fairly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper runs the machine ``kvledger check`` runs: scheduled fairly (``fair``'s schedule step), so a rule
+    that Hypothesis' draws favour does not starve the others in a user's suite either."""
+    import hypothesis.stateful
+
+    from kvledger.contracts.machines.fair import SCHEDULE
+    from kvledger.contracts.pytest_plugin import conformance_test
+
+    ran: list[type] = []
+    monkeypatch.setattr(hypothesis.stateful, "run_state_machine_as_test", lambda machine, settings: ran.append(machine))
+    conformance_test("kvledger.contracts.adapters.reference:ReferenceAdapter", models=("full", "hybrid"))()
+    assert len(ran) == 2
+    assert all(hasattr(machine, SCHEDULE) for machine in ran)
+
+
 def test_plugin_options_still_there(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x():\n    pass\n")
     res = pytester.runpytest("-p", "no:cacheprovider", "--kvledger-contracts=on", "--kvledger-profile=dev")
