@@ -169,6 +169,13 @@ def check(
     kept_first: Annotated[
         bool, typer.Option("--kept/--no-kept", help="replay the kept programs of earlier findings before the search")
     ] = True,
+    shrink: Annotated[
+        str | None,
+        typer.Option(
+            "--shrink-for",
+            help="how long a violation may shrink before the shortest program so far is reported (default 60s)",
+        ),
+    ] = None,
 ) -> None:
     """Run the conformance machines against the reference implementation (or an engine's adapter)."""
     _one_of("--profile", "profile", profile, PROFILES)
@@ -223,14 +230,14 @@ def check(
                 f"--fault re-creates bugs in kvledger's reference implementation; adapter {adapter!r} "
                 f"({probe.name}) does not run it, so no fault can act there"
             )
-    budget = None
-    if for_ is not None:
-        from kvledger.contracts.machines.campaign import parse_duration
+    from kvledger.contracts.machines.campaign import parse_duration
 
-        try:
-            budget = parse_duration(for_)
-        except ValueError as err:
-            _fail_usage(str(err))
+    budget = shrink_for = None
+    try:
+        budget = None if for_ is None else parse_duration(for_)
+        shrink_for = None if shrink is None else parse_duration(shrink, "--shrink-for")
+    except ValueError as err:
+        _fail_usage(str(err))
     if jobs_n > 1 or seeds > 1 or budget is not None:
         _campaign(
             jobs,
@@ -248,6 +255,7 @@ def check(
             kept_first,
             probe,
             unsupported,
+            shrink_for,
         )
     register_profiles()
     overrides: dict[str, object] = {}
@@ -276,7 +284,9 @@ def check(
             for s, m in jobs:
                 tick = display.start(s, m)
                 if probe is not None:
-                    result = _adapter_run(probe, m, unsupported.get(m), run_settings, seed, faults_on, tick, database)
+                    result = _adapter_run(
+                        probe, m, unsupported.get(m), run_settings, seed, faults_on, tick, database, shrink_for
+                    )
                 else:
 
                     def regression(rule: str, lines: list[str], s: str = s, m: str = m) -> str:
@@ -288,7 +298,17 @@ def check(
                     rules = list(SUITES[s].rules)
                     kept = kept_for(s, m) if kept_first else []
                     result = run_machine(
-                        s, m, machine, rules, run_settings, seed, regression, tick, database=database, kept=kept
+                        s,
+                        m,
+                        machine,
+                        rules,
+                        run_settings,
+                        seed,
+                        regression,
+                        tick,
+                        database=database,
+                        kept=kept,
+                        shrink_for=shrink_for,
                     )
                 results.append(result)
                 display.done(result)
@@ -344,6 +364,7 @@ def _campaign(
     kept: bool = True,
     probe: _Probe | None = None,
     unsupported: dict[str, str] | None = None,
+    shrink_for: float | None = None,
 ) -> NoReturn:
     """``--jobs``/``--seeds``/``--for``: every (suite, model) for each seed, over worker processes, merged.
 
@@ -359,7 +380,8 @@ def _campaign(
     from kvledger.contracts.machines import campaign as C
     from kvledger.contracts.machines.runner import CheckResult
 
-    spec = C.RunSpec(profile, examples, steps, contracts, tuple(faults_on), None if db is None else str(db), kept)
+    database = None if db is None else str(db)
+    spec = C.RunSpec(profile, examples, steps, contracts, tuple(faults_on), database, kept, shrink_for=shrink_for)
     declined = unsupported or {}
     if probe is not None:
         spec = replace(spec, adapter=probe.spec, system=probe.system, set_aside=tuple(sorted(probe.set_aside)))
@@ -576,6 +598,7 @@ def _adapter_run(
     faults_on: list[str],
     progress: Progress,
     database: ExampleDatabase | None = None,
+    shrink_for: float | None = None,
 ) -> CheckResult:
     """Run the suite's machine for ``model`` on an adapter; unsupported models and capabilities are skipped."""
     from kvledger.contracts.machines.campaign import check_adapter_model
@@ -590,7 +613,15 @@ def _adapter_run(
         return render(probe.suite, model, faults_on, rule, lines, adapter=probe.spec, set_aside=probe.set_aside)
 
     return check_adapter_model(
-        lambda: probe.build(config, model), probe.system, model, run_settings, seed, regression, progress, database
+        lambda: probe.build(config, model),
+        probe.system,
+        model,
+        run_settings,
+        seed,
+        regression,
+        progress,
+        database,
+        shrink_for=shrink_for,
     )
 
 

@@ -33,11 +33,12 @@ from kvledger.contracts.machines.runner import CheckResult, Violation
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
 
 
-def parse_duration(text: str) -> float:
-    """Seconds in ``text`` (``90``, ``90s``, ``30m``, ``1.5h``); ``ValueError`` naming the forms otherwise."""
+def parse_duration(text: str, option: str = "--for") -> float:
+    """Seconds in ``text`` (``90``, ``90s``, ``30m``, ``1.5h``); ``ValueError`` naming ``option`` and the forms
+    otherwise."""
     m = _DURATION.match(text.strip())
     if m is None or float(m.group(1)) <= 0:
-        raise ValueError(f"--for {text!r}: expected a positive duration such as 90s, 30m or 1.5h")
+        raise ValueError(f"{option} {text!r}: expected a positive duration such as 90s, 30m or 1.5h")
     return float(m.group(1)) * {"s": 1, None: 1, "m": 60, "h": 3600}[m.group(2)]
 
 
@@ -69,6 +70,8 @@ class RunSpec:
     """Capabilities the adapter is checked without (``--set-aside``)."""
     stop_at: float | None = None
     """A ``time.time()`` after which a job starts no new example (``--for``: set by :func:`run_campaign`)."""
+    shrink_for: float | None = None
+    """Seconds a violation may shrink (``--shrink-for``; ``None``: ``runner.shrink_seconds()``)."""
 
 
 def check_adapter_model(
@@ -81,6 +84,7 @@ def check_adapter_model(
     progress: Any = None,
     database: Any = None,
     stop_at: float | None = None,
+    shrink_for: float | None = None,
 ) -> CheckResult:
     """Run the cache (or system) machine for ``model`` on the adapters ``build`` makes; skipped laws reported.
 
@@ -99,7 +103,17 @@ def check_adapter_model(
     machine = (machine_for_system if system else machine_for_cache)(build)
     rules = list(SUITES[suite].rules)
     result = run_machine(
-        suite, model, machine, rules, run_settings, seed, regression, progress, database=database, stop_at=stop_at
+        suite,
+        model,
+        machine,
+        rules,
+        run_settings,
+        seed,
+        regression,
+        progress,
+        database=database,
+        stop_at=stop_at,
+        shrink_for=shrink_for,
     )
     result.skipped = skipped_system_rules(caps) if system else skipped_rules(caps)
     result.rules = [r for r in result.rules if r not in result.skipped]
@@ -165,6 +179,7 @@ def run_job(spec: RunSpec, job: Job) -> dict[str, Any]:
                 regression,
                 database=database,
                 stop_at=spec.stop_at,
+                shrink_for=spec.shrink_for,
             )
         else:
             suite = SUITES[job.suite]
@@ -179,6 +194,7 @@ def run_job(spec: RunSpec, job: Job) -> dict[str, Any]:
                 database=database,
                 kept=kept_for(job.suite, job.model) if spec.kept else (),
                 stop_at=spec.stop_at,
+                shrink_for=spec.shrink_for,
             )
     finally:
         faults.disable()

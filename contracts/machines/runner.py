@@ -20,7 +20,8 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from random import Random
@@ -46,6 +47,57 @@ _NOISE = ("inv_", "teardown", "check_invariants", SCHEDULE)
 
 STEP_TIMEOUT = 30.0
 """Seconds one step (a rule and the laws checked after it) may run before the watchdog calls it a hang."""
+
+SHRINK_SECONDS = 60.0
+"""Seconds Hypothesis may spend shrinking a violation before it reports the shortest program found so far (its own
+limit is five minutes: a violation found by a probe of a live manager, whose every replay builds and copies it, has
+shrunk that long). ``KVLEDGER_SHRINK_SECONDS`` (``kvledger check --shrink-for``) sets another."""
+SHRINK_ENV = "KVLEDGER_SHRINK_SECONDS"
+_SLOW_SHRINK = "WARNING: Hypothesis has spent more than"  # NOTE: how Hypothesis words the end of a cut-short shrink
+
+
+def shrink_seconds() -> float:
+    """The shrink budget: ``KVLEDGER_SHRINK_SECONDS`` (a positive number of seconds) or :data:`SHRINK_SECONDS`;
+    ``ValueError`` naming the variable for anything else."""
+    raw = os.environ.get(SHRINK_ENV, "").strip()
+    if not raw:
+        return SHRINK_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{SHRINK_ENV}={raw!r}: expected a positive number of seconds")
+    return value
+
+
+@contextmanager
+def bounded_shrinking(seconds: float) -> Iterator[list[str]]:
+    """Within the block, Hypothesis stops shrinking a failure after ``seconds`` (its own module limit, put back
+    after); yields a list that receives Hypothesis' report of a shrink so cut short (instead of printing it: it
+    names Hypothesis' own five minutes). Hypothesis versions without that limit shrink as they do."""
+    from hypothesis.internal.conjecture import engine
+    from hypothesis.reporting import current_reporter, with_reporter
+
+    cut: list[str] = []
+    outer = current_reporter()
+
+    def report(value: object) -> None:
+        if isinstance(value, str) and value.startswith(_SLOW_SHRINK):
+            cut.append(value)
+        else:
+            outer(value)
+
+    saved = getattr(engine, "MAX_SHRINKING_SECONDS", None)
+    if saved is not None:
+        engine.MAX_SHRINKING_SECONDS = seconds  # type: ignore[assignment]
+    try:
+        with with_reporter(report):
+            yield cut
+    finally:
+        if saved is not None:
+            engine.MAX_SHRINKING_SECONDS = saved
+
 
 HANG = "hang"
 """The law a step broke when it ran past the watchdog's limit."""
@@ -396,6 +448,7 @@ def run_machine(
     step_timeout: float = STEP_TIMEOUT,
     kept: Sequence[Kept] = (),
     stop_at: float | None = None,
+    shrink_for: float | None = None,
 ) -> CheckResult:
     """Run ``machine`` under ``settings``; return what happened (never raises for a violation).
 
@@ -406,7 +459,8 @@ def run_machine(
     seconds a step may run before it fails as a hang (0: no watchdog); ``kept``: programs replayed before the
     search (:mod:`kvledger.contracts.machines.kept`); the first one that breaks a law is the verdict.
     ``stop_at``: a ``time.time()`` after which no new example starts (a campaign's ``--for``); a run
-    stopped so holds with what it ran, marked ``cut``.
+    stopped so holds with what it ran, marked ``cut``. ``shrink_for``: seconds a violation may shrink (default
+    :func:`shrink_seconds`); a program whose shrinking was cut short says so in the violation's message.
     """
     result = CheckResult(suite, model, rules)
     watchdog = Watchdog(step_timeout)
@@ -434,8 +488,10 @@ def run_machine(
         hypothesis.core.threadlocal._hypothesis_global_random = None if seed is None else Random(seed)
         database = Scoped(database, f"{suite}/{model}/".encode())
         settings = Settings(settings, derandomize=False)
+    budget = shrink_seconds() if shrink_for is None else shrink_for
+    cut: list[str] = []
     try:
-        with watchdog:
+        with watchdog, bounded_shrinking(budget) as cut:
             run_state_machine_as_test(
                 counted_machine,
                 settings=Settings(settings, database=database, print_blob=False, report_multiple_bugs=False),
@@ -448,6 +504,11 @@ def run_machine(
         rule, message = readable(err)
         lines = program_lines(notes)
         program = regression(rule, lines) if regression else "\n".join(lines)
+        if cut:
+            message += (
+                f"\n(shrinking stopped after {budget:g} s: the program may not be the shortest; "
+                f"--shrink-for or {SHRINK_ENV} gives it longer)"
+            )
         result.violation = Violation(rule, message, steps, program)
     finally:
         hypothesis.core.global_force_seed = saved_seed

@@ -340,3 +340,12 @@ def test_an_adapter_that_builds_only_some_model_kinds_is_probed_with_those() -> 
         assert refused.exit_code == 2 and "needs a Mamba config" in refused.output
     finally:
         del sys.modules[mod.__name__]
+
+
+def test_shrink_for_takes_a_duration_and_refuses_anything_else() -> None:
+    code, out = invoke("check", "--shrink-for", "soon")
+    assert code == 2 and "--shrink-for 'soon'" in out and "positive duration" in out
+    code, out = invoke("check", "--fault", "B1", "--model", "full", "--shrink-for", "20s", "--json")
+    assert code == 1, out
+    data = json.loads(out[out.index("{") :])
+    assert data["violations"], out

@@ -90,3 +90,54 @@ def test_an_engines_own_assert_is_a_crash_and_a_law_is_a_law() -> None:
     rule, message = readable(raised_in("/site-packages/engine/cache.py"))  # an engine's own assert
     assert rule == f"{CRASH}: AssertionError"
     assert "inv_x: the law broke" in message and "raised at cache.py:1" in message
+
+
+class SlowMachine(RuleBasedStateMachine):
+    """Each step takes 20 ms; a law breaks once a drawn total passes 40, which long programs reach first, so
+    shrinking replays many slow programs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    @rule(k=st.integers(0, 9))
+    def add(self, k: int) -> None:
+        import time
+
+        time.sleep(0.02)
+        self.total += k
+        assert self.total <= 40, f"inv_total: {self.total}"
+
+
+SLOW = settings(FIND, max_examples=50, stateful_step_count=40)
+
+
+def test_shrinking_stops_at_its_budget_and_says_so() -> None:
+    from hypothesis.internal.conjecture import engine
+
+    limit = engine.MAX_SHRINKING_SECONDS
+    result = run_machine("toy", "slow", SlowMachine, [], SLOW, seed=3, shrink_for=0.5)
+    assert limit == engine.MAX_SHRINKING_SECONDS  # NOTE: Hypothesis' own limit is put back
+    assert (
+        result.violation is not None and "inv_total" in result.violation.message
+    )  # NOTE: a test-module assert: a crash
+    assert "shrinking stopped after 0.5 s" in result.violation.message, result.violation.message
+    assert result.seconds < 30
+
+
+def test_a_shrink_that_ends_in_time_does_not_say_it_was_cut() -> None:
+    result = run_machine("toy", "cycle", CycleMachine, [], FIND, seed=1, step_timeout=0.25, shrink_for=120)
+    assert result.violation is not None and "shrinking stopped" not in result.violation.message
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "soon", "inf", "nan"])
+def test_a_shrink_budget_from_the_environment_must_be_positive_seconds(
+    monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    from kvledger.contracts.machines.runner import SHRINK_ENV, shrink_seconds
+
+    monkeypatch.setenv(SHRINK_ENV, raw)
+    with pytest.raises(ValueError, match=SHRINK_ENV):
+        shrink_seconds()
+    monkeypatch.setenv(SHRINK_ENV, "2.5")
+    assert shrink_seconds() == 2.5
