@@ -1231,9 +1231,9 @@ _NON_NODES: tuple[tuple[str, object], ...] = (
 def lru_audit(cache: RadixCache, draw: Draw) -> str:
     """Each LRU list of ``cache``, mirrored (``_mirror``), refines ``spec.lru`` through its public calls: a call
     outside its domain raises the spec's error class and changes nothing (no pointer, no member); ``place`` of a drawn
-    selection of members in a drawn order, ``touch``, ``insert_mru``, ``insert_behind``, ``insert_ahead_of`` and
-    ``remove`` leave the order the spec's transitions give, ``more_recent``, ``lru_first`` and ``iter_lru`` read
-    it, and the list passes its ``check()`` after each.
+    selection of members in a drawn order (its first nodes, a drawn number of them, already in place), ``touch``,
+    ``insert_mru``, ``insert_behind``, ``insert_ahead_of`` and ``remove`` leave the order the spec's transitions
+    give, ``more_recent``, ``lru_first`` and ``iter_lru`` read it, and the list passes its ``check()`` after each.
 
     Raises ``AssertionError`` naming ``results equal the spec's``, ``inv_domain_enforced``, ``rejected call
     leaves state unchanged``, ``inv_lru_links_symmetric`` or ``inv_lru_detached``."""
@@ -1266,7 +1266,12 @@ def _audit_list(name: str, lst: LRUList[Linked], draw: Draw, fresh: Iterator[int
             raise AssertionError(f"inv_domain_enforced: {name} list: {what} raised {err!r}, not {want.__name__}")
         if _list_print(lst, nodes) != before:
             raise AssertionError(f"rejected call leaves state unchanged: {name} list: refused {what} changed it")
-    picked = draw(st.lists(st.sampled_from(members), min_size=1, max_size=len(members), unique=True))
+    # NOTE: a drawn head of the list kept as it is, then a drawn selection of the rest in a drawn order: ``place``
+    # of an order whose first nodes are already in place (it moves only what follows them) is met as often as one
+    # that moves from the head
+    keep = draw(st.integers(0, len(members) - 1))
+    rest = members[keep:]
+    picked = members[:keep] + draw(st.lists(st.sampled_from(rest), min_size=1, max_size=len(rest), unique=True))
     c = draw(st.sampled_from(members))
     new, behind, ahead = Linked(next(fresh)), Linked(next(fresh)), Linked(next(fresh))
     order = [x.id for x in picked] + [x.id for x in members if x not in picked]

@@ -454,6 +454,10 @@ EQUIVALENT: dict[str, str] = {
         "swaps the two ways of finding a repeated id (a set of a short tensor's values, a sort of a long one's): "
         "each answers exactly whether a value repeats, for every length (seed 27)"
     ),
+    "impl/slots.py:run_start:boundary:first < size": (
+        "run_start reads only ids an alloc popped off its pool's free stack, which holds ids in [base, size) "
+        "(inv_free_stack), so a descending run from first == size never reaches it (seed 28)"
+    ),
     "impl/slots.py:SlotPool.alloc:boundary:len(handed) > FRESH_KEEP#2": (
         "a speed memo's size bound (alloc results remembered by identity) made `>=`: one fewer is remembered, and "
         "a free of the forgotten one reads its ids by the slow path (the same answer, one conversion more; seed 27)"

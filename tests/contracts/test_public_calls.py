@@ -793,6 +793,39 @@ def test_a_place_that_misorders_fails_the_audit(monkeypatch: pytest.MonkeyPatch)
         C.lru_audit(c, draw)
 
 
+def test_a_place_that_refuses_an_order_whose_head_is_in_place_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``place`` of an order whose first node already heads the list (it need move only what follows) is inside its
+    domain: one that refuses it as a node named twice fails the audit, which keeps a drawn head of the list in place."""
+    from kvledger.impl.lru import Linked, LRUList
+    from kvledger.spec.errors import AlreadyInList
+
+    real = LRUList.place
+
+    def place(self: Any, order: list[Any]) -> None:
+        members = all(isinstance(n, Linked) and n in self for n in order) and len(set(order)) == len(order)
+        placed = self._in_place(order) if members else None  # NOTE: other orders are refused as before
+        if placed is not None and placed[1] > 0:  # BUG: counts the first node out of place among those in place
+            raise AlreadyInList("lru_touch", self.component.value, -1, "a node named twice in one touch")
+        real(self, order)
+
+    monkeypatch.setattr(LRUList, "place", place)
+    c = _locked()
+    chain = c.lru(Component.FULL).order()
+
+    def draw(strategy: Any) -> Any:  # NOTE: the head kept in place, then a member that does not follow it
+        from hypothesis import find
+
+        def wanted(x: object) -> bool:
+            if isinstance(x, int):
+                return x == 1
+            return not isinstance(x, list) or (len(x) >= 1 and x[0].id != chain[1])
+
+        return find(strategy, wanted, settings=settings(database=None, max_examples=200))
+
+    with pytest.raises(AssertionError, match=r"spec.s: full list: place\(.* inside its domain raised"):
+        C.lru_audit(c, draw)
+
+
 def test_a_failed_release_that_keeps_what_it_lowered_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
     """``dec_lock_ref`` that finds a count lost must put back what it lowered before; one that does not fails."""
     monkeypatch.setattr(RadixTree, "_unlower", lambda self, counters: None)  # BUG: the undo is skipped
