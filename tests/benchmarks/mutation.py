@@ -454,6 +454,11 @@ EQUIVALENT: dict[str, str] = {
         "swaps the two ways of finding a repeated id (a set of a short tensor's values, a sort of a long one's): "
         "each answers exactly whether a value repeats, for every length (seed 27)"
     ),
+    "impl/slots.py:SlotPool.claim:and-or:not distinct and int(ids.min()) < 0": (
+        "claim is a fast path that may decline: made `or`, it declines every set of slots not already known "
+        "distinct, and each caller (free, transfer, the cache's hand-over) then runs the precise checks, with the "
+        "same answer (seed 29)"
+    ),
     "impl/slots.py:run_start:boundary:first < size": (
         "run_start reads only ids an alloc popped off its pool's free stack, which holds ids in [base, size) "
         "(inv_free_stack), so a descending run from first == size never reaches it (seed 28)"
