@@ -58,6 +58,7 @@ def test_a_step_that_never_returns_is_a_hang_with_its_program() -> None:
     assert result.violation is not None
     assert result.violation.rule == HANG, result.violation.message + result.violation.program
     assert result.violation.steps[-1] == "walk()" and sum(s.startswith("link") for s in result.violation.steps) == 3
+    assert "shrinking stopped" not in result.violation.message  # NOTE: shrunk within the default budget
 
 
 def test_an_untyped_crash_inside_the_implementation_is_a_finding(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,11 +124,6 @@ def test_shrinking_stops_at_its_budget_and_says_so() -> None:
     )  # NOTE: a test-module assert: a crash
     assert "shrinking stopped after 0.5 s" in result.violation.message, result.violation.message
     assert result.seconds < 30
-
-
-def test_a_shrink_that_ends_in_time_does_not_say_it_was_cut() -> None:
-    result = run_machine("toy", "cycle", CycleMachine, [], FIND, seed=1, step_timeout=0.25, shrink_for=120)
-    assert result.violation is not None and "shrinking stopped" not in result.violation.message
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "soon", "inf", "nan"])
