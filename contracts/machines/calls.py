@@ -550,6 +550,7 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
             )
     if len(c.held) >= ps:
         methods.append(_insert_method(c, ps))
+    methods.append(_root_insert_method(c))
     methods += [_fingerprint_method(), _fingerprint_one_method(), _decode_method(), _node_tag_method()]
     return tuple(methods)
 
@@ -713,6 +714,27 @@ def _covers(x: object, d: Drawn) -> bool:
     toks = tokens_of(x) if isinstance(x, torch.Tensor) else None  # NOTE: ``verify`` takes a tensor only
     m, key = d["match"]
     return toks is not None and toks[: m.length] == key[: m.length]
+
+
+def _root_insert_method(c: _Cache) -> Method:
+    """``insert`` of the empty key (no slots) by the prober, offering a Mamba state: no state sits at the root
+    (``spec.prefix``), so the prober's own state, or junk, must be refused typed and change nothing. Without a state
+    the call is inside its domain (it caches nothing), which the rules make."""
+    cache, empty = c.cache, torch.empty(0, dtype=torch.int64)
+    states = [c.state] if c.state is not None else []
+    size = cache.mamba.pool.size if cache.mamba is not None else 4
+    return Method(
+        "insert of the empty key",
+        lambda mamba_slot: cache.insert(empty, empty, c.prober, mamba_slot=mamba_slot),
+        {
+            "mamba_slot": _arg(
+                st.none(),
+                st.sampled_from(states) | id_or_junk(size) if states else id_or_junk(size),
+                lambda x: x is None,
+                edges=(*states, *id_edges(size)),
+            )
+        },
+    )
 
 
 def _insert_method(c: _Cache, ps: int) -> Method:

@@ -459,6 +459,22 @@ EQUIVALENT: dict[str, str] = {
         "distinct, and each caller (free, transfer, the cache's hand-over) then runs the precise checks, with the "
         "same answer (seed 29)"
     ),
+    "impl/slots.py:SlotPool.alloc:drop-store:handed[id(out)] = (out, ids, raw, -1)": (
+        "a speed memo (alloc results remembered by tensor identity) never stored: a free of the result reads its "
+        "ids by the slow path (the same answer, one conversion more; seed 30)"
+    ),
+    "impl/slots.py:SlotPool.alloc:negate-if:if len(handed) > FRESH_KEEP:#2": (
+        "the same memo's bound negated: it forgets its oldest entry while small (often the one just stored), so "
+        "frees take the slow path more often (the same answer; seed 30)"
+    ),
+    "impl/slots.py:RecentAllocs.add:boundary:len(raw) <= _SHORT_BYTES": (
+        "a speed memo's length classes: a result exactly at the short bound is stored among the long ones and "
+        "missed by find, and the caller proves it distinct by the slow path (as RecentAllocs.find's len+1; seed 30)"
+    ),
+    "impl/slots.py:_tag_bytes:negate-if:if not 1 < n <= HANDED_MAX:": (
+        "swaps which lengths' tag bytes are remembered: every call still returns n copies of the tag's bytes "
+        "(memory, not behaviour; at most 64 remembered; seed 30)"
+    ),
     "impl/slots.py:run_start:boundary:first < size": (
         "run_start reads only ids an alloc popped off its pool's free stack, which holds ids in [base, size) "
         "(inv_free_stack), so a descending run from first == size never reaches it (seed 28)"

@@ -523,6 +523,20 @@ def test_a_node_count_off_by_one_fails_the_audit(monkeypatch: pytest.MonkeyPatch
         C.cache_audit(c)
 
 
+def test_an_insert_that_takes_a_state_at_the_root_silently_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Mamba state sits at the root: ``insert`` of the empty key offering one must be refused, typed. One that
+    returns the root and leaves the state with its holder, without a word, is caught by the probe."""
+    original = RadixCache.insert
+
+    def insert(self: RadixCache, key: Any, value: Any, owner: Any, **kw: Any) -> Any:
+        if isinstance(key, torch.Tensor) and key.numel() == 0 and kw.get("mamba_slot") is not None and self.mamba:
+            return original(self, key, value, owner)  # BUG: the state offered is dropped, not refused
+        return original(self, key, value, owner, **kw)
+
+    monkeypatch.setattr(RadixCache, "insert", insert)
+    fails("mamba", C.cache_scenario, "inv_domain_enforced: RadixCache.insert of the empty key(", examples=200)
+
+
 def test_a_list_built_without_its_tail_link_fails_the_audit_on_a_fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """A list whose constructor leaves the tail sentinel's back link unset is a chain only once a member is linked:
     the audited cache (with members) passes, a cache built afresh like it does not."""
