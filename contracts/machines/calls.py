@@ -729,9 +729,9 @@ def _root_insert_method(c: _Cache) -> Method:
         {
             "mamba_slot": _arg(
                 st.none(),
-                st.sampled_from(states) | id_or_junk(size) if states else id_or_junk(size),
+                st.sampled_from([*states, *range(size)]) | id_or_junk(size),  # NOTE: a real state id, half the time
                 lambda x: x is None,
-                edges=(*states, *id_edges(size)),
+                edges=(*dict.fromkeys([*states, *range(size)]), *id_edges(size)),
             )
         },
     )
