@@ -212,11 +212,14 @@ def test_a_free_that_forgets_its_pages_when_given_int32_ids_is_caught(monkeypatc
 def test_a_state_copied_into_a_slot_the_owner_does_not_hold_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """``copy_state`` writes into ``dst``: made by an owner that does not hold it, it must be refused."""
     from kvledger.impl.mamba import MambaPool
+    from kvledger.impl.owners import encode
 
     def copy_state(self: MambaPool, src: int, dst: int, owner: object) -> None:
-        self.conv[dst] = self.conv[src]  # BUG: no check of who holds ``dst``
-        self.temporal[dst] = self.temporal[src]
-        self.data[dst] = self.data[src]
+        s, d = self._idx("copy_state", src, "src"), self._idx("copy_state", dst, "dst")  # NOTE: ids still checked
+        encode(owner, "copy_state", "mamba")  # type: ignore[arg-type]
+        self.conv[d] = self.conv[s]  # BUG: no check of who holds ``dst``
+        self.temporal[d] = self.temporal[s]
+        self.data[d] = self.data[s]
 
     monkeypatch.setattr(MambaPool, "copy_state", copy_state)
     assert "expected NotOwner" in run_expecting_failure("mamba")
