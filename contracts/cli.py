@@ -231,11 +231,13 @@ def check(
                 f"({probe.name}) does not run it, so no fault can act there"
             )
     from kvledger.contracts.machines.campaign import parse_duration
+    from kvledger.contracts.machines.runner import shrink_seconds
 
     budget = shrink_for = None
     try:
         budget = None if for_ is None else parse_duration(for_)
-        shrink_for = None if shrink is None else parse_duration(shrink, "--shrink-for")
+        # NOTE: the environment's budget is read here too, so a malformed one is a usage error, not a traceback
+        shrink_for = shrink_seconds() if shrink is None else parse_duration(shrink, "--shrink-for")
     except ValueError as err:
         _fail_usage(str(err))
     if jobs_n > 1 or seeds > 1 or budget is not None:

@@ -342,9 +342,13 @@ def test_an_adapter_that_builds_only_some_model_kinds_is_probed_with_those() -> 
         del sys.modules[mod.__name__]
 
 
-def test_shrink_for_takes_a_duration_and_refuses_anything_else() -> None:
+def test_shrink_for_takes_a_duration_and_refuses_anything_else(monkeypatch: pytest.MonkeyPatch) -> None:
     code, out = invoke("check", "--shrink-for", "soon")
     assert code == 2 and "--shrink-for 'soon'" in out and "positive duration" in out
+    monkeypatch.setenv("KVLEDGER_SHRINK_SECONDS", "soon")
+    code, out = invoke("check", "--suite", "pools")
+    assert code == 2 and "KVLEDGER_SHRINK_SECONDS='soon'" in out, out
+    monkeypatch.delenv("KVLEDGER_SHRINK_SECONDS")
     code, out = invoke("check", "--fault", "B1", "--model", "full", "--shrink-for", "20s", "--json")
     assert code == 1, out
     data = json.loads(out[out.index("{") :])
