@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,27 @@ pytest_plugins = ["pytester"]  # the plugin's own tests (tests/trace) run child 
 
 register_profiles()
 settings.load_profile(os.environ.get("KVLEDGER_HYPOTHESIS_PROFILE", "ci"))
+
+TEST_SHRINK_SECONDS = 60.0
+"""How long a failure found inside a test may shrink: ``kvledger check``'s default bound (``--shrink-for``), for the
+machines a test runs itself. A test that expects a machine to fail asserts which law it names, and a shrink cut
+short still names it: without this bound one such test shrank for Hypothesis' whole five minutes. A test that
+asserts the shape of the shrunk program is marked ``full_shrink`` and shrinks without the bound."""
+
+
+@pytest.fixture(autouse=True)
+def _bounded_shrinking(request: pytest.FixtureRequest) -> Iterator[None]:
+    from hypothesis.internal.conjecture import engine
+
+    if request.node.get_closest_marker("full_shrink") is not None:
+        yield
+        return
+    saved = engine.MAX_SHRINKING_SECONDS
+    engine.MAX_SHRINKING_SECONDS = TEST_SHRINK_SECONDS  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        engine.MAX_SHRINKING_SECONDS = saved
 
 
 # ---------------------------------------------------------------- hand-breaks of a shared-pool system trace

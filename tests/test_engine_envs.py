@@ -50,7 +50,7 @@ def test_adapter_tests_pass_in_their_venv(engine: str, version: str) -> None:
         pytest.skip(f"no {name} {version} venv at {python.parent.parent} (build it: .ci/{engine}_env --build-only)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "KVLEDGER_HYPOTHESIS"))}
     proc = subprocess.run(
-        [str(python), "-m", "pytest", f"tests/{engine}", "-q", "-p", "no:cacheprovider"],
+        [str(python), "-m", "pytest", f"tests/{engine}", "-q", "-n", "0", "-p", "no:cacheprovider"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -794,6 +794,7 @@ def pytest_kills(view: Path, timeout: float) -> bool:
     """Whether the project's own ``tests/impl`` fail on the mutant (then it surely changes behaviour)."""
     env = {**os.environ, "PYTHONPATH": str(view), "PYTHONDONTWRITEBYTECODE": "1"}
     cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / "impl"), "-x", "-q", "-p", "no:cacheprovider"]
+    cmd += ["-n", "0"]  # NOTE: one process: mutants may run side by side
     try:
         proc = subprocess.run(cmd, env=env, cwd=view, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:

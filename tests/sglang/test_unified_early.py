@@ -68,6 +68,7 @@ def test_fixed_release_conforms(model: str) -> None:
     assert ("inv_lru_detached" in run.skipped) == (cfg.window is None and not cfg.mamba)
 
 
+@pytest.mark.full_shrink  # NOTE: its last step is the eviction only once the program is shrunk all the way
 @pytest.mark.skipif(FIXED, reason="B1 was fixed in 0.5.13")
 def test_b1_in_the_unified_lru_list_is_caught_by_lru_detachment() -> None:
     from kvledger.contracts.adapters.sglang.common import check
