@@ -31,6 +31,7 @@ fingerprinted before and after:
 
 from __future__ import annotations
 
+import zlib
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
@@ -170,6 +171,26 @@ class Scenario:
     """A check of the object's own checker, run once per probing step (the manager's leak checker)."""
     on_copy: Callable[[Method, Mapping[str, object]], str] | None = None
     """Make a call that changes state, inside its domain, on a copy of the object and check the copy."""
+    turns: dict[str, int] = field(default_factory=dict)
+    """How many picks of each kind (``probe``, ``sweep``) took the turn slot so far (:func:`fair_pick`)."""
+
+
+def fair_pick(scenario: Scenario, draw: Draw, choices: Sequence[T], kind: str) -> T:
+    """One of ``choices``, drawn without favouring the first.
+
+    Hypothesis draws the simplest index, 0, far more often than any other: in a stateful run, a 40-way
+    ``sampled_from`` drew index 0 a quarter of the time against about 2 % for each other index, so the method
+    listed first took that share of the probes (the manager's ``alloc_kv`` 155 probes in one default run, ``free_mamba``
+    4). Here index 0 is a turn slot: it takes the next of ``choices`` in order, from a start set by how the
+    scenario was built (a digest of its story, so it differs from example to example), and every other index
+    takes its own choice. The turn depends only on what this example drew before, so a replay picks the same."""
+    i = draw(st.integers(0, len(choices)))
+    if i:
+        return choices[i - 1]
+    turn = scenario.turns.get(kind, 0)
+    scenario.turns[kind] = turn + 1
+    start = zlib.crc32("\n".join(scenario.story).encode())
+    return choices[(start + turn) % len(choices)]
 
 
 def _arg(
@@ -2066,7 +2087,7 @@ def probe(scenario: Scenario, draw: Draw) -> str:
     Raises ``AssertionError`` naming the law it broke: ``inv_domain_enforced`` (a call outside accepted or
     refused untyped, a reading call inside refused), ``inv_names_culprit``, ``rejected call leaves state
     unchanged`` (a refused call, or a reading one, changed the fingerprint)."""
-    method: Method = draw(st.sampled_from([m for m in scenario.methods for _ in range(m.weight)]))
+    method = fair_pick(scenario, draw, [m for m in scenario.methods for _ in range(m.weight)], "probe")
     names = list(method.args)
     inside_too = method.reads or scenario.on_copy is not None
     broken = draw(st.sampled_from([None, *names] if inside_too else names))
@@ -2092,7 +2113,7 @@ def sweep(scenario: Scenario, draw: Draw) -> str:
     ]
     if not pairs:
         return f"{scenario.what}: no argument with a catalogue of junk"
-    method, broken = draw(st.sampled_from(pairs))
+    method, broken = fair_pick(scenario, draw, pairs, "sweep")
     swept, before = 0, None
     for i in count():
 
