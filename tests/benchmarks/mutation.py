@@ -487,6 +487,32 @@ EQUIVALENT: dict[str, str] = {
         "a memo's bound dropped: the table of one tag's bytes per code is never cleared, so it grows with the "
         "codes seen; every lookup still answers the same bytes (memory, not behaviour; seed 27)"
     ),
+    # NOTE: seed 31 (2026-11-27)
+    'impl/integrity.py:verify:drop-call:check_range("verify", what, "slot", idx, 0, stored.numel())': (
+        "every caller checks the slots first (the allocators' verify: check_kv_write, [base, size) of the pool; "
+        "the SWA copies: ids its own translate table gives), so the range check here never refuses anything "
+        "(calls.NOT_PROBED_FUNCTIONS: a helper on checked values)"
+    ),
+    "impl/kvview.py:KVView.check_held:negate-if:if live.numel():": (
+        "the SWA twin of a live full slot is always held by the full holder's SWA twin owner (alloc, transfer and "
+        "free move both halves, free_swa unmaps the twin), so once the full slots' holder check passed, the SWA "
+        "holder check cannot refuse: skipping it for live twins changes nothing"
+    ),
+    "impl/radix.py:RadixCache.match_prefix:drop-store:self._walked = Walk(raw, q, up, bytes(slots))": (
+        "a speed memo: without it the only walk remembered is a miss's (an empty path), so the insert of a "
+        "matched key starts from the root and walks the key itself (the same tree, one walk more)"
+    ),
+    "impl/slots.py:SlotPool.check_alloc:boundary:n < 0": (
+        "a fast path's guard: n == 0 then goes through check_int(lo=0), which returns it unchanged"
+    ),
+    "impl/slots.py:SlotPool.alloc:negate-if:if len(handed) > FRESH_KEEP:": (
+        "a speed memo (free of a tensor alloc returned needs no conversion): negated, each entry is dropped as it "
+        "is added, so every free takes the converting path (the same answer, one conversion more)"
+    ),
+    "impl/slots.py:run_start:boundary:base <= first": (
+        "a proof that ids are a run, for a slice instead of a gather: a run starting at the base is no longer "
+        "proven (answer -1, the general path) or, for one id, proven by the descending test: the same slots"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
