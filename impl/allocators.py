@@ -115,8 +115,8 @@ class PagedAllocator:
         return self.pool.available_size() * self.page_size
 
     def pages_for(self, num_tokens: int) -> int:
-        """Pages needed to hold ``num_tokens`` tokens."""
-        return -(-check_int("pages_for", self.pool.name, "num_tokens", num_tokens) // self.page_size)
+        """Pages needed to hold ``num_tokens`` tokens (a count: an int in ``[0, 2**63)``, else ``InvalidArgument``)."""
+        return -(-check_int("pages_for", self.pool.name, "num_tokens", num_tokens, 0, 1 << 63) // self.page_size)
 
     def tokens_of(self, pages: torch.Tensor) -> torch.Tensor:
         """Token indices of ``pages`` (a 1-D integer tensor of pages of the pool), page by page."""

@@ -114,9 +114,9 @@ class MemoryManager:
         return torch.tensor(list(xs), dtype=torch.int64, device=self.kv.device)
 
     def round_up(self, n: int) -> int:
-        """``n`` tokens rounded up to whole KV pages."""
-        if type(n) is not int or n < 0:
-            n = check_int("round_up", "kv", "n", n)
+        """``n`` tokens rounded up to whole KV pages (a count: an int in ``[0, 2**63)``, else ``InvalidArgument``)."""
+        if type(n) is not int or not 0 <= n < 1 << 63:
+            n = check_int("round_up", "kv", "n", n, 0, 1 << 63)
         return -(-n // self.page) * self.page
 
     def _make_room(self, comp: Component, short: int, what: str) -> None:

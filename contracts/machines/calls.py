@@ -1511,7 +1511,7 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
         Method(
             "round_up",
             mm.round_up,
-            {"n": _arg(st.integers(0, 9), count_or_junk(0, 9), D.is_amount, edges=count_edges(0))},
+            {"n": _arg(st.integers(0, 9), count_or_junk(0, 9), lambda x: D.is_count(x, 0), edges=count_edges(0))},
             reads=True,
         ),
         Method(

@@ -44,6 +44,7 @@ from kvledger.contracts.machines.calls import (
 )
 from kvledger.contracts.machines.probes import (
     CONSTRUCTORS,
+    SCALAR_EDGES,
     Call,
     constructor_calls,
     id_edges,
@@ -199,6 +200,18 @@ def bad_tensor_of(good: torch.Tensor, edge: str, top: int) -> torch.Tensor:
     return good - low - good.numel() if edge == "below" else good - low + top
 
 
+VALUE_END = 1 << 31
+"""The first token id or position past their range (``spec.prefix``: 31-bit tokens and positions)."""
+
+
+def bad_values_of(good: torch.Tensor, edge: str) -> torch.Tensor:
+    """A tensor of values (``DATA_PARAMS``) as long as ``good``, one of them just outside their range: -1 for
+    ``below``, the first past it (``VALUE_END``) for ``above``; the others 0."""
+    bad = torch.zeros_like(good)
+    bad[-1] = -1 if edge == "below" else VALUE_END
+    return bad
+
+
 def _none_or_raise(answer: object) -> None:
     if answer is not None:
         raise AssertionError(f"answered {answer!r:.60}")
@@ -263,6 +276,58 @@ def tensor_calls(pool: AnyPool, chunk: Chunk) -> list[TensorCall]:
             answer = str(fn.__annotations__.get("return", "None")).replace(" ", "")
             query = answer.endswith("|None")
             out.append((f"{type(pool).__name__}.{name}", param, ids, query, answer == "None", call))
+    return out
+
+
+IntCall = tuple[str, str, bool, Callable[[object], object]]
+INT_VALID = {"value": 1, "start": 0, "end": 1, "n": 1, "num_tokens": 1}
+"""A valid value for an int parameter that names no id (every other int parameter names one: ``chunk``'s first)."""
+
+
+def int_calls(pool: AnyPool, chunk: Chunk) -> list[IntCall]:
+    """Each public method of ``pool`` with a parameter annotated ``int``, per such parameter: (method, parameter,
+    whether the method is a query that may answer ``None``, the call of a value there with every other argument
+    valid: ``chunk``'s first id for an id, ``INT_VALID`` for a value or a count, ``chunk``'s owner, another owner
+    as ``dst``, the id 1 for a tensor). Found by signature, as ``tensor_calls``: a method added later is met too."""
+    import inspect
+
+    out: list[IntCall] = []
+    other = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
+    first = int(chunk.idx[0])
+    for name, _ in inspect.getmembers(type(pool), inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        fn = getattr(pool, name)
+        hints = {k: str(v) for k, v in fn.__annotations__.items() if k != "return"}
+        params = list(inspect.signature(fn).parameters)
+        for param in [p for p in params if hints.get(p) in ("int", "<class 'int'>")]:
+
+            def call(
+                bad: object,
+                fn: Callable[..., object] = fn,
+                target: str = param,
+                params: list[str] = params,
+                hints: dict[str, str] = hints,
+            ) -> object:
+                args: list[object] = []
+                for p in params:
+                    hint = hints.get(p, "")
+                    if p == target:
+                        args.append(bad)
+                    elif hint in ("int", "<class 'int'>"):
+                        args.append(INT_VALID.get(p, first))
+                    elif "Tensor" in hint:
+                        args.append(torch.tensor([1], dtype=torch.int64))
+                    elif p == "dst":
+                        args.append(other)
+                    elif "Owner" in hint:
+                        args.append(chunk.owner)
+                    else:
+                        args.append(False)
+                return fn(*args)
+
+            answer = str(fn.__annotations__.get("return", "None")).replace(" ", "")
+            out.append((f"{type(pool).__name__}.{name}", param, answer.endswith("|None"), call))
     return out
 
 
@@ -436,18 +501,37 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
         def bad_tensor(self, chunk: Chunk) -> None:
             """Every public method of the pool that takes a tensor (found by its signature: ``tensor_calls``, so a
             method added later is met too), each of its tensor parameters given every kind of bad tensor in turn (a
-            sweep of ``TENSOR_EDGES``), the other arguments valid: each refused with a typed error, nothing
-            changed. A query whose answer is typed ``... | None`` may answer ``None`` (not shown) instead."""
+            sweep of ``TENSOR_EDGES``; for a tensor of values, token ids or positions, ``below`` and ``above`` are
+            just outside their range ``[0, 2**31)``), the other arguments valid: each refused with a typed error,
+            nothing changed. A query whose answer is typed ``... | None`` may answer ``None`` (not shown) instead."""
             top = next(iter(pools_of(self.pool).values())).size * max(1, kind.unit) + 10_000
             for what, param, ids, query, acts, call in tensor_calls(self.pool, chunk):
                 for edge in TENSOR_EDGES:
-                    if (edge in ("below", "above") and not ids) or (edge == "empty" and not (ids and acts)):
+                    outside = edge in ("below", "above")
+                    values = outside and param in DATA_PARAMS
+                    if (outside and not ids and not values) or (edge == "empty" and not (ids and acts)):
                         continue
-                    bad = bad_tensor_of(chunk.idx, edge, top)
+                    # NOTE: values (tokens, positions) have a range of their own: just below it, the first past it
+                    bad = bad_values_of(chunk.idx, edge) if values else bad_tensor_of(chunk.idx, edge, top)
                     made = partial(call, bad)
                     if query and raised(lambda made=made: _none_or_raise(made())) is None:  # type: ignore[misc]
                         continue
                     self._expect_outside(f"{what} with {param} {edge} {_shown_tensor(bad)}", made)
+
+        @rule(chunk=chunks)
+        def bad_int(self, chunk: Chunk) -> None:
+            """Every public method of the pool that takes an int (found by its signature: ``int_calls``), each of
+            its int parameters given each value no int parameter takes in turn (-1, one past int64, a bool, a
+            float, ``None``, a string, another object), the other arguments valid: each refused with a typed
+            error, nothing changed. A query whose answer is typed ``... | None`` may answer ``None``."""
+            if not chunk.idx.numel():
+                return
+            for what, param, query, call in int_calls(self.pool, chunk):
+                for edge in (-1, D.INT64_END, *SCALAR_EDGES):
+                    made = partial(call, edge)
+                    if query and raised(lambda made=made: _none_or_raise(made())) is None:  # type: ignore[misc]
+                        continue
+                    self._expect_outside(f"{what} with {param} {edge!r}", made)
 
         @rule(where=st.sampled_from(["below", "above", "edge"]))
         def out_of_range(self, where: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import pytest
 import torch
@@ -207,6 +208,55 @@ def test_a_free_that_forgets_its_pages_when_given_int32_ids_is_caught(monkeypatc
     monkeypatch.setattr(PagedAllocator, "free", free)
     msg = run_expecting_failure("paged")
     assert any(law in msg for law in LEAK_CAUGHT), msg
+
+
+@pytest.mark.parametrize("kind", ["token", "paged"])
+def test_a_kv_write_that_takes_any_token_id_is_caught(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Token ids and positions have a range of their own (``[0, 2**31)``): a KV write or verify that checks its
+    slots but not its token ids' range must be met by the sweep of bad tensors, which puts one value just outside."""
+    import kvledger.impl.allocators as allocators
+
+    original = allocators.check_range
+
+    def check_range(op: str, where: str, name: str, *rest: Any) -> None:
+        if name != "token id":  # BUG: token ids go unchecked
+            original(op, where, name, *rest)
+
+    monkeypatch.setattr(allocators, "check_range", check_range)
+    msg = run_expecting_failure(kind, shrink=False)
+    assert "inv_domain_enforced" in msg and "tokens" in msg, msg
+
+
+def test_a_state_written_for_any_value_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Mamba pool's ``write_fingerprint`` that checks its slot but not its value (an int in ``[0, 2**63)``):
+    ``bad_int`` gives every int parameter of every public method (found by signature) each value no int parameter
+    takes, and the write of -1 is accepted."""
+    from kvledger.impl import mamba
+
+    original = mamba.check_int
+
+    def check_int(op: str, where: str, name: str, *rest: Any) -> int:
+        if op == "write_fingerprint" and name == "value":  # BUG: any value is written
+            return cast(int, rest[0])
+        return original(op, where, name, *rest)
+
+    monkeypatch.setattr(mamba, "check_int", check_int)
+    msg = run_expecting_failure("mamba", shrink=False)
+    assert "inv_domain_enforced: MambaPool.write_fingerprint with value" in msg, msg
+
+
+def test_every_int_parameter_of_a_pool_is_swept() -> None:
+    """``int_calls`` finds the int parameters by signature: every pool kind's (ids, counts, offsets, values)."""
+    from kvledger.contracts.machines.pool import int_calls
+
+    found = {}
+    for name, kind in KINDS.items():
+        state = machine_for(kind)()
+        chunk = state.allocate(owner=OWNERS[0], n=2)
+        found[name] = {(what.split(".")[1], param) for what, param, _, _ in int_calls(state.pool, chunk)}
+    assert {("write_fingerprint", "value"), ("verify", "value"), ("copy_state", "dst")} <= found["mamba"]
+    assert {("read", "start"), ("read", "end"), ("write", "start"), ("free", "row")} <= found["req_to_token"]
+    assert ("pages_for", "num_tokens") in found["paged"] and ("alloc", "n") in found["token"]
 
 
 def test_a_state_copied_into_a_slot_the_owner_does_not_hold_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

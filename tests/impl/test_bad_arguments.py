@@ -234,7 +234,10 @@ def meta(*xs: int) -> torch.Tensor:
 JUNK = [None, 1.5, True, "1", b"1", object(), [1], {1: 2}]
 """Wrong type for any argument (each a class: nothing, a float, a bool, text, bytes, an object, containers)."""
 
-BAD_SIZES = [*JUNK, -1, -(2**70), float("nan")]
+BAD_AMOUNTS = [*JUNK, -1, -(2**70), float("nan")]
+"""What no amount (``spec.domains.is_amount``: ``evict``'s, any size >= 0) is."""
+BAD_SIZES = [*BAD_AMOUNTS, 2**63]
+"""What no count (``spec.domains.is_count``) is: an amount's junk, and past int64."""
 BAD_OWNERS = [
     None,
     1,
@@ -480,7 +483,7 @@ ENTRY_POINTS: list[tuple[str, Call, Bad]] = [
     ("RadixCache.dec_lock_ref", lambda w, x: w.mm.cache.dec_lock_ref(x), bad_handles),
     ("RadixCache.is_live", lambda w, x: w.mm.cache.is_live(x), each(JUNK)),
     ("RadixCache.evict component", lambda w, x: w.mm.cache.evict(x, 1), each([*BAD_COMPONENTS, SWA])),
-    ("RadixCache.evict n", lambda w, x: w.mm.cache.evict(FULL, x), each(BAD_SIZES)),
+    ("RadixCache.evict n", lambda w, x: w.mm.cache.evict(FULL, x), each(BAD_AMOUNTS)),
     ("RadixCache.evictable_size", lambda w, x: w.mm.cache.evictable_size(x), each([*BAD_COMPONENTS, SWA])),
     ("RadixCache.protected_size", lambda w, x: w.mm.cache.protected_size(x), each([*BAD_COMPONENTS, SWA])),
     ("RadixCache.handles_covering ident", lambda w, x: w.mm.cache.handles_covering(x, FULL), each(JUNK)),
