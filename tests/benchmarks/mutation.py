@@ -498,6 +498,10 @@ EQUIVALENT: dict[str, str] = {
         "free move both halves, free_swa unmaps the twin), so once the full slots' holder check passed, the SWA "
         "holder check cannot refuse: skipping it for live twins changes nothing"
     ),
+    'impl/allocators.py:SWATokenAllocator.free:drop-call:self.swa.pool.check_held("free", live, swa_owner(owner))': (
+        "seed 32; as check_held's SWA check above: the full slots' holder check passed, so their live SWA twins "
+        "are held by that holder's SWA twin owner and the SWA check cannot refuse"
+    ),
     "impl/radix.py:RadixCache.match_prefix:drop-store:self._walked = Walk(raw, q, up, bytes(slots))": (
         "a speed memo: without it the only walk remembered is a miss's (an empty path), so the insert of a "
         "matched key starts from the root and walks the key itself (the same tree, one walk more)"
