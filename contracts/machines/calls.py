@@ -38,7 +38,7 @@ from contextlib import suppress
 from copy import copy, deepcopy
 from dataclasses import dataclass, field, replace
 from functools import partial
-from itertools import count
+from itertools import count, islice
 from typing import Protocol, TypeVar, cast
 
 import torch
@@ -944,6 +944,41 @@ def _planted_breaks(lru: LRUList[TreeNode]) -> Iterator[tuple[str, BaseException
         head.next[i] = first
 
 
+def _planted_lru_cycles(lru: LRUList[TreeNode]) -> str:
+    """Plant a cycle in ``lru`` for each of its walks, one at a time, and put the link back: the MRU member's back
+    pointer aimed at the LRU member (``iter_lru``, from the tail, then comes round again), the LRU member's forward
+    pointer aimed at the MRU member (``order()``, from the head). Each walk must raise ``IntegrityError`` before it
+    passes a node twice (at most one pass over the members); what went wrong, or "". The tail walk is read
+    through ``islice``, so a walk without a guard is reported here, not walked forever."""
+    i, head, tail = lru.slot, lru.head, lru.tail
+    mru, lru_most = head.next[i], tail.prev[i]
+    if mru is None or mru is tail or lru_most is None or lru_most is head:
+        return ""
+    n = len(lru)
+    walked: list[int] = []
+
+    def tail_walk() -> None:
+        walked.extend(x.id for x in islice(lru.iter_lru(), n + 2))
+
+    old = mru.prev[i]
+    mru.prev[i] = lru_most
+    try:
+        err = raised(tail_walk)
+    finally:
+        mru.prev[i] = old
+    if not isinstance(err, IntegrityError) or len(set(walked)) != len(walked):
+        return f"iter_lru of the {lru.component.value} list with a cycle planted passed {walked} and raised {err!r}"
+    old = lru_most.next[i]
+    lru_most.next[i] = mru
+    try:
+        err = raised(lru.order)
+    finally:
+        lru_most.next[i] = old
+    if not isinstance(err, IntegrityError):
+        return f"order() of the {lru.component.value} list with a cycle planted raised {err!r}"
+    return ""
+
+
 def _lock_counts(cache: RadixCache) -> object:
     """Every node's lock counts and the cache's sizes: what a failed lock or release must leave as it found."""
     return [list(x.refs) for x in cache.nodes()], cache.sizes()
@@ -1148,7 +1183,8 @@ def _fresh_self_checks(cache: RadixCache) -> str:
 def cache_audit(cache: RadixCache) -> str:
     """The cache's own self-checks and counters agree with its state: each component's LRU list passes its
     ``check()`` and fails it, typed, with a link planted broken (``_planted_breaks``; the link is put
-    back), a lock of a node planted with a parent cycle fails typed and changes nothing (``_planted_cycle``), a
+    back), its walks raise typed before they pass a node twice with a cycle planted (``_planted_lru_cycles``), a
+    lock of a node planted with a parent cycle fails typed and changes nothing (``_planted_cycle``), a
     release of a handle whose count was planted lost fails typed and puts back what it lowered (``_planted_unheld``),
     slots a fresh owner hands to the cache are no longer its to free (``_handed_over``), a match whose node was
     evicted is refused (``_stale_match``), a key past the cut-offs for short keys matches as its head (``_long_match``),
@@ -1167,6 +1203,9 @@ def cache_audit(cache: RadixCache) -> str:
         for how, err in list(_planted_breaks(cache.lru(comp))):  # NOTE: every link back before a verdict
             if not isinstance(err, IntegrityError):
                 raise AssertionError(f"{law}: {comp.value} LRU list's check() passed {how}: {err!r}")
+        cycled = _planted_lru_cycles(cache.lru(comp))
+        if cycled:
+            raise AssertionError(f"{law}: {cycled}")
     broken = (
         _planted_cycle(cache)
         or _planted_unheld(cache)

@@ -537,6 +537,29 @@ def test_an_insert_that_takes_a_state_at_the_root_silently_is_caught(monkeypatch
     fails("mamba", C.cache_scenario, "inv_domain_enforced: RadixCache.insert of the empty key(", examples=200)
 
 
+def test_a_walk_that_passes_a_node_twice_before_it_stops_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``iter_lru``'s guard against a cycle one step late: on a list with a cycle it yields a node a second time
+    before it raises. The audit plants a cycle for each walk and wants the error before any node comes round."""
+    from kvledger.impl.lru import LRUList
+
+    def iter_lru(self: LRUList[Any]) -> Any:
+        i, left, x = self.slot, len(self._members) + 1, self.tail.prev[self.slot]  # BUG: one step too many
+        while x is not None and x is not self.head:
+            left -= 1
+            if left < 0:
+                raise self._revisit("tail", x)
+            nxt = x.prev[i]
+            yield x
+            x = nxt
+
+    c = _cached()
+    assert len(c.lru(Component.FULL)), "the audited cache has a member to plant a cycle through"
+    C.cache_audit(c)  # NOTE: the real walk passes
+    monkeypatch.setattr(LRUList, "iter_lru", iter_lru)
+    with pytest.raises(AssertionError, match=r"agree with the state: iter_lru of the full list with a cycle planted"):
+        C.cache_audit(c)
+
+
 def test_a_list_built_without_its_tail_link_fails_the_audit_on_a_fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """A list whose constructor leaves the tail sentinel's back link unset is a chain only once a member is linked:
     the audited cache (with members) passes, a cache built afresh like it does not."""
