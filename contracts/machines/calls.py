@@ -1600,7 +1600,14 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
             {
                 "req": req_arg(lambda r: True),  # NOTE: one of its requests; a row is needed only to write something
                 "start": _arg(st.just(0), count_or_junk(0, 0), lambda x: D.is_amount(x), edges=count_edges(0)),
-                "end": _arg(st.just(0), count_or_junk(0, 0), _end_inside, after=True, edges=count_edges(0)),
+                # NOTE: ends up to the request's own limit (a write, made on a copy), and the first end past it
+                "end": _arg(
+                    lambda d: st.integers(0, _end_limit(d)),
+                    lambda d: count_or_junk(0, 0) | st.just(_end_limit(d) + 1),
+                    _end_inside,
+                    after=True,
+                    edges=lambda d: (*count_edges(0), _end_limit(d) + 1),
+                ),
             },
         ),
         *(
@@ -1706,12 +1713,19 @@ def _ahead_inside(mm: MemoryManager) -> Callable[[object, Drawn], bool]:
     return inside
 
 
+def _end_limit(d: Drawn) -> int:
+    """How far ``write_kv`` may write for the drawn request: its slots and tokens, if it holds a row; else 0."""
+    req = d["req"]
+    return min(req.alloc_len, len(req.tokens)) if isinstance(req, Request) and req.row is not None else 0
+
+
 def _end_inside(x: object, d: Drawn) -> bool:
-    """``write_kv``'s end: an int >= 0, past ``start`` only up to the request's slots and tokens."""
+    """``write_kv``'s end: an int >= 0, past ``start`` only for a request holding a row, up to its slots and
+    tokens."""
     req, start = d["req"], d["start"]
     if not D.is_amount(x) or not D.is_amount(start) or not isinstance(req, Request):
         return D.is_amount(x)
-    return x <= start or x <= min(req.alloc_len, len(req.tokens))  # type: ignore[operator]
+    return x <= start or x <= _end_limit(d)  # type: ignore[operator]
 
 
 def manager_scenario(kind: str, draw: Draw) -> Scenario:
