@@ -1448,8 +1448,13 @@ def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
         if turn is not None:
             toks = (*mm.sessions.slots[turn].tokens, *toks)  # NOTE: a later turn extends the one before
         req = mm.add_request(toks, session=turn)
-        move = draw(st.sampled_from(["wait", "admit", "extend", "finish", "abort", "retract"]))
+        move = draw(st.sampled_from(["wait", "admit", "extend", "finish", "abort", "retract", "resume"]))
         story.append(f"request {req.rid} {toks}{f' of session {turn}' if turn is not None else ''}: {move}")
+        if move == "resume":  # NOTE: a session's turn handed its memory and left waiting (a row, not running)
+            if turn is not None:
+                with suppress(KVLedgerError):
+                    mm.sessions.resume(req)
+            continue
         if move == "wait":
             continue
         if move == "abort":
@@ -1507,6 +1512,15 @@ def _turn_arg(
     )
 
 
+def _one_per_stage(reqs: list[Request]) -> list[Request]:
+    """The first of ``reqs`` at each stage of a request's life: its status, and whether it holds a row, a Mamba
+    state, and is a session's turn."""
+    seen: dict[tuple[object, ...], Request] = {}
+    for r in reqs:
+        seen.setdefault((r.status, r.row is not None, r.mamba is not None, r.session is not None), r)
+    return list(seen.values())
+
+
 def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
     reqs = list(mm.requests.values())
     other = Request(reqs[0].rid, reqs[0].tokens) if reqs else Request(1, (1,))  # NOTE: not this manager's
@@ -1522,6 +1536,8 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
             st.sampled_from(good) if good else None,
             not_requests | st.sampled_from(bad) if bad else not_requests,
             lambda x: isinstance(x, Request) and mm.requests.get(x.rid) is x and ok(x),
+            # NOTE: a sweep meets one request of each stage of life (a rare one too: a resumed turn still waiting)
+            edges=[*strangers[:5], *_one_per_stage(bad), *_one_per_stage(good)],
         )
 
     def running(r: Request) -> bool:

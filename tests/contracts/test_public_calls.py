@@ -1359,23 +1359,15 @@ def test_a_fair_pick_replays_the_same_choices_from_the_same_draws() -> None:
     assert len({first[0], first[1], first[3], first[5]}) == 4, first  # NOTE: the turn slot takes each in turn
 
 
-@pytest.mark.parametrize("past", [False, True], ids=["no-row", "past-its-slots"])
-def test_a_write_past_what_the_request_holds_is_caught(monkeypatch: pytest.MonkeyPatch, past: bool) -> None:
-    """``write_kv``'s end is drawn up to the request's own limit (its slots and tokens, if it holds a row) and one
-    past it: a write that checks only one of the two (the row, or the limit) accepts the other, or crashes."""
+def test_a_write_by_a_request_without_a_row_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``write_kv``'s end is drawn up to the request's own limit (its slots and tokens, if it holds a row: else 0)
+    and one past it: a write that forgets that a request without a row can write nothing (accepting an end an
+    engine would pass, not only an absurd one) is met."""
     original = MemoryManager.write_kv
 
     def write(self: MemoryManager, req: Any, start: Any, end: Any) -> None:
         self.own("write_kv", req)
-        if type(start) is int and type(end) is int and 0 <= start < end and req.row is not None:
-            limit = min(req.alloc_len, len(req.tokens))
-            if past and end > limit:  # BUG: the row is checked, the limit is not: writes past the slots
-                slots = self.rows.table[req.row, start:end]
-                pos = torch.arange(start, start + slots.numel(), dtype=torch.int64)
-                toks = torch.tensor(list(req.tokens[start:end]) + [1] * (slots.numel() - len(req.tokens[start:end])))
-                self.kv.write_fingerprint(slots, toks[: slots.numel()], pos)
-                return
-        if not past and type(start) is int and type(end) is int and 0 <= start < end < 1 << 63 and req.row is None:
+        if type(start) is int and type(end) is int and 0 <= start < end < 1 << 63 and req.row is None:
             return  # BUG: a request with no row and a plausible end: nothing written, nothing refused
         original(self, req, start, end)
 
