@@ -414,11 +414,16 @@ class RadixCache(RadixTree):
         self.dec_lock_ref(h)
 
     def verify(self, match: MatchResult, key: torch.Tensor) -> None:
-        """Raise ``IntegrityError`` unless the matched slots hold the fingerprints of ``key``'s first tokens."""
+        """Raise ``IntegrityError`` unless the matched slots hold the fingerprints of ``key``'s first tokens.
+
+        ``key`` is a key as ``match_prefix`` takes it, checked whole (a negative token past the match is refused
+        too, ``CacheError``), as a tensor."""
         if not isinstance(match, MatchResult):
             raise CacheError(f"verify: expected a MatchResult, got {type(match).__name__}")
         if match.length:
             self._check_live("verify", match.last_node)  # NOTE: another cache's match, or one whose node was evicted
-            toks = self._as_tokens("verify", key)[: match.length]
+            toks = self._as_tokens("verify", key)
+            key_bytes("verify", toks)  # NOTE: every token id, not only the matched ones the check below reads
+            toks = toks[: match.length]
             pos = torch.arange(match.length, dtype=torch.int64, device=self.device)
             self.kv.verify(match.indices, toks, pos)

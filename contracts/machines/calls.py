@@ -97,6 +97,7 @@ __all__ = [
     "Method",
     "Scenario",
     "cache_scenario",
+    "cross",
     "judge",
     "manager_scenario",
     "manager_scenario_of",
@@ -2207,6 +2208,50 @@ def sweep(scenario: Scenario, draw: Draw) -> str:
         judge(scenario, method, got, inside, before=before, show=False)  # NOTE: each leaves the state as it was
         swept += 1
     return f"{scenario.what}.{method.what}: {swept} junk {broken}"
+
+
+def cross(scenario: Scenario, draw: Draw) -> str:
+    """Give one value of an argument that several of ``scenario``'s calls take (a request at one stage of its
+    life, a component, a match) to each of those calls in turn, the other arguments valid, and hold each to the
+    law (see :func:`probe`); what was crossed.
+
+    A sweep meets every value of one call's argument; a rare value (a resumed turn still waiting, one request in
+    a hundred examples) then meets a given call only when that call's sweep is drawn too. Here the value is
+    drawn first (``fair_pick`` over the values of the arguments' catalogues) and meets every call that takes it.
+    A call that lies inside its domain and changes state is made on a copy where the scenario has one."""
+    takers: dict[str, list[Method]] = {}
+    for m in scenario.methods:
+        for k, a in m.args.items():
+            if a.edges is not None:
+                takers.setdefault(k, []).append(m)
+    shared = sorted(k for k, ms in takers.items() if len({m.what for m in ms}) > 1)
+    if not shared:
+        return f"{scenario.what}: no argument that several calls take"
+    name = fair_pick(scenario, draw, shared, "cross")
+    values: dict[int, object] = {}
+    for m in takers[name]:
+        edges = m.args[name].edges
+        with suppress(Exception):  # NOTE: a catalogue that depends on earlier arguments has no values here
+            for v in edges({}) if edges is not None else ():
+                values.setdefault(id(v), v)
+    if not values:
+        return f"{scenario.what}: no value of {name} to cross"
+    value = fair_pick(scenario, draw, list(values.values()), "cross value")
+    before, crossed = None, 0
+    for m in {id(m): m for m in takers[name]}.values():
+        got, inside, missing = _draw_args(m, draw, name, lambda _a, _d: st.just(value))
+        if missing is not None:
+            continue
+        if inside and not m.reads:
+            if scenario.on_copy is not None:
+                scenario.on_copy(m, got)
+                crossed += 1
+            continue
+        if before is None:
+            before = scenario.fingerprint()
+        judge(scenario, m, got, inside, before=before, show=False)  # NOTE: each leaves the state as it was
+        crossed += 1
+    return f"{scenario.what}: {name} {_show(value)} given to {crossed} calls"
 
 
 def _draw_args(

@@ -38,6 +38,7 @@ from kvledger.contracts.machines.calls import (
     Scenario,
     audit,
     cache_scenario,
+    cross,
     manager_scenario,
     probe,
     sweep,
@@ -830,6 +831,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             for _ in range(data.draw(st.integers(1, 3), label="calls")):
                 probe(scenario, data.draw)
             sweep(scenario, data.draw)
+            cross(scenario, data.draw)
             audit(scenario, data.draw)
 
         @precondition(lambda self: cache_scenario in SCENARIOS[kind.name])

@@ -1373,3 +1373,32 @@ def test_a_write_by_a_request_without_a_row_is_caught(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(MemoryManager, "write_kv", write)
     fails("token", C.manager_scenario, "inv_domain_enforced: MemoryManager.write_kv(")
+
+
+def test_a_value_crossed_to_every_call_that_takes_it_meets_a_check_one_call_forgot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``cross`` gives one value of an argument several calls take to each of them: a key with a negative token past
+    its first tokens (a junk key of ``match_prefix``'s catalogue) reaches ``verify``, whose own catalogue has no such
+    key. A ``verify`` that checks only the matched tokens of its key accepts it (the reference refused nothing there
+    either, until the cross sweep met it)."""
+    from kvledger.impl.tree import MatchResult
+
+    original = RadixCache.verify
+
+    def verify(self: RadixCache, match: Any, key: Any) -> None:
+        if isinstance(match, MatchResult) and isinstance(key, torch.Tensor) and key.dim() == 1 and match.length:
+            key = key[: match.length]  # BUG: the tokens past the match go unchecked
+        original(self, match, key)
+
+    monkeypatch.setattr(RadixCache, "verify", verify)
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        scenario = C.cache_scenario("token", data.draw)
+        for _ in range(4):
+            C.cross(scenario, data.draw)
+
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: RadixCache\.verify"):
+        check()

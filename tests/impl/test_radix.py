@@ -681,3 +681,22 @@ def test_verify_refuses_a_match_that_is_not_this_caches() -> None:
     assert cache.evict(FULL, 100) == 3
     with pytest.raises(CacheError, match=r"verify: node .* is not a live node of this cache"):
         cache.verify(mine, t(4, 5, 6))
+
+
+@pytest.mark.parametrize("n", [3, 100, 5000])
+def test_verify_checks_its_whole_key_not_only_the_matched_tokens(n: int) -> None:
+    """Found by the cross sweep (``calls.cross``): ``verify`` read only the matched tokens of its key, so a key with a
+    negative token past the match was accepted, where ``match_prefix`` and ``insert`` refuse it."""
+    kv = TokenAllocator(16)
+    cache = RadixCache(kv)
+    owner = request(1)
+    slots = kv.alloc(2, owner)
+    kv.write_fingerprint(slots, torch.tensor([1, 2]), torch.arange(2))
+    cache.insert(torch.tensor([1, 2]), slots, owner)
+    match = cache.match_prefix(torch.tensor([1, 2]))
+    key = torch.ones(n, dtype=torch.int64)
+    key[1] = 2
+    cache.verify(match, key[:2])
+    key[-1] = -1
+    with pytest.raises(CacheError, match="token ids must be >= 0"):
+        cache.verify(match, key)
