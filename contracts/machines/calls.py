@@ -2196,18 +2196,26 @@ def sweep(scenario: Scenario, draw: Draw) -> str:
             break
         if missing is not None:
             return f"{scenario.what}.{method.what}: no valid {missing} in this state"
-        if inside and not method.reads:
-            # NOTE: a catalogue value that is valid here (an owner that is the holder): made on a copy where the
-            # scenario has one, else left to the rules
-            if scenario.on_copy is not None:
-                scenario.on_copy(method, got)
-                swept += 1
-            continue
-        if before is None:
-            before = scenario.fingerprint()
-        judge(scenario, method, got, inside, before=before, show=False)  # NOTE: each leaves the state as it was
-        swept += 1
+        before, made = _made(scenario, method, got, inside, before)
+        swept += made
     return f"{scenario.what}.{method.what}: {swept} junk {broken}"
+
+
+def _made(
+    scenario: Scenario, method: Method, got: Mapping[str, object], inside: bool, before: object
+) -> tuple[object, bool]:
+    """Make one call of a sweep (or a cross): a call inside its domain that changes state on the scenario's copy
+    (else it is left to the rules: a catalogue value valid here, an owner that is the holder), any other judged
+    against the state before the first of them (each leaves the state as it was); (that state, whether made)."""
+    if inside and not method.reads:
+        if scenario.on_copy is None:
+            return before, False
+        scenario.on_copy(method, got)
+        return before, True
+    if before is None:
+        before = scenario.fingerprint()
+    judge(scenario, method, got, inside, before=before, show=False)
+    return before, True
 
 
 def cross(scenario: Scenario, draw: Draw) -> str:
@@ -2242,15 +2250,8 @@ def cross(scenario: Scenario, draw: Draw) -> str:
         got, inside, missing = _draw_args(m, draw, name, lambda _a, _d: st.just(value))
         if missing is not None:
             continue
-        if inside and not m.reads:
-            if scenario.on_copy is not None:
-                scenario.on_copy(m, got)
-                crossed += 1
-            continue
-        if before is None:
-            before = scenario.fingerprint()
-        judge(scenario, m, got, inside, before=before, show=False)  # NOTE: each leaves the state as it was
-        crossed += 1
+        before, made = _made(scenario, m, got, inside, before)
+        crossed += made
     return f"{scenario.what}: {name} {_show(value)} given to {crossed} calls"
 
 

@@ -12,7 +12,7 @@ builds the ``RuleBasedStateMachine``. A test or ``kvledger check`` runs it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import cast
@@ -229,54 +229,62 @@ def _shown_tensor(x: torch.Tensor) -> str:
 TensorCall = tuple[str, str, bool, bool, bool, Callable[[torch.Tensor], object]]
 
 
-def tensor_calls(pool: AnyPool, chunk: Chunk) -> list[TensorCall]:
-    """Each public method of ``pool`` with a parameter annotated ``torch.Tensor``, per such parameter: (method,
-    parameter, whether it names this pool's ids, whether the method is a query that may answer ``None`` (its answer
-    typed ``... | None``), whether it answers nothing (typed ``None``: it acts, or checks), the call of a tensor
-    there with every other argument valid: ``chunk``'s ids and owner, another owner as ``dst``, zeros for values,
-    ``chunk``'s first id as a row)."""
+TENSOR_HINTS: tuple[object, ...] = ("torch.Tensor", torch.Tensor)
+INT_HINTS: tuple[object, ...] = ("int", int)
+
+
+def _caller(
+    fn: Callable[..., object], params: list[str], target: str, valid: Callable[[str], object]
+) -> Callable[[object], object]:
+    """The call of ``fn`` with a value at parameter ``target`` and ``valid(p)`` at every other parameter ``p``."""
+
+    def call(bad: object) -> object:
+        return fn(*(bad if p == target else valid(p) for p in params))
+
+    return call
+
+
+def _typed_params(
+    pool: AnyPool, wanted: tuple[object, ...]
+) -> Iterator[tuple[str, Callable[..., object], list[str], dict[str, object], str, str]]:
+    """Each public method of ``pool`` (found by signature: a method added later is met too) and each of its
+    parameters annotated as one of ``wanted``: (method name, the bound method, its parameters, their annotations,
+    the parameter, the answer's annotation without spaces)."""
     import inspect
 
-    out: list[TensorCall] = []
-    other = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
     for name, _ in inspect.getmembers(type(pool), inspect.isfunction):
         if name.startswith("_"):
             continue
         fn = getattr(pool, name)  # NOTE: bound: the contract tiers may wrap a method on the class or the pool
         hints = {k: v for k, v in fn.__annotations__.items() if k != "return"}
         params = list(inspect.signature(fn).parameters)
-        tensors = [p for p in params if hints.get(p) in ("torch.Tensor", torch.Tensor)]
-        for param in tensors:
+        answer = str(fn.__annotations__.get("return", "None")).replace(" ", "")
+        for param in params:
+            if hints.get(param) in wanted:
+                yield name, fn, params, hints, param, answer
 
-            def call(
-                bad: torch.Tensor,
-                fn: Callable[..., object] = fn,
-                target: str = param,
-                params: list[str] = params,
-                hints: dict[str, object] = hints,
-            ) -> object:
-                args: list[object] = []
-                for p in params:
-                    if p == target:
-                        args.append(bad)
-                    elif hints.get(p) in ("torch.Tensor", torch.Tensor):
-                        args.append(torch.zeros_like(chunk.idx) if p in DATA_PARAMS else chunk.idx)
-                    elif p in ("owner", "src"):
-                        args.append(chunk.owner)
-                    elif p == "dst":
-                        args.append(other)
-                    elif p == "op":
-                        args.append("bad_tensor")
-                    elif p == "row":
-                        args.append(int(chunk.idx[0]))
-                    else:
-                        args.append(0)
-                return fn(*args)
 
-            ids = param not in DATA_PARAMS and (name, param) not in OTHER_POOLS_IDS
-            answer = str(fn.__annotations__.get("return", "None")).replace(" ", "")
-            query = answer.endswith("|None")
-            out.append((f"{type(pool).__name__}.{name}", param, ids, query, answer == "None", call))
+def tensor_calls(pool: AnyPool, chunk: Chunk) -> list[TensorCall]:
+    """Each public method of ``pool`` with a parameter annotated ``torch.Tensor``, per such parameter: (method,
+    parameter, whether it names this pool's ids, whether the method is a query that may answer ``None`` (its answer
+    typed ``... | None``), whether it answers nothing (typed ``None``: it acts, or checks), the call of a tensor
+    there with every other argument valid: ``chunk``'s ids and owner, another owner as ``dst``, zeros for values,
+    ``chunk``'s first id as a row)."""
+
+    out: list[TensorCall] = []
+    other = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
+    for name, fn, params, hints, param, answer in _typed_params(pool, TENSOR_HINTS):
+
+        def valid(p: str, hints: dict[str, object] = hints) -> object:
+            if hints.get(p) in TENSOR_HINTS:
+                return torch.zeros_like(chunk.idx) if p in DATA_PARAMS else chunk.idx
+            fixed: dict[str, object] = {"owner": chunk.owner, "src": chunk.owner, "dst": other, "op": "bad_tensor"}
+            return int(chunk.idx[0]) if p == "row" else fixed.get(p, 0)
+
+        ids = param not in DATA_PARAMS and (name, param) not in OTHER_POOLS_IDS
+        query = answer.endswith("|None")
+        call = _caller(fn, params, param, valid)
+        out.append((f"{type(pool).__name__}.{name}", param, ids, query, answer == "None", call))
     return out
 
 
@@ -290,45 +298,22 @@ def int_calls(pool: AnyPool, chunk: Chunk) -> list[IntCall]:
     whether the method is a query that may answer ``None``, the call of a value there with every other argument
     valid: ``chunk``'s first id for an id, ``INT_VALID`` for a value or a count, ``chunk``'s owner, another owner
     as ``dst``, the id 1 for a tensor). Found by signature, as ``tensor_calls``: a method added later is met too."""
-    import inspect
 
     out: list[IntCall] = []
     other = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
     first = int(chunk.idx[0])
-    for name, _ in inspect.getmembers(type(pool), inspect.isfunction):
-        if name.startswith("_"):
-            continue
-        fn = getattr(pool, name)
-        hints = {k: str(v) for k, v in fn.__annotations__.items() if k != "return"}
-        params = list(inspect.signature(fn).parameters)
-        for param in [p for p in params if hints.get(p) in ("int", "<class 'int'>")]:
+    for name, fn, params, hints, param, answer in _typed_params(pool, INT_HINTS):
 
-            def call(
-                bad: object,
-                fn: Callable[..., object] = fn,
-                target: str = param,
-                params: list[str] = params,
-                hints: dict[str, str] = hints,
-            ) -> object:
-                args: list[object] = []
-                for p in params:
-                    hint = hints.get(p, "")
-                    if p == target:
-                        args.append(bad)
-                    elif hint in ("int", "<class 'int'>"):
-                        args.append(INT_VALID.get(p, first))
-                    elif "Tensor" in hint:
-                        args.append(torch.tensor([1], dtype=torch.int64))
-                    elif p == "dst":
-                        args.append(other)
-                    elif "Owner" in hint:
-                        args.append(chunk.owner)
-                    else:
-                        args.append(False)
-                return fn(*args)
+        def valid(p: str, hints: dict[str, object] = hints) -> object:
+            hint = str(hints.get(p, ""))
+            if hints.get(p) in INT_HINTS:
+                return INT_VALID.get(p, first)
+            if "Tensor" in hint:
+                return torch.tensor([1], dtype=torch.int64)
+            return other if p == "dst" else chunk.owner if "Owner" in hint else False
 
-            answer = str(fn.__annotations__.get("return", "None")).replace(" ", "")
-            out.append((f"{type(pool).__name__}.{name}", param, answer.endswith("|None"), call))
+        call = _caller(fn, params, param, valid)
+        out.append((f"{type(pool).__name__}.{name}", param, answer.endswith("|None"), call))
     return out
 
 
