@@ -173,7 +173,7 @@ class Scenario:
     on_copy: Callable[[Method, Mapping[str, object]], str] | None = None
     """Make a call that changes state, inside its domain, on a copy of the object and check the copy."""
     turns: dict[str, int] = field(default_factory=dict)
-    """How many picks of each kind (``probe``, ``sweep``) took the turn slot so far (:func:`fair_pick`)."""
+    """How many picks of each kind (``probe``, ``sweep``, ``cross``) took the turn slot so far (:func:`fair_pick`)."""
 
 
 def fair_pick(scenario: Scenario, draw: Draw, choices: Sequence[T], kind: str) -> T:

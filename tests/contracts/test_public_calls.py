@@ -1402,3 +1402,45 @@ def test_a_value_crossed_to_every_call_that_takes_it_meets_a_check_one_call_forg
 
     with pytest.raises(AssertionError, match=r"inv_domain_enforced: RadixCache\.verify"):
         check()
+
+
+def test_an_extend_of_a_resumed_turn_still_waiting_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session turn resumed and not yet admitted holds a row but is not running: ``extend`` must refuse it. Every
+    request argument's sweep catalogue (what ``sweep`` and ``cross`` give) holds one request per stage of life, so
+    that stage reaches ``extend``; one that checks the row but not the status (seed 33's class) is caught."""
+    from kvledger.impl.requests import Status
+
+    mm = build_manager(SystemConfig(kv_tokens=16, rows=3, max_context=12))
+    mm.sessions.open(0)
+    turn = mm.add_request((1, 2), session=0)
+    mm.sessions.resume(turn)
+    assert turn.status is Status.WAITING and turn.row is not None
+    scenario = C.manager_scenario_of(mm)
+    (ext,) = [m for m in scenario.methods if m.what == "extend"]
+    edges = ext.args["req"].edges
+    assert edges is not None and turn in edges({}), "the catalogue holds the resumed turn"
+
+    def judged() -> None:
+        for v in edges({}):
+            got, inside, missing = C._draw_args(ext, _first_choice, "req", lambda _a, _d, v=v: st.just(v))
+            if missing is None and not inside:
+                C.judge(scenario, ext, got, inside)
+
+    judged()  # NOTE: the reference refuses every request outside extend's domain
+    original = MemoryManager.extend
+
+    def extend(self: MemoryManager, req: Any, new_tokens: Any, ahead: Any = 0) -> None:
+        if req is turn:
+            req.status = Status.RUNNING  # BUG: a turn that holds a row is extended as if it were running
+            try:
+                original(self, req, new_tokens, ahead)
+            finally:
+                req.status = Status.WAITING
+            return
+        original(self, req, new_tokens, ahead)
+
+    monkeypatch.setattr(MemoryManager, "extend", extend)
+    with pytest.raises(
+        AssertionError, match=r"inv_domain_enforced: MemoryManager\.extend\(req=request \d+ \(waiting\)"
+    ):
+        judged()
