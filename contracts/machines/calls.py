@@ -1427,6 +1427,10 @@ def _session_fingerprint(x: SessionSlot) -> object:
     return (x.sid, x.row, x.tokens, x.alloc_len, x.committed_len, x.mamba, x.lent_to, fresh)
 
 
+LIFE_MOVES = ("wait", "admit", "extend", "finish", "abort", "retract", "resume")
+"""What the manager scenario does with each request it adds: the stage of life the request is left at."""
+
+
 def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
     ps = draw(st.sampled_from(PAGE_SIZES)) if kind == "paged" else 1
     kv_tokens = 16 - 16 % ps  # NOTE: whole pages
@@ -1436,20 +1440,23 @@ def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
     for pool in mm.pools().values():
         pool.run_min = run_min  # NOTE: short enough, the small pools tag, stamp and free runs through slices too
     story = [f"run_min = {run_min}"]
-    for sid in draw(st.lists(st.integers(0, 2), max_size=1, unique=True)):
+    # NOTE: each request takes another move (a permutation, not independent draws): a scenario of k requests holds
+    # k different stages of life, so a rare one (a resumed turn still waiting) is in one scenario in a few, not in
+    # one in twenty; a resume needs a session, so one is open then, and it takes that session's turn if it is free
+    moves = draw(st.permutations(LIFE_MOVES))[: draw(st.integers(1, 5))]
+    for sid in draw(st.lists(st.integers(0, 2), min_size=int("resume" in moves), max_size=1, unique=True)):
         mm.sessions.open(sid)
         story.append(f"open session {sid}")
-    for _ in range(draw(st.integers(1, 4))):
+    for move in moves:
         toks: tuple[int, ...] = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=6)))
         live = (Status.WAITING, Status.RUNNING)
         turns = {r.session for r in mm.requests.values() if r.status in live}  # NOTE: one turn at a time
         free = [x for x in mm.sessions.slots.values() if x.lent_to is None and x.sid not in turns]
         fits = [x.sid for x in free if len(x.tokens) + len(toks) <= mm.rows.max_context_len]
-        turn: int | None = draw(st.sampled_from([None, *fits]))
+        turn: int | None = draw(st.sampled_from(fits if move == "resume" and fits else [None, *fits]))
         if turn is not None:
             toks = (*mm.sessions.slots[turn].tokens, *toks)  # NOTE: a later turn extends the one before
         req = mm.add_request(toks, session=turn)
-        move = draw(st.sampled_from(["wait", "admit", "extend", "finish", "abort", "retract", "resume"]))
         story.append(f"request {req.rid} {toks}{f' of session {turn}' if turn is not None else ''}: {move}")
         if move == "resume":  # NOTE: a session's turn handed its memory and left waiting (a row, not running)
             if turn is not None:
