@@ -1474,3 +1474,39 @@ def test_the_manager_scenario_leaves_requests_at_every_stage_of_life() -> None:
     shares = {stage: seen.get(stage, 0) / built for stage in ("WAITING", "RUNNING", "FINISHED", "ABORTED")}
     shares["resumed, waiting"] = seen.get("resumed, waiting", 0) / built
     assert min(shares.values()) >= 0.25, f"a stage of life is rare in the manager scenarios: {shares}"
+
+
+@pytest.mark.parametrize("call", ["add_request", "extend"])
+def test_token_ids_given_as_a_buffer_or_a_tensor_are_caught(monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    """The manager's token-id arguments get the keys' junk catalogue: the ids' bytes in each buffer type and the ids
+    as tensors are no token sequence (``array("q", ...)`` reads a buffer's raw bytes, and a tensor's elements, as
+    ints). A token check that lets them through (seed 34's ``and``/``or`` survivor in ``check_tokens``) is caught by
+    the sweep of that argument; the old catalogue (lists, floats, a string) did not hold them."""
+    from kvledger.impl import memory as memory_module
+    from kvledger.impl.arguments import check_tokens
+
+    mm = build_manager(SystemConfig(kv_tokens=16, rows=3, max_context=12))
+    req = mm.add_request((1, 2))
+    admit(mm, [req], Budget(24, 1))
+    scenario = C.manager_scenario_of(mm)
+    (method,) = [m for m in scenario.methods if m.what == call]
+    name = "tokens" if call == "add_request" else "new_tokens"
+    edges = method.args[name].edges
+    assert edges is not None
+
+    def judged() -> None:
+        for v in edges({}):
+            got, inside, missing = C._draw_args(method, _first_choice, name, lambda _a, _d, v=v: st.just(v))
+            if missing is None and not inside:
+                C.judge(scenario, method, got, inside)
+
+    judged()  # NOTE: the reference refuses every one
+
+    def weak(op: str, where: str, tokens: object, **kw: Any) -> tuple[int, ...]:
+        if isinstance(tokens, bytes | bytearray | memoryview | torch.Tensor):
+            return tuple(int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens))  # BUG
+        return check_tokens(op, where, tokens, **kw)
+
+    monkeypatch.setattr(memory_module, "check_tokens", weak)
+    with pytest.raises(AssertionError, match=rf"inv_domain_enforced: MemoryManager\.{call}\("):
+        judged()
