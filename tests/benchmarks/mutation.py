@@ -62,6 +62,17 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/slots.py:SlotPool.alloc:boundary:n < self._inline_below": (
+        "a fast path's bound (seed 34): an alloc of exactly run_min slots (or HANDED_MAX + 1) pops the same top n ids "
+        "inline as _pop_ids would, tags and stamps them alike and remembers them in the same verified memos"
+    ),
+    "impl/slots.py:SlotPool._pop_ids:boundary:lo >= 0": (
+        "a run found at slot 0 (seed 34) is tagged through the ids instead of the slice lo:lo + n: the same slots"
+    ),
+    "impl/slots.py:SlotPool.retag_code:negate-if:if self._stamped:": (
+        "off the CPU only (seed 34): retag_code's branch for a pool with no host tags (a device pool); kvledger check "
+        "runs on the CPU"
+    ),
     "impl/slots.py:RecentAllocs.add_short:drop-store:items[raw[-64:]] = (raw, value)": (
         "a speed memo: a short alloc result not remembered is proven distinct again by the slow path when it is "
         "inserted or freed (the same answer, one scan more)"
