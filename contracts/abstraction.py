@@ -8,11 +8,14 @@ and whose owners are the decoded tags. The core conformance check is
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
 from kvledger.impl.mamba import MambaPool
-from kvledger.impl.owners import FREE_TAG, decode
+from kvledger.impl.owners import FREE_TAG, RESERVED_TAG, decode
 from kvledger.impl.req_to_token import ReqToTokenPool
 from kvledger.impl.slots import SlotPool
 from kvledger.spec.ledger import Ledger
@@ -41,6 +44,37 @@ def ledger_of(pool: SlotPool) -> Ledger:
 def free_stack_of(pool: SlotPool) -> frozenset[int]:
     """The slots on the free stack, as a set."""
     return frozenset(pool.free_slots().cpu().tolist())
+
+
+def inv_swa_mapping(self: SWATokenAllocator) -> bool:
+    """every live SWA mapping joins a held full slot to a held SWA slot, one to one."""
+    m = self.full_to_swa
+    live = torch.nonzero(m).flatten()
+    swa = m[live]
+    held_swa = int(((self.swa.pool.owner_tag != FREE_TAG) & (self.swa.pool.owner_tag != RESERVED_TAG)).sum())
+    return (
+        torch.unique(swa).numel() == swa.numel() == held_swa
+        and bool((self.full.pool.owner_tag[live] > 0).all())
+        and bool((self.swa.pool.owner_tag[swa] > 0).all())
+    )
+
+
+STRUCTURE_LAWS: tuple[tuple[type, Callable[[Any], bool], str], ...] = (
+    (SWATokenAllocator, inv_swa_mapping, "inv_swa_mapping"),
+)
+"""Whole-structure laws of an allocator beyond its pools' ledgers (tier ``slow`` checks them after each call):
+the kind of allocator each applies to, the law, its name."""
+
+
+def broken_structure_laws(alloc: object) -> list[str]:
+    """The :data:`STRUCTURE_LAWS` that ``alloc`` breaks now, each as ``"name: what it states"``. The conformance
+    machines ask after every step, at any contract tier: their pools are small, so a whole-structure check costs
+    little there."""
+    return [
+        f"{name}: {(law.__doc__ or '').strip()}"
+        for kind, law, name in STRUCTURE_LAWS
+        if isinstance(alloc, kind) and not law(alloc)
+    ]
 
 
 def inv_free_stack_matches_tags(pool: SlotPool) -> bool:

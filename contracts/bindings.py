@@ -32,13 +32,13 @@ import icontract
 import numpy as np
 import torch
 
-from kvledger.contracts.abstraction import inv_free_stack_matches_tags, ledger_of
+from kvledger.contracts.abstraction import inv_free_stack_matches_tags, inv_swa_mapping, ledger_of
 from kvledger.contracts.tiers import ENV_VAR as ENV_VAR  # re-exported: the tiers live in a light module
 from kvledger.contracts.tiers import LEVELS as LEVELS
 from kvledger.contracts.tiers import Level as Level
 from kvledger.contracts.tiers import level_from_env as level_from_env
 from kvledger.impl.allocators import SWATokenAllocator
-from kvledger.impl.owners import FREE_TAG, RESERVED_TAG
+from kvledger.impl.owners import FREE_TAG
 from kvledger.impl.slots import _RUNS, HANDED_MAX, I64, SlotPool, _tag_bytes
 from kvledger.spec import ledger as spec
 from kvledger.spec.errors import LedgerError
@@ -740,19 +740,6 @@ def inv_pool_ledger(self: SlotPool) -> bool:
 def inv_free_stack(self: SlotPool) -> bool:
     """the free stack holds exactly the free-tagged slots."""
     return inv_free_stack_matches_tags(self)
-
-
-def inv_swa_mapping(self: SWATokenAllocator) -> bool:
-    """every live SWA mapping joins a held full slot to a held SWA slot, one to one."""
-    m = self.full_to_swa
-    live = torch.nonzero(m).flatten()
-    swa = m[live]
-    held_swa = int(((self.swa.pool.owner_tag != FREE_TAG) & (self.swa.pool.owner_tag != RESERVED_TAG)).sum())
-    return (
-        torch.unique(swa).numel() == swa.numel() == held_swa
-        and bool((self.full.pool.owner_tag[live] > 0).all())
-        and bool((self.swa.pool.owner_tag[swa] > 0).all())
-    )
 
 
 def _as_tensor(indices: Any) -> torch.Tensor:

@@ -31,7 +31,13 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvledger.contracts.abstraction import AnyPool, abstract, inv_free_stack_matches_tags, pools_of
+from kvledger.contracts.abstraction import (
+    AnyPool,
+    abstract,
+    broken_structure_laws,
+    inv_free_stack_matches_tags,
+    pools_of,
+)
 from kvledger.contracts.machines.calls import (
     SCENARIOS,
     Draw,
@@ -905,6 +911,11 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
         def inv_free_stack(self) -> None:
             for name, p in pools_of(self.pool).items():
                 assert inv_free_stack_matches_tags(p), f"free stack does not match tags on {name}"
+
+        @invariant()
+        def inv_structure_laws(self) -> None:
+            broken = broken_structure_laws(self.pool)
+            assert not broken, f"{broken[0]} (broken on the {kind.name} pool after this step)"
 
         @invariant()
         def inv_data_integrity(self) -> None:

@@ -287,3 +287,32 @@ def test_a_transfer_that_takes_host_ids_is_caught(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(SlotPool, "transfer", transfer)
     assert "lies outside its domain and was accepted" in run_expecting_failure("token", shrink=False)
+
+
+def test_a_free_that_keeps_the_swa_mapping_breaks_a_structure_law(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool machine checks the allocator's whole-structure laws after every step, at any contract tier (what
+    tier ``slow`` checks after each call): an SWA free that releases both slots but leaves the full slot mapped to the
+    freed SWA slot passes every ledger law and is caught by ``inv_swa_mapping`` (seed 36's survivor)."""
+    from kvledger.contracts.abstraction import broken_structure_laws
+    from kvledger.impl.allocators import SWATokenAllocator
+
+    state = machine_for(KINDS["swa"])()
+    chunk = state.allocate(owner=OWNERS[0], n=2)
+    state.free(chunk)
+    state.inv_structure_laws()  # NOTE: the reference clears the mapping
+    assert broken_structure_laws(state.pool) == []
+
+    def free(self: SWATokenAllocator, indices: torch.Tensor, owner: Any) -> None:
+        idx = self.full.pool.as_index("free", indices)
+        live = self._live_swa(idx)
+        self.swa.pool.release(live)
+        self.full.pool.release(idx)  # BUG: full_to_swa[idx] is not cleared
+
+    monkeypatch.setattr(SWATokenAllocator, "free", free)
+    state = machine_for(KINDS["swa"])()
+    chunk = state.allocate(owner=OWNERS[0], n=2)
+    state.free(chunk)
+    state.inv_refines_spec()  # NOTE: the ledgers agree with the spec: only the mapping is stale
+    state.inv_ledger_laws()
+    with pytest.raises(AssertionError, match=r"^inv_swa_mapping: every live SWA mapping joins a held full slot"):
+        state.inv_structure_laws()
