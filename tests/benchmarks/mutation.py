@@ -62,6 +62,11 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/slots.py:SlotPool.claim:negate-if:if tags is None:": (
+        "a fast path turned off on the CPU (seed 36): claim answers False ('ask the general checks') on every CPU "
+        "call, and the insert then runs check_fresh, check_held and transfer, which accept what claim accepts with "
+        "the same result; the other branch (no host tags) is a device pool's, which kvledger check never builds"
+    ),
     "impl/memory.py:MemoryManager.event:slice+1::-1": (
         "diagnostic text only (seed 35): the stack a manager made with debug=True keeps for a leak report loses its "
         "frames; no state, result or error type changes, and kvledger check runs with debug off"
