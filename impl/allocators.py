@@ -213,6 +213,15 @@ class PagedAllocator:
                 f"token index outside [{self.page_size}, {self.data.numel()})",
             )
         pages = torch.div(idx, self.page_size, rounding_mode="floor")
+        tokens, named = torch.unique(idx, return_counts=True)
+        if tokens.numel() != idx.numel():  # NOTE: a page's count can come out whole with one token twice, one not
+            twice = tokens[named > 1]
+            raise InvalidArgument(
+                op,
+                self.pool.name,
+                torch.div(twice, self.page_size, rounding_mode="floor").unique().tolist(),
+                f"token indices {twice.tolist()[:8]} named twice in one call",
+            )
         uniq: torch.Tensor
         counts: torch.Tensor
         uniq, counts = torch.unique(pages, return_counts=True)

@@ -381,15 +381,20 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self.model = new
 
         def _expect_rejected(
-            self, call: Callable[[], object], expected: type[KVLedgerError], culprits: set[int] | None = None
+            self,
+            call: Callable[[], object],
+            expected: type[KVLedgerError] | tuple[type[KVLedgerError], ...],
+            culprits: set[int] | None = None,
         ) -> None:
-            """``call`` refused with ``expected``, naming a slot (``culprits``: exactly those), nothing changed."""
+            """``call`` refused with ``expected`` (one of them), naming a slot (``culprits``: exactly those), nothing
+            changed."""
             before = abstract(self.pool)
             contents = _contents(self.pool)
+            want = " or ".join(e.__name__ for e in (expected if isinstance(expected, tuple) else (expected,)))
             try:
                 call()
             except KVLedgerError as err:
-                assert isinstance(err, expected), f"expected {expected.__name__}, got {type(err).__name__}: {err}"
+                assert isinstance(err, expected), f"expected {want}, got {type(err).__name__}: {err}"
                 assert inv_names_culprit(err), f"inv_names_culprit: {type(err).__name__} names no slot: {err}"
                 named = set(getattr(err, "slots", ()))
                 assert culprits is None or named == culprits, (
@@ -397,7 +402,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     f"{sorted(culprits or ())}: {err}"
                 )
             else:
-                raise AssertionError(f"invalid call accepted (expected {expected.__name__})")
+                raise AssertionError(f"invalid call accepted (expected {want})")
             assert abstract(self.pool) == before, "rejected call leaves state unchanged: the pool changed"
             assert _same(_contents(self.pool), contents), "rejected call leaves state unchanged: slot data changed"
 
@@ -681,10 +686,21 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 )
 
         @rule(chunk=chunks)
-        def split_page_free(self, chunk: Chunk) -> None:
-            if not isinstance(self.pool, PagedAllocator):
+        def torn_pages(self, chunk: Chunk) -> None:
+            """A paged pool's ``free`` and ``transfer`` of token indices of the chunk that are not its whole pages,
+            each token once: its first token alone, all but its last, and all with the last replaced by the first
+            (as many indices as whole pages cover, one page over and one under: a per-page count alone passes it).
+            Each refused with a typed error naming a page (``PageAlignmentError``, or ``InvalidArgument`` for a token
+            named twice), nothing changed."""
+            pool = self.pool
+            if not isinstance(pool, PagedAllocator) or pool.page_size == 1:
                 return
-            self._expect_rejected(lambda: _free(self.pool, chunk.idx[:1], chunk.owner), PageAlignmentError)
+            idx = chunk.idx
+            other = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
+            torn = (PageAlignmentError, InvalidArgument)
+            for bad in (idx[:1], idx[:-1], torch.cat((idx[:-1], idx[:1]))):
+                self._expect_rejected(lambda bad=bad: _free(pool, bad, chunk.owner), torn)
+                self._expect_rejected(lambda bad=bad: _transfer(pool, bad, chunk.owner, other), torn)
 
         @rule(target=chunks, chunk=consumes(chunks))
         def free_swa(self, chunk: Chunk) -> Chunk:

@@ -316,3 +316,25 @@ def test_a_free_that_keeps_the_swa_mapping_breaks_a_structure_law(monkeypatch: p
     state.inv_ledger_laws()
     with pytest.raises(AssertionError, match=r"^inv_swa_mapping: every live SWA mapping joins a held full slot"):
         state.inv_structure_laws()
+
+
+def test_a_paged_free_of_torn_pages_is_refused_and_a_touched_page_rule_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``torn_pages``: token indices that are not whole pages, each token once, are refused by ``free`` and
+    ``transfer`` (the reference, since seed 38: a token named twice in place of its page's other token was taken as
+    the whole page, the per-page count being whole). A ``pages_of`` that takes every page its indices touch (no
+    whole-page check at all) is caught."""
+    from kvledger.impl.allocators import PagedAllocator
+
+    state = machine_for(KINDS["paged"])()
+    chunk = state.allocate(owner=OWNERS[0], n=2)
+    assert isinstance(state.pool, PagedAllocator) and state.pool.page_size > 1
+    state.torn_pages(chunk)  # NOTE: the reference refuses every torn shape
+
+    def touched(self: PagedAllocator, op: str, indices: torch.Tensor) -> torch.Tensor:
+        return torch.unique(torch.div(indices.to(torch.int64), self.page_size, rounding_mode="floor"))  # BUG
+
+    monkeypatch.setattr(PagedAllocator, "pages_of", touched)
+    with pytest.raises(AssertionError, match="invalid call accepted"):
+        state.torn_pages(chunk)

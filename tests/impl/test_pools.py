@@ -85,6 +85,20 @@ def test_int32_indices_are_accepted() -> None:
     assert a.available_size() == 8
 
 
+def test_a_paged_free_with_a_token_named_twice_is_refused() -> None:
+    """A page's tokens must each be named once: ``[t, t]`` for a page of two has a whole per-page count but is not
+    the page (found by the pool machine's ``torn_pages``, issue 19's thirteenth round; it freed the page before).
+    The page's tokens in another order are the page."""
+    p = PagedAllocator(4, 2)
+    x = p.alloc(4, R1)
+    for bad in (x[[0, 0]], x[[0, 1, 2, 0]], x[[0, 0, 2, 3]]):
+        for call in (lambda bad=bad: p.free(bad, R1), lambda bad=bad: p.transfer(bad, R1, R2)):
+            err = rejected(p, call, InvalidArgument)
+            assert "named twice" in str(err) and list(err.slots) == [int(x[0]) // 2]
+    p.free(x[[1, 0, 2, 3]], R1)
+    assert p.available_size() == 8
+
+
 def test_paged_allocator_whole_pages_only() -> None:
     p = PagedAllocator(4, 4)
     x = p.alloc(5, R1)
