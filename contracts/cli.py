@@ -18,7 +18,7 @@ import importlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -26,7 +26,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
-from kvledger.contracts.machines.profiles import PROFILES
+from kvledger.contracts.machines.profiles import CHECK_EXAMPLES, PROFILES
 from kvledger.contracts.tiers import LEVELS
 
 if TYPE_CHECKING:
@@ -132,7 +132,12 @@ def check(
         list[str] | None, typer.Option("--suite", help=f"suite(s) to run: {', '.join(SUITE_NAMES)} (default: all)")
     ] = None,
     model: Annotated[list[str] | None, typer.Option("--model", help="model kind(s) within the suites")] = None,
-    profile: Annotated[str, typer.Option(help=f"Hypothesis profile: {', '.join(PROFILES)}")] = "ci",
+    profile: Annotated[
+        str,
+        typer.Option(
+            help=f"Hypothesis profile: {', '.join(PROFILES)} (check: ci's settings at {CHECK_EXAMPLES} examples)"
+        ),
+    ] = "check",
     examples: Annotated[int | None, typer.Option(min=1, help="examples per model (overrides the profile)")] = None,
     steps: Annotated[int | None, typer.Option(min=1, help="max steps per example (overrides the profile)")] = None,
     seed: Annotated[int | None, typer.Option(help="random seed (default: the profile's derandomised run)")] = None,
@@ -160,8 +165,14 @@ def check(
         Path | None, typer.Option("--db", help="Hypothesis example database: failures found before are replayed first")
     ] = None,
     jobs_n: Annotated[
-        int, typer.Option("--jobs", min=1, help="worker processes (a campaign: jobs spread over them)")
-    ] = 1,
+        int | None,
+        typer.Option(
+            "--jobs",
+            min=1,
+            help="worker processes the suites' models are spread over (default: one per core, at most one per "
+            "model; 1: all in this process)",
+        ),
+    ] = None,
     seeds: Annotated[int, typer.Option("--seeds", min=1, help="seeds per suite/model, from --seed (default 0) up")] = 1,
     for_: Annotated[
         str | None, typer.Option("--for", help="keep drawing fresh seeds until this time is up (90s, 30m, 1.5h)")
@@ -190,7 +201,7 @@ def check(
     from kvledger.contracts.machines.kept import kept_for
     from kvledger.contracts.machines.profiles import register_profiles
     from kvledger.contracts.machines.runner import run_machine
-    from kvledger.contracts.machines.suites import RULE_FAMILIES, SUITES, fault_targets
+    from kvledger.contracts.machines.suites import SUITES, fault_targets
     from kvledger.impl import faults
     from kvledger.impl.faults import FAULTS
 
@@ -240,7 +251,8 @@ def check(
         shrink_for = shrink_seconds() if shrink is None else parse_duration(shrink, "--shrink-for")
     except ValueError as err:
         _fail_usage(str(err))
-    if jobs_n > 1 or seeds > 1 or budget is not None:
+    workers = jobs_n if jobs_n is not None else auto_workers(len(jobs))
+    if workers > 1 or seeds > 1 or budget is not None:
         _campaign(
             jobs,
             profile,
@@ -250,7 +262,7 @@ def check(
             contracts,
             faults_on,
             db,
-            jobs_n,
+            workers,
             seeds,
             budget,
             as_json,
@@ -319,35 +331,55 @@ def check(
         bindings.uninstall()
     ok = all(r.ok for r in results)
     if as_json:
-        checked = sorted({rule for r in results for rule in r.rules})
-        payload = {
-            "ok": ok,
-            "adapter": probe.name if probe is not None else "kvledger-reference",
-            "adapter_version": probe.version if probe is not None else "0.1.0",
-            "engine_class": probe.engine_class if probe is not None else "kvledger.impl",
-            "profile": profile,
-            "seed": seed,
-            "contracts": contracts,
-            "faults": faults_on,
-            "rules_checked": checked,
-            "rule_families": {
-                family: [law for law in laws if law in checked] for family, laws in RULE_FAMILIES.items()
-            },
-            "examples": sum(r.examples for r in results),
-            "seconds": round(sum(r.seconds for r in results), 3),
-            "violations": [
-                {"suite": r.suite, "model": r.model, "rule": r.violation.rule, "length": r.violation.length}
-                for r in results
-                if r.violation is not None
-            ],
-            "results": [r.to_json() for r in results],
-        }
+        payload = _payload(results, probe, profile, seed, contracts, faults_on)
         typer.echo(json.dumps(payload, indent=2))
     else:
         _print_table(console, results, faults_on, probe.name if probe is not None else None)
         if ok:
             console.print(NEXT_STEPS, markup=False, highlight=False)
     raise typer.Exit(0 if ok else 1)
+
+
+def auto_workers(jobs: int) -> int:
+    """``--jobs``'s default: one worker process per core this process may run on, at most one per job."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, jobs))
+
+
+def _payload(
+    results: list[CheckResult],
+    probe: _Probe | None,
+    profile: str,
+    seed: int | None,
+    contracts: str,
+    faults_on: list[str],
+) -> dict[str, Any]:
+    """``--json``'s result, the same for a run in this process and one over worker processes."""
+    from kvledger.contracts.machines.suites import RULE_FAMILIES
+
+    checked = sorted({rule for r in results for rule in r.rules})
+    return {
+        "ok": all(r.ok for r in results),
+        "adapter": probe.name if probe is not None else "kvledger-reference",
+        "adapter_version": probe.version if probe is not None else "0.1.0",
+        "engine_class": probe.engine_class if probe is not None else "kvledger.impl",
+        "profile": profile,
+        "seed": seed,
+        "contracts": contracts,
+        "faults": faults_on,
+        "rules_checked": checked,
+        "rule_families": {family: [law for law in laws if law in checked] for family, laws in RULE_FAMILIES.items()},
+        "examples": sum(r.examples for r in results),
+        "seconds": round(sum(r.seconds for r in results), 3),
+        "violations": [
+            {"suite": r.suite, "model": r.model, "rule": r.violation.rule, "length": r.violation.length}
+            for r in results
+            if r.violation is not None
+        ],
+        "results": [r.to_json() for r in results],
+    }
 
 
 def _campaign(
@@ -388,7 +420,13 @@ def _campaign(
     if probe is not None:
         spec = replace(spec, adapter=probe.spec, system=probe.system, set_aside=tuple(sorted(probe.set_aside)))
         pairs = [(s, m) for s, m in pairs if m not in declined]
-    drawn = C.fresh_seeds(random.Random(seed)) if seconds is not None else iter(C.seeds_for(seed, seeds))
+    drawn: Iterator[int | None]
+    if seconds is not None:
+        drawn = C.fresh_seeds(random.Random(seed))
+    elif seed is None and seeds == 1:
+        drawn = iter([None])  # NOTE: the profile's own (derandomised) run, as in one process: only spread out
+    else:
+        drawn = iter(C.seeds_for(seed, seeds))
     console = Console(stderr=True, highlight=False)
     with Progress(
         SpinnerColumn(),
@@ -409,7 +447,7 @@ def _campaign(
 
         done = C.run_campaign(spec, C.jobs_for(pairs, drawn), workers, seconds=seconds, on_progress=shown)
     merged: dict[tuple[str, str], CheckResult] = {}
-    seeds_run: dict[tuple[str, str], list[int]] = {}
+    seeds_run: dict[tuple[str, str], list[int | None]] = {}
     for job, r in done:
         key = (job.suite, job.model)
         seeds_run.setdefault(key, []).append(job.seed)
@@ -418,26 +456,16 @@ def _campaign(
         if m.violation is None and r.violation is not None:
             m.violation = r.violation
         m.cut = m.cut or r.cut
-    results = list(merged.values())
+    results = [merged[k] for k in pairs if k in merged]  # NOTE: in the order of the jobs, as in one process
     ok = all(r.ok for r in results)
     if probe is not None:
         for name, why in declined.items():
             results.append(CheckResult(probe.suite, name, [], skipped=[f"model not supported by the adapter: {why}"]))
             seeds_run[(probe.suite, name)] = []
     if as_json:
-        payload = {
-            "ok": ok,
-            "adapter": probe.name if probe is not None else "kvledger-reference",
-            "campaign": {"workers": workers, "jobs": len(done), "seconds": seconds},
-            "faults": faults_on,
-            "examples": sum(r.examples for r in results),
-            "violations": [
-                {"suite": r.suite, "model": r.model, "rule": r.violation.rule, "length": r.violation.length}
-                for r in results
-                if r.violation is not None
-            ],
-            "results": [{**r.to_json(), "seeds": seeds_run[(r.suite, r.model)]} for r in results],
-        }
+        payload = _payload(results, probe, profile, seed, contracts, faults_on)
+        payload["campaign"] = {"workers": workers, "jobs": len(done), "seconds": seconds}
+        payload["results"] = [{**r.to_json(), "seeds": seeds_run[(r.suite, r.model)]} for r in results]
         typer.echo(json.dumps(payload, indent=2))
     else:
         out = Console()
@@ -445,6 +473,8 @@ def _campaign(
         cut = sum(r.cut for _, r in done)
         ended = f"; {cut} stopped when the time was up" if cut else ""
         out.print(f"campaign: {len(done)} jobs on {workers} worker(s){ended}", highlight=False)
+        if ok:
+            out.print(NEXT_STEPS, markup=False, highlight=False)
     raise typer.Exit(0 if ok else 1)
 
 

@@ -3,7 +3,7 @@
 ``pytest --kvledger-contracts=on`` (or ``slow``; or ``KVLEDGER_CONTRACTS`` in
 the environment) attaches the contracts to the reference implementation for
 the whole run, before any test module is imported. ``--kvledger-profile``
-picks a Hypothesis profile (``ci``, ``thorough``, ``dev``).
+picks a Hypothesis profile (``check``, ``ci``, ``thorough``, ``dev``).
 
 It also gives every suite a ``kvledger_cache`` fixture: a checked reference
 radix cache (a :class:`~kvledger.contracts.trace.recorder.Recorder` over

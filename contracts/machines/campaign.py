@@ -44,11 +44,12 @@ def parse_duration(text: str, option: str = "--for") -> float:
 
 @dataclass(frozen=True)
 class Job:
-    """One check run: a machine of ``suite`` for ``model``, drawn with ``seed``."""
+    """One check run: a machine of ``suite`` for ``model``, drawn with ``seed`` (``None``: the profile's own draws,
+    derandomised for ``check`` and ``ci``: the run a serial ``kvledger check`` makes)."""
 
     suite: str
     model: str
-    seed: int
+    seed: int | None
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def run_job(spec: RunSpec, job: Job) -> dict[str, Any]:
     from kvledger.impl import faults
 
     register_profiles()
-    overrides: dict[str, Any] = {"derandomize": False}
+    overrides: dict[str, Any] = {} if job.seed is None else {"derandomize": False}
     if spec.examples is not None:
         overrides["max_examples"] = spec.examples
     if spec.steps is not None:
@@ -221,7 +222,7 @@ def from_json(d: dict[str, Any]) -> CheckResult:
     )
 
 
-def jobs_for(pairs: list[tuple[str, str]], seeds: Iterable[int]) -> Iterator[Job]:
+def jobs_for(pairs: list[tuple[str, str]], seeds: Iterable[int | None]) -> Iterator[Job]:
     """Every (suite, model) pair for each seed in turn (a seed's pairs before the next seed's)."""
     for seed in seeds:
         for suite, model in pairs:

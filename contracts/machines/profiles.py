@@ -1,5 +1,9 @@
 """Hypothesis profiles shared by the test suite, the pytest plugin and ``kvledger check``.
 
+* ``check`` — ``kvledger check``'s default: the ``ci`` profile's settings at twice its examples
+  (``CHECK_EXAMPLES`` per model). The command spreads its suites' models over one worker process per
+  core, so on a 2-core machine it takes about as long as ``ci`` in one process (issue 19's thirteenth round:
+  a survivor class that dies at 120 examples, not at 60).
 * ``ci`` — quick and derandomised (the same examples every run), no deadline, and no targeting phase: at
   60 examples Hypothesis would spend up to half of them hill-climbing on one example's last steps (measured
   in docs/measured.md, issue 19's tenth round: rules that never ran in a run, over three seeds, 31 -> 7 with the
@@ -16,7 +20,9 @@ from __future__ import annotations
 
 import os
 
-PROFILES = ("ci", "thorough", "dev")
+PROFILES = ("check", "ci", "thorough", "dev")
+CHECK_EXAMPLES = 120
+"""Examples per model of the ``check`` profile (``kvledger check``'s default)."""
 ENV_VAR = "KVLEDGER_HYPOTHESIS_PROFILE"
 
 
@@ -41,5 +47,6 @@ def register_profiles() -> None:
     base = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     untargeted = [phase for phase in Phase if phase is not Phase.target]
     settings.register_profile("ci", base, max_examples=60, stateful_step_count=30, derandomize=True, phases=untargeted)
+    settings.register_profile("check", settings.get_profile("ci"), max_examples=CHECK_EXAMPLES)
     settings.register_profile("thorough", base, max_examples=1000, stateful_step_count=60)
     settings.register_profile("dev", base)

@@ -17,8 +17,9 @@ dropped unlinks, frees and rollbacks, swapped owners and off-by-one ranges):
 
 No mutant touches ``faults.py``, ``__repr__`` or ``__str__``. Each mutant is written into a
 private copy of the package: the worktree is never edited. Then ``kvledger check`` runs at the
-default profile (``DRIVER``: the same machines, profile and contract tier, without shrinking,
-stopping at the first violation), the suite most likely to kill first; a suite that never
+default profile (``DRIVER``: the same machines, profile, contract tier and worker processes, one per
+core, with shrinking cut at once, stopping at the first violation), the suite most likely to kill first
+(so a mutant's check takes both cores: run one sample at a time); a suite that never
 runs the mutated module is skipped (``REACH``). A mutant is *killed* when a suite fails; the
 law it names is recorded. A survivor that ``pytest tests/impl`` kills changes behaviour for
 sure; the other survivors are judged by hand (``EQUIVALENT``, each with its reason).
@@ -793,44 +794,70 @@ def suites_for(m: Mutant) -> list[str]:
 
 
 DRIVER = """
-import json, sys
-from hypothesis import Phase, settings
-from kvledger.contracts import bindings
-from kvledger.contracts.machines.profiles import register_profiles
-from kvledger.contracts.machines.runner import run_machine
-from kvledger.contracts.machines.suites import SUITES
-try:
-    from kvledger.contracts.machines.kept import kept_for
-except ImportError:  # NOTE: a tree before the regression-first phase
-    kept_for = lambda suite, model: ()
-register_profiles()
-bindings.install("on")
+import json, os, sys
+from kvledger.contracts.machines.profiles import PROFILES
 profile, suites = sys.argv[1], sys.argv[2:]
-base = settings.get_profile(profile)
-find = settings(base, phases=[p for p in base.phases if p not in (Phase.shrink, Phase.explain)])
-for suite in suites:
-    for model, make in SUITES[suite].models.items():
-        kept = kept_for(suite, model)
-        r = run_machine(suite, model, make(), list(SUITES[suite].rules), find, None, **({"kept": kept} if kept else {}))
-        if r.violation is not None:
-            phase = "kept" if "(kept program:" in r.violation.message else "search"
-            print(json.dumps({"suite": suite, "model": model, "rule": r.violation.rule, "phase": phase}))
-            sys.exit(1)
+
+
+def verdict(suite, model, rule, message):
+    phase = "kept" if "(kept program:" in message else "search"
+    print(json.dumps({"suite": suite, "model": model, "rule": rule, "phase": phase}), flush=True)
+
+
+if "check" in PROFILES:  # NOTE: a checker whose kvledger check spreads the models over one worker per core
+    import multiprocessing
+    from kvledger.contracts.machines.campaign import Job, RunSpec, run_campaign
+    from kvledger.contracts.machines.suites import SUITES
+
+    jobs = [Job(suite, model, None) for suite in suites for model in SUITES[suite].models]
+    workers = max(1, min(len(os.sched_getaffinity(0)), len(jobs)))
+
+    def first(p):
+        if p.last is not None and p.last.violation is not None:
+            verdict(p.last.suite, p.last.model, p.last.violation.rule, p.last.violation.message)
+            for child in multiprocessing.active_children():  # NOTE: the verdict is in: stop the other workers
+                child.terminate()
+            os._exit(1)
+
+    run_campaign(RunSpec(profile=profile, contracts="on", shrink_for=0.01), jobs, workers, on_progress=first)
+else:
+    from hypothesis import Phase, settings
+    from kvledger.contracts import bindings
+    from kvledger.contracts.machines.profiles import register_profiles
+    from kvledger.contracts.machines.runner import run_machine
+    from kvledger.contracts.machines.suites import SUITES
+    try:
+        from kvledger.contracts.machines.kept import kept_for
+    except ImportError:  # NOTE: a tree before the regression-first phase
+        kept_for = lambda suite, model: ()
+    register_profiles()
+    bindings.install("on")
+    base = settings.get_profile("ci" if profile == "check" else profile)
+    find = settings(base, phases=[p for p in base.phases if p not in (Phase.shrink, Phase.explain)])
+    for suite in suites:
+        for model, make in SUITES[suite].models.items():
+            kept = kept_for(suite, model)
+            extra = {"kept": kept} if kept else {}
+            r = run_machine(suite, model, make(), list(SUITES[suite].rules), find, None, **extra)
+            if r.violation is not None:
+                verdict(suite, model, r.violation.rule, r.violation.message)
+                sys.exit(1)
 print(json.dumps({"ok": True}))
 """
-"""``kvledger check`` as the CLI runs it (the ``ci`` profile, contracts ``on``, every model of each suite, the kept
-programs first, then the search with the profile's phases: the ``ci`` profile has no targeting phase since
-issue 19's tenth round, a checker before it had one), but
-without shrinking and stopping at the first violation: whether a mutant is killed, and by which law, is
-decided when the first failing example is found; shrinking only makes the report short."""
+"""``kvledger check`` as the CLI runs it: the suites' models spread over one worker process per core, each at the
+profile's settings (``check``: the ``ci`` settings at 120 examples per model), contracts ``on``, the kept programs
+first, then the search; but a violation shrinks for at most 0.01 s and the first one ends the run (the other
+workers are stopped): whether a mutant is killed, and by which law, is decided when the first failing example is
+found; shrinking only makes the report short. A checker tree from before the ``check`` profile (``--checker``) runs
+its models in one process at the ``ci`` profile, without shrinking, as its own ``kvledger check`` did."""
 
 
 TIMEOUT = "no verdict within --timeout"
 
 
-def run_check(view: Path, suites: list[str], timeout: float, profile: str = "ci") -> tuple[str, str, float, str]:
-    """The check of ``suites`` on the view at Hypothesis ``profile`` (``ci``: ``kvledger check``'s default): (the suite
-    that failed or "", the law, seconds, the phase that killed: ``kept`` programs or the ``search``)."""
+def run_check(view: Path, suites: list[str], timeout: float, profile: str = "check") -> tuple[str, str, float, str]:
+    """The check of ``suites`` on the view at Hypothesis ``profile`` (``check``: ``kvledger check``'s default): (the
+    suite that failed or "", the law, seconds, the phase that killed: ``kept`` programs or the ``search``)."""
     env = {**os.environ, "PYTHONPATH": str(view), "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.perf_counter()
     try:
@@ -870,7 +897,7 @@ def pytest_kills(view: Path, timeout: float) -> bool:
     return proc.returncode != 0
 
 
-def judge(view: Path, m: Mutant, timeout: float, classify: bool, profile: str = "ci") -> Outcome:
+def judge(view: Path, m: Mutant, timeout: float, classify: bool, profile: str = "check") -> Outcome:
     """Apply ``m`` in the view, run the suites (at Hypothesis ``profile``) until one fails, restore the module."""
     if m.id in EQUIVALENT:
         return Outcome(m.id, m.before, "equivalent", law=EQUIVALENT[m.id])
@@ -939,9 +966,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--profile",
-        choices=["ci", "thorough"],
-        default="ci",
-        help="the Hypothesis profile of the check: ci (kvledger check's default) or thorough (for survivors)",
+        choices=["check", "ci", "thorough"],
+        default="check",
+        help="the Hypothesis profile of the check: check (kvledger check's default), ci (the checker before issue 19's "
+        "thirteenth round) or thorough (for survivors)",
     )
     args = ap.parse_args(argv)
     population = list(mutants())

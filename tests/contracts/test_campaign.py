@@ -192,3 +192,51 @@ def test_campaign_settings_name_an_adapter() -> None:
     for bad in ("adapter=reference suites=pools", "adapter=reference suites=cache,system", "set_aside=lru"):
         with pytest.raises(ValueError, match="KVLEDGER_CAMPAIGN"):
             parse_campaign(bad)
+
+
+def test_the_default_check_spreads_the_same_runs_over_worker_processes() -> None:
+    """With no ``--seed``, the models run over worker processes are the very runs one process makes (the profile's
+    derandomised draws): the same examples and steps per model, and the same JSON fields, with the campaign's
+    added. (A worker that drew its own seed would run other programs: a result that depends on the core count.)"""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvledger.contracts.cli import app
+
+    runner = CliRunner()
+    base = ["check", "--suite", "system", "--examples", "4", "--json"]
+    alone = runner.invoke(app, [*base, "--jobs", "1"])
+    spread = runner.invoke(app, [*base, "--jobs", "3"])
+    assert alone.exit_code == 0 and spread.exit_code == 0, alone.output + spread.output
+    one = json.loads(alone.output[alone.output.index("{") :])
+    many = json.loads(spread.output[spread.output.index("{") :])
+    assert "campaign" not in one and many["campaign"]["workers"] == 3
+    assert set(one) <= set(many), set(one) - set(many)
+    runs = {(r["suite"], r["model"]): (r["examples"], r["steps"]) for r in one["results"]}
+    assert runs == {(r["suite"], r["model"]): (r["examples"], r["steps"]) for r in many["results"]}
+    assert [r["seeds"] for r in many["results"]] == [[None]] * 3
+    assert [(r["suite"], r["model"]) for r in many["results"]] == list(runs)  # NOTE: in the jobs' order
+
+
+def test_the_default_check_runs_the_check_profile_over_one_worker_per_core() -> None:
+    """``kvledger check``'s defaults: the ``check`` profile (``CHECK_EXAMPLES`` examples a model, twice ``ci``'s) and
+    ``--jobs`` one worker per core, at most one per model (one model: in this process)."""
+    import json
+    import os
+
+    from hypothesis import settings
+    from typer.testing import CliRunner
+
+    from kvledger.contracts.cli import app, auto_workers
+    from kvledger.contracts.machines.profiles import CHECK_EXAMPLES, register_profiles
+
+    register_profiles()
+    assert settings.get_profile("check").max_examples == CHECK_EXAMPLES == 2 * settings.get_profile("ci").max_examples
+    cores = len(os.sched_getaffinity(0))
+    assert auto_workers(1) == 1 and auto_workers(1000) == cores and auto_workers(2) == min(cores, 2)
+    result = CliRunner().invoke(app, ["check", "--suite", "system", "--model", "full", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output[result.output.index("{") :])
+    assert payload["profile"] == "check" and "campaign" not in payload
+    assert [r["examples"] for r in payload["results"]] == [CHECK_EXAMPLES]

@@ -331,7 +331,9 @@ def test_an_adapter_that_builds_only_some_model_kinds_is_probed_with_those() -> 
     mod.factory = mamba_only  # type: ignore[attr-defined]
     sys.modules[mod.__name__] = mod
     try:
-        result = runner.invoke(app, ["check", "--adapter", f"{mod.__name__}:factory", "--examples", "3", "--json"])
+        # NOTE: --jobs 1: the adapter's module exists only in this process, so worker processes could not load it
+        args = ["check", "--adapter", f"{mod.__name__}:factory", "--examples", "3", "--json", "--jobs", "1"]
+        result = runner.invoke(app, args)
         assert result.exit_code == 0, result.output
         payload = json.loads(result.output[result.output.index("{") :])
         checked = {r["model"] for r in payload["results"] if r["rules"]}

@@ -208,7 +208,8 @@ def test_inactive_plugin_imports_nothing_heavy(pytester: pytest.Pytester, monkey
         (
             "KVLEDGER_HYPOTHESIS_PROFILE",
             "thorogh",
-            "KVLEDGER_HYPOTHESIS_PROFILE='thorogh': unknown Hypothesis profile; expected one of ci, thorough, dev",
+            "KVLEDGER_HYPOTHESIS_PROFILE='thorogh': unknown Hypothesis profile; "
+            "expected one of check, ci, thorough, dev",
         ),
     ],
 )
