@@ -63,6 +63,27 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/slots.py:_grow_runs:negate-if:if 8 * size > len(_RUNS[0]):": (
+        "a speed table (seed 38): _RUNS not grown (or regrown shorter) only makes run_start's one byte comparison "
+        "fail for ids past the table, and the caller then takes the general path: the same tags, slower"
+    ),
+    "impl/slots.py:_tag_bytes:drop-call:_TAG_RUNS.clear()": (
+        "a memo's bound (seed 38): the table of uniform tag runs is not emptied past 64 entries; only memory grows"
+    ),
+    "impl/tree.py:RadixTree._as_tokens:and-or:not t.is_meta and t.device == self.device": (
+        "off the CPU only (seed 38): the fast check's branch for a tree whose device is not the CPU; kvledger check "
+        "runs on the CPU"
+    ),
+    "impl/req_to_token.py:ReqToTokenPool.write:boundary:end - start > 1": (
+        "a shortcut's bound (seed 37): a write of one slot is also checked for a slot named twice, which one slot "
+        "cannot be; the same answer"
+    ),
+    "impl/allocators.py:PagedAllocator.pages_of:and-or:uniq.numel() * self.page_size != idx.numel() or "
+    "bool((counts != self.page_size).any())": (
+        "equivalent since seed 38's fix: pages_of now refuses a token named twice first, and with distinct tokens "
+        "no page holds more than page_size of them, so whole pages by count (uniq * page_size == n) means every "
+        "page's count is page_size; on the tree seed 38 was drawn on, this mutant survived and changed behaviour"
+    ),
     "impl/slots.py:SlotPool.claim:negate-if:if tags is None:": (
         "a fast path turned off on the CPU (seed 36): claim answers False ('ask the general checks') on every CPU "
         "call, and the insert then runs check_fresh, check_held and transfer, which accept what claim accepts with "
