@@ -866,7 +866,7 @@ else:
 print(json.dumps({"ok": True}))
 """
 """``kvledger check`` as the CLI runs it: the suites' models spread over one worker process per core, each at the
-profile's settings (``check``: the ``ci`` settings at 120 examples per model), contracts ``on``, the kept programs
+profile's settings (``check``: the ``ci`` settings at 100 examples per model), contracts ``on``, the kept programs
 first, then the search; but a violation shrinks for at most 0.01 s and the first one ends the run (the other
 workers are stopped): whether a mutant is killed, and by which law, is decided when the first failing example is
 found; shrinking only makes the report short. A checker tree from before the ``check`` profile (``--checker``) runs

@@ -220,8 +220,8 @@ def test_the_default_check_spreads_the_same_runs_over_worker_processes() -> None
 
 
 def test_the_default_check_runs_the_check_profile_over_one_worker_per_core() -> None:
-    """``kvledger check``'s defaults: the ``check`` profile (``CHECK_EXAMPLES`` examples a model, twice ``ci``'s) and
-    ``--jobs`` one worker per core, at most one per model (one model: in this process)."""
+    """``kvledger check``'s defaults: the ``check`` profile (``CHECK_EXAMPLES`` examples a model, more than
+    ``ci``'s) and ``--jobs`` one worker per core, at most one per model (one model: in this process)."""
     import json
     import os
 
@@ -232,7 +232,7 @@ def test_the_default_check_runs_the_check_profile_over_one_worker_per_core() -> 
     from kvledger.contracts.machines.profiles import CHECK_EXAMPLES, register_profiles
 
     register_profiles()
-    assert settings.get_profile("check").max_examples == CHECK_EXAMPLES == 2 * settings.get_profile("ci").max_examples
+    assert settings.get_profile("check").max_examples == CHECK_EXAMPLES > settings.get_profile("ci").max_examples
     cores = len(os.sched_getaffinity(0))
     assert auto_workers(1) == 1 and auto_workers(1000) == cores and auto_workers(2) == min(cores, 2)
     result = CliRunner().invoke(app, ["check", "--suite", "system", "--model", "full", "--json"])
