@@ -65,7 +65,7 @@ from kvledger.impl.arguments import MAX_TOKEN
 from kvledger.impl.integrity import fingerprint, fingerprint_one
 from kvledger.impl.leaks import PoolCount, check_leaks, expected_owners
 from kvledger.impl.locks import LockHandle
-from kvledger.impl.lru import SLOT, Linked, LRUList
+from kvledger.impl.lru import Linked, LRUList
 from kvledger.impl.mamba import MambaAlloc, MambaPool
 from kvledger.impl.memory import MemoryManager
 from kvledger.impl.owners import FREE_TAG, MAX_IDENT, RESERVED_TAG, decode, encode, node_tag
@@ -947,7 +947,8 @@ def _planted_breaks(lru: LRUList[TreeNode]) -> Iterator[tuple[str, BaseException
 
 def _planted_lru_cycles(lru: LRUList[TreeNode]) -> str:
     """Plant a cycle in ``lru`` for each of its walks, one at a time, and put the link back: the MRU member's back
-    pointer aimed at the LRU member (``iter_lru``, from the tail, then comes round again), the LRU member's forward
+    pointer aimed at the LRU member through the node's public view ``lru_prev`` (a live view: a write through it is
+    the link; ``iter_lru``, from the tail, then comes round again), the LRU member's forward
     pointer aimed at the MRU member (``order()``, from the head). Each walk must raise ``IntegrityError`` before it
     passes a node twice (at most one pass over the members); what went wrong, or "". The tail walk is read
     through ``islice``, so a walk without a guard is reported here, not walked forever."""
@@ -962,7 +963,7 @@ def _planted_lru_cycles(lru: LRUList[TreeNode]) -> str:
         walked.extend(x.id for x in islice(lru.iter_lru(), n + 2))
 
     old = mru.prev[i]
-    mru.prev[i] = lru_most
+    mru.lru_prev[lru.component] = lru_most  # NOTE: through the public view, which is live: the walk must see it
     try:
         err = raised(tail_walk)
     finally:
@@ -1045,7 +1046,7 @@ def _planted_unheld(cache: RadixCache) -> str:
     hid, cov = live[-1]
     nid, comp = cov[-1]
     node = next(x for x in dup.nodes() if x.id == nid)
-    node.refs[SLOT[comp]] = 0
+    node.lock_ref[comp] = 0  # NOTE: through the public view, which is live (``refs``)
     before = _lock_counts(dup)
     handle = LockHandle(hid, dup._locks.ident, cov[0][0], tuple(cov))
     err = raised(lambda: dup.dec_lock_ref(handle))

@@ -560,6 +560,19 @@ def test_a_walk_that_passes_a_node_twice_before_it_stops_fails_the_audit(monkeyp
         C.cache_audit(c)
 
 
+def test_a_node_view_that_does_not_write_through_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node's per-component views (``lru_prev``, ``lru_next``, ``lock_ref``) are live: a write through one is the
+    link or the count. The audit plants its cycle through ``lru_prev``; a view whose writes go nowhere (seed 39's
+    ``ByComponent.__setitem__`` survivor) leaves no cycle, so the walk passes where it must raise."""
+    from kvledger.impl.lru import ByComponent
+
+    c = _cached()
+    C.cache_audit(c)  # NOTE: the live view writes through
+    monkeypatch.setattr(ByComponent, "__setitem__", lambda self, comp, x: None)  # BUG: a write that goes nowhere
+    with pytest.raises(AssertionError, match=r"agree with the state: iter_lru of the full list with a cycle planted"):
+        C.cache_audit(c)
+
+
 def test_a_list_built_without_its_tail_link_fails_the_audit_on_a_fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """A list whose constructor leaves the tail sentinel's back link unset is a chain only once a member is linked:
     the audited cache (with members) passes, a cache built afresh like it does not."""
