@@ -67,7 +67,14 @@ from kvledger.impl.slots import RUN_MIN
 from kvledger.spec import domains as D
 from kvledger.spec import ledger as spec
 from kvledger.spec import prefix as P
-from kvledger.spec.errors import InvalidArgument, KVLedgerError, LedgerError, PageAlignmentError, inv_names_culprit
+from kvledger.spec.errors import (
+    InvalidArgument,
+    KVLedgerError,
+    LedgerError,
+    NotOwner,
+    PageAlignmentError,
+    inv_names_culprit,
+)
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.types import Owner, node, request, session
 
@@ -346,6 +353,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self.expect: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # stamp -> (slots, fingerprints)
             self.written: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # stamp -> (tokens, positions) of KV
             self.released: list[Chunk] = []
+            self.live: dict[int, Chunk] = {}  # stamp -> the chunk as held now (owner after transfers)
             self.pressure = 0.0  # the most of any pool held at once (0..1)
             self.scenarios: dict[str, Scenario] = {}  # the live objects the public-call probes call, by maker
 
@@ -437,7 +445,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 else:
                     data[idx] = fp
                 self.expect[self.stamp] = (idx, fp)
-            return Chunk(owner, idx, self.stamp)
+            made = self.live[self.stamp] = Chunk(owner, idx, self.stamp)
+            return made
 
         @rule(chunk=consumes(chunks), form=st.sampled_from(ID_FORMS))
         def free(self, chunk: Chunk, form: str = "as handed out") -> None:
@@ -447,6 +456,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self.expect.pop(chunk.stamp, None)
             self.written.pop(chunk.stamp, None)
             self.released.append(chunk)
+            self.live.pop(chunk.stamp, None)
+            self._robbed(chunk.owner)
 
         @rule(target=chunks, chunk=consumes(chunks), dst=st.sampled_from(OWNERS), form=st.sampled_from(ID_FORMS))
         def transfer(self, chunk: Chunk, dst: Owner, form: str = "as handed out") -> Chunk:
@@ -456,7 +467,18 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             effects = kind.effects(self.pool, chunk.idx, chunk.owner)
             _transfer(self.pool, _in_form(chunk.idx, form), chunk.owner, dst)
             self._apply("transfer", effects, dst)
-            return Chunk(dst, chunk.idx, chunk.stamp)
+            moved = self.live[chunk.stamp] = Chunk(dst, chunk.idx, chunk.stamp)
+            self._robbed(chunk.owner, dst)
+            return moved
+
+        def _robbed(self, *served: Owner) -> None:
+            """Right after a call served ``served`` (a free, a transfer), another owner frees each chunk they still
+            hold: refused with ``NotOwner``, nothing changed. A fast path that remembers the last owner it served
+            (its tag, a run of its tags) is hot now; one that trusts the memo over the caller shows here."""
+            pool = self.pool
+            for chunk in [c for c in self.live.values() if c.owner in served]:
+                thief = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
+                self._expect_rejected(lambda chunk=chunk, thief=thief: _free(pool, chunk.idx, thief), NotOwner)
 
         # ---------------------------------------------------------- misuse: typed error, state unchanged
 
@@ -480,8 +502,6 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             written, SWA slots freed); refused with ``NotOwner``, nothing changed."""
             if thief == chunk.owner:
                 return
-            from kvledger.spec.errors import NotOwner
-
             pool, first, last = self.pool, int(chunk.idx[0]), int(chunk.idx[-1])
             call: Callable[[], object] = lambda: _free(pool, chunk.idx, thief)  # noqa: E731
             if how == "give":
@@ -723,8 +743,6 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             s, d = int(src.idx[0]), int(dst.idx[-1])
             if s == d:
                 return
-            from kvledger.spec.errors import NotOwner
-
             pool = self.pool
             for thief in OWNERS:  # NOTE: the same copy by each owner that does not hold the destination: refused
                 if thief != dst.owner:

@@ -338,3 +338,35 @@ def test_a_paged_free_of_torn_pages_is_refused_and_a_touched_page_rule_is_caught
     monkeypatch.setattr(PagedAllocator, "pages_of", touched)
     with pytest.raises(AssertionError, match="invalid call accepted"):
         state.torn_pages(chunk)
+
+
+def test_a_free_that_trusts_the_last_owner_it_served_is_caught_right_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Right after a free, another owner frees each chunk the served owner still holds (``_robbed``): a fast path
+    that checks the slots against the last owner it served instead of the caller (seed 39's stale memo of the
+    owner's tag run in ``SlotPool.free``) lets that thief free them, and is caught at once."""
+    from kvledger.impl.owners import encode
+    from kvledger.spec.types import Owner
+
+    original = SlotPool.free
+    last: dict[int, Owner] = {}
+
+    def free(self: SlotPool, indices: torch.Tensor, owner: Owner) -> None:
+        served = last.get(id(self))
+        idx = indices.to(torch.int64)
+        if served is not None and bool((self.owner_tag[idx] == encode(served)).all()):
+            self.release(idx)  # BUG: the slots are the last served owner's, whoever asks
+        else:
+            original(self, indices, owner)
+        last[id(self)] = owner
+
+    state = machine_for(KINDS["token"])()
+    kept = state.allocate(owner=OWNERS[0], n=2)
+    gone = state.allocate(owner=OWNERS[0], n=2)
+    state.free(gone)  # NOTE: the reference: the thief is refused
+    state.free(kept)
+    state = machine_for(KINDS["token"])()
+    state.allocate(owner=OWNERS[0], n=2)
+    gone = state.allocate(owner=OWNERS[0], n=2)
+    monkeypatch.setattr(SlotPool, "free", free)
+    with pytest.raises(AssertionError, match="invalid call accepted"):
+        state.free(gone)
