@@ -439,7 +439,8 @@ def _campaign(
         task = bar.add_task(f"campaign on {workers} worker(s)")
 
         def shown(p: C.Progress) -> None:
-            text = f"{p.done} jobs, {p.examples} examples, {p.rate:.1f} examples/s, seed {p.seed}"
+            seed_in_use = "" if p.seed is None else f", seed {p.seed}"  # NOTE: None: the profile's own draws
+            text = f"{p.done} jobs, {p.examples} examples, {p.rate:.1f} examples/s{seed_in_use}"
             bar.update(task, description=text)
             if not console.is_terminal and p.last is not None:
                 verdict = "holds" if p.last.ok else f"VIOLATED {p.last.violation.rule if p.last.violation else ''}"
