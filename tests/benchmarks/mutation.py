@@ -63,6 +63,10 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/tree.py:key_bytes:boundary:len(raw) < _SIGN_LONG": (
+        "a speed cut-off (seed 41): a key of exactly 4,096 tokens has its signs checked by the byte-wise isascii "
+        "pass instead of numpy's min; both refuse a negative id alike"
+    ),
     "impl/slots.py:RecentAllocs.add_short:slice+1:-64:": (
         "a speed memo's key (seed 40): a short alloc result of 64 bytes or more is filed under its last 63 bytes, "
         "which find (looking up the last 64) never meets, so it is proven distinct again by the slow path, as "
