@@ -219,7 +219,7 @@ class PagedAllocator:
             raise InvalidArgument(
                 op,
                 self.pool.name,
-                torch.div(twice, self.page_size, rounding_mode="floor").unique().tolist(),
+                torch.unique(torch.div(twice, self.page_size, rounding_mode="floor")).tolist(),
                 f"token indices {twice.tolist()[:8]} named twice in one call",
             )
         uniq: torch.Tensor

@@ -478,7 +478,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             pool = self.pool
             for chunk in [c for c in self.live.values() if c.owner in served]:
                 thief = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
-                self._expect_rejected(lambda chunk=chunk, thief=thief: _free(pool, chunk.idx, thief), NotOwner)
+                self._expect_rejected(partial(_free, pool, chunk.idx, thief), NotOwner)
 
         # ---------------------------------------------------------- misuse: typed error, state unchanged
 
@@ -719,8 +719,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             other = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
             torn = (PageAlignmentError, InvalidArgument)
             for bad in (idx[:1], idx[:-1], torch.cat((idx[:-1], idx[:1]))):
-                self._expect_rejected(lambda bad=bad: _free(pool, bad, chunk.owner), torn)
-                self._expect_rejected(lambda bad=bad: _transfer(pool, bad, chunk.owner, other), torn)
+                self._expect_rejected(partial(_free, pool, bad, chunk.owner), torn)
+                self._expect_rejected(partial(_transfer, pool, bad, chunk.owner, other), torn)
 
         @rule(target=chunks, chunk=consumes(chunks))
         def free_swa(self, chunk: Chunk) -> Chunk:
