@@ -233,6 +233,10 @@ def _as(tokens: list[int], how: str) -> object:
 KEY_FORMS = ("int64", "int32", "strided", "list", "tuple", "array")
 
 
+VALUE_END = 1 << 31
+"""The first token id or position past their range (``spec.prefix``: 31-bit tokens and positions)."""
+
+
 TENSOR_FORMS = ("int64", "int32", "strided")
 
 
@@ -1560,15 +1564,20 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
     bad_tokens = (
         (),
         (1, -1),
+        (1, VALUE_END),  # NOTE: the first id past the range (31-bit tokens: a KV fingerprint's domain)
         (1.0, 2.0),
         (True,),
         tuple(range(1, mm.rows.max_context_len + 2)),
         *junk_key_values(2),
     )
+
+    def is_token_ids(x: object) -> bool:
+        return isinstance(x, tuple) and D.is_tokens(list(x)) and all(t < VALUE_END for t in x)
+
     tokens = _arg(
         st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple),
         st.sampled_from(bad_tokens) | JUNK_SCALARS,
-        lambda x: isinstance(x, tuple) and D.is_tokens(list(x)) and 0 < len(x) <= mm.rows.max_context_len,
+        lambda x: is_token_ids(x) and 0 < len(x) <= mm.rows.max_context_len,
         edges=bad_tokens,
     )
     slots = list(mm.sessions.slots.values())
@@ -1607,7 +1616,7 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
                 "new_tokens": _arg(  # NOTE: none at all is a decode step that only allocates ``ahead``
                     st.just((1,)),
                     tokens.junk({}),
-                    lambda x: isinstance(x, tuple) and D.is_tokens(list(x)),
+                    is_token_ids,
                     edges=bad_tokens[1:],
                 ),
                 "ahead": _arg(

@@ -40,6 +40,7 @@ from kvledger.contracts.abstraction import (
 )
 from kvledger.contracts.machines.calls import (
     SCENARIOS,
+    VALUE_END,
     Draw,
     Scenario,
     audit,
@@ -212,10 +213,6 @@ def bad_tensor_of(good: torch.Tensor, edge: str, top: int) -> torch.Tensor:
         return good[:0]
     low = int(good.min())
     return good - low - good.numel() if edge == "below" else good - low + top
-
-
-VALUE_END = 1 << 31
-"""The first token id or position past their range (``spec.prefix``: 31-bit tokens and positions)."""
 
 
 def bad_values_of(good: torch.Tensor, edge: str) -> torch.Tensor:

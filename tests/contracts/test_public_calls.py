@@ -1523,3 +1523,39 @@ def test_token_ids_given_as_a_buffer_or_a_tensor_are_caught(monkeypatch: pytest.
     monkeypatch.setattr(memory_module, "check_tokens", weak)
     with pytest.raises(AssertionError, match=rf"inv_domain_enforced: MemoryManager\.{call}\("):
         judged()
+
+
+@pytest.mark.parametrize("call", ["add_request", "extend"])
+def test_a_token_id_just_past_its_range_is_caught(monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    """The manager's token-id catalogue holds the first id past the 31-bit range (``VALUE_END``, a KV fingerprint's
+    domain), and the domain says so: a token check whose bound is one off (seed 42's ``max(ids) > hi``) is caught
+    by the sweep of that argument."""
+    from kvledger.impl import memory as memory_module
+    from kvledger.impl.arguments import check_tokens
+
+    mm = build_manager(SystemConfig(kv_tokens=16, rows=3, max_context=12))
+    req = mm.add_request((1, 2))
+    admit(mm, [req], Budget(24, 1))
+    scenario = C.manager_scenario_of(mm)
+    (method,) = [m for m in scenario.methods if m.what == call]
+    name = "tokens" if call == "add_request" else "new_tokens"
+    edges = method.args[name].edges
+    assert edges is not None and (1, C.VALUE_END) in edges({})
+
+    def judged() -> None:
+        for v in edges({}):
+            got, inside, missing = C._draw_args(method, _first_choice, name, lambda _a, _d, v=v: st.just(v))
+            if missing is None and not inside:
+                C.judge(scenario, method, got, inside)
+
+    judged()
+
+    def off_by_one(op: str, where: str, tokens: object, **kw: Any) -> tuple[int, ...]:
+        return check_tokens(op, where, tokens, **{**kw, "hi": C.VALUE_END + 1})  # BUG: the range's end let in
+
+    monkeypatch.setattr(memory_module, "check_tokens", off_by_one)
+    # NOTE: add_request takes the id (outside its domain, accepted); extend takes it and fails later, at the KV write
+    # (a refusal that changed the state): either law names the call
+    law = r"(inv_domain_enforced: |rejected call leaves state unchanged: a rejected call, )"
+    with pytest.raises(AssertionError, match=rf"{law}MemoryManager\.{call}\("):
+        judged()
