@@ -82,6 +82,11 @@ from kvledger.spec.types import Owner, node, request, session
 OWNERS = (request(1), request(2), node(7), session(3))
 
 
+def other_owner(owner: Owner) -> Owner:
+    """An owner of ``OWNERS`` that is not ``owner``: a thief, or the other side of a hand-over."""
+    return OWNERS[1] if owner != OWNERS[1] else OWNERS[0]
+
+
 @dataclass(frozen=True)
 class Chunk:
     """What one ``alloc`` gave one owner (user-level indices: tokens, rows or state slots)."""
@@ -282,7 +287,7 @@ def tensor_calls(pool: AnyPool, chunk: Chunk) -> list[TensorCall]:
     ``chunk``'s first id as a row)."""
 
     out: list[TensorCall] = []
-    other = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
+    other = other_owner(chunk.owner)
     for name, fn, params, hints, param, answer in _typed_params(pool, TENSOR_HINTS):
 
         def valid(p: str, hints: dict[str, object] = hints) -> object:
@@ -310,7 +315,7 @@ def int_calls(pool: AnyPool, chunk: Chunk) -> list[IntCall]:
     as ``dst``, the id 1 for a tensor). Found by signature, as ``tensor_calls``: a method added later is met too."""
 
     out: list[IntCall] = []
-    other = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
+    other = other_owner(chunk.owner)
     first = int(chunk.idx[0])
     for name, fn, params, hints, param, answer in _typed_params(pool, INT_HINTS):
 
@@ -474,7 +479,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             (its tag, a run of its tags) is hot now; one that trusts the memo over the caller shows here."""
             pool = self.pool
             for chunk in [c for c in self.live.values() if c.owner in served]:
-                thief = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
+                thief = other_owner(chunk.owner)
                 self._expect_rejected(partial(_free, pool, chunk.idx, thief), NotOwner)
 
         # ---------------------------------------------------------- misuse: typed error, state unchanged
@@ -602,7 +607,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             if bad in ("dup", "twice") and isinstance(self.pool, PagedAllocator):
                 expected = (PageAlignmentError, InvalidArgument)  # NOTE: not whole pages, and a token named twice
             if give:
-                other = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
+                other = other_owner(chunk.owner)
                 self._expect_rejected(lambda: _transfer(self.pool, idx, chunk.owner, other), expected)
                 return
             self._expect_rejected(lambda: _free(self.pool, idx, chunk.owner), expected)
@@ -713,7 +718,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             if not isinstance(pool, PagedAllocator) or pool.page_size == 1:
                 return
             idx = chunk.idx
-            other = OWNERS[1] if chunk.owner != OWNERS[1] else OWNERS[0]
+            other = other_owner(chunk.owner)
             torn = (PageAlignmentError, InvalidArgument)
             for bad in (idx[:1], idx[:-1], torch.cat((idx[:-1], idx[:1]))):
                 self._expect_rejected(partial(_free, pool, bad, chunk.owner), torn)
@@ -824,7 +829,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     ("copy_state to", lambda x: pool.copy_state(good, x, owner)),  # type: ignore[arg-type]
                 ]
             if isinstance(pool, ReqToTokenPool):
-                other = OWNERS[1] if owner != OWNERS[1] else OWNERS[0]
+                other = other_owner(owner)
                 return [
                     ("free", lambda x: pool.free(x, owner)),  # type: ignore[arg-type]
                     ("transfer", lambda x: pool.transfer(x, owner, other)),  # type: ignore[arg-type]
