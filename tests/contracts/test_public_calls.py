@@ -1417,6 +1417,37 @@ def test_a_value_crossed_to_every_call_that_takes_it_meets_a_check_one_call_forg
         check()
 
 
+def _catalogue(method: C.Method, name: str) -> tuple[object, ...]:
+    """The values of ``method``'s sweep catalogue for argument ``name`` (one that needs no earlier argument)."""
+    edges = method.args[name].edges
+    assert edges is not None, f"{method.what}'s {name} has no catalogue"
+    return tuple(edges({}))
+
+
+def _judge_catalogue(scenario: C.Scenario, method: C.Method, name: str) -> Callable[[], None]:
+    """A sweep made by hand: each value of ``method``'s ``name`` catalogue that lies outside the domain, the other
+    arguments valid, held to the law (``C.judge``: refused, typed, nothing changed)."""
+
+    def judged() -> None:
+        for v in _catalogue(method, name):
+            got, inside, missing = C._draw_args(method, _first_choice, name, lambda _a, _d, v=v: st.just(v))
+            if missing is None and not inside:
+                C.judge(scenario, method, got, inside)
+
+    return judged
+
+
+def _token_call(call: str) -> tuple[C.Scenario, C.Method, str]:
+    """A manager holding one running request, its public ``call`` (``add_request`` or ``extend``) and the name of
+    that call's token-id argument."""
+    mm = build_manager(SystemConfig(kv_tokens=16, rows=3, max_context=12))
+    req = mm.add_request((1, 2))
+    admit(mm, [req], Budget(24, 1))
+    scenario = C.manager_scenario_of(mm)
+    (method,) = [m for m in scenario.methods if m.what == call]
+    return scenario, method, "tokens" if call == "add_request" else "new_tokens"
+
+
 def test_an_extend_of_a_resumed_turn_still_waiting_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """A session turn resumed and not yet admitted holds a row but is not running: ``extend`` must refuse it. Every
     request argument's sweep catalogue (what ``sweep`` and ``cross`` give) holds one request per stage of life, so
@@ -1430,15 +1461,8 @@ def test_an_extend_of_a_resumed_turn_still_waiting_is_caught(monkeypatch: pytest
     assert turn.status is Status.WAITING and turn.row is not None
     scenario = C.manager_scenario_of(mm)
     (ext,) = [m for m in scenario.methods if m.what == "extend"]
-    edges = ext.args["req"].edges
-    assert edges is not None and turn in edges({}), "the catalogue holds the resumed turn"
-
-    def judged() -> None:
-        for v in edges({}):
-            got, inside, missing = C._draw_args(ext, _first_choice, "req", lambda _a, _d, v=v: st.just(v))
-            if missing is None and not inside:
-                C.judge(scenario, ext, got, inside)
-
+    assert turn in _catalogue(ext, "req"), "the catalogue holds the resumed turn"
+    judged = _judge_catalogue(scenario, ext, "req")
     judged()  # NOTE: the reference refuses every request outside extend's domain
     original = MemoryManager.extend
 
@@ -1498,20 +1522,8 @@ def test_token_ids_given_as_a_buffer_or_a_tensor_are_caught(monkeypatch: pytest.
     from kvledger.impl import memory as memory_module
     from kvledger.impl.arguments import check_tokens
 
-    mm = build_manager(SystemConfig(kv_tokens=16, rows=3, max_context=12))
-    req = mm.add_request((1, 2))
-    admit(mm, [req], Budget(24, 1))
-    scenario = C.manager_scenario_of(mm)
-    (method,) = [m for m in scenario.methods if m.what == call]
-    name = "tokens" if call == "add_request" else "new_tokens"
-    edges = method.args[name].edges
-    assert edges is not None
-
-    def judged() -> None:
-        for v in edges({}):
-            got, inside, missing = C._draw_args(method, _first_choice, name, lambda _a, _d, v=v: st.just(v))
-            if missing is None and not inside:
-                C.judge(scenario, method, got, inside)
+    scenario, method, name = _token_call(call)
+    judged = _judge_catalogue(scenario, method, name)
 
     judged()  # NOTE: the reference refuses every one
 
@@ -1533,20 +1545,9 @@ def test_a_token_id_just_past_its_range_is_caught(monkeypatch: pytest.MonkeyPatc
     from kvledger.impl import memory as memory_module
     from kvledger.impl.arguments import check_tokens
 
-    mm = build_manager(SystemConfig(kv_tokens=16, rows=3, max_context=12))
-    req = mm.add_request((1, 2))
-    admit(mm, [req], Budget(24, 1))
-    scenario = C.manager_scenario_of(mm)
-    (method,) = [m for m in scenario.methods if m.what == call]
-    name = "tokens" if call == "add_request" else "new_tokens"
-    edges = method.args[name].edges
-    assert edges is not None and (1, C.VALUE_END) in edges({})
-
-    def judged() -> None:
-        for v in edges({}):
-            got, inside, missing = C._draw_args(method, _first_choice, name, lambda _a, _d, v=v: st.just(v))
-            if missing is None and not inside:
-                C.judge(scenario, method, got, inside)
+    scenario, method, name = _token_call(call)
+    assert (1, C.VALUE_END) in _catalogue(method, name)
+    judged = _judge_catalogue(scenario, method, name)
 
     judged()
 
