@@ -15,6 +15,19 @@ dropped unlinks, frees and rollbacks, swapped owners and off-by-one ranges):
 * ``negate-if``: an ``if`` condition negated (a branch on the wrong state);
 * ``and-or``: ``and`` / ``or`` swapped.
 
+A second family (``--operators new``, issue 19's fourteenth round: kinds of bug the first nine never drew, to
+measure the checker on classes it was not tuned on; ``--operators all`` draws from both):
+
+* ``drop-raise``: a ``raise`` removed (a check that no longer refuses: bad input goes on);
+* ``negate-cmp``: ``==`` / ``!=``, ``is`` / ``is not``, ``in`` / ``not in`` swapped where the comparison is not an
+  ``if``'s whole test (``negate-if`` has those): in a loop's test, a return, an assignment, a compound condition;
+* ``swap-args``: a call's first two positional arguments swapped, both names or attributes (arguments in the
+  wrong order); never in a ``raise`` (an error's message) and never a ``transfer`` (``swap-owner`` has those);
+* ``end-index``: ``[0]`` / ``[-1]`` swapped (the wrong end of a list, a stack or a path);
+* ``const+1``: an integer constant in arithmetic or a comparison made one larger (a bound, a size or a step off
+  by one: ``n - 1``, ``x >= 0``, ``2 ** 31``);
+* ``min-max``: ``min`` / ``max`` swapped.
+
 No mutant touches ``faults.py``, ``__repr__`` or ``__str__``. Each mutant is written into a
 private copy of the package: the worktree is never edited. Then ``kvledger check`` runs at the
 default profile (``DRIVER``: the same machines, profile, contract tier and worker processes, one per
@@ -647,6 +660,40 @@ class Outcome:
 # ---------------------------------------------------------------- operators
 
 
+_NEGATED: dict[type[ast.cmpop], type[ast.cmpop]] = {
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
+_TYPE_CALLS = {"isinstance", "issubclass", "getattr", "setattr", "hasattr", "cast"}
+"""Calls whose swapped arguments only crash at once (a type where a value goes): no bug anyone ships."""
+
+
+_MESSAGE_ARGS = {"op", "where", "name", "what"}
+"""The names a check passes first only to word its error (the operation, the pool): swapped, only a message's
+words change."""
+
+
+def _magic(k: int) -> bool:
+    """A hash's or a mixer's constant (at least 2**16, and neither a power of two nor one less): one more is just
+    another hash, written and checked alike, so ``const+1`` leaves it alone."""
+    k = abs(k)
+    return k >= 1 << 16 and k & (k - 1) != 0 and k & (k + 1) != 0
+
+
+def _int_of(node: ast.AST) -> int | None:
+    """The value of an integer literal (``-1`` included), else ``None`` (``True`` is no integer here)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _int_of(node.operand)
+        return None if inner is None else -inner
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    return None
+
+
 def _calls_transfer(node: ast.Call) -> bool:
     return isinstance(node.func, ast.Attribute) and node.func.attr == "transfer" and len(node.args) >= 3
 
@@ -658,6 +705,9 @@ class _Sites(ast.NodeVisitor):
         self.sites: list[tuple[ast.AST, str]] = []
         self.where: dict[int, str] = {}  # id(node) -> the qualified name of the function or class around it
         self._scope: list[str] = []
+        self._if_tests: set[int] = set()  # NOTE: an ``if``'s whole test (``negate-if``, not ``negate-cmp``)
+        self._consts: set[int] = set()  # NOTE: integer constants in arithmetic or a comparison (``const+1``)
+        self._raising = 0
 
     def _enter(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> None:
         self._scope.append(node.name)
@@ -701,6 +751,9 @@ class _Sites(ast.NodeVisitor):
     def visit_Compare(self, node: ast.Compare) -> None:
         if len(node.ops) == 1 and isinstance(node.ops[0], ast.Lt | ast.LtE | ast.Gt | ast.GtE):
             self.sites.append((node, "boundary"))
+        if len(node.ops) == 1 and type(node.ops[0]) in _NEGATED and id(node) not in self._if_tests:
+            self.sites.append((node, "negate-cmp"))
+        self._mark_consts(node.left, *node.comparators)
         self.generic_visit(node)
 
     def visit_Slice(self, node: ast.Slice) -> None:
@@ -713,11 +766,48 @@ class _Sites(ast.NodeVisitor):
             self.sites.append((node, "len+1"))
         if _calls_transfer(node):
             self.sites.append((node, "swap-owner"))
+        elif (
+            not self._raising
+            and len(node.args) >= 2
+            and all(isinstance(a, ast.Name | ast.Attribute) for a in node.args[:2])
+            and ast.dump(node.args[0]) != ast.dump(node.args[1])
+            and not all(isinstance(a, ast.Name) and a.id in _MESSAGE_ARGS for a in node.args[:2])
+            and not (isinstance(node.func, ast.Name) and node.func.id in _TYPE_CALLS)
+        ):
+            self.sites.append((node, "swap-args"))
+        if isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
+            self.sites.append((node, "min-max"))
         self.generic_visit(node)
 
     def visit_If(self, node: ast.If) -> None:
         self.sites.append((node, "negate-if"))
+        self._if_tests.add(id(node.test))
         self.generic_visit(node)
+
+    def visit_Raise(self, node: ast.Raise) -> None:
+        self.sites.append((node, "drop-raise"))
+        self._raising += 1  # NOTE: no ``swap-args`` inside a raise: an error's message arguments
+        self.generic_visit(node)
+        self._raising -= 1
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        if _int_of(node.slice) in (0, -1):
+            self.sites.append((node, "end-index"))
+        self.generic_visit(node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        self._mark_consts(node.left, node.right)
+        self.generic_visit(node)
+
+    def _mark_consts(self, *sides: ast.expr) -> None:
+        for side in sides:
+            k = _int_of(side)
+            if k is not None and not _magic(k):  # NOTE: ``-k``'s constant is ``k``: made ``-(k + 1)``
+                self._consts.add(id(side.operand if isinstance(side, ast.UnaryOp) else side))
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if id(node) in self._consts:
+            self.sites.append((node, "const+1"))
 
     def visit_BoolOp(self, node: ast.BoolOp) -> None:
         self.sites.append((node, "and-or"))
@@ -749,7 +839,31 @@ def _apply(node: ast.AST, op: str) -> ast.AST | None:
         return ast.If(ast.UnaryOp(ast.Not(), node.test), node.body, node.orelse)
     if op == "and-or" and isinstance(node, ast.BoolOp):
         return ast.BoolOp(ast.Or() if isinstance(node.op, ast.And) else ast.And(), node.values)
+    if op == "drop-raise":
+        return ast.Pass()
+    if op == "negate-cmp" and isinstance(node, ast.Compare):
+        return ast.Compare(node.left, [_NEGATED[type(node.ops[0])]()], node.comparators)
+    if op == "swap-args" and isinstance(node, ast.Call):
+        args = list(node.args)
+        args[0], args[1] = args[1], args[0]
+        return ast.Call(node.func, args, node.keywords)
+    if op == "end-index" and isinstance(node, ast.Subscript):
+        index = ast.UnaryOp(ast.USub(), ast.Constant(1)) if _int_of(node.slice) == 0 else ast.Constant(0)
+        return ast.Subscript(node.value, index, node.ctx)
+    if op == "const+1" and isinstance(node, ast.Constant) and type(node.value) is int:
+        return ast.Constant(node.value + 1)
+    if op == "min-max" and isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        return ast.Call(ast.Name("max" if node.func.id == "min" else "min", ast.Load()), node.args, node.keywords)
     return None
+
+
+CLASSIC = frozenset(
+    {"drop-call", "drop-store", "boundary", "slice+1", "len+1", "aug-sign", "swap-owner", "negate-if", "and-or"}
+)
+"""The first nine operators: every sample of issue 19's first thirteen rounds drew from these alone."""
+NEW = frozenset({"drop-raise", "negate-cmp", "swap-args", "end-index", "const+1", "min-max"})
+"""The second family (fourteenth round): bug kinds the checker was never tuned on."""
+OPERATORS = {"classic": CLASSIC, "new": NEW, "all": CLASSIC | NEW}
 
 
 def _sites(tree: ast.Module) -> list[tuple[ast.AST, str]]:
@@ -772,17 +886,22 @@ def mutants_of(file: str, source: str) -> Iterator[Mutant]:
         yield Mutant(file, pos[0], pos[1], op, first[:100], where, seen[(where, op, first[:100])])
 
 
-def mutants() -> Iterator[Mutant]:
-    """Every mutant of every ``impl/`` module, in a stable order."""
+def mutants(ops: frozenset[str] = CLASSIC) -> Iterator[Mutant]:
+    """Every mutant of every ``impl/`` module by the operators ``ops`` (the first nine unless told: a seed's
+    sample stays the one recorded), in a stable order."""
     for path in sorted(IMPL.glob("*.py")):
         if path.name in SKIP_FILES:
             continue
-        yield from mutants_of(f"impl/{path.name}", path.read_text())
+        yield from (m for m in mutants_of(f"impl/{path.name}", path.read_text()) if m.op in ops)
 
 
 def mutated_source(m: Mutant) -> str | None:
     """The module's source with ``m`` applied (``None`` if it no longer applies)."""
-    source = (ROOT / m.file).read_text()
+    return mutate((ROOT / m.file).read_text(), m)
+
+
+def mutate(source: str, m: Mutant) -> str | None:
+    """``source`` with ``m`` applied, unparsed (``None`` if it does not apply)."""
     tree = ast.parse(source)
 
     class Swap(ast.NodeTransformer):
@@ -1010,8 +1129,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the Hypothesis profile of the check: check (kvledger check's default), ci (the checker before issue 19's "
         "thirteenth round) or thorough (for survivors)",
     )
+    ap.add_argument(
+        "--operators",
+        choices=sorted(OPERATORS),
+        default="classic",
+        help="which operators make the population: classic (the first nine, every recorded seed's), new (the second "
+        "family) or all",
+    )
     args = ap.parse_args(argv)
-    population = list(mutants())
+    population = list(mutants(OPERATORS[args.operators]))
     if args.list:
         for m in population:
             print(m.id, "|", f"{m.at}:{m.op}")

@@ -6,6 +6,7 @@ by hand, see their docstrings). These tests only keep them from rotting.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import io
 import json
@@ -102,7 +103,8 @@ def test_fault_targets_cover_every_fault() -> None:
 
 def test_mutation_operators_make_compiling_mutants() -> None:
     mut = load("mutation")
-    population = list(mut.mutants())
+    population = list(mut.mutants(mut.OPERATORS["all"]))
+    assert [m for m in population if m.op in mut.CLASSIC] == list(mut.mutants())  # a recorded seed's population
     ids = {m.id for m in population}
     assert len(population) > 100 and set(mut.EQUIVALENT) <= ids  # every mutant set aside by hand still exists
     for op in sorted({m.op for m in population}):
@@ -132,10 +134,50 @@ def test_mutant_ids_survive_lines_moving() -> None:
     ]
     edited = "def f(a: list[int]) -> None:\n    a.append(2)\n"
     assert [m.id for m in mut.mutants_of("impl/x.py", edited)] == ["impl/x.py:f:drop-call:a.append(2)"]
-    every = {m.id: m for m in mut.mutants()}
+    every = {m.id: m for m in mut.mutants(mut.OPERATORS["all"])}
     for key in mut.EQUIVALENT:  # the --only form by position finds the same mutant
         m = every[key]
         assert m.id == key and mut.mutated_source(m) is not None
+
+
+def test_new_operators_mutate_what_they_say() -> None:
+    """The second family: each operator makes the one change its name says, where it says, and nowhere else."""
+    mut = load("mutation")
+    src = (
+        "def f(a, b, xs, op, where):\n"
+        "    if a == b:\n"
+        "        raise ValueError(a, b)\n"
+        "    while a is not None and a in xs:\n"
+        "        a = g(a, b) + 1\n"
+        "        check(op, where)\n"
+        "    return xs[0] * min(a, b) * 0x2545F491\n"
+    )
+    got: dict[str, list[str]] = {}
+    for m in mut.mutants_of("impl/x.py", src):
+        if m.op in mut.NEW:
+            out = mut.mutate(src, m)
+            assert out is not None
+            got.setdefault(m.op, []).append(ast.unparse(ast.parse(out)))
+    base = ast.unparse(ast.parse(src))
+
+    def changed(op: str) -> list[tuple[str, str]]:
+        return [
+            next((x, y) for x, y in zip(base.splitlines(), out.splitlines(), strict=True) if x != y) for out in got[op]
+        ]
+
+    assert [new.strip() for _, new in changed("drop-raise")] == ["pass"]
+    assert [new.strip() for _, new in changed("negate-cmp")] == [
+        "while a is None and a in xs:",
+        "while a is not None and a not in xs:",
+    ]  # NOTE: not the ``if``'s whole test: ``negate-if`` has it
+    # NOTE: not ``ValueError(a, b)`` (an error's message), nor ``check(op, where)`` (only its words change)
+    assert [new.strip() for _, new in changed("swap-args")] == [
+        "a = g(b, a) + 1",
+        "return xs[0] * min(b, a) * 625341585",
+    ]
+    assert [new.strip() for _, new in changed("end-index")] == ["return xs[-1] * min(a, b) * 625341585"]
+    assert [new.strip() for _, new in changed("const+1")] == ["a = g(a, b) + 2"]  # NOTE: the hash constant stays
+    assert [new.strip() for _, new in changed("min-max")] == ["return xs[0] * max(a, b) * 625341585"]
 
 
 def test_mutation_timeout_is_no_verdict(tmp_path: Path) -> None:
