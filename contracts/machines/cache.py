@@ -147,6 +147,7 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             self.clock = 0  # ticks of the calls that use the cache (``_use``)
             self.stamps: dict[tuple[int, ...], U.Stamp] = {}  # each cached page's last use, as far as known
             self.written: dict[int, int] = {}  # Mamba slot -> the value its state was given (written or copied)
+            self.inserted: list[tuple[int, ...]] = []  # the last eight keys inserted (``insert``'s ``branch``)
 
         def teardown(self) -> None:
             """Guide the search (``hypothesis.target``) towards full pools, deep trees and many locks."""
@@ -376,9 +377,26 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             if (after.locks, after.sizes) != (before.locks, before.sizes):
                 raise _fail("inv_lock_ref_counts_handles", f"rejected dec_lock_ref of handle {held.hid} changed locks")
 
-        @rule(target=keys, prompt=st.integers(0, len(PROMPTS) - 1), suffix=suffixes, borrow=st.booleans())
-        def insert(self, prompt: int, suffix: tuple[int, ...], borrow: bool) -> tuple[int, ...]:
+        @rule(
+            target=keys,
+            prompt=st.integers(0, len(PROMPTS) - 1),
+            suffix=suffixes,
+            borrow=st.booleans(),
+            branch=st.none() | st.tuples(st.integers(0, 7), st.integers(0, 15)),
+        )
+        def insert(
+            self, prompt: int, suffix: tuple[int, ...], borrow: bool, branch: tuple[int, int] | None = None
+        ) -> tuple[int, ...]:
+            """Insert a prompt and a suffix; with ``branch`` (``(i, cut)``), the suffix follows the ``i``-th last
+            key inserted, left at a point inside it: whatever node holds that point is split, in whatever state it
+            is (an SWA tombstone, a Mamba state at its end, locked, the remainder of an earlier split), which
+            prompts drawn blind reach only by luck."""
             key = self._key(prompt, suffix)
+            if branch is not None and self.inserted:
+                old = self.inserted[-1 - branch[0] % len(self.inserted)]
+                at = branch[1] % len(old)
+                key = (*old[:at], old[at] % 4 + 1, *suffix)  # NOTE: not ``old[at]`` there
+                key = key[: len(key) - len(key) % self.cfg.page_size]
             if key:
                 self._insert(key, borrow)
             return key
@@ -428,6 +446,7 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                     f"which are not duplicates (dups {got_ins.dup_slots})",
                 )
             self.prefix = want.state
+            self.inserted = [*self.inserted[-7:], key]
             self._use(key, len(key), want.prefix_len)
             self.req_kv[req] -= set(slots) - set(got_ins.dup_slots)
             rest = tuple(x for x in got_ins.dup_slots if x not in set(got_ins.dups_freed))
