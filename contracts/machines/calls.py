@@ -63,7 +63,7 @@ from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.arguments import MAX_TOKEN
 from kvledger.impl.integrity import fingerprint, fingerprint_one
-from kvledger.impl.leaks import PoolCount, check_leaks, expected_owners
+from kvledger.impl.leaks import PoolCount, check_leaks, expected_owners, session_mamba_refs
 from kvledger.impl.locks import LockHandle
 from kvledger.impl.lru import Linked, LRUList
 from kvledger.impl.mamba import MambaAlloc, MambaPool
@@ -931,8 +931,9 @@ def cache_scenario(kind: str, draw: Draw) -> Scenario:
 def _planted_breaks(lru: LRUList[TreeNode]) -> Iterator[tuple[str, BaseException | None]]:
     """Break ``lru``'s links one way at a time, run its ``check()``, put the link back: (the break, what the check
     raised). The breaks: the first member's back pointer aimed at itself, or at nothing on an empty list (an
-    asymmetric link), and the head's link cut (a chain that ends early). A cycle is not planted: a check that
-    misses it would walk it forever."""
+    asymmetric link), the head's link cut (a chain that ends early), and the first member spliced out of the
+    chain, its neighbours linked to each other both ways (every link symmetric, a member the walk never meets). A
+    cycle is not planted: a check that misses it would walk it forever."""
     i, head = lru.slot, lru.head
     first = head.next[i]
     assert first is not None
@@ -947,6 +948,15 @@ def _planted_breaks(lru: LRUList[TreeNode]) -> Iterator[tuple[str, BaseException
         yield "the head's link planted cut", raised(lru.check)
     finally:
         head.next[i] = first
+    if first is lru.tail:
+        return
+    after = first.next[i]
+    assert after is not None
+    head.next[i], after.prev[i] = after, head
+    try:
+        yield f"node {first.id} planted out of the chain (a member no walk meets)", raised(lru.check)
+    finally:
+        head.next[i], after.prev[i] = first, first
 
 
 def _planted_lru_cycles(lru: LRUList[TreeNode]) -> str:
@@ -1961,7 +1971,7 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
     Raises ``AssertionError`` naming ``leak checker agrees with the ledgers`` when either fails."""
     law = "leak checker agrees with the ledgers"
     junks: tuple[object, ...] = (None, mm.kv, "mm")
-    for f in (check_leaks, expected_owners):
+    for f in (check_leaks, expected_owners, session_mamba_refs):
         for junk in junks:
             err = raised(partial(f, junk))  # type: ignore[arg-type]  # NOTE: junk on purpose
             if not D.inv_domain_enforced(False, err):
@@ -2147,7 +2157,9 @@ NOT_PROBED_FUNCTIONS: dict[str, str] = {
     "integrity.verify": f"{_OWN} (allocators' verify checks the ids first): probed through RadixCache.verify",
     "leaks.check_leaks": "the leak checker: the leak audit plants leaks and wants each found, on every probing step",
     "leaks.expected_owners": "the leak checker's model of owners: the leak audit compares it with the ledgers",
-    "leaks.session_mamba_refs": f"{_OWN} (a session slot the leak checker walks; anything else is refused)",
+    "leaks.session_mamba_refs": (
+        f"{_OWN} (a session slot the leak checker walks): the leak audit gives it the junk it gives check_leaks"
+    ),
     "req_to_token.has_duplicates": f"{_OWN} (ids a row write has checked in range)",
     "session.common_prefix": f"{_OWN} (a request's tokens and a session's, both checked at add and save)",
     "slots.host_bytes": f"{_OWN} (a 1-D int64 CPU tensor's bytes)",

@@ -76,6 +76,24 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/radix.py:RadixCache.insert:const+1:8#2": (
+        "a speed memo's test (new family, seed 1): insert reuses the match's slot bytes when they are 8 bytes a hit "
+        "token; at 9 it never does (but for an empty hit, the same empty bytes) and reads the same slots along the "
+        "path"
+    ),
+    "impl/slots.py:_grow_runs:const+1:8": (
+        "a speed table (new family, seed 1): _RUNS is remade for the asking pool's size a little more often (at "
+        "most smaller than the largest pool's); run_start checks the table's length before it trusts a slice of it "
+        "and otherwise tags through the ids"
+    ),
+    "impl/slots.py:run_start:const+1:8": (
+        "a speed guard made stricter (new family, seed 1): a run near the table's end is not recognised as one, so "
+        "its ids are tagged one by one instead of through a slice; the same tags"
+    ),
+    "impl/tree.py:key_bytes:min-max:min(array('q', raw))": (
+        "an error message's words (new family, seed 1): a key with a negative id is still refused, typed, by "
+        "the same test; the message names its largest id instead of its most negative"
+    ),
     "impl/tree.py:key_bytes:boundary:len(raw) < _SIGN_LONG": (
         "a speed cut-off (seed 41): a key of exactly 4,096 tokens has its signs checked by the byte-wise isascii "
         "pass instead of numpy's min; both refuse a negative id alike"

@@ -467,6 +467,16 @@ def _first_choice(strategy: Any) -> Any:
     return find(strategy, lambda _: True, settings=settings(database=None, max_examples=1))
 
 
+def test_a_session_walk_that_takes_anything_fails_the_leak_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leak checker's own helpers get its junk too: a session walk that reads any object as a session with
+    nothing to reference (no typed refusal) is an untyped answer outside its domain."""
+    mm = _running_manager(False)
+    # BUG: no check that it is a session slot: junk reads as a session holding no Mamba slots
+    monkeypatch.setattr(C, "session_mamba_refs", lambda slot: getattr(getattr(slot, "mamba", None), "slots", tuple)())
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: <lambda>\(None\) lies outside its domain"):
+        C.leak_audit(mm, _choosing("kv"))
+
+
 def test_the_cache_audit_holds_on_a_healthy_cache() -> None:
     c = _cached()
     assert C.cache_audit(c).startswith("cache audit: ")
@@ -486,10 +496,10 @@ def test_a_self_check_that_raises_on_a_healthy_list_fails_the_audit(monkeypatch:
         C.cache_audit(c)
 
 
-@pytest.mark.parametrize("how", ["members only", "no walk"])
+@pytest.mark.parametrize("how", ["members only", "links only", "no walk"])
 def test_a_self_check_that_misses_a_broken_link_fails_the_audit(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
-    """A check that passes a list with a broken link (it compares only the member set, or only counts) fails the
-    audit's planted breaks; the links are put back either way."""
+    """A check that passes a list with a broken link (it compares only the member set, or only the links, or
+    nothing) fails the audit's planted breaks; the links are put back either way."""
     from kvledger.impl.lru import LRUList
     from kvledger.spec.errors import IntegrityError
 
@@ -504,6 +514,13 @@ def test_a_self_check_that_misses_a_broken_link_fails_the_audit(monkeypatch: pyt
                 x = x.next[self.slot]
             if sorted(seen) != sorted(n.id for n in self._members):
                 raise IntegrityError("inv_lru_detached: walk differs from members")
+        if how == "links only":  # BUG: every link symmetric is taken for a whole list; the members never compared
+            x = self.head
+            while x is not self.tail:
+                nxt = x.next[self.slot]
+                if nxt is None or nxt.prev[self.slot] is not x:
+                    raise IntegrityError("inv_lru_links_symmetric: broken")
+                x = nxt
 
     monkeypatch.setattr(LRUList, "check", lax)
     with pytest.raises(AssertionError, match=r"self-checks agree with the state: full LRU list's check\(\) passed"):
