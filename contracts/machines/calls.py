@@ -261,6 +261,8 @@ def junk_key_values(length: int) -> tuple[object, ...]:
         ids.to_sparse(),
         ids.to("meta"),
         [*toks[:-1], -1],
+        [*toks[:-1], -(2**63)],  # NOTE: negatives whose low bytes are small: a sign test must read the sign
+        torch.tensor([*toks[:-1], -256]),
         [float(t) for t in toks],
         [True for _ in toks],
         "ab",
@@ -271,6 +273,14 @@ def junk_key_values(length: int) -> tuple[object, ...]:
         dict.fromkeys(toks),
         *SCALAR_EDGES,
     )
+
+
+def edge_key_values(length: int) -> tuple[object, ...]:
+    """Valid keys of ``length`` tokens at the edges of the id range: the largest int64, and ids whose low byte
+    is 0x80 or more (a test that reads the wrong byte of an id for its sign refuses them), as a list and as an
+    int64 tensor."""
+    toks = list(range(1, length)) or []
+    return ([*toks, 2**63 - 1], torch.tensor([*toks, 255]), [*toks, 2**31 + 128])
 
 
 LONG_KEY = 10_000
@@ -533,7 +543,10 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
             cache.match_prefix,
             {
                 "key": _arg(
-                    key_forms([1, 2]), junk_keys(2), _is_key, edges=(*junk_key_values(2), *long_junk_keys([1, 2]))
+                    key_forms([1, 2]),
+                    junk_keys(2),
+                    _is_key,
+                    edges=(*junk_key_values(2), *long_junk_keys([1, 2]), *edge_key_values(2)),
                 )
             },
         ),
@@ -870,7 +883,8 @@ def _insert_method(c: _Cache, ps: int) -> Method:
                 st.lists(st.integers(1, 4), min_size=n, max_size=n).map(torch.tensor),
                 junk_keys(n),
                 _is_key,
-                edges=(*junk_key_values(n), torch.full((n,), 4)),  # NOTE: a valid key, all new: the value decides
+                # NOTE: valid keys, all new or at the ids' edges: the value decides
+                edges=(*junk_key_values(n), torch.full((n,), 4), *edge_key_values(n)),
             ),
             "value": _arg(
                 st.just(_slots(own)),

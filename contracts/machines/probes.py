@@ -79,6 +79,16 @@ def id_edges(size: int) -> tuple[object, ...]:
     return (-1, size, D.INT64_END, *SCALAR_EDGES)
 
 
+@dataclass(frozen=True)
+class LookAlike:
+    """An owner's fields (``kind``, ``ident``, ``component``, each valid) on an object that is no :class:`Owner`:
+    a duck-typed check that reads the fields takes it for one."""
+
+    kind: OwnerKind
+    ident: int
+    component: Component | None = None
+
+
 OWNER_EDGES: tuple[object, ...] = (
     Owner(OwnerKind.REQUEST, -1, None),
     Owner(OwnerKind.REQUEST, True, None),
@@ -87,9 +97,11 @@ OWNER_EDGES: tuple[object, ...] = (
     Owner(OwnerKind.NODE, 1, None),
     Owner("req", 1, None),  # type: ignore[arg-type]
     (OwnerKind.REQUEST, 1),
+    LookAlike(OwnerKind.REQUEST, 1),
     *SCALAR_EDGES,
 )
-"""Every kind of junk ``owner_or_junk`` draws, once (each field wrong in turn, a tuple, a scalar)."""
+"""Every kind of junk ``owner_or_junk`` draws, once (each field wrong in turn, a tuple, a look-alike, a
+scalar)."""
 
 
 def count_or_junk(least: int = 1, most: int = 6) -> st.SearchStrategy[object]:
@@ -127,12 +139,14 @@ def dtype_or_junk() -> st.SearchStrategy[object]:
 
 def owner_or_junk() -> st.SearchStrategy[object]:
     """An :class:`Owner` whose fields are each drawn from anywhere (a node without a component, a request with
-    one, a negative, bool, float or huge id, a kind that is no ``OwnerKind``), or an object that is no owner."""
+    one, a negative, bool, float or huge id, a kind that is no ``OwnerKind``), or an object that is no owner (a
+    tuple, an object with an owner's fields, a scalar)."""
     kinds = st.sampled_from(OwnerKind) | st.sampled_from(["req", 1, None])
     comps = st.none() | st.sampled_from(Component) | st.sampled_from(["full", 0])
     idents = st.integers(0, 40) | st.integers(-3, -1) | st.just(D.INT64_END) | JUNK_SCALARS
     owners = st.builds(Owner, kinds, idents, comps)  # NOTE: Owner is a plain dataclass: it checks nothing itself
-    return st.one_of(owners, st.tuples(st.sampled_from(OwnerKind), st.integers(0, 9)), JUNK_SCALARS)
+    alike = st.builds(LookAlike, st.sampled_from(OwnerKind), st.integers(0, 9))
+    return st.one_of(owners, st.tuples(st.sampled_from(OwnerKind), st.integers(0, 9)), alike, JUNK_SCALARS)
 
 
 @dataclass(frozen=True)
@@ -191,8 +205,14 @@ def _radix_inside(a: Mapping[str, object]) -> bool:
     return (
         (ps is None or D.is_page_size(ps, grain))
         and D.is_window(window, isinstance(kv, SWATokenAllocator))
-        and (mamba is None or isinstance(mamba, MambaPool))
+        and (mamba is None or (isinstance(mamba, MambaPool) and mamba.device == kv.device))
     )
+
+
+def _elsewhere_mamba() -> MambaPool:
+    """A Mamba pool on another device than every KV allocator here (the meta device: shapes, no memory): a cache
+    over pools on two devices is refused, typed, on any machine, a GPU or none."""
+    return MambaPool(2, conv_shape=(2,), temporal_shape=(2,), device="meta")
 
 
 def _st(s: st.SearchStrategy[object]) -> Callable[[], st.SearchStrategy[object]]:
@@ -219,7 +239,7 @@ RADIX = Constructor(
         "swa_window": _st(st.none()),
         "mamba": lambda: st.none() | st.just("mamba").map(_other_pool),
     },
-    {"page_size": count_edges(1), "swa_window": count_edges(1)},
+    {"page_size": count_edges(1), "swa_window": count_edges(1), "mamba": (_elsewhere_mamba(),)},
 )
 
 _NAME = st.sampled_from(["kv", "x"])

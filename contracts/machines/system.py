@@ -337,17 +337,33 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             self._add(tokens, sid, 64)
 
         @precondition(lambda self: bool(self.prompts))
-        @rule(pick=st.integers(0, 15), finish=st.booleans())
-        def repeat_sequence(self, pick: int, finish: bool) -> None:
+        @rule(
+            pick=st.integers(0, 15),
+            finish=st.booleans(),
+            branch=st.none() | st.integers(0, 31),
+            sid=st.sampled_from((None, *SESSIONS)),
+        )
+        def repeat_sequence(self, pick: int, finish: bool, branch: int | None = None, sid: int | None = None) -> None:
             """A request arrives with exactly the sequence of an earlier one (its prompt, or all it holds now:
             prompt and decoded tokens), as a retried or duplicated request does. With ``finish`` it ends at once,
             and a second copy arrives and ends too: that one caches a sequence the cache holds whole (every page,
-            and the state at its end, a duplicate), a path of its own."""
+            and the state at its end, a duplicate), a path of its own.
+
+            With ``branch``, one token of the sequence, at a point inside it, is another: the request leaves a
+            known sequence there (a match that stops inside a node, wherever it is). With ``sid`` it is that
+            session's next turn, taken from the session's own turns: with ``branch``, a turn that leaves the
+            tokens the session committed (a resume must stop where they differ)."""
+            if sid is not None and (not self.has("sessions") or not self.on("sessions")):
+                sid = None
+            own = [v.tokens for v in self.last.requests.values() if v.tokens and v.session == sid and sid is not None]
             known = [v.tokens for v in self.last.requests.values() if v.tokens and v.session is None]
-            seqs = list(dict.fromkeys([*known, *self.prompts.values()]))
+            seqs = own or list(dict.fromkeys([*known, *self.prompts.values()]))
             tokens = seqs[pick % len(seqs)][: self.sys.config.max_context]
-            for _ in range(2 if finish else 1):
-                self._add(tokens, None, 64)
+            if branch is not None:
+                at = branch % len(tokens)
+                tokens = (*tokens[:at], tokens[at] % 4 + 1, *tokens[at + 1 :])  # NOTE: not ``tokens[at]`` there
+            for _ in range(2 if finish and sid is None else 1):
+                self._add(tokens, sid, 64)
                 rid = max(self.prompts)
                 if finish and rid in self.last.requests and self.last.requests[rid].status == "running":
                     self.end_or_chunk(self.ids("running").index(rid), "finish")

@@ -76,6 +76,31 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/integrity.py:verify:end-index:torch.nonzero(bad)[0]": (
+        "an error message's words (new family, seed 2): the IntegrityError names the last wrong slot, with its "
+        "token, position and contents, instead of the first; the same error for the same states"
+    ),
+    "impl/kvview.py:KVView.take:negate-cmp:owner.kind is OwnerKind.NODE": (
+        "a fast path's gate (new family, seed 2): take answers False (ask the general checks) for a request's "
+        "insert, whose checks then pass or raise as take's would; a node's insert, which it declined, takes the "
+        "claim, which checks that owner's tags as check_held does"
+    ),
+    "impl/memory.py:MemoryManager._release_owned:min-max:min(req.alloc_len, start)": (
+        "a field nothing reads (new family, seed 2): alloc_len is never below start here, so max leaves it as it "
+        "was; abort and retract set it to 0 next, and a finished request has no row, so its alloc_len is read by "
+        "no view, call or law"
+    ),
+    "impl/radix.py:RadixCache.mamba_copy_on_write:end-index:pool.alloc(1, owner)[0]#2": (
+        "the wrong end of a one-element result (new family, seed 2): alloc(1) returns one slot; [0] and [-1] are it"
+    ),
+    "impl/slots.py:SlotPool._pop_ids:const+1:0#3": (
+        "a speed memo (new family, seed 2): a one-slot alloc is not remembered as known-distinct, so a later free "
+        "or hand-over of it proves it distinct the slow way"
+    ),
+    "impl/tree.py:RadixTree._new_leaf:negate-cmp:new is not None": (
+        "off the CPU only (new family, seed 2): the new leaf's device copy of its value; on the CPU no copy is made "
+        "either way"
+    ),
     "impl/radix.py:RadixCache.insert:const+1:8#2": (
         "a speed memo's test (new family, seed 1): insert reuses the match's slot bytes when they are 8 bytes a hit "
         "token; at 9 it never does (but for an empty hit, the same empty bytes) and reads the same slots along the "

@@ -10,7 +10,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from kvledger.contracts.machines.pool import KINDS, Chunk, machine_for
-from kvledger.contracts.machines.probes import CONSTRUCTORS, Call, constructor_calls, run_call
+from kvledger.contracts.machines.probes import (
+    CONSTRUCTORS,
+    Call,
+    LookAlike,
+    _elsewhere_mamba,
+    constructor_calls,
+    run_call,
+)
 from kvledger.impl.allocators import TokenAllocator
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.radix import RadixCache
@@ -70,12 +77,39 @@ def test_construct_fails_on_a_mamba_pool_that_takes_an_integer_dtype(monkeypatch
         machine("mamba").construct(call)
 
 
+def test_construct_fails_on_a_cache_over_pools_on_two_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The constructor sweep gives a cache a Mamba pool on the meta device over a CPU allocator: a cache that
+    forgets to compare the pools' devices is caught on a machine with no GPU."""
+    original = RadixCache.__init__
+
+    def lax(self: RadixCache, kv: Any, page_size: Any = None, swa_window: Any = None, mamba: Any = None) -> None:
+        device = getattr(mamba, "device", None)
+        if mamba is not None:
+            mamba.device = kv.device  # BUG: the devices never compared (the pool passed off as the allocator's)
+        try:
+            original(self, kv, page_size=page_size, swa_window=swa_window, mamba=mamba)
+        finally:
+            if mamba is not None:
+                mamba.device = device
+
+    call = Call(
+        "RadixCache",
+        (("kv", TokenAllocator(8)), ("page_size", None), ("swa_window", None), ("mamba", _elsewhere_mamba())),
+        False,
+    )
+    machine("token").construct(call)  # the reference refuses it
+    monkeypatch.setattr(RadixCache, "__init__", lax)
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: RadixCache.*outside its domain and was accepted"):
+        _sweep_constructors("token", 80)
+
+
 BAD_OWNERS = [
     Owner(OwnerKind.NODE, 3, None),  # a node without a component
     Owner(OwnerKind.REQUEST, 3, Component.FULL),  # a request with one
     Owner(OwnerKind.REQUEST, True),  # a bool id
     Owner(OwnerKind.REQUEST, -1),
     (OwnerKind.REQUEST, 1),  # no Owner at all
+    LookAlike(OwnerKind.REQUEST, 1),  # an owner's fields, no Owner
 ]
 
 

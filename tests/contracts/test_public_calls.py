@@ -201,6 +201,19 @@ def test_a_key_check_that_lets_a_sparse_or_meta_tensor_through_is_caught_by_the_
     assert "a meta tensor" in str(got.value) or "a torch.sparse_coo tensor" in str(got.value), got.value
 
 
+def test_a_sign_check_that_reads_the_wrong_byte_is_caught_by_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key's catalogue holds ids at the edges of the range (the largest int64, ids whose low byte is 0x80 or
+    more) and negatives whose low byte is small (``-2**63``, ``-256``): a sign test that reads each id's low byte
+    refuses those valid keys and lets those negatives in."""
+    import kvledger.impl.tree as tree
+
+    run_probes("token", C.cache_scenario, 30, sweeps=3)  # NOTE: the reference holds
+    monkeypatch.setattr(tree, "_SIGN", 7 - tree._SIGN)  # BUG: the byte order read the wrong way round
+    with pytest.raises(AssertionError) as got:
+        run_probes("token", C.cache_scenario, 30, sweeps=3)
+    assert str(got.value).startswith("inv_domain_enforced"), got.value
+
+
 @settings(max_examples=5, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
 @given(st.data())
 def test_the_sweep_makes_each_value_of_the_catalogue_once(data: st.DataObject) -> None:

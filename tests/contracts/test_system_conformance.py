@@ -66,3 +66,15 @@ def test_checker_that_misses_a_leak_is_a_false_negative(monkeypatch: pytest.Monk
     with faults.injected("B4"):
         result = run("full")
     assert result.violation is not None and result.violation.rule == "leak checker agrees with the ledgers"
+
+
+@pytest.mark.parametrize("model", ["full", "paged"])
+def test_a_resume_that_trusts_every_committed_token_is_caught(monkeypatch: pytest.MonkeyPatch, model: str) -> None:
+    """``repeat_sequence`` with ``branch`` and ``sid`` gives a session a turn that leaves its committed tokens: a
+    resume that reuses all the committed KV (not only the common prefix) runs the turn on another token's KV. Found
+    at ``kvledger check``'s default budget."""
+    from kvledger.impl import session
+
+    monkeypatch.setattr(session, "common_prefix", lambda a, b: len(b))  # BUG: the saved tokens taken as the turn's
+    result = run(model, settings(settings.get_profile("check"), phases=[Phase.explicit, Phase.generate]))
+    assert result.violation is not None, "a resume past the tokens the turn shares went unseen"
