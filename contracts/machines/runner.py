@@ -105,6 +105,10 @@ HANG = "hang"
 CRASH = "implementation crashed"
 """The law prefix of an untyped exception raised inside the implementation."""
 
+REFUSED = "implementation refused a valid step"
+"""The law prefix of a typed error that names no law, raised by a step the machine made inside its domain (a
+machine catches the refusals it expects): ``spec.domains.inv_domain_enforced``'s inside half, by the error's type."""
+
 
 class StepTimeout(Exception):
     """A step ran past the watchdog's limit (raised in the main thread by the watchdog's alarm)."""
@@ -348,7 +352,8 @@ def readable(err: BaseException) -> tuple[str, str]:
     ``File ..., line N in attach`` line, the condition function's name, the
     ``OLD`` bundle and ``self``'s address; the call's arguments and result stay,
     one ``name = value`` a line. A step past the watchdog's limit is ``hang``; a
-    kvledger typed error names its law; anything else is a crash of the
+    kvledger typed error names its law (an ``inv_*`` head), or is a refusal of a step the machine made inside its
+    domain: ``implementation refused a valid step: InvalidArgument``; anything else is a crash of the
     implementation (or the adapter): ``implementation crashed: TypeError``,
     with where it was raised in the message.
     """
@@ -376,7 +381,10 @@ def readable(err: BaseException) -> tuple[str, str]:
     if isinstance(err, StepTimeout):
         return HANG, text
     if isinstance(err, KVLedgerError) and text:
-        return rule_of(text), f"{type(err).__name__}: {text}"
+        law = rule_of(text)
+        if not law.startswith("inv_"):  # NOTE: its message's head is where it was refused, not a law
+            law = f"{REFUSED}: {type(err).__name__}"
+        return law, f"{type(err).__name__}: {text}"
     if isinstance(err, AssertionError) and text and _raised_by_kvledger(err):
         return rule_of(text), text
     if isinstance(err, Flaky):

@@ -93,6 +93,23 @@ def test_an_engines_own_assert_is_a_crash_and_a_law_is_a_law() -> None:
     assert "inv_x: the law broke" in message and "raised at cache.py:1" in message
 
 
+def test_a_typed_refusal_of_a_valid_step_is_named_as_one() -> None:
+    """A typed error that escapes a step names its law when its message starts with one (an implementation's own
+    self-check); otherwise it is a refusal of a step the machine made inside its domain, named by its type, and
+    the message keeps where it was refused (never a 'law' made of the message's head)."""
+    from kvledger.contracts.machines.runner import REFUSED, readable
+    from kvledger.spec.errors import CacheError, IntegrityError, InvalidArgument
+
+    assert readable(IntegrityError("inv_tree_acyclic: node 3 twice")) == (
+        "inv_tree_acyclic",
+        "IntegrityError: inv_tree_acyclic: node 3 twice",
+    )
+    rule, message = readable(InvalidArgument("write", "req_to_token", [0], "a KV slot named twice"))
+    assert rule == f"{REFUSED}: InvalidArgument"
+    assert message.startswith("InvalidArgument: write on pool 'req_to_token' slots [0]"), message
+    assert readable(CacheError("insert of key (1,): no"))[0] == f"{REFUSED}: CacheError"
+
+
 class SlowMachine(RuleBasedStateMachine):
     """Each step takes 20 ms; a law breaks once a drawn total passes 40, which long programs reach first, so
     shrinking replays many slow programs."""

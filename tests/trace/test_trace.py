@@ -6,11 +6,14 @@ import io
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from kvledger.contracts import bindings
 from kvledger.contracts.adapters.reference import ReferenceAdapter
 from kvledger.contracts.cli import app
 from kvledger.contracts.machines.suites import CACHE_MODELS
@@ -33,12 +36,25 @@ def test_round_trip_holds(model: str, tmp_path: Path) -> None:
     assert r.steps == rec.events
 
 
+@contextmanager
+def faulty(fault: str) -> Iterator[None]:
+    """``fault`` on and the live contracts off (this suite runs with them on, but a test's earlier CLI call may have
+    taken them off): a recording runs through the fault, and the replay, not a contract, is what catches it."""
+    level = bindings.current_level()
+    bindings.install("off")
+    try:
+        with faults.injected(fault):
+            yield
+    finally:
+        bindings.install(level)
+
+
 @pytest.mark.parametrize(
     ("fault", "model", "ops", "seed"), [("B1", "full", 60, 1), ("B1", "hybrid", 60, 1), ("B5", "hybrid", 80, 0)]
 )
 def test_fault_fails_replay_with_its_rule(fault: str, model: str, ops: int, seed: int, tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    with faults.injected(fault):
+    with faulty(fault):
         record_workload(ReferenceAdapter(CACHE_MODELS[model]), ops, seed=seed, path=path, faults=(fault,))
     r = replay_path(path)
     assert r.violation is not None and r.error is None
@@ -48,7 +64,7 @@ def test_fault_fails_replay_with_its_rule(fault: str, model: str, ops: int, seed
 
 def test_b5_caught_without_lru_links(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    with faults.injected("B5"):
+    with faulty("B5"):
         record_workload(ReferenceAdapter(CACHE_MODELS["hybrid"]), 80, seed=0, path=path, lru=False)
     r = replay_path(path)
     assert r.violation is not None and r.violation.rule == "inv_lock_ref_counts_handles"
