@@ -365,6 +365,7 @@ class _Cache:
     others: dict[Owner, list[int]]  # other requests' token slots
     swa_dead: frozenset[int] = frozenset()  # held token slots whose SWA slot is not the prober's (freed, or given)
     stale_matches: list[tuple[MatchResult, list[int]]] = field(default_factory=list)  # last node evicted since
+    states: tuple[int, ...] = ()  # every Mamba state the prober holds (``state`` is the first of them)
 
 
 def _cache_fingerprint(c: RadixCache) -> object:
@@ -433,10 +434,11 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
     prober = request(90)
     held = kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(0, 3))), prober).tolist()
     state = None
+    states: tuple[int, ...] = ()
     if mamba is not None and mamba.available_size() and draw(st.booleans()):
         # NOTE: the prober takes every state left (a full pool: copy-on-write must then evict), or one
-        states = mamba.alloc(mamba.available_size() if draw(st.booleans()) else 1, prober)
-        state = int(states[0])
+        states = tuple(mamba.alloc(mamba.available_size() if draw(st.booleans()) else 1, prober).tolist())
+        state = states[0]
     dead: list[int] = []
     if isinstance(kv, SWATokenAllocator) and len(held) > 0:
         how = draw(st.sampled_from(["none", "freed", "given"]))
@@ -450,7 +452,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
                 kv.swa.pool.transfer(kv.translate(ids), swa_owner(prober), request(92))
     other = request(91)
     others[other] = kv.alloc(min(kv.available_size(), 2 * ps), other).tolist()
-    return _Cache(cache, keys, matches, stale, released, prober, held, state, others, frozenset(dead), gone)
+    return _Cache(cache, keys, matches, stale, released, prober, held, state, others, frozenset(dead), gone, states)
 
 
 def _comp_arg(cache: RadixCache, any_on: bool = False) -> Arg:
@@ -867,7 +869,7 @@ def _insert_method(c: _Cache, ps: int) -> Method:
                 return False  # NOTE: a new position's slot must still have its SWA slot (a cached one's is a dup)
         return True
 
-    states = [c.state] if c.state is not None else []
+    states = list(c.states)  # NOTE: any state the prober holds is its to offer, not only the first
     mamba = cache.mamba
 
     def state_inside(x: object, d: Drawn) -> bool:

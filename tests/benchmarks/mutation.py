@@ -1086,6 +1086,14 @@ def run_check(view: Path, suites: list[str], timeout: float, profile: str = "che
         return suites[0], f"kvledger check crashed: {tail[:100]}", took, ""
 
 
+def baseline_fails(view: Path, timeout: float, profile: str = "check") -> str:
+    """The check of every suite on the unmutated view: "" when it holds, else what failed (a suite and its law, or
+    no verdict in time). A checker that fails on the unmutated implementation names a law on every mutant whose
+    suites reach the failure first, so its kills would be no measure."""
+    suite, law, _, _ = run_check(view, ["pools", "cache", "system"], timeout, profile)
+    return f"{suite}: {law}" if suite or law else ""
+
+
 def pytest_kills(view: Path, timeout: float) -> bool:
     """Whether the project's own ``tests/impl`` fail on the mutant (then it surely changes behaviour)."""
     env = {**os.environ, "PYTHONPATH": str(view), "PYTHONDONTWRITEBYTECODE": "1"}
@@ -1179,6 +1187,11 @@ def main(argv: list[str] | None = None) -> int:
         help="which operators make the population: classic (the first nine, every recorded seed's), new (the second "
         "family) or all",
     )
+    ap.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the check of the unmutated tree (made first: a checker that fails there kills every mutant)",
+    )
     args = ap.parse_args(argv)
     population = list(mutants(OPERATORS[args.operators]))
     if args.list:
@@ -1196,6 +1209,14 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="kvledger-mutation-") as tmp:
         view = make_view(Path(tmp), args.checker)
+        if chosen and not args.no_baseline:
+            failed = baseline_fails(view, args.timeout, args.profile)
+            if failed:
+                print(
+                    f"the checker fails on the unmutated tree ({failed}): no mutant's kill would mean anything",
+                    file=sys.stderr,
+                )
+                return 2
         for i, m in enumerate(chosen, 1):
             o = judge(view, m, args.timeout, not args.no_classify, args.profile)
             outcomes.append(o)

@@ -180,6 +180,22 @@ def test_new_operators_mutate_what_they_say() -> None:
     assert [new.strip() for _, new in changed("min-max")] == ["return xs[0] * max(a, b) * 625341585"]
 
 
+def test_a_checker_that_fails_on_the_unmutated_tree_stops_the_sample(tmp_path: Path) -> None:
+    """The tool checks the unmutated tree first: when the checker fails there (here the tree itself is broken, as a
+    checker's false finding would look), every mutant would be 'killed' by that failure, so no sample is scored."""
+    mut = load("mutation")
+    view = mut.make_view(tmp_path)
+    target = view / "kvledger" / "impl" / "leaks.py"
+    src = target.read_text()
+    # NOTE: the leak checker's helper takes anything (the default check's leak audit refuses that in seconds)
+    broken = src.replace(
+        '        raise InvalidArgument("session_mamba_refs"', '        return ()\n        raise InvalidArgument("x"', 1
+    )
+    assert broken != src
+    target.write_text(broken)
+    assert mut.baseline_fails(view, 300).startswith("pools: inv_domain_enforced")
+
+
 def test_mutation_timeout_is_no_verdict(tmp_path: Path) -> None:
     """The tool's own time budget running out is neither a kill nor a survival (a slow machine is no finding)."""
     mut = load("mutation")
