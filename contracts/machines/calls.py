@@ -1281,25 +1281,28 @@ def _list_print(lst: LRUList[Linked], nodes: Sequence[Linked]) -> tuple[object, 
     )
 
 
-def _misuses(lst: LRUList[Linked], a: Linked, b: Linked, out: Linked) -> list[tuple[str, Callable[[], object], type]]:
-    """Calls of ``lst`` outside their domain (``spec.lru``'s ``check_*``), each with the error class it must raise:
-    members ``a``, ``b``; ``out`` a node never linked."""
+def _misuses(
+    lst: LRUList[Linked], a: Linked, b: Linked, out: Linked
+) -> list[tuple[str, Callable[[], object], type, int]]:
+    """Calls of ``lst`` outside their domain (``spec.lru``'s ``check_*``), each with the error class it must raise
+    and the node it must name (its id; -1 for a value that is no node): members ``a``, ``b``; ``out`` a node never
+    linked."""
     dangling = Linked(10**6 + 1)
     dangling.next[lst.slot] = a  # NOTE: still points into a list: inserting it would corrupt that one
     return [
-        ("place naming a member twice", lambda: lst.place([a, b, a]), AlreadyInList),
-        ("place naming a node outside the list", lambda: lst.place([a, out]), NotInList),
-        ("place naming a non-node", lambda: lst.place([a, "x"]), NotInList),  # type: ignore[list-item]
-        ("place of a string", lambda: lst.place("ab"), NotInList),  # type: ignore[arg-type]
-        ("touch of a node outside the list", lambda: lst.touch(out), NotInList),
-        ("touch_all naming a member twice", lambda: lst.touch_all([b, b]), AlreadyInList),
-        ("remove of a node outside the list", lambda: lst.remove(out), NotInList),
-        ("insert_behind an anchor outside the list", lambda: lst.insert_behind(out, dangling), NotInList),
-        ("insert_ahead_of an anchor outside the list", lambda: lst.insert_ahead_of(out, dangling), NotInList),
-        ("more_recent of a node outside the list", lambda: lst.more_recent(out), NotInList),
+        ("place naming a member twice", lambda: lst.place([a, b, a]), AlreadyInList, a.id),
+        ("place naming a node outside the list", lambda: lst.place([a, out]), NotInList, out.id),
+        ("place naming a non-node", lambda: lst.place([a, "x"]), NotInList, -1),  # type: ignore[list-item]
+        ("place of a string", lambda: lst.place("ab"), NotInList, -1),  # type: ignore[arg-type]
+        ("touch of a node outside the list", lambda: lst.touch(out), NotInList, out.id),
+        ("touch_all naming a member twice", lambda: lst.touch_all([b, b]), AlreadyInList, b.id),
+        ("remove of a node outside the list", lambda: lst.remove(out), NotInList, out.id),
+        ("insert_behind an anchor outside the list", lambda: lst.insert_behind(out, dangling), NotInList, out.id),
+        ("insert_ahead_of an anchor outside the list", lambda: lst.insert_ahead_of(out, dangling), NotInList, out.id),
+        ("more_recent of a node outside the list", lambda: lst.more_recent(out), NotInList, out.id),
         # NOTE: every insert, given each kind of node it must not link (next to a member anchor)
         *(
-            (f"{name} of {what}", partial(insert, bad), err)
+            (f"{name} of {what}", partial(insert, bad), err, bad.id)
             for name, insert in (
                 ("insert_mru", lst.insert_mru),
                 ("insert_behind", partial(lst.insert_behind, a)),
@@ -1310,7 +1313,7 @@ def _misuses(lst: LRUList[Linked], a: Linked, b: Linked, out: Linked) -> list[tu
         # NOTE: every call that takes a node, and every anchor, given each kind of non-node: a call that lets one
         # kind through to its membership test misnames it, or crashes on one that cannot be hashed
         *(
-            (f"{name} of {what}", partial(call, bad), err)  # type: ignore[arg-type]  # NOTE: junk on purpose
+            (f"{name} of {what}", partial(call, bad), err, -1)  # type: ignore[arg-type]  # NOTE: junk on purpose
             for name, call, err in (
                 ("insert_mru", lst.insert_mru, UnknownNode),
                 ("insert_behind", partial(lst.insert_behind, a), UnknownNode),
@@ -1373,11 +1376,14 @@ def _audit_list(name: str, lst: LRUList[Linked], draw: Draw, fresh: Iterator[int
     a, b = draw(st.permutations(members))[:2]
     out = Linked(next(fresh))
     nodes = [*members, out]
-    for what, call, want in _misuses(lst, a, b, out):
+    for what, call, want, culprit in _misuses(lst, a, b, out):
         before = _list_print(lst, nodes)
         err = raised(call)
         if not isinstance(err, want):
             raise AssertionError(f"inv_domain_enforced: {name} list: {what} raised {err!r}, not {want.__name__}")
+        named = getattr(err, "node", None)
+        if named != culprit:  # NOTE: an error naming another node (or none) misleads its reader
+            raise AssertionError(f"inv_names_culprit: {name} list: {what} named node {named}, not {culprit}")
         if _list_print(lst, nodes) != before:
             raise AssertionError(f"rejected call leaves state unchanged: {name} list: refused {what} changed it")
     # NOTE: a drawn head of the list kept as it is, then a drawn selection of the rest in a drawn order: ``place``

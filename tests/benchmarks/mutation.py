@@ -76,6 +76,10 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/radix.py:RadixCache.insert:negate-cmp:self.mamba is None#2": (
+        "an error message's words (new family, seed 3): a Mamba slot offered where none may sit is refused, "
+        "ComponentDisabled, either way; the message gives the other of its two reasons"
+    ),
     "impl/integrity.py:verify:end-index:torch.nonzero(bad)[0]": (
         "an error message's words (new family, seed 2): the IntegrityError names the last wrong slot, with its "
         "token, position and contents, instead of the first; the same error for the same states"

@@ -840,6 +840,16 @@ def test_an_empty_list_that_hands_out_its_sentinel_fails_the_audit(monkeypatch: 
         C.lru_audit(_locked(), _first_choice)
 
 
+def test_an_lru_refusal_that_names_another_node_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each refusal of an LRU list names the node it refused (-1 for a value that is no node): an error that names
+    none sends its reader to the wrong node (``inv_names_culprit``)."""
+    from kvledger.impl import lru
+
+    monkeypatch.setattr(lru, "_ident", lambda node: -1)  # BUG: every refusal names no node
+    with pytest.raises(AssertionError, match=r"inv_names_culprit: full list: place naming a member twice named node"):
+        C.lru_audit(_locked(), _first_choice)
+
+
 def test_a_place_that_drops_a_repeated_node_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
     from kvledger.impl.lru import LRUList
 
