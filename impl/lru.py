@@ -105,6 +105,16 @@ def _ident(node: object) -> int:
     return ident if type(ident) is int else -1
 
 
+def _repeated(order: list[N]) -> N:
+    """The first node ``order`` names a second time (it names one: the caller found fewer distinct nodes)."""
+    seen: set[N] = set()
+    for x in order:
+        if x in seen:
+            return x
+        seen.add(x)
+    raise AssertionError("_repeated: no node named twice")
+
+
 def _check_node(op: str, component: Component, node: object) -> None:
     """Raise ``UnknownNode`` unless ``node`` can sit in a list: a ``Linked`` with an int id."""
     if not isinstance(node, Linked) or type(node.id) is not int:
@@ -289,7 +299,9 @@ class LRUList(Generic[N]):
             bad = next(node for node in rest if not isinstance(node, Linked) or node not in members)
             raise NotInList("lru_touch", self.component.value, _ident(bad), "not in the list (evicted node touched?)")
         if len(named) != len(rest) or (j and not named.isdisjoint(order[:j])):
-            raise AlreadyInList("lru_touch", self.component.value, _ident(rest[0]), "a node named twice in one touch")
+            raise AlreadyInList(
+                "lru_touch", self.component.value, _ident(_repeated(order)), "a node named twice in one touch"
+            )
         self._place_runs(pos, rest)
 
     def _reorder(self, order: list[N]) -> None:

@@ -39,7 +39,7 @@ from copy import copy, deepcopy
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import count, islice
-from typing import Protocol, TypeVar, cast
+from typing import Protocol, TypeGuard, TypeVar, cast
 
 import torch
 from hypothesis import strategies as st
@@ -844,6 +844,8 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         *(_slots(t) for t in torn),
         _slots(own).float(),
         _slots(own).reshape(1, -1),
+        _slots(own).to_sparse(),  # NOTE: int64 ids of the right shape with no readable values (as the keys' junk)
+        _slots(own).to("meta"),
         own,
         _slots([*own[:-1], end + 3]),
         _slots([*own[:-1], -1]),
@@ -854,7 +856,7 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         key = tokens_of(d["key"])
         if key is None:
             return True  # NOTE: the key is the junk argument
-        if not (isinstance(v, torch.Tensor) and v.dtype == torch.int64 and v.dim() == 1 and v.numel() == n):
+        if not (_readable_ids(v) and v.numel() == n):
             return False
         xs = v.tolist()
         if len(set(xs)) != n:
@@ -914,14 +916,27 @@ def _insert_method(c: _Cache, ps: int) -> Method:
     )
 
 
+def _readable_ids(v: object) -> TypeGuard[torch.Tensor]:
+    """An int64 1-D tensor whose values can be read (strided: not sparse, not on the meta device)."""
+    return (
+        isinstance(v, torch.Tensor)
+        and v.dtype == torch.int64
+        and v.dim() == 1
+        and v.layout == torch.strided
+        and not v.is_meta
+    )
+
+
 def _ids(v: object) -> list[int]:
-    return v.tolist() if isinstance(v, torch.Tensor) and v.dim() == 1 and not v.is_floating_point() else []
+    if not isinstance(v, torch.Tensor) or v.layout != torch.strided or v.is_meta:
+        return []
+    return v.tolist() if v.dim() == 1 and not v.is_floating_point() else []
 
 
 def _repeats_a_slot(v: object, d: Drawn) -> type[KVLedgerError] | None:
     """``SlotConflict`` for slots of the key's length naming one slot twice (``spec.prefix.check_insert``)."""
     key = tokens_of(d["key"])
-    if key is None or not isinstance(v, torch.Tensor) or v.dtype != torch.int64 or v.dim() != 1:
+    if key is None or not _readable_ids(v):
         return None
     xs = v.tolist()
     return SlotConflict if len(xs) == len(key) and len(set(xs)) < len(xs) else None

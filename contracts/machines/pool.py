@@ -197,7 +197,8 @@ DATA_PARAMS = frozenset({"tokens", "positions"})
 
 OTHER_POOLS_IDS = frozenset({("write", "slots")})
 """(method, parameter) pairs whose tensor names another pool's ids (a request-table row write names KV slots,
-which the table cannot range-check): given malformed tensors, not ids outside this pool."""
+which the table cannot check against that pool): given malformed tensors, and values just outside the range the
+table holds (``[0, 2**31)``, int32 as engines' tables are: -1 and ``VALUE_END``), not ids outside this pool."""
 
 
 def bad_tensor_of(good: torch.Tensor, edge: str, top: int) -> torch.Tensor:
@@ -527,7 +528,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             for what, param, ids, query, acts, call in tensor_calls(self.pool, chunk):
                 for edge in TENSOR_EDGES:
                     outside = edge in ("below", "above")
-                    values = outside and param in DATA_PARAMS
+                    # NOTE: another pool's ids in a request table have the table's own range (int32): values too
+                    values = outside and (param in DATA_PARAMS or (what.rpartition(".")[2], param) in OTHER_POOLS_IDS)
                     if (outside and not ids and not values) or (edge == "empty" and not (ids and acts)):
                         continue
                     # NOTE: values (tokens, positions) have a range of their own: just below it, the first past it

@@ -76,6 +76,12 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/slots.py:SlotPool._pop_ids:negate-cmp:"
+    "free_np.item(top - n) - (first := free_np.item(top - 1)) in (n - 1, 1 - n)": (
+        "a speed path's test (new family, seed 3): a pop whose ends are n - 1 apart is tagged through its ids "
+        "instead of a slice, and any other pop asks run_start, which proves a run by comparing bytes and finds none "
+        "there; the same tags either way"
+    ),
     "impl/radix.py:RadixCache.insert:negate-cmp:self.mamba is None#2": (
         "an error message's words (new family, seed 3): a Mamba slot offered where none may sit is refused, "
         "ComponentDisabled, either way; the message gives the other of its two reasons"

@@ -418,6 +418,20 @@ def test_bad_tensor_fails_on_a_translate_without_its_range_check(monkeypatch: py
         m.bad_tensor(c)
 
 
+def test_bad_tensor_fails_on_a_row_write_that_takes_kv_slots_past_int32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request table names another pool's KV slots, which it cannot check against that pool, but it holds them
+    as engines do, int32: ``bad_tensor`` gives the row write's slots -1 and the first value past 2**31, and a table
+    whose bound is off (here 2**32, as an int64 table would take) lets the second in."""
+    from kvledger.impl import req_to_token
+
+    m = machine("req_to_token")
+    c = chunk_of(m)
+    m.bad_tensor(c)  # NOTE: the reference refuses both
+    monkeypatch.setattr(req_to_token, "MAX_SLOT", 1 << 32)  # BUG: the bound of an int64 table
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: ReqToTokenPool.write with slots above"):
+        m.bad_tensor(c)
+
+
 def test_a_copy_on_write_that_copies_nothing_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """``inv_mamba_content``: the reference's copy holds its source's state; a copy-on-write that hands out a slot
     without copying into it (the new request starts from a stale state) is caught."""

@@ -201,6 +201,23 @@ def test_a_key_check_that_lets_a_sparse_or_meta_tensor_through_is_caught_by_the_
     assert "a meta tensor" in str(got.value) or "a torch.sparse_coo tensor" in str(got.value), got.value
 
 
+def test_an_insert_that_takes_a_sparse_value_is_caught_by_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The insert's value catalogue holds the slots in a sparse and in a meta tensor (int64 ids, no readable
+    values), as the keys' does: a value check that lets one through fails untyped later, or caches nothing real."""
+    real = RadixTree._as_tokens
+
+    def as_tokens(self: RadixTree, op: str, t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.layout != torch.strided and t.dtype == torch.int64:
+            return t  # BUG: a sparse tensor of the right dtype taken as ids
+        return real(self, op, t)
+
+    run_probes("token", C.cache_scenario, 30, sweeps=3)  # NOTE: the reference holds
+    monkeypatch.setattr(RadixTree, "_as_tokens", as_tokens)
+    with pytest.raises(AssertionError) as got:
+        run_probes("token", C.cache_scenario, 30, sweeps=3)
+    assert str(got.value).startswith("inv_domain_enforced"), got.value
+
+
 def test_a_sign_check_that_reads_the_wrong_byte_is_caught_by_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
     """The key's catalogue holds ids at the edges of the range (the largest int64, ids whose low byte is 0x80 or
     more) and negatives whose low byte is small (``-2**63``, ``-256``): a sign test that reads each id's low byte

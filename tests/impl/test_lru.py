@@ -214,3 +214,18 @@ def test_insert_behind_places_on_lru_side() -> None:
         lst.insert_behind(Linked(4), Linked(5))
     assert lst.order() == [2, 3, 1]
     lst.check()
+
+
+@pytest.mark.parametrize("order", [[1, 2, 1], [2, 1, 2], [3, 1, 3, 2], [1, 3, 2, 2]])
+def test_place_naming_a_node_twice_names_that_node(order: list[int]) -> None:
+    """``place`` refuses an order that names a node twice, naming that node (it named the first node not yet in
+    place, an innocent one, when the repeat came later; found by the LRU audit's culprit law)."""
+    lst: LRUList[Linked] = LRUList(Component.FULL)
+    nodes = {i: Linked(i) for i in (1, 2, 3)}
+    for i in (3, 2, 1):
+        lst.insert_mru(nodes[i])
+    before = lst.order()
+    with pytest.raises(AlreadyInList) as got:
+        lst.place([nodes[i] for i in order])
+    assert got.value.node == next(i for k, i in enumerate(order) if i in order[:k])
+    assert lst.order() == before
