@@ -160,7 +160,10 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
         # ---------------------------------------------------------- helpers
 
         def _key(self, prompt: int, suffix: tuple[int, ...]) -> tuple[int, ...]:
-            key = PROMPTS[prompt] + suffix
+            return self._aligned(PROMPTS[prompt] + suffix)
+
+        def _aligned(self, key: tuple[int, ...]) -> tuple[int, ...]:
+            """``key`` cut to whole pages."""
             return key[: len(key) - len(key) % self.cfg.page_size]
 
         def _spec(self, what: str, call: Callable[[], object]) -> object:
@@ -346,8 +349,7 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             With ``cow``, a Mamba model then copies the matched state for a new
             request, as admission does right after matching.
             """
-            k = key + more
-            held = self._lock(k[: len(k) - len(k) % self.cfg.page_size])
+            held = self._lock(self._aligned(key + more))
             if cow:
                 self.mamba_copy_on_write(held)
             return held
@@ -395,8 +397,7 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             if branch is not None and self.inserted:
                 old = self.inserted[-1 - branch[0] % len(self.inserted)]
                 at = branch[1] % len(old)
-                key = (*old[:at], old[at] % 4 + 1, *suffix)  # NOTE: not ``old[at]`` there
-                key = key[: len(key) - len(key) % self.cfg.page_size]
+                key = self._aligned((*old[:at], old[at] % 4 + 1, *suffix))  # NOTE: not ``old[at]`` there
             if key:
                 self._insert(key, borrow)
             return key

@@ -279,7 +279,7 @@ def edge_key_values(length: int) -> tuple[object, ...]:
     """Valid keys of ``length`` tokens at the edges of the id range: the largest int64, and ids whose low byte
     is 0x80 or more (a test that reads the wrong byte of an id for its sign refuses them), as a list and as an
     int64 tensor."""
-    toks = list(range(1, length)) or []
+    toks = list(range(1, length))
     return ([*toks, 2**63 - 1], torch.tensor([*toks, 255]), [*toks, 2**31 + 128])
 
 
@@ -916,21 +916,18 @@ def _insert_method(c: _Cache, ps: int) -> Method:
     )
 
 
+def _readable(v: object) -> TypeGuard[torch.Tensor]:
+    """A 1-D tensor whose values can be read (strided: not sparse, not on the meta device)."""
+    return isinstance(v, torch.Tensor) and v.layout == torch.strided and not v.is_meta and v.dim() == 1
+
+
 def _readable_ids(v: object) -> TypeGuard[torch.Tensor]:
-    """An int64 1-D tensor whose values can be read (strided: not sparse, not on the meta device)."""
-    return (
-        isinstance(v, torch.Tensor)
-        and v.dtype == torch.int64
-        and v.dim() == 1
-        and v.layout == torch.strided
-        and not v.is_meta
-    )
+    """An int64 1-D tensor whose values can be read."""
+    return _readable(v) and v.dtype == torch.int64
 
 
 def _ids(v: object) -> list[int]:
-    if not isinstance(v, torch.Tensor) or v.layout != torch.strided or v.is_meta:
-        return []
-    return v.tolist() if v.dim() == 1 and not v.is_floating_point() else []
+    return v.tolist() if _readable(v) and not v.is_floating_point() else []
 
 
 def _repeats_a_slot(v: object, d: Drawn) -> type[KVLedgerError] | None:
