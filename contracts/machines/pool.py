@@ -885,8 +885,9 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
         )
         def corrupt(self, chunk: Chunk, parts: frozenset[str], at: list[int]) -> None:
             """Change an arbitrary part of what ``chunk`` holds (some of its KV slots, its SWA copies; one value of
-            one of a Mamba state's tensors, its fingerprint) and ask the pool's own ``verify``: it must flag it
-            (``spec.prefix.inv_verify_exact``); with the content put back, it must pass."""
+            one of a Mamba state's tensors, its fingerprint) and ask the pool's own ``verify``: it must flag each
+            change alone and all of them at once (``spec.prefix.inv_verify_exact``); with the content put back, it
+            must pass."""
             pool = self.pool
             if isinstance(pool, ReqToTokenPool) or chunk.stamp not in self.expect:
                 return
@@ -896,7 +897,9 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 value = int(self.expect[chunk.stamp][1][-1])
                 check = lambda: pool.verify(slot, value)  # noqa: E731
                 tensors = {"data": pool.data, "conv": pool.conv, "temporal": pool.temporal}
-                targets = [(tensors[p][slot].view(-1), at) for p in sorted(parts) if p in tensors]
+                targets = [
+                    (f"{p} of slot {slot}", tensors[p][slot].view(-1), at) for p in sorted(parts) if p in tensors
+                ]
             else:
                 tokens, positions = self.written[chunk.stamp]
                 slots = self.expect[chunk.stamp][0]
@@ -904,31 +907,43 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     pool.write_fingerprint(slots, tokens, positions)  # NOTE: the SWA copies too
                 check = lambda: pool.verify(slots, tokens, positions)  # noqa: E731
                 full = pool.full.data if isinstance(pool, SWATokenAllocator) else pool.data
-                targets = [(full, [int(slots[i % slots.numel()]) for i in at])] if "data" in parts else []
+                targets = [("data", full, [int(slots[i % slots.numel()]) for i in at])] if "data" in parts else []
                 if isinstance(pool, SWATokenAllocator) and "swa" in parts:
                     live = pool.translate(slots)
                     live = live[live != 0]
                     if live.numel():
-                        targets.append((pool.swa.data, [int(live[i % live.numel()]) for i in at]))
+                        targets.append(("swa data", pool.swa.data, [int(live[i % live.numel()]) for i in at]))
             if not targets:
                 return
-            saved = [(t, t.clone()) for t, _ in targets]
-            for t, where in targets:
+            # NOTE: each change alone, then all at once: one change the check misses is not hidden by another
+            # it sees (a verify that skips one slot or one part still flags the whole set)
+            alone = [[(name, t, [i])] for name, t, where in targets for i in where]
+            for changes in (*alone, targets) if len(alone) > 1 else alone:
+                self._flagged(chunk, changes, check)
+            err = raised(check)
+            if not P.inv_verify_exact(True, err):
+                raise AssertionError(f"inv_verify_exact: chunk {chunk} intact, verify raised {err!r}")
+
+        def _flagged(
+            self, chunk: Chunk, changes: list[tuple[str, torch.Tensor, list[int]]], check: Callable[[], object]
+        ) -> None:
+            """Change ``changes`` (named flat tensors, positions in them), run ``check``, put everything back: the
+            check must have raised (``spec.prefix.inv_verify_exact``)."""
+            saved = [(t, t.clone()) for _, t, _ in changes]
+            for _, t, where in changes:
                 for i in where:
                     t[i % t.numel()] += 1 + (i % 5)  # NOTE: a fingerprint never wraps to itself
             try:
                 err = raised(check)
                 if not P.inv_verify_exact(False, err):
+                    named = [f"{name}[{i % t.numel()}]" for name, t, where in changes for i in where]
                     raise AssertionError(
-                        f"inv_verify_exact: chunk {chunk} with {sorted(parts)} changed at {at}: verify "
+                        f"inv_verify_exact: chunk {chunk} with {', '.join(named)} changed: verify "
                         + ("passed" if err is None else f"raised {type(err).__name__}: {err}")
                     )
             finally:
                 for t, old in saved:
                     t.copy_(old)
-            err = raised(check)
-            if not P.inv_verify_exact(True, err):
-                raise AssertionError(f"inv_verify_exact: chunk {chunk} intact, verify raised {err!r}")
 
         # ---------------------------------------------------------- invariants
 

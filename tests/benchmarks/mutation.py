@@ -95,6 +95,38 @@ EQUIVALENT: dict[str, str] = {
         "insert, whose checks then pass or raise as take's would; a node's insert, which it declined, takes the "
         "claim, which checks that owner's tags as check_held does"
     ),
+    "impl/integrity.py:fingerprint_one:end-index:fingerprint_unchecked(torch.tensor([token]), "
+    "torch.tensor([position]))[0]": (
+        "the wrong end of a one-element result (new family, seed 4): the fingerprint of one token is a "
+        "one-element tensor; [0] and [-1] are it"
+    ),
+    "impl/kvview.py:KVView.take:swap-args:pool.claim(units, owner, dst, distinct=fresh)": (
+        "a fast path's gate whose other side runs the same checks (new family, seed 4): claim given an owner "
+        "as its ids returns False (not a tensor or int64 array), and take's False sends the insert through "
+        "check_fresh and check_held, which accept and refuse exactly what claim would"
+    ),
+    "impl/locks.py:LockTable.coverage:swap-args:self.covered(op, handle)": (
+        "read only by a named fault (new family, seed 4): coverage's one caller is faults.py's B5 re-creation, "
+        "which the tool never mutates and the default check never switches on; the reference's own unlock reads "
+        "covered"
+    ),
+    "impl/mamba.py:MambaPool.__init__:const+1:24": (
+        "a resource cap the spec does not state (new family, seed 4): a Mamba pool of 2**24 states or more is "
+        "refused as too large; the spec's size is any count, so neither side of the cap is a law, and a pool at "
+        "the cap holds gigabytes of state tensors"
+    ),
+    "impl/memory.py:MemoryManager._release_owned:swap-args:min(req.alloc_len, start)": (
+        "min of two ints in either order (new family, seed 4)"
+    ),
+    'impl/slots.py:SlotPool.as_index:drop-raise:raise InvalidArgument(op, self.name, (), f"indices on '
+    '{indices.device}, pool on {self.device}")': (
+        "off the CPU only (new family, seed 4): the one other device a CPU-only machine has is meta, and a meta "
+        "tensor is refused by the check above (indices must be dense); kvledger check runs on the CPU"
+    ),
+    "impl/slots.py:_grow_runs:end-index:_RUNS[0]": (
+        "the same length either way (new family, seed 4): _RUNS[0] and _RUNS[1] are always made together from "
+        "the same ids, ascending and descending"
+    ),
     "impl/memory.py:MemoryManager._release_owned:min-max:min(req.alloc_len, start)": (
         "a field nothing reads (new family, seed 2): alloc_len is never below start here, so max leaves it as it "
         "was; abort and retract set it to 0 next, and a finished request has no row, so its alloc_len is read by "

@@ -18,7 +18,8 @@ from kvledger.contracts.machines.probes import (
     constructor_calls,
     run_call,
 )
-from kvledger.impl.allocators import TokenAllocator
+from kvledger.impl import integrity
+from kvledger.impl.allocators import SWATokenAllocator, TokenAllocator
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.radix import RadixCache
 from kvledger.spec import domains as D
@@ -165,7 +166,7 @@ def test_corrupt_fails_on_a_verify_that_reads_one_value_of_a_state(monkeypatch: 
     c = chunk_of(m)
     monkeypatch.setattr(MambaPool, "verify", first_value_only)
     m.corrupt(c, frozenset({"conv"}), [0])  # the one value it reads: flagged
-    with pytest.raises(AssertionError, match=r"inv_verify_exact: .*'temporal'.* verify passed"):
+    with pytest.raises(AssertionError, match=r"inv_verify_exact: .*temporal of slot .* verify passed"):
         m.corrupt(c, frozenset({"temporal"}), [3])
 
 
@@ -201,6 +202,27 @@ def test_corrupt_fails_on_a_kv_verify_that_reads_the_first_slot_only(monkeypatch
     monkeypatch.setattr(TokenAllocator, "verify", first_only)
     with pytest.raises(AssertionError, match=r"inv_verify_exact"):
         m.corrupt(c, frozenset({"data"}), [2])
+
+
+def test_corrupt_fails_on_a_verify_whose_miss_another_change_would_hide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 4: an SWA ``verify`` that skips one SWA copy. Changed together with the KV it
+    copies, the KV change is flagged and hides the miss: ``corrupt`` must try each change alone too."""
+
+    def skips_first_copy(self: SWATokenAllocator, slots: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor) -> None:
+        self.full.verify(slots, tokens, pos)
+        live = self.full_to_swa[slots]
+        mask = live != 0
+        mask[0] = False  # the first slot's SWA copy is never read
+        if bool(mask.any()):
+            integrity.verify("swa", self.swa.data, live[mask], tokens[mask], pos[mask])
+
+    m = machine("swa")
+    c = chunk_of(m, 3)
+    m.corrupt(c, frozenset({"data", "swa"}), [0])
+    monkeypatch.setattr(SWATokenAllocator, "verify", skips_first_copy)
+    m.corrupt(c, frozenset({"data", "swa"}), [1])  # the copies it reads: flagged alone and together
+    with pytest.raises(AssertionError, match=r"inv_verify_exact: .* with swa data\[\d+\] changed: verify passed"):
+        m.corrupt(c, frozenset({"data", "swa"}), [0])
 
 
 def test_a_refused_constructor_raises_a_typed_error() -> None:
