@@ -62,7 +62,7 @@ from kvledger.contracts.machines.probes import (
 from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.arguments import MAX_TOKEN
-from kvledger.impl.integrity import fingerprint, fingerprint_one
+from kvledger.impl.integrity import fingerprint, fingerprint_one, verify
 from kvledger.impl.leaks import PoolCount, check_leaks, expected_owners, session_mamba_refs
 from kvledger.impl.locks import LockHandle
 from kvledger.impl.lru import Linked, LRUList
@@ -592,7 +592,13 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
     if len(c.held) >= ps:
         methods.append(_insert_method(c, ps))
     methods.append(_root_insert_method(c))
-    methods += [_fingerprint_method(), _fingerprint_one_method(), _decode_method(), _node_tag_method()]
+    methods += [
+        _fingerprint_method(),
+        _fingerprint_one_method(),
+        _verify_method(),
+        _decode_method(),
+        _node_tag_method(),
+    ]
     return tuple(methods)
 
 
@@ -627,6 +633,82 @@ def _fingerprint_method() -> Method:
         {
             "tokens": _arg(ids, st.sampled_from(FP_EDGES), lambda x: _fp_ids_inside(x, {"tokens": x}), edges=FP_EDGES),
             "positions": _arg(ids, st.sampled_from(FP_EDGES), _fp_ids_inside, after=True, edges=FP_EDGES),
+        },
+        reads=True,
+    )
+
+
+VERIFY_SLOTS = 8
+"""``impl.integrity.verify``'s probe reads a store of this many fingerprints: slot ``i`` holds token ``i`` at
+position ``i``'s."""
+
+
+def _verify_method() -> Method:
+    """``impl.integrity.verify``: a reading call that passes when ``slots`` of a store hold the fingerprints of
+    ``tokens`` at ``positions`` (1-D integer tensors of one length, slots in the store); any other call is refused,
+    typed: another content (``IntegrityError``), a slot out of the store, as many slots as tokens but one, a
+    malformed tensor.
+
+    The allocators' ``verify`` checks its ids before it calls this one, so a check this function drops is met
+    only here: it is public, and an engine's own pool may call it as it is."""
+    store = fingerprint(torch.arange(VERIFY_SLOTS), torch.arange(VERIFY_SLOTS))
+    ids = st.lists(st.integers(0, VERIFY_SLOTS - 1), min_size=1, max_size=4).map(_slots)
+
+    def tokens_inside(x: object) -> bool:
+        xs = tokens_of(x) if isinstance(x, torch.Tensor) else None
+        return xs is not None and len(xs) > 0 and all(v < VERIFY_SLOTS for v in xs)
+
+    def basis(d: Drawn) -> torch.Tensor:
+        """The token ids of the call drawn so far (tokens, else positions when the tokens are the junk)."""
+        for k in ("tokens", "positions"):
+            v = d.get(k)
+            if tokens_inside(v):
+                assert isinstance(v, torch.Tensor)
+                return v
+        return torch.tensor([0], dtype=torch.int64)
+
+    def same(x: object, d: Drawn) -> bool:
+        xs = tokens_of(x) if isinstance(x, torch.Tensor) else None
+        t, q = d.get("tokens"), d.get("positions")
+        return (
+            xs is not None
+            and tokens_inside(t)
+            and tokens_of(t) == xs
+            and (q is None or (tokens_inside(q) and tokens_of(q) == xs))
+        )
+
+    def slot_edges(d: Drawn) -> tuple[object, ...]:
+        t = basis(d)
+        return (
+            torch.cat((t, t[:1])),  # NOTE: one slot more than tokens (a one-token call: two slots for one)
+            t[:-1] if t.numel() > 1 else t.repeat(3),  # NOTE: one slot fewer (a one-token call: three for one)
+            (t + 1) % VERIFY_SLOTS,  # NOTE: in the store, another content
+            torch.full_like(t, VERIFY_SLOTS),
+            torch.full_like(t, -1),
+            t.to(torch.float32),
+            t.view(1, -1),
+            t.to_sparse(),
+            torch.empty(t.numel(), dtype=torch.int64, device="meta"),
+            t.tolist(),
+            *SCALAR_EDGES,
+        )
+
+    def tokens_edges(_d: Drawn) -> tuple[object, ...]:
+        return FP_EDGES
+
+    return Method(
+        "integrity.verify",
+        lambda tokens, positions, slots: verify("kv", store, slots, tokens, positions),
+        {
+            "tokens": _arg(ids, st.sampled_from(FP_EDGES), tokens_inside, edges=tokens_edges),
+            "positions": _arg(lambda d: st.just(basis(d)), st.sampled_from(FP_EDGES), same, after=True, edges=FP_EDGES),
+            "slots": _arg(
+                lambda d: st.just(basis(d)),
+                lambda d: st.sampled_from(slot_edges(d)),
+                same,
+                after=True,
+                edges=slot_edges,
+            ),
         },
         reads=True,
     )
@@ -2154,6 +2236,7 @@ PROBED_FUNCTIONS: dict[str, str] = {
     "admission.admit": "admit",
     "integrity.fingerprint": "fingerprint",
     "integrity.fingerprint_one": "fingerprint_one",
+    "integrity.verify": "integrity.verify",
     "owners.decode": "decode",
     "owners.node_tag": "node_tag",
 }
@@ -2188,7 +2271,6 @@ NOT_PROBED_FUNCTIONS: dict[str, str] = {
     "admission.release_attempt_state": f"{_OWN} (a rejected attempt's state): the admissions run it",
     "allocators.swa_owner": f"{_OWN} (an owner's SWA twin): every SWA allocator call runs it",
     "integrity.fingerprint_unchecked": f"{_OWN} (the fingerprint of ids checked by its caller)",
-    "integrity.verify": f"{_OWN} (allocators' verify checks the ids first): probed through RadixCache.verify",
     "leaks.check_leaks": "the leak checker: the leak audit plants leaks and wants each found, on every probing step",
     "leaks.expected_owners": "the leak checker's model of owners: the leak audit compares it with the ledgers",
     "leaks.session_mamba_refs": (

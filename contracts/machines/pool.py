@@ -606,13 +606,17 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             else:
                 idx = torch.cat((chunk.idx, chunk.idx[:1]))
             expected: type[KVLedgerError] | tuple[type[KVLedgerError], ...] = InvalidArgument
+            culprits: set[int] | None = None
             if bad in ("dup", "twice") and isinstance(self.pool, PagedAllocator):
                 expected = (PageAlignmentError, InvalidArgument)  # NOTE: not whole pages, and a token named twice
+            elif bad in ("dup", "twice"):
+                # NOTE: the refusal names the slots named twice, and only them
+                culprits = set((chunk.idx[:1] if bad == "dup" else chunk.idx).tolist())
             if give:
                 other = other_owner(chunk.owner)
-                self._expect_rejected(lambda: _transfer(self.pool, idx, chunk.owner, other), expected)
+                self._expect_rejected(lambda: _transfer(self.pool, idx, chunk.owner, other), expected, culprits)
                 return
-            self._expect_rejected(lambda: _free(self.pool, idx, chunk.owner), expected)
+            self._expect_rejected(lambda: _free(self.pool, idx, chunk.owner), expected, culprits)
 
         @rule(chunk=chunks, bad_n=st.sampled_from([-1, -(2**40)]))
         def bad_size(self, chunk: Chunk, bad_n: int) -> None:

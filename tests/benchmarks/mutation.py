@@ -127,6 +127,34 @@ EQUIVALENT: dict[str, str] = {
         "the same length either way (new family, seed 4): _RUNS[0] and _RUNS[1] are always made together from "
         "the same ids, ascending and descending"
     ),
+    "impl/arguments.py:check_id:const+1:1": (
+        "which of two typed refusals (new family, seed 5): an id below -2**80 is refused with InvalidArgument, and "
+        "with the bound at -2**81 the ids between get OutOfRange instead; both are the refusal of a value that is "
+        "no id of the pool, and the spec names no class for it"
+    ),
+    'impl/radix.py:RadixCache.mamba_copy_on_write:drop-raise:raise OverAllocation("mamba_copy_on_write", '
+    '"mamba", (), f"pool full, no unlocked state to evict ({o': (
+        "the same refusal by another path (new family, seed 5): with no state to evict, the copy locks its source, "
+        "evicts nothing, and the pool's alloc raises OverAllocation; the lock is released, and the cache, its "
+        "locks, LRU lists and pools are as they were (measured: _cache_fingerprint equal); only the message differs"
+    ),
+    "impl/slots.py:SlotPool.code_of:end-index:self._seen[0]": (
+        "a speed memo (new family, seed 5): the last owner seen is compared with the memo's bytes, never the same "
+        "object, so every call encodes the owner again"
+    ),
+    "impl/slots.py:SlotPool.free:negate-cmp:self._tags is not None": (
+        "a fast path's gate whose other side runs the same checks (new family, seed 5): a CPU pool's free skips "
+        "_free_host and takes _held_index, which accepts and refuses what it does; a pool with no host tags "
+        "(off the CPU) would try _free_host, which declines a tensor it cannot read"
+    ),
+    "impl/slots.py:SlotPool.__init__:const+1:1#2": (
+        "a resource cap the spec does not state (new family, seed 5): a pool's base (its reserved slots) of 2**40 "
+        "or more is refused; the spec's base is any count, and a pool at the cap holds terabytes of tags"
+    ),
+    "impl/slots.py:run_start:const+1:8#5": (
+        "a speed guard made stricter (new family, seed 5): the descending run's slice is longer than its ids, so "
+        "no descending run is recognised and its ids are read one by one"
+    ),
     "impl/memory.py:MemoryManager._release_owned:min-max:min(req.alloc_len, start)": (
         "a field nothing reads (new family, seed 2): alloc_len is never below start here, so max leaves it as it "
         "was; abort and retract set it to 0 next, and a finished request has no row, so its alloc_len is read by "

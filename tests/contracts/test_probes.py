@@ -22,8 +22,9 @@ from kvledger.impl import integrity
 from kvledger.impl.allocators import SWATokenAllocator, TokenAllocator
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.radix import RadixCache
+from kvledger.impl.slots import SlotPool
 from kvledger.spec import domains as D
-from kvledger.spec.errors import IntegrityError, SlotConflict
+from kvledger.spec.errors import IntegrityError, InvalidArgument, SlotConflict
 from kvledger.spec.types import Component, Owner, OwnerKind, request
 
 
@@ -223,6 +224,33 @@ def test_corrupt_fails_on_a_verify_whose_miss_another_change_would_hide(monkeypa
     m.corrupt(c, frozenset({"data", "swa"}), [1])  # the copies it reads: flagged alone and together
     with pytest.raises(AssertionError, match=r"inv_verify_exact: .* with swa data\[\d+\] changed: verify passed"):
         m.corrupt(c, frozenset({"data", "swa"}), [0])
+
+
+@pytest.mark.parametrize("kind", ["token", "swa", "mamba", "req_to_token"])
+@pytest.mark.parametrize("give", [False, True])
+def test_a_refusal_of_a_slot_named_twice_must_name_that_slot(
+    monkeypatch: pytest.MonkeyPatch, kind: str, give: bool
+) -> None:
+    """Issue 19, new family, seed 5: ``as_index`` refused ids naming a slot twice, but named the slots that
+    differ from the one before them (``!=`` for ``==``), not the repeated one: the error misleads its reader."""
+    m = machine(kind)
+    c = chunk_of(m, 3)
+    for bad in ("dup", "twice"):
+        m._malformed(c, bad, give)  # the reference names exactly the slots named twice
+    original = SlotPool.as_index
+
+    def names_others(self: SlotPool, op: str, indices: torch.Tensor) -> torch.Tensor:
+        try:
+            return original(self, op, indices)
+        except InvalidArgument as err:
+            if "duplicate" not in str(err):
+                raise
+            s = torch.sort(indices.to(torch.int64)).values
+            raise InvalidArgument(op, self.name, s[1:][s[1:] != s[:-1]].tolist(), "duplicate slot ids") from None
+
+    monkeypatch.setattr(SlotPool, "as_index", names_others)
+    with pytest.raises(AssertionError, match=r"inv_names_culprit"):
+        m._malformed(c, "dup", give)
 
 
 def test_a_refused_constructor_raises_a_typed_error() -> None:

@@ -3,6 +3,7 @@ machine's ownership probe: they hold on the reference and fail, naming the law, 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import pkgutil
@@ -21,6 +22,7 @@ from kvledger.contracts.adapters.reference_system import build_manager
 from kvledger.contracts.adapters.system import SystemConfig
 from kvledger.contracts.machines import calls as C
 from kvledger.contracts.machines.pool import KINDS, Chunk, machine_for
+from kvledger.impl import integrity
 from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import TokenAllocator
 from kvledger.impl.lru import SLOT
@@ -255,6 +257,33 @@ def test_the_sweep_makes_each_value_of_the_catalogue_once(data: st.DataObject) -
         return f"memoryview {bytes(x)!r}" if isinstance(x, memoryview) else C._show(x)
 
     assert [shown(x) for x in calls] == [shown(x) for x in edges]
+
+
+@settings(max_examples=20, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
+@given(st.data())
+def test_a_verify_that_reads_as_many_slots_as_it_likes_is_caught(data: st.DataObject) -> None:
+    """Issue 19, new family, seed 5: ``integrity.verify`` without its length check compares one slot with every
+    token (a broadcast), or the first slots only. The allocators check lengths before they call it, so only a
+    probe of the function itself meets it: the sweep of its slots holds on the reference and fails without."""
+    scenario = C.cache_scenario("token", data.draw)
+    (method,) = (m for m in scenario.methods if m.what == "integrity.verify")
+    C.sweep(C.Scenario(scenario.what, (method,), scenario.fingerprint, scenario.story), data.draw)
+    C.probe(C.Scenario(scenario.what, (method,), scenario.fingerprint, scenario.story), data.draw)
+    slots_only = {k: a if k == "slots" else dataclasses.replace(a, edges=None) for k, a in method.args.items()}
+    swept = C.Method(method.what, method.call, slots_only, reads=True)
+    one = C.Scenario(scenario.what, (swept,), scenario.fingerprint, scenario.story)
+    C.sweep(one, data.draw)  # NOTE: the reference holds: every junk refused typed, every valid call passes
+
+    def lax(what: str, stored: torch.Tensor, slots: Any, tokens: Any, positions: Any) -> None:
+        if isinstance(slots, torch.Tensor) and slots.dim() == 1 and isinstance(tokens, torch.Tensor):
+            n = min(slots.numel(), tokens.numel())  # BUG: extra slots (or tokens) are never read
+            slots = slots[:n] if slots.numel() > 1 or n == 0 else slots.expand(n)
+        integrity.verify(what, stored, slots, tokens, positions)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(C, "verify", lax)
+        with pytest.raises(AssertionError, match=r"inv_domain_enforced: .*integrity\.verify"):
+            C.sweep(one, data.draw)
 
 
 def test_node_that_takes_a_bool_id_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
