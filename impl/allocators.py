@@ -30,7 +30,8 @@ def check_kv_write(
     check_range(op, where, "token id", t, 0, MAX_TOKEN)
     check_range(op, where, "position", p, 0, MAX_TOKEN)
     if s.numel() > 1 and torch.unique(s).numel() != s.numel():
-        raise InvalidArgument(op, where, (), "a slot named twice in one write")
+        u, n = torch.unique(s, return_counts=True)
+        raise InvalidArgument(op, where, u[n > 1].tolist(), "a slot named twice in one write")
     return s, t, p
 
 

@@ -359,6 +359,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self.live: dict[int, Chunk] = {}  # stamp -> the chunk as held now (owner after transfers)
             self.pressure = 0.0  # the most of any pool held at once (0..1)
             self.scenarios: dict[str, Scenario] = {}  # the live objects the public-call probes call, by maker
+            self.twin: AnyPool | None = None  # the pool's kind on the meta device (``_elsewhere``), made once
 
         @initialize(run_min=st.sampled_from((RUN_MIN, 1, 2, 3)))
         def runs(self, run_min: int) -> None:
@@ -523,7 +524,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             method added later is met too), each of its tensor parameters given every kind of bad tensor in turn (a
             sweep of ``TENSOR_EDGES``; for a tensor of values, token ids or positions, ``below`` and ``above`` are
             just outside their range ``[0, 2**31)``), the other arguments valid: each refused with a typed error,
-            nothing changed. A query whose answer is typed ``... | None`` may answer ``None`` (not shown) instead."""
+            nothing changed. A query whose answer is typed ``... | None`` may answer ``None`` (not shown) instead.
+            Then the same methods of a twin of the pool on another device, given ids on this one (``_elsewhere``)."""
             top = next(iter(pools_of(self.pool).values())).size * max(1, kind.unit) + 10_000
             for what, param, ids, query, acts, call in tensor_calls(self.pool, chunk):
                 for edge in TENSOR_EDGES:
@@ -538,6 +540,25 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     if query and raised(lambda made=made: _none_or_raise(made())) is None:  # type: ignore[misc]
                         continue
                     self._expect_outside(f"{what} with {param} {edge} {_shown_tensor(bad)}", made)
+            self._elsewhere(chunk)
+
+        def _elsewhere(self, chunk: Chunk) -> None:
+            """The same methods on a twin of the pool on another device (the meta device: shapes, no memory), given
+            ``chunk``'s ids and every other tensor on this machine's device: each refused with a typed error (a
+            query typed ``... | None`` may answer ``None``), never accepted, never an untyped crash. A device check
+            is met on any machine, a GPU or none."""
+            if self.twin is None:
+                self.twin = kind.make("meta")
+            done: set[str] = set()
+            for what, _param, _ids, query, _acts, call in tensor_calls(self.twin, chunk):
+                if what in done:
+                    continue  # NOTE: every tensor is on this device: one call per method
+                done.add(what)
+                made = partial(call, chunk.idx)
+                if query and raised(lambda made=made: _none_or_raise(made())) is None:  # type: ignore[misc]
+                    continue
+                err = raised(made)
+                self._domain(f"{what} of a pool on the meta device with ids on {chunk.idx.device}", False, err)
 
         @rule(chunk=chunks)
         def bad_int(self, chunk: Chunk) -> None:
@@ -591,9 +612,10 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
         def malformed_indices(self, chunk: Chunk, give: bool = False) -> None:
             """Free (or, with ``give``, transfer) the chunk named by each kind of malformed index tensor in turn
             (a sweep: float, 2-D, empty, a slot twice, every slot twice (whole pages twice), and int64 ids in a
-            sparse or a meta tensor, which have the right dtype and shape and no readable values): each refused,
-            typed, and nothing changed."""
-            for bad in ("float", "2d", "empty", "dup", "twice", "sparse", "meta"):
+            sparse or a meta tensor, which have the right dtype and shape and no readable values; and the alloc's
+            very tensor with a slot written twice in place, through numpy, where torch counts no change): each
+            refused, typed, and nothing changed."""
+            for bad in ("float", "2d", "empty", "dup", "twice", "sparse", "meta", "in place"):
                 self._malformed(chunk, bad, give)
 
         def _malformed(self, chunk: Chunk, bad: str, give: bool) -> None:
@@ -603,6 +625,9 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 idx = chunk.idx[:0]
             elif bad == "twice":
                 idx = torch.cat((chunk.idx, chunk.idx))  # NOTE: whole pages, each named twice
+            elif bad == "in place":
+                self._rewritten(chunk, give)
+                return
             else:
                 idx = torch.cat((chunk.idx, chunk.idx[:1]))
             expected: type[KVLedgerError] | tuple[type[KVLedgerError], ...] = InvalidArgument
@@ -617,6 +642,37 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 self._expect_rejected(lambda: _transfer(self.pool, idx, chunk.owner, other), expected, culprits)
                 return
             self._expect_rejected(lambda: _free(self.pool, idx, chunk.owner), expected, culprits)
+            if bad in ("dup", "twice") and isinstance(self.pool, TokenAllocator | PagedAllocator | SWATokenAllocator):
+                # NOTE: a KV write naming a token slot twice (and the least such write: one slot, twice) is refused,
+                # naming that slot: the tokens it would write there are two
+                write = self.pool.write_fingerprint
+                pair = chunk.idx[:1].repeat(2)
+                for ids in (pair, torch.cat((chunk.idx, chunk.idx[:1]))):
+                    zero, pos = torch.zeros_like(ids), torch.arange(ids.numel())
+                    named = {int(ids[0])}
+                    self._expect_rejected(partial(write, ids, zero, pos), InvalidArgument, named)
+
+        def _rewritten(self, chunk: Chunk, give: bool) -> None:
+            """Free (or transfer) the chunk's own tensor, as the alloc handed it out, after its second slot is
+            written over with its first through a numpy view (torch's version counter does not move): a pool
+            that remembers its alloc results must see the ids as they are now, a slot named twice, and refuse."""
+            idx = chunk.idx
+            if idx.numel() < 2 or not idx.is_cpu or idx.layout != torch.strided:
+                return
+            host = idx.numpy()
+            saved = host.copy()
+            host[1] = host[0]
+            paged = isinstance(self.pool, PagedAllocator)
+            expected = (PageAlignmentError, InvalidArgument) if paged else InvalidArgument
+            culprits = None if paged else {int(saved[0])}
+            try:
+                if give:
+                    other = other_owner(chunk.owner)
+                    self._expect_rejected(lambda: _transfer(self.pool, idx, chunk.owner, other), expected, culprits)
+                else:
+                    self._expect_rejected(lambda: _free(self.pool, idx, chunk.owner), expected, culprits)
+            finally:
+                host[:] = saved
 
         @rule(chunk=chunks, bad_n=st.sampled_from([-1, -(2**40)]))
         def bad_size(self, chunk: Chunk, bad_n: int) -> None:

@@ -118,11 +118,6 @@ EQUIVALENT: dict[str, str] = {
     "impl/memory.py:MemoryManager._release_owned:swap-args:min(req.alloc_len, start)": (
         "min of two ints in either order (new family, seed 4)"
     ),
-    'impl/slots.py:SlotPool.as_index:drop-raise:raise InvalidArgument(op, self.name, (), f"indices on '
-    '{indices.device}, pool on {self.device}")': (
-        "off the CPU only (new family, seed 4): the one other device a CPU-only machine has is meta, and a meta "
-        "tensor is refused by the check above (indices must be dense); kvledger check runs on the CPU"
-    ),
     "impl/slots.py:_grow_runs:end-index:_RUNS[0]": (
         "the same length either way (new family, seed 4): _RUNS[0] and _RUNS[1] are always made together from "
         "the same ids, ascending and descending"
@@ -154,6 +149,17 @@ EQUIVALENT: dict[str, str] = {
     "impl/slots.py:run_start:const+1:8#5": (
         "a speed guard made stricter (new family, seed 5): the descending run's slice is longer than its ids, so "
         "no descending run is recognised and its ids are read one by one"
+    ),
+    "impl/radix.py:RadixCache.mamba_copy_on_write:end-index:pool.alloc(1, owner)[0]": (
+        "the wrong end of a one-element result (new family, seed 6): alloc(1) returns one slot; [0] and [-1] are it"
+    ),
+    "impl/slots.py:SlotPool.free:end-index:seen[0]": (
+        "a speed memo (new family, seed 6): the owner is compared with the memo's bytes, never the same object, so "
+        "the free encodes the owner again"
+    ),
+    "impl/slots.py:run_start:const+1:8#3": (
+        "a speed guard made stricter (new family, seed 6): the ascending run's slice is longer than its ids, so no "
+        "ascending run is recognised and its ids are read one by one"
     ),
     "impl/memory.py:MemoryManager._release_owned:min-max:min(req.alloc_len, start)": (
         "a field nothing reads (new family, seed 2): alloc_len is never below start here, so max leaves it as it "

@@ -253,6 +253,91 @@ def test_a_refusal_of_a_slot_named_twice_must_name_that_slot(
         m._malformed(c, "dup", give)
 
 
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_dropped_device_check_is_caught_without_a_gpu(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Issue 19, new family, seeds 4 and 6: ids on the CPU given to a pool on another device must be refused,
+    typed. ``bad_tensor`` gives them to a twin of the pool on the meta device, so a dropped device check is met on
+    any machine (the reference holds; with the check gone, the call runs on and is accepted or crashes)."""
+    import kvledger.impl.allocators as allocators
+    import kvledger.impl.arguments as arguments
+    import kvledger.impl.req_to_token as req_to_token
+
+    m = machine(kind)
+    c = chunk_of(m, 2)
+    m.bad_tensor(c)
+    original = arguments.check_ids_tensor
+
+    def anywhere(op: str, where: str, name: str, t: object, device: torch.device | None = None) -> torch.Tensor:
+        return original(op, where, name, t)  # BUG: the device is never compared
+
+    for module in (allocators, req_to_token):
+        monkeypatch.setattr(module, "check_ids_tensor", anywhere)
+    as_index = SlotPool.as_index
+
+    def as_index_anywhere(self: SlotPool, op: str, indices: torch.Tensor) -> torch.Tensor:
+        saved = self.device
+        self.device = indices.device if isinstance(indices, torch.Tensor) else saved  # BUG: as if on the pool's
+        try:
+            return as_index(self, op, indices)
+        finally:
+            self.device = saved
+
+    monkeypatch.setattr(SlotPool, "as_index", as_index_anywhere)
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: .* of a pool on the meta device"):
+        m.bad_tensor(c)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_pool_that_trusts_an_alloc_result_rewritten_in_place_is_caught(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Issue 19, new family, seed 6: a pool remembers its alloc results, and a write through a numpy view moves no
+    version counter. ``malformed_indices`` writes a slot twice into the alloc's own tensor that way: a free that
+    takes the ids as they were handed out (not as they are) frees what the caller no longer names."""
+    m = machine(kind)
+    c = chunk_of(m, 3)
+    m.malformed_indices(c, False)  # the reference reads the ids as they are now and refuses
+    m.malformed_indices(c, True)
+    original = SlotPool.free
+
+    def as_handed_out(self: SlotPool, indices: torch.Tensor, owner: Owner) -> None:
+        mine = self._handed.get(id(indices))
+        if mine is not None and mine[0] is indices:
+            indices = torch.tensor(list(memoryview(mine[2]).cast("q")), dtype=torch.int64)  # BUG: bytes as handed out
+        original(self, indices, owner)
+
+    monkeypatch.setattr(SlotPool, "free", as_handed_out)
+    if kind in ("paged", "req_to_token", "swa"):
+        # NOTE: a paged free remembers by content, an SWA free checks the ids itself before its pools free them,
+        # and a request table hands out one row at a time: the identity memo above is not theirs
+        m.malformed_indices(c, False)
+        return
+    with pytest.raises(AssertionError, match=r"invalid call accepted"):
+        m.malformed_indices(c, False)
+
+
+@pytest.mark.parametrize("kind", ["token", "paged", "swa"])
+def test_a_kv_write_that_takes_one_slot_twice_is_caught(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Issue 19, new family, seed 6: ``check_kv_write``'s duplicate test moved from "more than one slot" to "more
+    than two", so a write of one slot twice went on. ``malformed_indices`` gives the KV write a slot twice, and
+    the least such write (one slot, twice): each refused, naming that slot."""
+    import kvledger.impl.allocators as allocators
+
+    m = machine(kind)
+    c = chunk_of(m, 2)
+    m.malformed_indices(c, False)
+    original = allocators.check_kv_write
+
+    def pairs_pass(op: str, where: str, slots: Any, tokens: Any, positions: Any, *span: Any) -> Any:
+        if isinstance(slots, torch.Tensor) and slots.numel() == 2 and bool(slots[0] == slots[1]):
+            return original(op, where, slots[:1], tokens[:1], positions[:1], *span)  # BUG: two is not "more than 2"
+        return original(op, where, slots, tokens, positions, *span)
+
+    monkeypatch.setattr(allocators, "check_kv_write", pairs_pass)
+    with pytest.raises(AssertionError, match=r"invalid call accepted"):
+        m.malformed_indices(c, False)
+
+
 def test_a_refused_constructor_raises_a_typed_error() -> None:
     """The reference's refusals are typed (what the law asks), e.g. a window over a full-only allocator."""
     err = run_call(
