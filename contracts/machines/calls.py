@@ -31,6 +31,10 @@ fingerprinted before and after:
 
 from __future__ import annotations
 
+import inspect
+import signal
+import threading
+import time
 import zlib
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -75,6 +79,7 @@ from kvledger.impl.session import SessionSlot
 from kvledger.impl.slots import RUN_MIN
 from kvledger.impl.tree import MatchResult, TreeNode
 from kvledger.spec import domains as D
+from kvledger.spec import prefix as P
 from kvledger.spec.errors import (
     AlreadyInList,
     IntegrityError,
@@ -933,6 +938,34 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         _slots([*own[:-1], -1]),
     ]
 
+    over_cached = [torch.tensor([*k[:ps], *[4] * (n - ps)]) for k in sorted(snap.full) if len(k) == ps and n >= ps]
+
+    def partly_cached(d: Drawn) -> list[torch.Tensor]:
+        """Where the key's first page is cached: that page with its last slot the prober's (a page only partly the
+        cache's slots)."""
+        key = tokens_of(d.get("key"))
+        page = snap.full.get(tuple(key[:ps])) if key is not None and len(key) >= ps else None
+        if ps < 2 or page is None or len(own) < ps:
+            return []
+        return [_slots([*page[:-1], own[ps - 1], *own[ps:]])]
+
+    def value_edges_of(d: Drawn) -> list[object]:
+        """The catalogue, and a page only partly the cache's slots where the key allows one."""
+        return [*value_edges, *partly_cached(d)]
+
+    def spec_refusal(v: object, d: Drawn) -> type[KVLedgerError] | None:
+        """``SlotConflict`` where ``spec.prefix.check_insert`` gives it for these slots (one slot at two positions,
+        a cached slot at another position, a page only partly the cache's); else any typed error."""
+        key = tokens_of(d["key"])
+        if key is None or not _readable_ids(v) or set(_ids(v)) & c.swa_dead:
+            return None
+        xs = v.tolist()
+        if snap.window is not None and set(xs) & set(cached):
+            # NOTE: a cached slot of an SWA cache may have lost its SWA slot, and that refusal may come first
+            return SlotConflict if len(xs) == len(key) and len(set(xs)) < len(xs) else None
+        err = P.check_insert(snap, tuple(key), tuple(xs), None)
+        return SlotConflict if isinstance(err, SlotConflict) else None
+
     def value_inside(v: object, d: Drawn) -> bool:
         """Whole pages: each the cache's own for that position of the key, or the prober's; distinct."""
         key = tokens_of(d["key"])
@@ -965,8 +998,12 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         lambda key, value, owner, mamba_slot: cache.insert(key, value, owner, mamba_slot=mamba_slot),
         {
             "key": _arg(
-                # NOTE: token 4 is in no cached key: a key with it reaches past what is cached (new positions)
-                st.lists(st.integers(1, 4), min_size=n, max_size=n).map(torch.tensor),
+                # NOTE: token 4 is in no cached key: a key with it reaches past what is cached (new positions); or
+                # a cached key's first page, then new positions (a page the cache holds, and the prober's after it)
+                st.one_of(
+                    st.lists(st.integers(1, 4), min_size=n, max_size=n).map(torch.tensor),
+                    *([st.sampled_from(over_cached)] if over_cached else []),
+                ),
                 junk_keys(n),
                 _is_key,
                 # NOTE: valid keys, all new or at the ids' edges: the value decides
@@ -974,11 +1011,11 @@ def _insert_method(c: _Cache, ps: int) -> Method:
             ),
             "value": _arg(
                 st.just(_slots(own)),
-                st.one_of(bad_values[0], st.one_of(*bad_values[1:])),
+                lambda d: st.one_of(bad_values[0], st.one_of(*bad_values[1:]), *(st.just(x) for x in partly_cached(d))),
                 value_inside,
                 after=True,
-                edges=value_edges,
-                refusal=lambda v, d: None if set(_ids(v)) & c.swa_dead else _repeats_a_slot(v, d),
+                edges=value_edges_of,
+                refusal=spec_refusal,
             ),
             "owner": _arg(
                 st.just(c.prober),
@@ -1010,15 +1047,6 @@ def _readable_ids(v: object) -> TypeGuard[torch.Tensor]:
 
 def _ids(v: object) -> list[int]:
     return v.tolist() if _readable(v) and not v.is_floating_point() else []
-
-
-def _repeats_a_slot(v: object, d: Drawn) -> type[KVLedgerError] | None:
-    """``SlotConflict`` for slots of the key's length naming one slot twice (``spec.prefix.check_insert``)."""
-    key = tokens_of(d["key"])
-    if key is None or not _readable_ids(v):
-        return None
-    xs = v.tolist()
-    return SlotConflict if len(xs) == len(key) and len(set(xs)) < len(xs) else None
 
 
 def _grain(cache: RadixCache) -> int:
@@ -1110,23 +1138,60 @@ def _lock_counts(cache: RadixCache) -> object:
     return [list(x.refs) for x in cache.nodes()], cache.sizes()
 
 
+class _Walked(Exception):
+    """A call under :func:`_bounded` ran past its bound."""
+
+
+def _bounded(call: Callable[[], object], seconds: float) -> BaseException | None:
+    """``raised(call)``, but a call still running after ``seconds`` is stopped with :class:`_Walked` (an alarm in
+    the main thread: a walk round a planted cycle must not grow its list for the whole step's watchdog). The
+    watchdog's own alarm is put back, less the time spent."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        return raised(call)
+
+    def fire(_signum: int, _frame: object) -> None:
+        raise _Walked(f"still running after {seconds:g} s")
+
+    saved, (left, every) = signal.signal(signal.SIGALRM, fire), signal.getitimer(signal.ITIMER_REAL)
+    start = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return raised(call)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, saved)
+        if left > 0:
+            signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - start), 1e-3), every)
+
+
 def _planted_cycle(cache: RadixCache) -> str:
-    """Link the newest node's parent to itself (a parent cycle), lock it, put the link back: ``inc_lock_ref`` must
-    fail typed (``IntegrityError``) and leave every lock count and size as it was; what went wrong, or ""."""
+    """Link the newest node's parent to itself (a parent cycle) and make each public call of the cache that takes a
+    node (found by its signature: one added later is met too) on it, then put the link back: each must answer or
+    fail typed (``IntegrityError``) at once, never walk the cycle, and leave every lock count and size as it was;
+    ``inc_lock_ref`` (a walk to the root) must fail. What went wrong, or ""."""
     nodes = [n for n in cache.nodes() if n is not cache.root]
     if not nodes:
         return ""
     n = max(nodes, key=lambda x: x.id)
     before = _lock_counts(cache)
-    parent, n.parent = n.parent, n
-    try:
-        err = raised(lambda: cache.inc_lock_ref(n))
-    finally:
-        n.parent = parent
-    if not isinstance(err, IntegrityError):
-        return f"inc_lock_ref of node {n.id} with a parent cycle planted: {err!r}"
-    if _lock_counts(cache) != before:
-        return f"inc_lock_ref of node {n.id} with a parent cycle planted failed and changed the lock counts or sizes"
+    fixed: dict[str, object] = {"comp": cache.components[0], "op": "audit"}
+    for name, fn in inspect.getmembers(RadixCache, inspect.isfunction):
+        params = [k for k in inspect.signature(fn).parameters if k != "self"]
+        hints = {k: str(v) for k, v in fn.__annotations__.items() if k != "return"}
+        if name.startswith("_") or "TreeNode" not in hints.values() or not set(params) <= {*hints, *fixed}:
+            continue
+        args = [n if hints[k] == "TreeNode" else fixed[k] for k in params]
+        parent, n.parent = n.parent, n
+        try:
+            err = _bounded(partial(getattr(cache, name), *args), 1.0)
+        finally:
+            n.parent = parent
+        if isinstance(err, _Walked) or (err is not None and not isinstance(err, IntegrityError)):
+            return f"{name} of node {n.id} with a parent cycle planted: {err!r}"
+        if name == "inc_lock_ref" and err is None:
+            return f"inc_lock_ref of node {n.id} with a parent cycle planted was accepted"
+        if _lock_counts(cache) != before:
+            return f"{name} of node {n.id} with a parent cycle planted changed the lock counts or sizes"
     return ""
 
 

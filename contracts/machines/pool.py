@@ -607,6 +607,9 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 # NOTE: and the whole page below the pool, which is whole pages in order and still no page of it
                 reserved = torch.arange(0, self.pool.page_size, dtype=torch.int64)
                 self._expect_rejected(lambda: _free(self.pool, reserved, OWNERS[0]), OutOfRange)
+                # NOTE: and with the pool's first page after it: whole, distinct pages in order, one of them reserved
+                both = torch.cat((reserved, torch.arange(first, first + ps, dtype=torch.int64)))
+                self._expect_rejected(lambda: _free(self.pool, both, OWNERS[0]), OutOfRange, set(reserved.tolist()))
 
         @rule(chunk=chunks, give=st.booleans())
         def malformed_indices(self, chunk: Chunk, give: bool = False) -> None:

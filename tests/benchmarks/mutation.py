@@ -161,6 +161,29 @@ EQUIVALENT: dict[str, str] = {
         "a speed guard made stricter (new family, seed 6): the ascending run's slice is longer than its ids, so no "
         "ascending run is recognised and its ids are read one by one"
     ),
+    "impl/owners.py:<module>:const+1:1#4": (
+        "the same refusal by another check (new family, seed 7): with the top of the tag range at 2**64 - 1, a tag "
+        "in [2**63, 2**64) passes the range test, but its kind bits (tag >> 60, 8 to 15) name no owner kind, so "
+        "decode refuses it with InvalidArgument all the same"
+    ),
+    "impl/req_to_token.py:has_duplicates:const+1:256": (
+        "a speed cut-off (new family, seed 7): a row write of exactly 256 slots is checked for repeats with a set "
+        "rather than a sort; the same answer"
+    ),
+    "impl/requests.py:Request.holds_anything:negate-cmp:self.handle is not None": (
+        "read by one caller, where either answer gives the same result (new family, seed 7): the leak checker's "
+        "expected_owners skips a finished request that holds nothing; not skipped, it adds nothing (no row, no "
+        "Mamba state), and skipping one that holds only a lock adds nothing either (locks are not slots). "
+        "Request's properties are not probed by themselves: an engine author reading holds_anything would see it"
+    ),
+    "impl/slots.py:SlotPool.__init__:const+1:1#5": (
+        "off the CPU only (new family, seed 7): the free stack of a pool whose device is not the CPU"
+    ),
+    'impl/tree.py:RadixTree.__init__:negate-cmp:self.device.type != "cpu"': (
+        "the device path taken on the CPU (new family, seed 7): nodes keep a copy of their slots and the tree "
+        "takes its torch path instead of its host path; the same results (every suite holds: the device path "
+        "agrees with the host one on the CPU)"
+    ),
     "impl/memory.py:MemoryManager._release_owned:min-max:min(req.alloc_len, start)": (
         "a field nothing reads (new family, seed 2): alloc_len is never below start here, so max leaves it as it "
         "was; abort and retract set it to 0 next, and a finished request has no row, so its alloc_len is read by "

@@ -19,7 +19,7 @@ from kvledger.contracts.machines.probes import (
     run_call,
 )
 from kvledger.impl import integrity
-from kvledger.impl.allocators import SWATokenAllocator, TokenAllocator
+from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.slots import SlotPool
@@ -336,6 +336,27 @@ def test_a_kv_write_that_takes_one_slot_twice_is_caught(monkeypatch: pytest.Monk
     monkeypatch.setattr(allocators, "check_kv_write", pairs_pass)
     with pytest.raises(AssertionError, match=r"invalid call accepted"):
         m.malformed_indices(c, False)
+
+
+def test_a_paged_free_that_checks_the_wrong_end_of_its_pages_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 7: ``pages_of``'s fast path checked the largest of its sorted pages against the
+    pool's base, not the least, so the reserved page went through with a valid one after it. ``out_of_range``
+    frees the reserved page followed by the pool's first page: ``OutOfRange``, naming the reserved page's tokens."""
+    m = machine("paged")
+    m.out_of_range("below")
+    original = PagedAllocator.pages_of
+
+    def last_end(self: PagedAllocator, op: str, indices: torch.Tensor) -> torch.Tensor:
+        got = self.whole_pages(indices) if isinstance(indices, torch.Tensor) else None
+        if got is not None:
+            d = torch.unique(got)
+            if d.numel() == got.numel() and int(d[-1]) >= self.pool.base:  # BUG: the largest page, not the least
+                return d
+        return original(self, op, indices)
+
+    monkeypatch.setattr(PagedAllocator, "pages_of", last_end)
+    with pytest.raises(AssertionError, match=r"expected OutOfRange|inv_names_culprit|accepted"):
+        m.out_of_range("below")
 
 
 def test_a_refused_constructor_raises_a_typed_error() -> None:

@@ -32,7 +32,7 @@ from kvledger.impl.owners import encode
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.req_to_token import ReqToTokenPool
 from kvledger.impl.session import Sessions, SessionSlot
-from kvledger.impl.tree import MatchResult, RadixTree
+from kvledger.impl.tree import MatchResult, RadixTree, TreeNode
 from kvledger.spec import domains as D
 from kvledger.spec.errors import CacheError, IntegrityError, KVLedgerError, OverAllocation
 from kvledger.spec.types import Component, Owner, OwnerKind, request
@@ -284,6 +284,53 @@ def test_a_verify_that_reads_as_many_slots_as_it_likes_is_caught(data: st.DataOb
         mp.setattr(C, "verify", lax)
         with pytest.raises(AssertionError, match=r"inv_domain_enforced: .*integrity\.verify"):
             C.sweep(one, data.draw)
+
+
+def test_an_insert_that_refuses_a_partly_cached_page_with_another_class_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 19, new family, seed 7: without its partial-page check, a paged cache's insert of a page only partly
+    its own cached slots is still refused, but by the ownership check (``NotOwner``); the spec gives
+    ``SlotConflict``, the class callers catch. The insert's value catalogue holds such a page where the key's
+    first page is cached, and the refusal's class is the spec's (``spec.prefix.check_insert``)."""
+    from kvledger.spec.errors import NotOwner, SlotConflict
+
+    original = RadixCache.insert
+
+    def other_class(self: RadixCache, key: Any, value: Any, owner: Any, **kw: Any) -> Any:
+        try:
+            return original(self, key, value, owner, **kw)
+        except SlotConflict as err:
+            if "only partly" not in str(err):
+                raise
+            raise NotOwner("insert", "kv", [0], "held by the cache, not by the caller") from None  # BUG: wrong class
+
+    monkeypatch.setattr(RadixCache, "insert", other_class)
+    msg = fails("paged", C.cache_scenario, "inv_domain_enforced", examples=300)
+    assert "not SlotConflict" in msg, msg
+
+
+def test_a_walk_to_the_root_without_its_cycle_guard_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 7: ``prefix`` without its revisit guard walks a parent cycle for ever. The cache
+    audit plants one and makes every public call that takes a node on it, each bounded to a second: each must
+    answer or fail typed at once (the reference raises ``IntegrityError`` for the walks to the root)."""
+    kv = TokenAllocator(8)
+    cache = RadixCache(kv)
+    cache.insert(torch.tensor([1, 2, 3]), kv.alloc(3, request(1)), request(1))
+    cache.insert(torch.tensor([1, 2, 4]), kv.alloc(3, request(2)), request(2))
+    assert C._planted_cycle(cache) == ""  # the reference holds
+    original = RadixTree.prefix
+
+    def unguarded(self: RadixTree, n: TreeNode) -> torch.Tensor:
+        x = n
+        while x.parent is not None:  # BUG: no revisit guard: a parent cycle is walked for ever
+            x = x.parent
+        return original(self, n)
+
+    monkeypatch.setattr(RadixTree, "prefix", unguarded)
+    got = C._planted_cycle(cache)
+    assert got.startswith("prefix of node") and "_Walked" in got, got
+    assert cache.prefix(cache.match_prefix(torch.tensor([1, 2, 4])).last_node).tolist() == [1, 2, 4]  # put back
 
 
 def test_node_that_takes_a_bool_id_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -728,7 +775,7 @@ def test_a_lock_that_keeps_its_raises_on_a_parent_cycle_fails_the_audit(monkeypa
             raise
 
     monkeypatch.setattr(RadixTree, "_raise_full", keeps)
-    with pytest.raises(AssertionError, match="parent cycle planted failed and changed the lock counts"):
+    with pytest.raises(AssertionError, match="parent cycle planted changed the lock counts"):
         C.cache_audit(c)
 
 
