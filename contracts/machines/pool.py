@@ -947,8 +947,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             at=st.lists(st.integers(0, 63), min_size=1, max_size=3),
         )
         def corrupt(self, chunk: Chunk, parts: frozenset[str], at: list[int]) -> None:
-            """Change an arbitrary part of what ``chunk`` holds (some of its KV slots, its SWA copies; one value of
-            one of a Mamba state's tensors, its fingerprint) and ask the pool's own ``verify``: it must flag each
+            """Change an arbitrary part of what ``chunk`` holds (its KV slots, its SWA copies; values of one of a
+            Mamba state's tensors at ``at``, its fingerprint) and ask the pool's own ``verify``: it must flag each
             change alone and all of them at once (``spec.prefix.inv_verify_exact``); with the content put back, it
             must pass."""
             pool = self.pool
@@ -970,12 +970,14 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     pool.write_fingerprint(slots, tokens, positions)  # NOTE: the SWA copies too
                 check = lambda: pool.verify(slots, tokens, positions)  # noqa: E731
                 full = pool.full.data if isinstance(pool, SWATokenAllocator) else pool.data
-                targets = [("data", full, [int(slots[i % slots.numel()]) for i in at])] if "data" in parts else []
+                # NOTE: every slot of the chunk (a few), not only the drawn ones: a verify that skips one slot is
+                # met whenever its chunk is changed
+                targets = [("data", full, sorted(set(slots.tolist())))] if "data" in parts else []
                 if isinstance(pool, SWATokenAllocator) and "swa" in parts:
                     live = pool.translate(slots)
                     live = live[live != 0]
                     if live.numel():
-                        targets.append(("swa data", pool.swa.data, [int(live[i % live.numel()]) for i in at]))
+                        targets.append(("swa data", pool.swa.data, sorted(set(live.tolist()))))
             if not targets:
                 return
             # NOTE: each change alone, then all at once: one change the check misses is not hidden by another

@@ -221,9 +221,9 @@ def test_corrupt_fails_on_a_verify_whose_miss_another_change_would_hide(monkeypa
     c = chunk_of(m, 3)
     m.corrupt(c, frozenset({"data", "swa"}), [0])
     monkeypatch.setattr(SWATokenAllocator, "verify", skips_first_copy)
-    m.corrupt(c, frozenset({"data", "swa"}), [1])  # the copies it reads: flagged alone and together
+    m.corrupt(c, frozenset({"data"}), [1])  # the KV it reads: flagged
     with pytest.raises(AssertionError, match=r"inv_verify_exact: .* with swa data\[\d+\] changed: verify passed"):
-        m.corrupt(c, frozenset({"data", "swa"}), [0])
+        m.corrupt(c, frozenset({"data", "swa"}), [1])  # every slot of the chunk is changed alone, whatever ``at``
 
 
 @pytest.mark.parametrize("kind", ["token", "swa", "mamba", "req_to_token"])
