@@ -698,14 +698,11 @@ def _verify_method() -> Method:
             *SCALAR_EDGES,
         )
 
-    def tokens_edges(_d: Drawn) -> tuple[object, ...]:
-        return FP_EDGES
-
     return Method(
         "integrity.verify",
         lambda tokens, positions, slots: verify("kv", store, slots, tokens, positions),
         {
-            "tokens": _arg(ids, st.sampled_from(FP_EDGES), tokens_inside, edges=tokens_edges),
+            "tokens": _arg(ids, st.sampled_from(FP_EDGES), tokens_inside, edges=FP_EDGES),
             "positions": _arg(lambda d: st.just(basis(d)), st.sampled_from(FP_EDGES), same, after=True, edges=FP_EDGES),
             "slots": _arg(
                 lambda d: st.just(basis(d)),

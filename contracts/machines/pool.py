@@ -645,12 +645,11 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 self._expect_rejected(lambda: _transfer(self.pool, idx, chunk.owner, other), expected, culprits)
                 return
             self._expect_rejected(lambda: _free(self.pool, idx, chunk.owner), expected, culprits)
-            if bad in ("dup", "twice") and isinstance(self.pool, TokenAllocator | PagedAllocator | SWATokenAllocator):
+            if bad == "dup" and isinstance(self.pool, TokenAllocator | PagedAllocator | SWATokenAllocator):
                 # NOTE: a KV write naming a token slot twice (and the least such write: one slot, twice) is refused,
                 # naming that slot: the tokens it would write there are two
                 write = self.pool.write_fingerprint
-                pair = chunk.idx[:1].repeat(2)
-                for ids in (pair, torch.cat((chunk.idx, chunk.idx[:1]))):
+                for ids in (chunk.idx[:1].repeat(2), idx):
                     zero, pos = torch.zeros_like(ids), torch.arange(ids.numel())
                     named = {int(ids[0])}
                     self._expect_rejected(partial(write, ids, zero, pos), InvalidArgument, named)
