@@ -446,8 +446,10 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 if isinstance(self.pool, MambaPool):
                     for slot, value in zip(idx.tolist(), fp.tolist(), strict=True):
                         self.pool.write_fingerprint(slot, value)
-                else:
-                    data[idx] = fp
+                elif not isinstance(self.pool, ReqToTokenPool):  # NOTE: it has no data, so never here
+                    # NOTE: the pool's own write (an SWA pool's copies too): ``inv_data_integrity`` holds what it
+                    # wrote to the fingerprints computed here, and ``inv_verify_passes`` holds its verify to them
+                    self.pool.write_fingerprint(idx, tokens, positions)
                 self.expect[self.stamp] = (idx, fp)
             made = self.live[self.stamp] = Chunk(owner, idx, self.stamp)
             return made
@@ -965,8 +967,6 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             else:
                 tokens, positions = self.written[chunk.stamp]
                 slots = self.expect[chunk.stamp][0]
-                if isinstance(pool, SWATokenAllocator):
-                    pool.write_fingerprint(slots, tokens, positions)  # NOTE: the SWA copies too
                 check = lambda: pool.verify(slots, tokens, positions)  # noqa: E731
                 full = pool.full.data if isinstance(pool, SWATokenAllocator) else pool.data
                 # NOTE: every slot of the chunk (a few), not only the drawn ones: a verify that skips one slot is
@@ -1042,6 +1042,25 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             for stamp, (slots, fps) in self.expect.items():
                 bad = data[slots] != fps
                 assert not bool(bad.any()), f"data integrity: chunk {stamp} slots {slots[bad].tolist()} lost their data"
+
+        @invariant()
+        def inv_verify_passes(self) -> None:
+            """The pool's own ``verify`` passes on every chunk it holds as written (``spec.prefix.inv_verify_exact``,
+            its other half: ``corrupt`` holds a verify to the changes it must flag). A verify that flags what is
+            intact (one that reads a slot it was not given, or the copy of a slot that has none) is as wrong as one
+            that misses a change, and it is met here on every step, whatever state the chunks are in."""
+            pool = self.pool
+            if isinstance(pool, ReqToTokenPool):
+                return
+            for stamp, (slots, fps) in self.expect.items():
+                if isinstance(pool, MambaPool):  # NOTE: as ``corrupt`` asks it: the chunk's last state
+                    err = raised(partial(pool.verify, int(slots[-1]), int(fps[-1])))
+                else:
+                    err = raised(partial(pool.verify, slots, *self.written[stamp]))
+                if not P.inv_verify_exact(True, err):
+                    raise AssertionError(
+                        f"inv_verify_exact: chunk {stamp} {slots.tolist()} intact, verify raised {err!r}"
+                    )
 
     PoolConformance.__name__ = f"PoolConformance_{kind.name}"
     PoolConformance.__qualname__ = PoolConformance.__name__

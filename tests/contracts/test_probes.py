@@ -226,6 +226,46 @@ def test_corrupt_fails_on_a_verify_whose_miss_another_change_would_hide(monkeypa
         m.corrupt(c, frozenset({"data", "swa"}), [1])  # every slot of the chunk is changed alone, whatever ``at``
 
 
+def test_a_verify_that_flags_an_intact_tombstone_fails_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 4 (the survivor left at the edge of the default budget): an SWA ``verify`` that
+    reads the copy of every slot but SWA slot 1, an unmapped slot's (0) included. Once a chunk's SWA slots are
+    freed, its intact KV is flagged: ``inv_verify_passes`` meets that on every step, not only when ``corrupt``
+    happens to draw the chunk."""
+
+    def reads_unmapped(self: SWATokenAllocator, slots: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor) -> None:
+        self.full.verify(slots, tokens, pos)
+        live = self.full_to_swa[slots]
+        mask = live != 1  # BUG: for ``!= 0``
+        if bool(mask.any()):
+            integrity.verify("swa", self.swa.data, live[mask], tokens[mask], pos[mask])
+
+    m = machine("swa")
+    m.free_swa(chunk_of(m, 3))
+    m.inv_verify_passes()  # the reference passes on a tombstone
+    monkeypatch.setattr(SWATokenAllocator, "verify", reads_unmapped)
+    with pytest.raises(AssertionError, match=r"inv_verify_exact: chunk \d+ .* intact, verify raised IntegrityError"):
+        m.inv_verify_passes()
+
+
+@pytest.mark.parametrize("kind", ["token", "paged", "swa"])
+def test_a_kv_write_that_writes_other_positions_fails_the_machine(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """The machine writes each chunk's KV through the pool's own ``write_fingerprint``; ``inv_data_integrity``
+    holds what it wrote to fingerprints computed apart, so a write that records the wrong positions is caught."""
+    cls = {"token": TokenAllocator, "paged": PagedAllocator, "swa": SWATokenAllocator}[kind]
+    original = cls.write_fingerprint
+    m = machine(kind)
+    chunk_of(m, 3)
+    m.inv_data_integrity()
+
+    def shifted(self: Any, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        original(self, slots, tokens, positions + 1)  # BUG: positions one on
+
+    monkeypatch.setattr(cls, "write_fingerprint", shifted)
+    chunk_of(m, 3)
+    with pytest.raises(AssertionError, match=r"data integrity: chunk \d+ slots .* lost their data"):
+        m.inv_data_integrity()
+
+
 @pytest.mark.parametrize("kind", ["token", "swa", "mamba", "req_to_token"])
 @pytest.mark.parametrize("give", [False, True])
 def test_a_refusal_of_a_slot_named_twice_must_name_that_slot(
