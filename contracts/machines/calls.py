@@ -1391,12 +1391,10 @@ def _fresh_self_checks(cache: RadixCache) -> str:
 
 def _fixed_views(cache: RadixCache) -> str:
     """A node's per-component views (``lock_ref``, ``lru_prev``, ``lru_next``: live mappings with one entry per
-    component) have no entry to delete: on a deep copy of ``cache``, each way to delete one (``del``, ``pop``,
-    ``popitem``, ``clear``, each bounded to a second: a ``clear`` over a delete that does nothing never ends) must
-    be refused and leave the view as it was. A delete dropped in silence loses what its caller asked for. What went
-    wrong, or ""."""
-    dup = deepcopy(cache)
-    n = max(dup.nodes(), key=lambda x: x.id)
+    component) have no entry to delete: each way to delete one (``del``, ``pop``, ``popitem``, ``clear``, each
+    bounded to a second: a ``clear`` over a delete that does nothing never ends) must be refused and leave the view
+    as it was. A delete dropped in silence loses what its caller asked for. What went wrong, or ""."""
+    n = max(cache.nodes(), key=lambda x: x.id)  # NOTE: on the cache itself: a refused delete changes nothing
     comp = cache.components[0]
     for name in ("lock_ref", "lru_prev", "lru_next"):
         for how, call in (

@@ -1052,15 +1052,21 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             pool = self.pool
             if isinstance(pool, ReqToTokenPool):
                 return
-            for stamp, (slots, fps) in self.expect.items():
-                if isinstance(pool, MambaPool):  # NOTE: as ``corrupt`` asks it: the chunk's last state
-                    err = raised(partial(pool.verify, int(slots[-1]), int(fps[-1])))
-                else:
-                    err = raised(partial(pool.verify, slots, *self.written[stamp]))
+            if not self.expect:
+                return
+            if isinstance(pool, MambaPool):  # NOTE: as ``corrupt`` asks it: each chunk's last state
+                calls = {stamp: partial(pool.verify, int(s[-1]), int(f[-1])) for stamp, (s, f) in self.expect.items()}
+            else:  # NOTE: one call for every chunk: they hold distinct slots
+                stamps = list(self.expect)
+                slots, tokens, positions = (
+                    torch.cat([(self.expect[k][0], *self.written[k])[i] for k in stamps]) for i in range(3)
+                )
+                calls = {stamps[0] if len(stamps) == 1 else -1: partial(pool.verify, slots, tokens, positions)}
+            for stamp, call in calls.items():
+                err = raised(call)
                 if not P.inv_verify_exact(True, err):
-                    raise AssertionError(
-                        f"inv_verify_exact: chunk {stamp} {slots.tolist()} intact, verify raised {err!r}"
-                    )
+                    what = "every chunk" if stamp < 0 else f"chunk {stamp}"
+                    raise AssertionError(f"inv_verify_exact: {what} intact, verify raised {err!r}")
 
     PoolConformance.__name__ = f"PoolConformance_{kind.name}"
     PoolConformance.__qualname__ = PoolConformance.__name__
