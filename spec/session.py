@@ -170,6 +170,20 @@ def inv_released_on_close(ledgers: Mapping[str, Ledger], sid: int) -> bool:
     return all(not held_by(lg, session(sid)) for lg in ledgers.values())
 
 
+def inv_lent_to_a_live_turn(sid: int, lent_to: int | None, live: Mapping[int, int | None]) -> bool:
+    """A session's memory is lent only to a live turn of it: ``lent_to`` names a request that is waiting or
+    running (``live``: each such request's session) and belongs to session ``sid``. A turn gives the memory back,
+    or saves into it, as it ends (finished, aborted, retracted, dropped); a session still lent to one that ended
+    holds its memory for nobody and is never resumed again.
+
+    >>> inv_lent_to_a_live_turn(1, None, {}), inv_lent_to_a_live_turn(1, 7, {7: 1})
+    (True, True)
+    >>> [inv_lent_to_a_live_turn(1, 7, live) for live in ({}, {7: 2}, {7: None})]
+    [False, False, False]
+    """
+    return lent_to is None or (lent_to in live and live[lent_to] == sid)
+
+
 def inv_session_holds_recorded(
     s: SessionSlot, kv: Ledger, rows: Ledger | None, mamba: Ledger | None, page_size: int = 1
 ) -> bool:

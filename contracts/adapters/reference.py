@@ -12,6 +12,7 @@ never on a hot path.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
@@ -231,8 +232,16 @@ class ReferenceAdapter:
         assert self.cache.mamba is not None
         self.cache.mamba.write_fingerprint(slot, value)
 
+    def _key(self, op: str, key: tuple[int, ...]) -> torch.Tensor | array[int]:
+        """``key`` as the cache takes it, a tensor or an ``array("q")`` (half the keys each): a scheduler hands it ids
+        (the array form, read without a copy, has the cache's fast paths: the match's walk reused by the insert of
+        its key), so both forms and both orders (an insert after a match of the same key or of another) are met."""
+        ids = check_tokens(op, "kv", key)
+        as_array = sum(ids) % 2  # NOTE: by content, not by a count: a refused call changes nothing here either
+        return array("q", ids) if as_array else torch.tensor(ids, dtype=torch.int64, device=self.device)
+
     def _match(self, key: tuple[int, ...]) -> tuple[Match, MatchResult]:
-        m = self.cache.match_prefix(self._t("match_prefix", key))
+        m = self.cache.match_prefix(self._key("match_prefix", key))
         return Match(m.length, tuple(m.indices.tolist()), m.mamba_slot), m
 
     def match_prefix(self, key: tuple[int, ...]) -> Match:
@@ -249,7 +258,7 @@ class ReferenceAdapter:
         return int(_locked("handle_id", handle).handle.id)
 
     def insert(self, req: int, key: tuple[int, ...], slots: tuple[int, ...], mamba: int | None) -> Inserted:
-        r = self.cache.insert(self._t("insert", key), self._t("insert", slots), request(req), mamba_slot=mamba)
+        r = self.cache.insert(self._key("insert", key), self._t("insert", slots), request(req), mamba_slot=mamba)
         return Inserted(r.prefix_len, tuple(r.dup_indices.tolist()), r.dup_mamba)
 
     def evict(self, component: Component, n: int) -> int:

@@ -1528,6 +1528,20 @@ def _misuses(
             )
             for what, bad in _NON_NODES
         ),
+        # NOTE: every call that takes a list of nodes, given each kind of value that is no list: one member alone
+        # (the likeliest slip), None, an int, a set, a dict, an iterator (a list must keep its order)
+        *(
+            (f"{name} of {what}", partial(call, bad), NotInList, -1)  # type: ignore[arg-type]  # NOTE: junk on purpose
+            for name, call in (("place", lst.place), ("touch_all", lst.touch_all))
+            for what, bad in (
+                ("one member, not a list", a),
+                ("None", None),
+                ("an int", 7),
+                ("a set", {a, b}),
+                ("a dict", {a: 1}),
+                ("an iterator", iter([a])),
+            )
+        ),
     ]
 
 
@@ -1793,6 +1807,9 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
     count = _arg(st.integers(1, 3), count_or_junk(0, 3), D.is_amount, edges=count_edges(0))  # NOTE: too many: no room
     owner = _arg(st.just(request(95)), owner_or_junk(), D.is_owner, edges=OWNER_EDGES)
     sessions = sorted(mm.sessions.slots)
+    lenders = {sid: mm.requests.get(x.lent_to) for sid, x in mm.sessions.slots.items() if x.lent_to is not None}
+    in_use = [sid for sid, r in lenders.items() if r is not None and r.status is Status.RUNNING]
+    idle = [sid for sid in sessions if sid not in in_use]
     # NOTE: token ids get the keys' junk too (the ids' bytes in each buffer type, tensors, sets): one catalogue of
     # what is no token sequence, whichever call takes one
     bad_tokens = (
@@ -1910,10 +1927,13 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
             "close_session",
             mm.sessions.close,
             {
+                # NOTE: a session whose turn runs on its memory is in use: its close is refused (the turn would
+                # run on freed memory), and nothing changes
                 "sid": _arg(
-                    st.sampled_from(sessions) if sessions else None,
-                    st.sampled_from([3, -1, True, 1.5, None]),
-                    lambda x: type(x) is int and x in mm.sessions.slots,
+                    st.sampled_from(idle) if idle else None,
+                    st.sampled_from([3, -1, True, 1.5, None, *in_use]),
+                    lambda x: type(x) is int and x in mm.sessions.slots and x not in in_use,
+                    edges=(3, -1, True, None, *in_use),
                 )
             },
             releases=True,
@@ -2018,7 +2038,7 @@ def manager_scenario_of(mm: MemoryManager, story: list[str] | None = None) -> Sc
         _manager_methods(mm),
         lambda: _manager_fingerprint(mm),
         story or [],
-        lambda draw: f"{leak_audit(mm, draw)}; {room_audit(mm)}; {rollback_audit(mm)}",
+        lambda draw: f"{leak_audit(mm, draw)}; {room_audit(mm)}; {rollback_audit(mm)}; {session_audit(mm)}",
         partial(_call_on_copy, mm),
     )
 
@@ -2133,6 +2153,48 @@ def room_audit(mm: MemoryManager) -> str:
                 raise AssertionError(f"{law}: alloc_mamba ({need} slots) left {held} held by {owner}")
             told.append(f"a Mamba state with {free} free")
     return "room audit: " + "; ".join(told)
+
+
+def session_audit(mm: MemoryManager) -> str:
+    """The sessions' own self-check (``Sessions.check``, which the checker trusts after every release it makes on a
+    copy) must pass on the healthy manager and fail, typed and naming the law, with each session law planted broken
+    on a deep copy of one session (a fresh one opened if none is): committed tokens past the positions it holds
+    (``inv_committed_within_allocated``), tokens recorded past its committed length (the same law), positions held
+    without a row (``inv_kv_needs_row``). What was audited.
+
+    Raises ``AssertionError`` naming ``self-checks agree with the state`` otherwise."""
+    law = "self-checks agree with the state"
+    err = raised(mm.sessions.check)
+    if err is not None:
+        raise AssertionError(f"{law}: Sessions.check() raised on a healthy manager: {err!r}")
+    plants: tuple[tuple[str, str, Callable[[SessionSlot], None]], ...] = (
+        ("committed past what it holds", "inv_committed_within_allocated", _plant_overcommitted),
+        ("tokens past its committed length", "inv_committed_within_allocated", _plant_extra_token),
+        ("positions held without a row", "inv_kv_needs_row", _plant_rowless),
+    )
+    for what, name, plant in plants:
+        m = deepcopy(mm)
+        if not m.sessions.slots:
+            m.sessions.open(1)
+        slot = next(iter(m.sessions.slots.values()))
+        plant(slot)
+        err = raised(m.sessions.check)
+        if not (isinstance(err, IntegrityError) and str(err).startswith(name)):
+            raise AssertionError(f"{law}: Sessions.check() with session {slot.sid}'s {what} planted: {err!r}")
+    return f"session audit: {len(plants)} plants"
+
+
+def _plant_overcommitted(slot: SessionSlot) -> None:
+    slot.committed_len = slot.alloc_len + 1
+    slot.tokens = (*slot.tokens, *[1] * (slot.committed_len - len(slot.tokens)))[: slot.committed_len]
+
+
+def _plant_extra_token(slot: SessionSlot) -> None:
+    slot.tokens = (*slot.tokens, 1)
+
+
+def _plant_rowless(slot: SessionSlot) -> None:
+    slot.row, slot.alloc_len, slot.committed_len, slot.tokens = None, slot.alloc_len + 1, 0, ()
 
 
 def rollback_audit(mm: MemoryManager) -> str:

@@ -54,7 +54,7 @@ from kvledger.spec import locks as K
 from kvledger.spec import session as S
 from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.prefix import fingerprint
-from kvledger.spec.types import Component, HandleId, SlotId, request, session
+from kvledger.spec.types import Component, HandleId, OwnerKind, SlotId, request, session
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8))
 SESSIONS = (1, 2)
@@ -174,7 +174,12 @@ def check_snapshot(
     if "rows" in capabilities and (unheld := rows_unheld(snap)):
         raise _fail("inv_rows_held", "; ".join(unheld[:3]))
     if "sessions" in capabilities:
+        live = {r.rid: r.session for r in snap.requests.values() if r.status in ("waiting", "running")}
         for s in snap.sessions.values():
+            if not S.inv_lent_to_a_live_turn(s.sid, s.lent_to, live):
+                lender = snap.requests.get(s.lent_to) if s.lent_to is not None else None
+                what = "no request" if lender is None else f"{lender.status}, of session {lender.session}"
+                raise _fail("inv_lent_to_a_live_turn", f"session {s.sid} is lent to request {s.lent_to} ({what})")
             if s.lent_to is None and not S.inv_committed_within_allocated(
                 S.SessionSlot(s.sid, s.row, s.slots, s.committed_len)
             ):
@@ -266,6 +271,21 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
 
         def _moved(self, rid: int) -> None:
             self.lifecycle[rid] = self.lifecycle.get(rid, 0) + 1
+
+        def _spent(self, pending: bool, before: SystemSnapshot, after: SystemSnapshot, refused: bool, op: str) -> None:
+            """An injected failure fails the next allocation (the ``inject_failure`` capability): a step begun with
+            one pending that refused nothing must not leave a request holding KV slots that were free before it.
+            An injection that never fires leaves every failure path of the machine unchecked."""
+            b, a = before.ledgers.get("kv"), after.ledgers.get("kv")
+            if not pending or refused or b is None or a is None:
+                return
+            for owner, slots in a.held.items():
+                if owner.kind is OwnerKind.REQUEST and (new := sorted(slots & b.free)):
+                    raise _fail(
+                        "an injected failure fails the next allocation",
+                        f"{op}: with a failure injected and pending, {owner} was given free KV slots {new[:8]} and "
+                        "nothing was refused",
+                    )
 
         def has(self, cap: str) -> bool:
             return cap in self.caps
@@ -417,9 +437,10 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             attempts = {r: A.begin(request(r), before.ledgers, self._handles(before, r)) for r in waiting}
             targeted = self.has("targeted_admission") and not batch
             result = self.sys.admit(budget, rid if targeted else None)
-            self.failure_pending = False
+            pending, self.failure_pending = self.failure_pending, False
             after = self.last = self.sys.snapshot()
             self.refusals += len(result.rejected)
+            self._spent(pending, before, after, bool(result.rejected), f"admission of {list(result.admitted)}")
             for r in result.admitted:
                 self._moved(r)
             left = A.Budget(budget, len(waiting))
@@ -548,7 +569,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             rid = self._running(pick)
             if rid is None:
                 return
-            before = self.last
+            before, pending = self.last, self.failure_pending
             try:
                 self.sys.extend(rid, n, ahead if self.has("speculative") and self.on("speculative") else 0)
             except KVLedgerError as err:  # pool exhausted, injected failure, context full: nothing may change
@@ -560,7 +581,9 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             finally:
                 self.failure_pending = False
             self._moved(rid)
-            was, now = before.requests[rid], self.sys.snapshot().requests.get(rid)
+            snap = self.sys.snapshot()
+            self._spent(pending, before, snap, False, f"extend of request {rid} by {n}")
+            was, now = before.requests[rid], snap.requests.get(rid)
             if (
                 now is not None
                 and now.status == "running"

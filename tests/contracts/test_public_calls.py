@@ -476,6 +476,40 @@ def _running_manager(mamba: bool) -> MemoryManager:
     return mm
 
 
+def test_a_close_of_a_session_in_use_that_is_accepted_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 9: ``close`` with its in-use test negated frees a session's memory while its turn
+    runs on it. A session lent to a running turn is outside ``close``'s domain: refused, nothing changed."""
+    real = Sessions.close
+
+    def lax(self: Sessions, sid: Any) -> None:
+        slot = self.slots.get(sid) if type(sid) is int else None
+        if slot is not None and slot.lent_to is not None:
+            slot.lent_to = None  # BUG: the turn running on it is not looked at
+        real(self, sid)
+
+    monkeypatch.setattr(Sessions, "close", lax)
+    msg = fails("token", C.manager_scenario, "inv_domain_enforced", examples=600)
+    assert "close_session" in msg, msg
+
+
+@pytest.mark.parametrize("law", ["inv_committed_within_allocated", "inv_kv_needs_row", "the tokens"])
+def test_a_session_self_check_that_misses_a_law_fails_the_audit(monkeypatch: pytest.MonkeyPatch, law: str) -> None:
+    """Issue 19, new family, seed 9: ``Sessions.check`` with one of its raises dropped. The checker trusts it after
+    each release it makes on a copy, so the audit plants each law broken and wants the check to name it."""
+    from kvledger.impl.session import S as spec_session
+
+    mm = _running_manager(False)
+    before = C._manager_fingerprint(mm)
+    assert C.session_audit(mm) == "session audit: 3 plants"
+    assert C._manager_fingerprint(mm) == before  # the plants are made on copies
+    if law == "the tokens":
+        monkeypatch.setattr(Sessions, "check", lambda self: None)  # BUG: nothing is checked
+    else:
+        monkeypatch.setattr(spec_session, law, lambda s: True)  # BUG: the law never fails
+    with pytest.raises(AssertionError, match=r"self-checks agree with the state: Sessions.check\(\) with session"):
+        C.session_audit(mm)
+
+
 @pytest.mark.parametrize("mamba", [False, True])
 def test_the_leak_audit_plants_a_leak_in_each_pool_and_takes_it_back(mamba: bool) -> None:
     mm = _running_manager(mamba)
@@ -999,6 +1033,26 @@ def test_a_place_that_drops_a_repeated_node_fails_the_audit(monkeypatch: pytest.
         C.lru_audit(_locked(), _first_choice)
 
 
+def test_a_place_without_its_list_check_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 9: ``place`` without its test that it was given a list: a string still fails later
+    (a character is no node), but a lone node or ``None`` crashes untyped and a set is placed in no order. The
+    audit gives each call that takes a list of nodes each kind of value that is no list."""
+    from kvledger.impl.lru import LRUList
+
+    C.lru_audit(_locked(), _first_choice)  # the reference refuses each
+    real = LRUList.place
+
+    def lax(self: Any, order: Any) -> None:
+        if not isinstance(order, list | tuple | str):
+            return self._reorder(order)  # type: ignore[no-any-return]  # BUG: no list check before the walk
+        return real(self, order)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(LRUList, "place", lax)
+    law = r"inv_domain_enforced: full list: place of one member, not a list raised TypeError"
+    with pytest.raises(AssertionError, match=law):
+        C.lru_audit(_locked(), _first_choice)
+
+
 def test_a_place_that_misorders_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
     from kvledger.impl.lru import LRUList
 
@@ -1032,7 +1086,8 @@ def test_a_place_that_refuses_an_order_whose_head_is_in_place_fails_the_audit(mo
     real = LRUList.place
 
     def place(self: Any, order: list[Any]) -> None:
-        members = all(isinstance(n, Linked) and n in self for n in order) and len(set(order)) == len(order)
+        listed = isinstance(order, list | tuple)
+        members = listed and all(isinstance(n, Linked) and n in self for n in order) and len(set(order)) == len(order)
         placed = self._in_place(order) if members else None  # NOTE: other orders are refused as before
         if placed is not None and placed[1] > 0:  # BUG: counts the first node out of place among those in place
             raise AlreadyInList("lru_touch", self.component.value, -1, "a node named twice in one touch")

@@ -234,3 +234,43 @@ def test_an_admission_that_gives_no_mamba_state_is_caught(monkeypatch: pytest.Mo
     monkeypatch.setattr(admission, "_acquire", acquire)
     result = run("mamba")
     assert result.violation is not None and result.violation.rule == "admission commits", result.violation
+
+
+@pytest.mark.parametrize(("model", "pool"), [("full", "kv"), ("mamba", "mamba")])
+def test_an_injected_failure_that_never_fires_is_caught(monkeypatch: pytest.MonkeyPatch, model: str, pool: str) -> None:
+    """Issue 19, new family, seed 9: an allocation that counts an injected failure off but does not fail (its
+    raise dropped). The machine excuses what an injected failure may refuse, so without a law of its own every
+    failure path went unchecked: a step begun with a failure pending that refused nothing must not hand a request
+    free KV."""
+    name = "alloc_kv" if pool == "kv" else "alloc_mamba"
+    real = getattr(MemoryManager, name)
+
+    def spends_silently(self: MemoryManager, *args: Any) -> Any:
+        if self.fail_next > 0:
+            self.fail_next -= 1  # BUG: counted off, never raised
+        return real(self, *args)
+
+    assert run(model).violation is None
+    monkeypatch.setattr(MemoryManager, name, spends_silently)
+    result = run(model)
+    assert result.violation is not None, result
+    assert result.violation.rule == "an injected failure fails the next allocation", result.violation
+
+
+def test_a_session_left_lent_to_an_ended_turn_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 9: an abort (or retract) of a session's turn that skips giving the session's
+    memory back (its test for an open session negated): the session stays lent to a request that has ended, so it
+    is never resumed again, and, lent, it is exempt from the committed-length law. A session is lent only to a
+    live turn of it (``spec.session.inv_lent_to_a_live_turn``)."""
+    real = MemoryManager._release_all
+
+    def keeps_the_loan(self: MemoryManager, req: Any) -> None:
+        slot = self.sessions.slots.get(req.session) if req.session is not None else None
+        kept = None if slot is None else (slot.lent_to, slot.tokens, slot.committed_len)
+        real(self, req)
+        if slot is not None and kept is not None:
+            slot.lent_to, slot.tokens, slot.committed_len = kept  # BUG: the turn's loan never given back
+
+    monkeypatch.setattr(MemoryManager, "_release_all", keeps_the_loan)
+    result = run()
+    assert result.violation is not None and result.violation.rule == "inv_lent_to_a_live_turn", result.violation
