@@ -21,6 +21,7 @@ from kvledger.impl.mamba import MambaAlloc
 from kvledger.impl.memory import MemoryManager
 from kvledger.impl.requests import Request, Status
 from kvledger.spec.errors import InvalidArgument, OverAllocation
+from kvledger.spec.types import Component
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,8 @@ def _acquire(mm: MemoryManager, a: Attempt) -> None:
             state = mm.cache.mamba_copy_on_write(m, req.owner)
             try:
                 pp = mm.mamba.ping_pong_size
+                if pp:  # NOTE: the track buffers evict too (the matched state is locked): as alloc_mamba's do
+                    mm._make_room(Component.MAMBA, pp - mm.mamba.available_size(), f"track buffers for {req.owner}")
                 track = tuple(mm.mamba.alloc(pp, req.owner).tolist()) if pp else ()
             except OverAllocation:
                 mm._free_mamba_slots(req.owner, (state,))

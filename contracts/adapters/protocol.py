@@ -30,7 +30,7 @@ from kvledger.spec.types import Component, NodeId
 
 CAPABILITIES = frozenset(
     {"lru", "tree", "locks", "ledgers", "content", "sizes", "mamba_cow", "rejects_double_unlock", "stateless_insert"}
-    | {"rejects_foreign_insert", "rejects_bad_arguments", "lru_policy", "mamba_content"}
+    | {"rejects_foreign_insert", "rejects_bad_arguments", "lru_policy", "mamba_content", "reinserts_cached_state"}
     | {f"lru_policy:{c.value}" for c in Component}
 )
 """Everything a snapshot or an adapter may provide; an adapter lists what it has.
@@ -61,6 +61,10 @@ and leaves it out).
 (``spec.domains``: ``evict`` of a negative, bool or float count, or of a
 component the cache does not have) is refused with a typed error and
 changes nothing (``inv_domain_enforced``).
+``reinserts_cached_state``: ``insert`` may offer the Mamba state the cache already
+holds at the key's end (``spec.prefix.insert``: the state stays, nothing comes
+back), as a request that ran on the cached state without copying it would
+(SGLang's schedulers copy a matched state first, so its caches leave it out).
 ``mamba_content``: the snapshot reports what each held Mamba state holds
 (``Snapshot.mamba_content``): a cached state holds what its request wrote, and
 a copy-on-write's slot what its source held (``inv_mamba_content``).
@@ -233,6 +237,7 @@ RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "mamba_content": ("inv_mamba_content",),
     "mamba_cow": ("mamba_copy_on_write (rule)",),
     "stateless_insert": ("insert without a Mamba state (rule)",),
+    "reinserts_cached_state": ("insert offering the state cached at its key's end (rule)",),
     "rejects_foreign_insert": ("foreign insert refused", "insert_foreign (rule)"),
     "rejects_bad_arguments": ("inv_domain_enforced", "evict_bad (rule)"),
 }

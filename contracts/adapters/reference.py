@@ -187,6 +187,7 @@ class ReferenceAdapter:
     capabilities = frozenset(
         {"lru", "lru_policy", "tree", "locks", "ledgers", "content", "sizes", "mamba_cow", "mamba_content"}
         | {"rejects_double_unlock", "stateless_insert", "rejects_foreign_insert", "rejects_bad_arguments"}
+        | {"reinserts_cached_state"}
     )
 
     def __init__(self, config: CacheConfig, device: str = "cpu") -> None:

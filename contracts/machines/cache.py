@@ -385,24 +385,36 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             suffix=suffixes,
             borrow=st.booleans(),
             branch=st.none() | st.tuples(st.integers(0, 7), st.integers(0, 15)),
+            again=st.booleans(),
         )
         def insert(
-            self, prompt: int, suffix: tuple[int, ...], borrow: bool, branch: tuple[int, int] | None = None
+            self,
+            prompt: int,
+            suffix: tuple[int, ...],
+            borrow: bool,
+            branch: tuple[int, int] | None = None,
+            again: bool = False,
         ) -> tuple[int, ...]:
             """Insert a prompt and a suffix; with ``branch`` (``(i, cut)``), the suffix follows the ``i``-th last
             key inserted, left at a point inside it: whatever node holds that point is split, in whatever state it
             is (an SWA tombstone, a Mamba state at its end, locked, the remainder of an earlier split), which
-            prompts drawn blind reach only by luck."""
+            prompts drawn blind reach only by luck. With ``again`` (capability ``reinserts_cached_state``), the last
+            key inserted that the cache still holds with a Mamba state at its end is inserted again offering that
+            very state (``spec.prefix.insert``: it stays, nothing comes back), as a request that ran on the cached
+            state without copying it would; by then later inserts may have split its path into several nodes."""
             key = self._key(prompt, suffix)
             if branch is not None and self.inserted:
                 old = self.inserted[-1 - branch[0] % len(self.inserted)]
                 at = branch[1] % len(old)
                 key = self._aligned((*old[:at], old[at] % 4 + 1, *suffix))  # NOTE: not ``old[at]`` there
+            again = again and "reinserts_cached_state" in self.caps
+            if again:  # NOTE: the last key inserted that still has a state at its end, if any
+                key = next((k for k in reversed(self.inserted) if k in self.prefix.mamba_state), key)
             if key:
-                self._insert(key, borrow)
+                self._insert(key, borrow, again)
             return key
 
-        def _insert(self, key: tuple[int, ...], borrow: bool) -> None:
+        def _insert(self, key: tuple[int, ...], borrow: bool, again: bool = False) -> None:
             req = self._new_req()
             held = self._lock(key) if borrow else None
             have = held.match.length if held else 0
@@ -415,7 +427,8 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                     return
                 slots = got
                 self.a.write_kv(slots, key[have:], have)
-            state = self._alloc_state(req) if self.cfg.mamba else None
+            cached = self.prefix.mamba_state.get(key) if again else None
+            state = cached if cached is not None else self._alloc_state(req) if self.cfg.mamba else None
             if state is None and self.cfg.mamba and "stateless_insert" not in self.caps:
                 # NOTE: the cache takes no sequence without its Mamba state: the request gives up (as SGLang's
                 # admission would), handing back its new slots and its lock.

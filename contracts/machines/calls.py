@@ -63,7 +63,7 @@ from kvledger.contracts.machines.probes import (
     owner_or_junk,
     raised,
 )
-from kvledger.impl.admission import Budget, admit
+from kvledger.impl.admission import Attempt, Budget, admit, release_attempt_state, rollback
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.arguments import MAX_TOKEN
 from kvledger.impl.integrity import fingerprint, fingerprint_one, verify
@@ -84,6 +84,7 @@ from kvledger.spec.errors import (
     AlreadyInList,
     ComponentDisabled,
     IntegrityError,
+    InvalidArgument,
     KVLedgerError,
     NotInList,
     OverAllocation,
@@ -180,6 +181,9 @@ class Scenario:
     """Make a call that changes state, inside its domain, on a copy of the object and check the copy."""
     turns: dict[str, int] = field(default_factory=dict)
     """How many picks of each kind (``probe``, ``sweep``, ``cross``) took the turn slot so far (:func:`fair_pick`)."""
+    short_of: frozenset[str] | None = None
+    """What an ``OverAllocation`` from the object may name as short (its pools, an admission's token budget):
+    a refusal that names anything else sends its reader to the wrong pool (``None``: not checked)."""
 
 
 def fair_pick(scenario: Scenario, draw: Draw, choices: Sequence[T], kind: str) -> T:
@@ -1081,6 +1085,7 @@ def cache_scenario(kind: str, draw: Draw) -> Scenario:
         lambda: _cache_fingerprint(c.cache),
         story,
         lambda draw: f"{cache_audit(c.cache)}; {lru_audit(c.cache, draw)}",
+        short_of=frozenset(pools_of(c.cache.kv)) | ({"mamba"} if c.cache.mamba is not None else set()),
     )
 
 
@@ -1810,6 +1815,20 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
     lenders = {sid: mm.requests.get(x.lent_to) for sid, x in mm.sessions.slots.items() if x.lent_to is not None}
     in_use = [sid for sid, r in lenders.items() if r is not None and r.status is Status.RUNNING]
     idle = [sid for sid in sessions if sid not in in_use]
+    # NOTE: an admission attempt to undo: one of a waiting request's (nothing acquired yet, or its own state); junk:
+    # no attempt, another manager's request's, a request's that is not waiting, one whose state is another's
+    waiting = [r for r in reqs if r.status is Status.WAITING]
+    states = [r.mamba for r in reqs if r.mamba is not None]
+    bad_attempts: list[object] = [None, 1, "attempt", Attempt(other)]
+    bad_attempts += [Attempt(r) for r in _one_per_stage([r for r in reqs if r.status is not Status.WAITING])]
+    bad_attempts += [Attempt(w, mamba=m) for w in waiting[:2] for m in states[:1] if m is not w.mamba]
+    attempt = _arg(
+        st.sampled_from([Attempt(w, mamba=w.mamba) for w in waiting]) if waiting else None,
+        st.sampled_from(bad_attempts),
+        lambda x: isinstance(x, Attempt) and any(x.req is w for w in waiting) and x.mamba is x.req.mamba,
+        edges=bad_attempts,
+        refusal=lambda _x, _d: InvalidArgument,  # NOTE: the documented class: an attempt that is not one to undo
+    )
     # NOTE: token ids get the keys' junk too (the ids' bytes in each buffer type, tensors, sets): one catalogue of
     # what is no token sequence, whichever call takes one
     bad_tokens = (
@@ -1883,6 +1902,10 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
             "admit",
             lambda waiting, budget: admit(mm, waiting, budget),
             {"waiting": _batch_arg(mm, reqs, other), "budget": _budget_arg()},
+        ),
+        *(
+            Method(f"admission.{fn.__name__}", partial(fn, mm), {"a": attempt}, releases=True)
+            for fn in (rollback, release_attempt_state)
         ),
         Method("finish", mm.finish, {"req": req_arg(running)}, releases=True),
         Method("chunk", mm.chunk, {"req": req_arg(running)}, releases=True),
@@ -2038,8 +2061,11 @@ def manager_scenario_of(mm: MemoryManager, story: list[str] | None = None) -> Sc
         _manager_methods(mm),
         lambda: _manager_fingerprint(mm),
         story or [],
-        lambda draw: f"{leak_audit(mm, draw)}; {room_audit(mm)}; {rollback_audit(mm)}; {session_audit(mm)}",
+        lambda draw: (
+            f"{leak_audit(mm, draw)}; {room_audit(mm)}; {rollback_audit(mm)}; {session_audit(mm)}; {cow_audit(mm)}"
+        ),
         partial(_call_on_copy, mm),
+        short_of=frozenset(mm.pools()) | {"budget"},  # NOTE: as ``_call_on_copy`` holds a copy's refusals
     )
 
 
@@ -2057,6 +2083,7 @@ def _call_on_copy(mm: MemoryManager, method: Method, args: Mapping[str, object])
     err = raised(lambda: twin.call(**kw))
     if err is not None and not isinstance(err, KVLedgerError):
         raise AssertionError(f"inv_domain_enforced: {shown} lies in its domain and raised {err!r}")
+    _names_what_was_short(err, frozenset(m.pools()) | {"budget"}, lambda: shown)
     if not method.releases:  # NOTE: what it hands out is its caller's to reference (an alloc's slots)
         return f"{shown}: {'refused' if err is not None else 'made'}"
     found = check_leaks(m).findings
@@ -2088,6 +2115,53 @@ def _cached_copy(mm: MemoryManager) -> MemoryManager | None:
     except KVLedgerError:
         return None
     return m
+
+
+def cow_audit(mm: MemoryManager) -> str:
+    """Admission under Mamba pressure: on a copy of ``mm`` with a prompt cached with its state (``_cached_copy``),
+    a request that extends that prompt (its match ends at the state: a copy-on-write, then the track buffers) is
+    admitted with each number of Mamba slots left free, from none to a whole request's (the rest taken by another
+    owner first, straight from the pool). Each admission must answer, never crash; a rejected one leaves the
+    request holding nothing; and where the free slots and the states the cache can evict (all but the one the
+    match locks) cover the copy and its track buffers, and the KV pool has room, the request must be admitted.
+
+    Raises ``AssertionError`` naming ``inv_domain_enforced`` (a crash), ``admission rolls back`` (a rejection that
+    keeps something) or ``alloc evicts before it refuses``."""
+    if mm.mamba is None:
+        return ""
+    base = _cached_copy(mm)
+    if base is None or base.mamba is None:
+        return "cow audit: no room for the cached prompt"
+    need = 1 + base.mamba.ping_pong_size
+    prompt = (*ROOM_PROMPT, 15)
+    told = []
+    for left in range(need + 1):
+        m = deepcopy(base)
+        assert m.mamba is not None
+        free = m.mamba.available_size()
+        if free < left:
+            continue
+        if free > left:
+            m.mamba.alloc(free - left, request(94))
+        room = left + m.cache.evictable_size(Component.MAMBA) - 1  # NOTE: the matched state is locked by the match
+        kv_room = m.kv.available_size() >= m.round_up(len(prompt) + 1) and m.rows.available_size() > 0
+        req = m.add_request(prompt, None)
+        what = f"admission of {prompt} extending a cached prompt with {left} Mamba slots free"
+        err = raised(lambda m=m, req=req: admit(m, [req], Budget(64, 1)))  # type: ignore[misc]
+        if err is not None:
+            raise AssertionError(f"inv_domain_enforced: {what} raised {err!r}")
+        if req.status is Status.RUNNING:
+            told.append(f"{left} free: admitted")
+            continue
+        if req.mamba is not None or req.row is not None or req.handle is not None:
+            raise AssertionError(f"admission rolls back: {what} was rejected and the request kept {req.mamba}")
+        if room >= need and kv_room:
+            raise AssertionError(
+                f"alloc evicts before it refuses: {what} was rejected, with {room} states free or evictable for the "
+                f"{need} a copy and its track buffers take"
+            )
+        told.append(f"{left} free: rejected")
+    return f"cow audit: {', '.join(told)}"
 
 
 def room_audit(mm: MemoryManager) -> str:
@@ -2404,6 +2478,8 @@ together, so a new public call cannot go unprobed unnoticed)."""
 
 PROBED_FUNCTIONS: dict[str, str] = {
     "admission.admit": "admit",
+    "admission.rollback": "admission.rollback",
+    "admission.release_attempt_state": "admission.release_attempt_state",
     "integrity.fingerprint": "fingerprint",
     "integrity.fingerprint_one": "fingerprint_one",
     "integrity.verify": "integrity.verify",
@@ -2437,8 +2513,6 @@ NOT_PROBED_FUNCTIONS: dict[str, str] = {
         ("faults.active", "faults.disable", "faults.enable", "faults.injected"),
         ("a switch of the named faults (B1..B5), not part of the memory manager: the fault tests run each"),
     ),
-    "admission.rollback": "the admission's own undo of a rejected attempt: the system machine's admissions run it",
-    "admission.release_attempt_state": f"{_OWN} (a rejected attempt's state): the admissions run it",
     "allocators.swa_owner": f"{_OWN} (an owner's SWA twin): every SWA allocator call runs it",
     "integrity.fingerprint_unchecked": f"{_OWN} (the fingerprint of ids checked by its caller)",
     "leaks.check_leaks": "the leak checker: the leak audit plants leaks and wants each found, on every probing step",
@@ -2624,6 +2698,7 @@ def judge(
         raise AssertionError(f"inv_domain_enforced: {what()} {side} and {verdict} (after: {story})")
     if isinstance(err, KVLedgerError) and not inv_names_culprit(err):
         raise AssertionError(f"inv_names_culprit: {what()}: {type(err).__name__} names no slot: {err}")
+    _names_what_was_short(err, scenario.short_of, what)
     for k, v in args.items():
         arg = method.args[k]
         name = arg.culprit(v) if arg.culprit is not None and not arg.inside(v, args) else None
@@ -2638,6 +2713,14 @@ def judge(
             f"rejected call leaves state unchanged: {how}, {what()}, changed the state (after: {story})"
         )
     return shown
+
+
+def _names_what_was_short(err: BaseException | None, short: frozenset[str] | None, what: Callable[[], str]) -> None:
+    """An ``OverAllocation`` names what was short: one of ``short`` (the object's pools, an admission's budget)."""
+    if isinstance(err, OverAllocation) and short is not None and err.pool not in short:
+        raise AssertionError(
+            f"inv_names_culprit: {what()} was refused as short of {err.pool!r}, none of {sorted(short)}: {err}"
+        )
 
 
 def _shown(scenario: Scenario, method: Method, args: Mapping[str, object]) -> str:

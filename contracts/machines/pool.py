@@ -173,6 +173,11 @@ def _same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+def _pages(pool: AnyPool, idx: torch.Tensor) -> torch.Tensor:
+    """The ledger's slots of ids ``idx``: a paged pool's pages, any other pool's ids as they are."""
+    return torch.div(idx, pool.page_size, rounding_mode="floor") if isinstance(pool, PagedAllocator) else idx
+
+
 def _data(pool: AnyPool) -> torch.Tensor | None:
     if isinstance(pool, ReqToTokenPool):
         return None
@@ -637,11 +642,13 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 idx = torch.cat((chunk.idx, chunk.idx[:1]))
             expected: type[KVLedgerError] | tuple[type[KVLedgerError], ...] = InvalidArgument
             culprits: set[int] | None = None
-            if bad in ("dup", "twice") and isinstance(self.pool, PagedAllocator):
-                expected = (PageAlignmentError, InvalidArgument)  # NOTE: not whole pages, and a token named twice
-            elif bad in ("dup", "twice"):
-                # NOTE: the refusal names the slots named twice, and only them
-                culprits = set((chunk.idx[:1] if bad == "dup" else chunk.idx).tolist())
+            if bad in ("dup", "twice"):
+                # NOTE: the refusal names the slots named twice, and only them; a paged pool's slots are pages, and
+                # a page holding a token named twice is also not whole (either refusal names that page)
+                twice = chunk.idx[:1] if bad == "dup" else chunk.idx
+                culprits = set(_pages(self.pool, twice).tolist())
+                if isinstance(self.pool, PagedAllocator):
+                    expected = (PageAlignmentError, InvalidArgument)
             if give:
                 other = other_owner(chunk.owner)
                 self._expect_rejected(lambda: _transfer(self.pool, idx, chunk.owner, other), expected, culprits)
@@ -668,7 +675,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             host[1] = host[0]
             paged = isinstance(self.pool, PagedAllocator)
             expected = (PageAlignmentError, InvalidArgument) if paged else InvalidArgument
-            culprits = None if paged else {int(saved[0])}
+            culprits = set(_pages(self.pool, torch.from_numpy(saved[:1])).tolist())  # NOTE: the slot named twice
             try:
                 if give:
                     other = other_owner(chunk.owner)

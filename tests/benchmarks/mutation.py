@@ -792,6 +792,15 @@ EQUIVALENT: dict[str, str] = {
         "a speed memo (new family, seed 9): the memo entry's start index is compared with the tensor, never the "
         "tensor itself, so every free takes the general path (the same checks, the same answer)"
     ),
+    # NOTE: new family, seed 10 (2026-11-28)
+    "impl/radix.py:RadixCache.insert:swap-args:self._kv.take(value, hit, owner, node_tag(ident), raw)": (
+        "a fast path's gate whose other side runs the same checks (new family, seed 10): take given the hit count "
+        "as its slots answers False, and the insert takes _check_insert, which accepts and refuses what take would"
+    ),
+    "impl/slots.py:SlotPool._free_host:negate-cmp:ids.dtype != I64": (
+        "a fast path's gate (new family, seed 10): int64 ids are sent to the checked path, and ids of another "
+        "integer dtype take the host path, which reads them as the same slots and checks them the same way"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""

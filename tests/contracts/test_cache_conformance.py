@@ -342,3 +342,24 @@ def test_an_insert_that_reuses_another_keys_walk_is_caught(monkeypatch: pytest.M
     monkeypatch.setattr(RadixCache, "insert", stale)
     result = run("full")
     assert result.violation is not None, result
+
+
+def test_an_insert_that_refuses_the_state_cached_at_its_end_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 10: the insert reads the state at the key's end from the path's first node, not
+    its last, so offering the state already cached there (legal: ``spec.prefix.insert`` keeps it, nothing comes
+    back) is refused once the key's path has more than one node. The machine offers it again
+    (``reinserts_cached_state``) for the last key inserted that still has one."""
+    from kvledger.spec.errors import SlotConflict
+
+    real = RadixCache.insert
+
+    def first_node(self: RadixCache, key: Any, value: Any, owner: Any, **kw: Any) -> Any:
+        slot = kw.get("mamba_slot")
+        if slot is not None and any(n.mamba_slot == slot for n in self.nodes() if n is not self.root):
+            raise SlotConflict("insert", (), f"Mamba slot {slot} is cached")  # BUG: its own end's state refused
+        return real(self, key, value, owner, **kw)
+
+    assert run("mamba").ok
+    monkeypatch.setattr(RadixCache, "insert", first_node)
+    result = run("mamba")
+    assert result.violation is not None and "SlotConflict" in result.violation.rule, result.violation

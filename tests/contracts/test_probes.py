@@ -269,6 +269,32 @@ def test_a_kv_write_that_writes_other_positions_fails_the_machine(monkeypatch: p
         m.inv_data_integrity()
 
 
+@pytest.mark.parametrize("give", [False, True])
+def test_a_paged_refusal_of_a_token_named_twice_must_name_its_page(monkeypatch: pytest.MonkeyPatch, give: bool) -> None:
+    """Issue 19, new family, seed 10: ``pages_of``'s duplicate test off by one (``> 2``) still refuses a token
+    named twice (the page is not whole), but names no page. A paged pool's refusal names the pages of the tokens
+    named twice, and only them."""
+    from kvledger.spec.errors import PageAlignmentError
+
+    m = machine("paged")
+    c = chunk_of(m, 3)
+    for bad in ("dup", "twice", "in place"):
+        m._malformed(c, bad, give)  # the reference names exactly those pages
+    real = PagedAllocator.pages_of
+
+    def names_none(self: PagedAllocator, op: str, indices: Any) -> Any:
+        try:
+            return real(self, op, indices)
+        except (InvalidArgument, PageAlignmentError) as err:
+            raise type(err)(err.operation, err.pool, [], err.detail) from None  # BUG: no page named
+
+    monkeypatch.setattr(PagedAllocator, "pages_of", names_none)
+    with pytest.raises(
+        AssertionError, match=r"inv_names_culprit: (InvalidArgument|PageAlignmentError) names slots \[\]"
+    ):
+        m._malformed(c, "dup", give)
+
+
 @pytest.mark.parametrize("kind", ["token", "swa", "mamba", "req_to_token"])
 @pytest.mark.parametrize("give", [False, True])
 def test_a_refusal_of_a_slot_named_twice_must_name_that_slot(

@@ -476,6 +476,89 @@ def _running_manager(mamba: bool) -> MemoryManager:
     return mm
 
 
+@pytest.mark.parametrize("kind", ["token", "mamba"])
+def test_a_rollback_that_takes_any_attempt_is_caught(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Issue 19, new family, seed 10: the admission's undo without its check that the attempt's state is the
+    request's own. ``rollback`` and ``release_attempt_state`` are public functions: they are probed with attempts
+    that are none to undo (another manager's request, a request that is not waiting, a state that is another's)."""
+    from kvledger.impl import admission
+
+    real = admission._attempted
+
+    def lax(op: str, mm: MemoryManager, a: object) -> Any:
+        if isinstance(a, admission.Attempt) and mm.requests.get(getattr(a.req, "rid", None)) is a.req:
+            return a.req  # BUG: no check of the request's stage or of the attempt's state
+        return real(op, mm, a)
+
+    run_probes(kind, C.manager_scenario, 100)  # the reference refuses each
+    monkeypatch.setattr(admission, "_attempted", lax)
+    msg = fails(kind, C.manager_scenario, "inv_domain_enforced")
+    assert "admission." in msg, msg
+
+
+def _pressed_manager() -> MemoryManager:
+    """A Mamba manager with room in KV and rows, and one state cached besides the one the cow audit caches."""
+    mm = build_manager(SystemConfig(mamba=True, kv_tokens=64, rows=4, max_context=16, mamba_slots=6))
+    r = mm.add_request((21, 22, 23))
+    admit(mm, [r], Budget(10**6, 10**6))
+    mm.finish(r)
+    return mm
+
+
+def test_the_cow_audit_holds_on_the_reference() -> None:
+    mm = _pressed_manager()
+    before = C._manager_fingerprint(mm)
+    assert "1 free: admitted" in C.cow_audit(mm)  # a cached state is evicted for the track buffers
+    assert C._manager_fingerprint(mm) == before
+
+
+def test_track_buffers_that_do_not_evict_fail_the_cow_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 10, found in the reference by this audit: the admission's copy-on-write path took
+    its track buffers straight from the Mamba pool, so a request was refused with a cached state it could evict."""
+    from kvledger.impl import admission
+
+    monkeypatch.setattr(MemoryManager, "_make_room", lambda self, comp, short, what: None)  # BUG: no eviction
+    monkeypatch.setattr(admission.MemoryManager, "_make_room", lambda self, comp, short, what: None)
+    with pytest.raises(AssertionError, match=r"alloc evicts before it refuses: admission of .* 1 Mamba slots free"):
+        C.cow_audit(_pressed_manager())
+
+
+def test_an_admission_that_swallows_a_failed_track_alloc_fails_the_cow_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 10: the copy-on-write path's ``raise`` dropped after a failed track alloc: the
+    failure is swallowed and the attempt goes on with no track buffers (an untyped crash)."""
+    from kvledger.impl import admission
+
+    real = admission._acquire
+
+    def swallows(mm: MemoryManager, a: Any) -> None:
+        try:
+            real(mm, a)
+        except OverAllocation:
+            raise UnboundLocalError("track") from None  # BUG: as the attempt without its raise crashes
+
+    monkeypatch.setattr(admission, "_acquire", swallows)
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: admission of .* raised UnboundLocalError"):
+        C.cow_audit(_pressed_manager())
+
+
+def test_a_refusal_for_want_of_room_that_names_no_pool_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 10: the manager's eviction step names the component that was short ("full")
+    where it means the pool ("kv"), and the Mamba pool as "kv". An ``OverAllocation`` must name what was short: one
+    of the object's pools (or an admission's budget)."""
+    real = MemoryManager._make_room
+
+    def names_the_component(self: MemoryManager, comp: Component, short: int, what: str) -> None:
+        try:
+            real(self, comp, short, what)
+        except OverAllocation as err:
+            raise OverAllocation(err.operation, comp.value, err.slots, err.detail) from None  # BUG: not a pool
+
+    run_probes("token", C.manager_scenario, 100)  # the reference names the pool
+    monkeypatch.setattr(MemoryManager, "_make_room", names_the_component)
+    msg = fails("token", C.manager_scenario, "inv_names_culprit")
+    assert "short of 'full'" in msg, msg
+
+
 def test_a_close_of_a_session_in_use_that_is_accepted_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 19, new family, seed 9: ``close`` with its in-use test negated frees a session's memory while its turn
     runs on it. A session lent to a running turn is outside ``close``'s domain: refused, nothing changed."""

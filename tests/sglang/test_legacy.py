@@ -52,7 +52,7 @@ def test_mamba_lru_list_is_caught_by_lru_detachment() -> None:
     assert v is not None and v.rule == "inv_lru_detached", v
     assert "nodes outside it keep links" in v.message
     assert v.steps[-2:] == [
-        "insert(borrow=False, branch=None, prompt=0, suffix=())",
+        "insert(again=False, borrow=False, branch=None, prompt=0, suffix=())",
         "evict(comp=Component.FULL, n=1)",
     ], v.steps
 
