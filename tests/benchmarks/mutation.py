@@ -801,6 +801,11 @@ EQUIVALENT: dict[str, str] = {
         "a fast path's gate (new family, seed 10): int64 ids are sent to the checked path, and ids of another "
         "integer dtype take the host path, which reads them as the same slots and checks them the same way"
     ),
+    # NOTE: new family, seed 11 (2026-11-28)
+    "impl/slots.py:SlotPool.run_min:min-max:min(value, HANDED_MAX + 1)": (
+        "a speed setting (new family, seed 11): allocations up to the larger bound take the inline pop (tags through "
+        "a fancy index, not a slice; the result remembered for the free's fast path): the same slots, tags and checks"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
