@@ -2065,8 +2065,13 @@ def manager_scenario_of(mm: MemoryManager, story: list[str] | None = None) -> Sc
             f"{leak_audit(mm, draw)}; {room_audit(mm)}; {rollback_audit(mm)}; {session_audit(mm)}; {cow_audit(mm)}"
         ),
         partial(_call_on_copy, mm),
-        short_of=frozenset(mm.pools()) | {"budget"},  # NOTE: as ``_call_on_copy`` holds a copy's refusals
+        short_of=_short_of(mm),
     )
+
+
+def _short_of(mm: MemoryManager) -> frozenset[str]:
+    """What a manager's ``OverAllocation`` may name as short: its pools, or an admission's token budget."""
+    return frozenset(mm.pools()) | {"budget"}
 
 
 def _call_on_copy(mm: MemoryManager, method: Method, args: Mapping[str, object]) -> str:
@@ -2083,7 +2088,7 @@ def _call_on_copy(mm: MemoryManager, method: Method, args: Mapping[str, object])
     err = raised(lambda: twin.call(**kw))
     if err is not None and not isinstance(err, KVLedgerError):
         raise AssertionError(f"inv_domain_enforced: {shown} lies in its domain and raised {err!r}")
-    _names_what_was_short(err, frozenset(m.pools()) | {"budget"}, lambda: shown)
+    _names_what_was_short(err, _short_of(m), lambda: shown)
     if not method.releases:  # NOTE: what it hands out is its caller's to reference (an alloc's slots)
         return f"{shown}: {'refused' if err is not None else 'made'}"
     found = check_leaks(m).findings

@@ -1056,23 +1056,23 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             its other half: ``corrupt`` holds a verify to the changes it must flag). A verify that flags what is
             intact (one that reads a slot it was not given, or the copy of a slot that has none) is as wrong as one
             that misses a change, and it is met here on every step, whatever state the chunks are in."""
-            pool = self.pool
-            if isinstance(pool, ReqToTokenPool):
+            pool, stamps = self.pool, list(self.expect)
+            if isinstance(pool, ReqToTokenPool) or not stamps:
                 return
-            if not self.expect:
-                return
+            calls: list[tuple[str, Callable[[], object]]]
             if isinstance(pool, MambaPool):  # NOTE: as ``corrupt`` asks it: each chunk's last state
-                calls = {stamp: partial(pool.verify, int(s[-1]), int(f[-1])) for stamp, (s, f) in self.expect.items()}
+                calls = [
+                    (f"chunk {k}", partial(pool.verify, int(s[-1]), int(f[-1]))) for k, (s, f) in self.expect.items()
+                ]
             else:  # NOTE: one call for every chunk: they hold distinct slots
-                stamps = list(self.expect)
-                slots, tokens, positions = (
-                    torch.cat([(self.expect[k][0], *self.written[k])[i] for k in stamps]) for i in range(3)
-                )
-                calls = {stamps[0] if len(stamps) == 1 else -1: partial(pool.verify, slots, tokens, positions)}
-            for stamp, call in calls.items():
+                slots = torch.cat([self.expect[k][0] for k in stamps])
+                tokens = torch.cat([self.written[k][0] for k in stamps])
+                positions = torch.cat([self.written[k][1] for k in stamps])
+                what = f"chunk {stamps[0]}" if len(stamps) == 1 else "every chunk"
+                calls = [(what, partial(pool.verify, slots, tokens, positions))]
+            for what, call in calls:
                 err = raised(call)
                 if not P.inv_verify_exact(True, err):
-                    what = "every chunk" if stamp < 0 else f"chunk {stamp}"
                     raise AssertionError(f"inv_verify_exact: {what} intact, verify raised {err!r}")
 
     PoolConformance.__name__ = f"PoolConformance_{kind.name}"
