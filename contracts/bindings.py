@@ -66,12 +66,22 @@ def checked(fn: Callable[..., Any], snapshot: Callable[..., Any] | None, laws: t
     icontract writes one: ``<description>: <law name>:``, then ``name was
     value`` for the call's arguments and result. Calls that raise are not
     checked (a rejected call leaves the state as it was; tests check that).
+    An argument passed by keyword reaches ``snapshot`` and the laws where the
+    same argument passed by position would (a call is checked the same way
+    however its caller spells it).
     The descriptions are kept on the wrapper as ``__kvledger_laws__``.
     """
-    names = [p for p in inspect.signature(fn).parameters][1:]
+    sig = inspect.signature(fn)
+    names = [p for p in sig.parameters][1:]
 
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:  # NOTE: arguments named by keyword reach the laws as the positional ones they bind to
+            try:
+                bound = sig.bind(self, *args, **kwargs)
+            except TypeError:
+                return fn(self, *args, **kwargs)  # NOTE: a call the method cannot take: its own error, unchecked
+            args, kwargs = bound.args[1:], bound.kwargs
         old = None if snapshot is None else snapshot(self, *args, **kwargs)
         result = fn(self, *args, **kwargs)
         for law, description in laws:

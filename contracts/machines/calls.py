@@ -35,13 +35,15 @@ import inspect
 import signal
 import threading
 import time
+import types
 import zlib
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from copy import copy, deepcopy
 from dataclasses import dataclass, field, replace
-from functools import partial
+from enum import Enum
+from functools import lru_cache, partial
 from itertools import count, islice
 from typing import Protocol, TypeGuard, TypeVar, cast
 
@@ -179,6 +181,9 @@ class Scenario:
     """A check of the object's own checker, run once per probing step (the manager's leak checker)."""
     on_copy: Callable[[Method, Mapping[str, object]], str] | None = None
     """Make a call that changes state, inside its domain, on a copy of the object and check the copy."""
+    probes_on_copy: bool = True
+    """Whether a probe draws such calls too (else only the sweeps' and crosses' valid catalogue values meet
+    ``on_copy``, and every probe of a call that changes state has one argument junk)."""
     turns: dict[str, int] = field(default_factory=dict)
     """How many picks of each kind (``probe``, ``sweep``, ``cross``) took the turn slot so far (:func:`fair_pick`)."""
     short_of: frozenset[str] | None = None
@@ -228,11 +233,13 @@ def _arg(
 
 
 def _as(tokens: list[int], how: str) -> object:
-    """``tokens`` as a caller may pass a key: an int64, int32 or strided tensor, a list, a tuple, an array."""
+    """``tokens`` as a caller may pass a key: an int64, int32, uint64 or strided tensor, a list, a tuple, an array."""
     if how == "int64":
         return torch.tensor(tokens, dtype=torch.int64)
     if how == "int32":
         return torch.tensor(tokens, dtype=torch.int32)
+    if how == "uint64":
+        return torch.tensor(tokens, dtype=torch.uint64)
     if how == "strided":
         return torch.tensor([x for t in tokens for x in (t, 0)], dtype=torch.int64)[::2]
     if how == "array":
@@ -240,14 +247,14 @@ def _as(tokens: list[int], how: str) -> object:
     return tokens if how == "list" else tuple(tokens)
 
 
-KEY_FORMS = ("int64", "int32", "strided", "list", "tuple", "array")
+KEY_FORMS = ("int64", "int32", "uint64", "strided", "list", "tuple", "array")
 
 
 VALUE_END = 1 << 31
 """The first token id or position past their range (``spec.prefix``: 31-bit tokens and positions)."""
 
 
-TENSOR_FORMS = ("int64", "int32", "strided")
+TENSOR_FORMS = ("int64", "int32", "uint64", "strided")
 
 
 def key_forms(tokens: list[int], forms: tuple[str, ...] = KEY_FORMS) -> st.SearchStrategy[object]:
@@ -257,9 +264,9 @@ def key_forms(tokens: list[int], forms: tuple[str, ...] = KEY_FORMS) -> st.Searc
 
 def junk_key_values(length: int) -> tuple[object, ...]:
     """Keys of ``length`` tokens that are no key, one of each kind: floats, bools, 2-D, a negative id (in a tensor
-    and in a list), float and bool lists, int64 ids in a sparse and in a meta tensor (the right dtype and shape, no
-    readable values), a string, the ids' bytes in each buffer type, a set and a dict of them (no order), and a
-    scalar of each wrong type."""
+    and in a list), an id past int64 (in a uint64 tensor), float and bool lists, int64 ids in a sparse and in a
+    meta tensor (the right dtype and shape, no readable values), a string, the ids' bytes in each buffer type, a
+    set and a dict of them (no order), and a scalar of each wrong type."""
     toks = list(range(1, length + 1)) or [1]
     ids = torch.tensor(toks, dtype=torch.int64)
     raw = array("q", toks).tobytes()
@@ -273,6 +280,7 @@ def junk_key_values(length: int) -> tuple[object, ...]:
         [*toks[:-1], -1],
         [*toks[:-1], -(2**63)],  # NOTE: negatives whose low bytes are small: a sign test must read the sign
         torch.tensor([*toks[:-1], -256]),
+        torch.tensor([*toks[:-1], 2**63], dtype=torch.uint64),  # NOTE: past int64: negative read as int64
         [float(t) for t in toks],
         [True for _ in toks],
         "ab",
@@ -288,9 +296,16 @@ def junk_key_values(length: int) -> tuple[object, ...]:
 def edge_key_values(length: int) -> tuple[object, ...]:
     """Valid keys of ``length`` tokens at the edges of the id range: the largest int64, and ids whose low byte
     is 0x80 or more (a test that reads the wrong byte of an id for its sign refuses them), as a list and as an
-    int64 tensor."""
+    int64 tensor; the smallest id (0) and the largest int64 in a uint64 tensor (whose values past int64 are no
+    ids: a test of that bound must not refuse the ids at either end of the range)."""
     toks = list(range(1, length))
-    return ([*toks, 2**63 - 1], torch.tensor([*toks, 255]), [*toks, 2**31 + 128])
+    return (
+        [*toks, 2**63 - 1],
+        torch.tensor([*toks, 255]),
+        [*toks, 2**31 + 128],
+        torch.tensor([*toks, 0], dtype=torch.uint64),
+        torch.tensor([*toks, 2**63 - 1], dtype=torch.uint64),
+    )
 
 
 LONG_KEY = 10_000
@@ -328,7 +343,7 @@ def tokens_of(key: object) -> list[int] | None:
     if isinstance(key, torch.Tensor):
         if key.layout != torch.strided or key.is_meta or key.dim() != 1:
             return None  # NOTE: a sparse or a meta tensor holds no readable ids
-        if key.dtype not in (torch.int64, torch.int32, torch.int16):
+        if key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool:
             return None
         xs: list[int] = key.tolist()
     elif (isinstance(key, array) and key.typecode == "q") or isinstance(key, list | tuple):
@@ -376,6 +391,7 @@ class _Cache:
     swa_dead: frozenset[int] = frozenset()  # held token slots whose SWA slot is not the prober's (freed, or given)
     stale_matches: list[tuple[MatchResult, list[int]]] = field(default_factory=list)  # last node evicted since
     states: tuple[int, ...] = ()  # every Mamba state the prober holds (``state`` is the first of them)
+    swa_given: frozenset[int] = frozenset()  # held token slots whose SWA slot another holder took (of ``swa_dead``)
 
 
 def _cache_fingerprint(c: RadixCache) -> object:
@@ -450,6 +466,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
         states = tuple(mamba.alloc(mamba.available_size() if draw(st.booleans()) else 1, prober).tolist())
         state = states[0]
     dead: list[int] = []
+    how = "none"
     if isinstance(kv, SWATokenAllocator) and len(held) > 0:
         how = draw(st.sampled_from(["none", "freed", "given"]))
         if how != "none":  # NOTE: the SWA slots of some tokens no longer the prober's: those cannot be cached
@@ -462,7 +479,10 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
                 kv.swa.pool.transfer(kv.translate(ids), swa_owner(prober), request(92))
     other = request(91)
     others[other] = kv.alloc(min(kv.available_size(), 2 * ps), other).tolist()
-    return _Cache(cache, keys, matches, stale, released, prober, held, state, others, frozenset(dead), gone, states)
+    given = frozenset(dead if how == "given" else ())
+    return _Cache(
+        cache, keys, matches, stale, released, prober, held, state, others, frozenset(dead), gone, states, given
+    )
 
 
 def _comp_arg(cache: RadixCache, any_on: bool = False) -> Arg:
@@ -989,15 +1009,16 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         return SlotConflict if isinstance(err, SlotConflict) else None
 
     def value_inside(v: object, d: Drawn) -> bool:
-        """Whole pages: each the cache's own for that position of the key, or the prober's; distinct."""
+        """As many slots as the key has tokens, in whole pages: each the cache's own for that position of the key, or
+        the prober's; distinct."""
         key = tokens_of(d["key"])
         if key is None:
             return True  # NOTE: the key is the junk argument
-        if not (_readable_ids(v) and v.numel() == n):
-            return False
+        if not (_readable_ids(v) and v.numel() == n == len(key)):
+            return False  # NOTE: a key of another length (one crossed from another call) has no value of n slots
         xs = v.tolist()
-        if len(set(xs)) != n:
-            return False
+        if len(set(xs)) != n or set(xs) & c.swa_given:
+            return False  # NOTE: a slot whose SWA slot another holds is not wholly the owner's, wherever it goes
         for p in range(pages):
             page = tuple(xs[p * ps : (p + 1) * ps])
             if snap.full.get(tuple(key[: (p + 1) * ps])) == page:
@@ -1013,7 +1034,9 @@ def _insert_method(c: _Cache, ps: int) -> Method:
 
     def state_inside(x: object, d: Drawn) -> bool:
         key = tokens_of(d["key"])
-        return x is None or x in states or (key is not None and snap.mamba_state.get(tuple(key)) == x)
+        if x is None:
+            return True
+        return type(x) is int and (x in states or (key is not None and snap.mamba_state.get(tuple(key)) == x))
 
     return Method(
         "insert",
@@ -1085,8 +1108,74 @@ def cache_scenario(kind: str, draw: Draw) -> Scenario:
         lambda: _cache_fingerprint(c.cache),
         story,
         lambda draw: f"{cache_audit(c.cache)}; {lru_audit(c.cache, draw)}",
-        short_of=frozenset(pools_of(c.cache.kv)) | ({"mamba"} if c.cache.mamba is not None else set()),
+        partial(_cache_call_on_copy, c),
+        short_of=_cache_short_of(c.cache),
+        probes_on_copy=False,
     )
+
+
+_SHARED = (types.BuiltinFunctionType, type, types.ModuleType, int, float, str, bytes, Enum)
+"""What a call may close over and share with its twin on a copy: built-in code, types and values nothing changes."""
+
+
+def _frozen(x: object) -> bool:
+    """A frozen dataclass's instance (an ``Owner``, a ``LockHandle``): a value nothing changes."""
+    params = getattr(type(x), "__dataclass_params__", None)
+    return params is not None and bool(params.frozen)
+
+
+def rebound(call: Callable[..., object], memo: Mapping[int, object]) -> Callable[..., object] | None:
+    """``call`` made on the copies ``memo`` (a ``deepcopy`` memo) holds: a bound method of a copied object, bound
+    to its copy; a function closing over copied objects, closing over their copies (its code and globals shared).
+    ``None`` when ``call`` closes over something else that can change (a list built beside the object): then only
+    building the call again over the copy makes it on the copy alone.
+
+    NOTE: a scenario's methods close over its object; rebinding them costs a few attribute reads, where building
+    the methods again over the copy builds every argument's strategies and catalogues (milliseconds a call)."""
+    if isinstance(call, types.MethodType):
+        return types.MethodType(call.__func__, memo.get(id(call.__self__), call.__self__))
+    if not isinstance(call, types.FunctionType):
+        return None
+    cells = []
+    for cell in call.__closure__ or ():
+        x = cell.cell_contents
+        if id(x) in memo:
+            cells.append(types.CellType(memo[id(x)]))
+        elif x is None or isinstance(x, _SHARED) or _frozen(x):
+            cells.append(cell)
+        elif isinstance(x, types.FunctionType | types.MethodType) and (inner := rebound(x, memo)) is not None:
+            cells.append(types.CellType(inner))  # NOTE: a call that calls another: that one rebound too
+        else:
+            return None
+    if not cells:
+        return call
+    fn = types.FunctionType(call.__code__, call.__globals__, call.__name__, call.__defaults__, tuple(cells))
+    fn.__kwdefaults__ = call.__kwdefaults__
+    return fn
+
+
+def _cache_short_of(cache: RadixCache) -> frozenset[str]:
+    """What a cache's ``OverAllocation`` may name as short: its pools."""
+    return frozenset(pools_of(cache.kv)) | ({"mamba"} if cache.mamba is not None else set())
+
+
+def _cache_call_on_copy(c: _Cache, method: Method, args: Mapping[str, object]) -> str:
+    """``Scenario.on_copy`` of a cache: ``method`` made with ``args`` (inside its domain: a catalogue value at the
+    edge of the valid, a key of ids at the ends of their range) on a copy of the cache and of the arguments
+    together, so they name the copy's nodes, matches and handles. The call must be made: a refusal is allowed
+    only for want of room (an ``OverAllocation`` naming one of the cache's pools), and never an untyped crash.
+
+    Raises ``AssertionError`` naming ``inv_domain_enforced`` (a valid call refused, or crashed) or
+    ``inv_names_culprit``."""
+    memo: dict[int, object] = {}
+    twin_c, kw = deepcopy((c, dict(args)), memo)
+    twin = rebound(method.call, memo) or {x.what: x for x in _cache_methods(twin_c)}[method.what].call
+    shown = f"RadixCache.{method.what}({', '.join(f'{k}={_show(v)}' for k, v in args.items())}) on a copy"
+    err = raised(lambda: twin(**kw))
+    if err is not None and not isinstance(err, OverAllocation):
+        raise AssertionError(f"inv_domain_enforced: {shown} lies in its domain and was refused: {err!r}")
+    _names_what_was_short(err, _cache_short_of(twin_c.cache), lambda: shown)
+    return f"{shown}: {'refused' if err is not None else 'made'}"
 
 
 def _planted_breaks(lru: LRUList[TreeNode]) -> Iterator[tuple[str, BaseException | None]]:
@@ -2061,11 +2150,18 @@ def manager_scenario_of(mm: MemoryManager, story: list[str] | None = None) -> Sc
         _manager_methods(mm),
         lambda: _manager_fingerprint(mm),
         story or [],
-        lambda draw: (
-            f"{leak_audit(mm, draw)}; {room_audit(mm)}; {rollback_audit(mm)}; {session_audit(mm)}; {cow_audit(mm)}"
-        ),
+        partial(_manager_audits, mm),
         partial(_call_on_copy, mm),
         short_of=_short_of(mm),
+    )
+
+
+def _manager_audits(mm: MemoryManager, draw: Draw) -> str:
+    """Every audit of a manager's probing step; the room and cow audits share one copy with a prompt cached."""
+    grown = lru_cache(maxsize=1)(partial(_cached_copy, mm))
+    return (
+        f"{leak_audit(mm, draw)}; {room_audit(mm, grown)}; {rollback_audit(mm)}; {session_audit(mm)}; "
+        f"{cow_audit(mm, grown)}"
     )
 
 
@@ -2082,10 +2178,11 @@ def _call_on_copy(mm: MemoryManager, method: Method, args: Mapping[str, object])
 
     Raises ``AssertionError`` naming the law otherwise (a release that frees a slot but keeps pointing at it, an
     empty write that crashes untyped)."""
-    m, kw = deepcopy((mm, dict(args)))
-    twin = {x.what: x for x in _manager_methods(m)}[method.what]
+    memo: dict[int, object] = {}
+    m, kw = deepcopy((mm, dict(args)), memo)
+    twin = rebound(method.call, memo) or {x.what: x for x in _manager_methods(m)}[method.what].call
     shown = f"MemoryManager.{method.what}({', '.join(f'{k}={_show(v)}' for k, v in args.items())}) on a copy"
-    err = raised(lambda: twin.call(**kw))
+    err = raised(lambda: twin(**kw))
     if err is not None and not isinstance(err, KVLedgerError):
         raise AssertionError(f"inv_domain_enforced: {shown} lies in its domain and raised {err!r}")
     _names_what_was_short(err, _short_of(m), lambda: shown)
@@ -2122,7 +2219,16 @@ def _cached_copy(mm: MemoryManager) -> MemoryManager | None:
     return m
 
 
-def cow_audit(mm: MemoryManager) -> str:
+def _leave_mamba_free(m: MemoryManager, left: int, who: int) -> None:
+    """Take ``m``'s free Mamba slots down to ``left`` (none when fewer are free), by request ``who``: straight from
+    the pool, not through the manager, so the cache evicts nothing for it."""
+    assert m.mamba is not None
+    free = m.mamba.available_size()
+    if free > left:
+        m.mamba.alloc(free - left, request(who))
+
+
+def cow_audit(mm: MemoryManager, grown: Callable[[], MemoryManager | None] | None = None) -> str:
     """Admission under Mamba pressure: on a copy of ``mm`` with a prompt cached with its state (``_cached_copy``),
     a request that extends that prompt (its match ends at the state: a copy-on-write, then the track buffers) is
     admitted with each number of Mamba slots left free, from none to a whole request's (the rest taken by another
@@ -2130,11 +2236,14 @@ def cow_audit(mm: MemoryManager) -> str:
     request holding nothing; and where the free slots and the states the cache can evict (all but the one the
     match locks) cover the copy and its track buffers, and the KV pool has room, the request must be admitted.
 
+    ``grown`` gives the copy with the prompt cached (``_cached_copy`` of ``mm`` when ``None``; the room audit of
+    the same step may share it: neither audit changes it).
+
     Raises ``AssertionError`` naming ``inv_domain_enforced`` (a crash), ``admission rolls back`` (a rejection that
     keeps something) or ``alloc evicts before it refuses``."""
     if mm.mamba is None:
         return ""
-    base = _cached_copy(mm)
+    base = grown() if grown is not None else _cached_copy(mm)
     if base is None or base.mamba is None:
         return "cow audit: no room for the cached prompt"
     need = 1 + base.mamba.ping_pong_size
@@ -2143,11 +2252,9 @@ def cow_audit(mm: MemoryManager) -> str:
     for left in range(need + 1):
         m = deepcopy(base)
         assert m.mamba is not None
-        free = m.mamba.available_size()
-        if free < left:
+        if m.mamba.available_size() < left:
             continue
-        if free > left:
-            m.mamba.alloc(free - left, request(94))
+        _leave_mamba_free(m, left, 94)
         room = left + m.cache.evictable_size(Component.MAMBA) - 1  # NOTE: the matched state is locked by the match
         kv_room = m.kv.available_size() >= m.round_up(len(prompt) + 1) and m.rows.available_size() > 0
         req = m.add_request(prompt, None)
@@ -2169,14 +2276,14 @@ def cow_audit(mm: MemoryManager) -> str:
     return f"cow audit: {', '.join(told)}"
 
 
-def room_audit(mm: MemoryManager) -> str:
+def room_audit(mm: MemoryManager, grown: Callable[[], MemoryManager | None] | None = None) -> str:
     """Every allocation evicts before it refuses: on a copy of ``mm`` with no failure pending, an allocation from
     each pool the cache can evict into, a little more than is free and no more than the cache's evictable part
     covers, must succeed and be held by its owner: ``alloc_kv`` of one page more than is free, and (with a Mamba
     pool) ``alloc_mamba`` with one slot fewer free than a request state and its track buffers take (the copy's
     free slots taken by another owner first, straight from the pool, down to that). Where the story left nothing
     evictable (in either pool), the audit runs on a copy with one request more run to its end (``_cached_copy``), so
-    that it always has something to evict.
+    that it always has something to evict (``grown`` gives it, as for :func:`cow_audit`).
 
     Raises ``AssertionError`` naming ``alloc evicts before it refuses`` otherwise (a manager that refuses memory it
     could free turns a full cache into refused requests)."""
@@ -2185,9 +2292,9 @@ def room_audit(mm: MemoryManager) -> str:
     if not mm.cache.evictable_size(Component.FULL) or (
         mm.mamba is not None and not mm.cache.evictable_size(Component.MAMBA)
     ):
-        grown = _cached_copy(mm)  # NOTE: nothing to evict in this story: audit a copy with one request more cached
-        if grown is not None:
-            mm = grown
+        copy = grown() if grown is not None else _cached_copy(mm)  # NOTE: nothing to evict in this story: audit a
+        if copy is not None:  # copy with one request more cached
+            mm = copy
             told.append("on a copy with one request more cached")
     free, evictable = mm.kv.available_size(), mm.cache.evictable_size(Component.FULL)
     n = mm.round_up(free + 1)
@@ -2210,15 +2317,13 @@ def room_audit(mm: MemoryManager) -> str:
     if mm.mamba is not None:
         need = 1 + mm.mamba.ping_pong_size  # NOTE: a request's state and its track buffers
         free, evictable = mm.mamba.available_size(), mm.cache.evictable_size(Component.MAMBA)
-        fill = max(0, free - need + 1)  # NOTE: taken first (from the pool, not the manager), so one slot is short
-        if need > free - fill + evictable:
+        if need > min(free, need - 1) + evictable:  # NOTE: free slots taken down to one short of a request's
             told.append(f"{free} mamba free, {evictable} evictable: no state to evict for")
         else:
             m = deepcopy(mm)
             assert m.mamba is not None
             m.fail_next = 0
-            if fill:
-                m.mamba.alloc(fill, request(98))
+            _leave_mamba_free(m, need - 1, 98)
             free = m.mamba.available_size()
             owner = request(97)
             err = raised(lambda: m.alloc_mamba(owner))
@@ -2562,7 +2667,7 @@ def probe(scenario: Scenario, draw: Draw) -> str:
     unchanged`` (a refused call, or a reading one, changed the fingerprint)."""
     method = fair_pick(scenario, draw, [m for m in scenario.methods for _ in range(m.weight)], "probe")
     names = list(method.args)
-    inside_too = method.reads or scenario.on_copy is not None
+    inside_too = method.reads or (scenario.on_copy is not None and scenario.probes_on_copy)
     broken = draw(st.sampled_from([None, *names] if inside_too else names))
     got, inside, missing = _draw_args(method, draw, broken, lambda arg, d: arg.junk(d))
     if missing is not None:

@@ -136,6 +136,29 @@ def test_evict_that_misreports_or_stops_early_is_caught(
         cache.evict(Component.FULL, 1)
 
 
+@pytest.mark.parametrize("level", ["on", "slow"], indirect=True)
+def test_calls_by_keyword_are_checked_as_calls_by_position(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine may name any argument by keyword: the contracts take the call as they take it by position (no
+    ``TypeError`` from a law), and a broken law still fires."""
+    bindings.install(level)  # type: ignore[arg-type]
+    cache = build_cache(CacheConfig())
+    slots = cache.kv.alloc(n=3, owner=R)
+    res = cache.insert(key=torch.tensor([1, 2, 3]), value=slots, owner=R)
+    assert not res.dup_indices.numel()
+    handle = cache.inc_lock_ref(n=cache.match_prefix(key=[1, 2, 3]).last_node)
+    cache.dec_lock_ref(handle=handle)
+    more = cache.kv.alloc(2, owner=R)
+    cache.kv.transfer(indices=more, src=R, dst=request(2))
+    cache.kv.free(indices=more, owner=request(2))
+    assert cache.evict(comp=Component.FULL, n=1) == 3
+    put(cache, [4, 5])
+    bindings.install("off")
+    monkeypatch.setattr(RadixCache, "_evict_full", lambda self, n: 0)  # BUG: evicts nothing though it could
+    bindings.install(level)  # type: ignore[arg-type]
+    with pytest.raises(icontract.ViolationError, match="inv_sizes: evict moves the counters by what it evicted"):
+        cache.evict(comp=Component.FULL, n=1)
+
+
 @pytest.mark.parametrize("level", ["on"], indirect=True)
 def test_insert_of_an_unlisted_node_is_caught(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from kvledger.impl.lru import LRUList

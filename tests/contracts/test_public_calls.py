@@ -25,6 +25,7 @@ from kvledger.contracts.machines.pool import KINDS, Chunk, machine_for
 from kvledger.impl import integrity
 from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import TokenAllocator
+from kvledger.impl.arguments import not_ids
 from kvledger.impl.lru import SLOT
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.memory import MemoryManager
@@ -231,6 +232,28 @@ def test_a_sign_check_that_reads_the_wrong_byte_is_caught_by_the_sweep(monkeypat
     with pytest.raises(AssertionError) as got:
         run_probes("token", C.cache_scenario, 30, sweeps=3)
     assert str(got.value).startswith("inv_domain_enforced"), got.value
+
+
+def uint64_not_ids(t: torch.Tensor) -> str | None:
+    """``impl.arguments.not_ids`` whose test of uint64 ids past int64 is off by one: it also refuses a uint64
+    tensor holding the id 0."""
+    if t.dtype == torch.uint64 and t.dim() == 1 and t.numel() and int(t.view(torch.int64).min()) < 1:
+        return "uint64 values past int64"
+    return not_ids(t)
+
+
+def test_a_uint64_bound_off_by_one_is_caught_by_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key's catalogue holds uint64 tensors at both ends of the id range (0 and the largest int64: valid,
+    made on a copy of the cache) and one past it (``2**63``: junk). A bound of the uint64 test off by one refuses
+    a valid key."""
+    import kvledger.impl.tree as tree
+
+    run_probes("token", C.cache_scenario, 30, sweeps=3)  # NOTE: the reference holds
+    monkeypatch.setattr(tree, "not_ids", uint64_not_ids)
+    with pytest.raises(AssertionError) as got:
+        run_probes("token", C.cache_scenario, 30, sweeps=3)
+    assert str(got.value).startswith("inv_domain_enforced"), got.value
+    assert "uint64" in str(got.value), got.value
 
 
 @settings(max_examples=5, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
@@ -1899,3 +1922,32 @@ def test_every_mamba_state_the_prober_holds_is_inside_an_inserts_domain() -> Non
 
     run()
     assert max(seen) >= 2, seen  # NOTE: a prober holding more than one state was drawn
+
+
+def test_a_call_rebound_to_a_copy_acts_on_the_copy_alone() -> None:
+    """``rebound`` makes a scenario's call on a copy: a bound method and a closure (and a closure calling
+    another) over copied objects act on the copies; a closure over something the copy did not take (a list made
+    beside the object) cannot be rebound, and is refused (``None``: the caller builds the call again)."""
+    from copy import deepcopy
+
+    kv = TokenAllocator(8)
+    beside: list[int] = []
+    r = request(1)
+    inner = lambda n: kv.alloc(n, r)  # noqa: E731
+    calls = {
+        "method": kv.alloc,
+        "closure": lambda n, owner: kv.alloc(n, owner),
+        "nested": lambda n, owner: inner(n),
+    }
+    for what, call in calls.items():
+        memo: dict[int, object] = {}
+        twin = deepcopy(kv, memo)
+        again = C.rebound(call, memo)
+        assert again is not None, what
+        got = again(n=2, owner=r) if what != "method" else again(2, r)
+        assert twin.available_size() == 6 and kv.available_size() == 8, what
+        assert twin.pool.held_by(r).tolist() == sorted(got.tolist()), what
+    memo = {}
+    deepcopy(kv, memo)
+    assert C.rebound(lambda n: beside.append(n), memo) is None
+    assert C.rebound(print, memo) is None  # NOTE: no closure to read: not known to name nothing copied
