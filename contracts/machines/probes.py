@@ -246,17 +246,42 @@ _NAME = st.sampled_from(["kv", "x"])
 _BAD_NAME = st.one_of(st.none(), st.integers(0, 2), st.just(b"kv"), st.builds(_Junk))
 
 
-def _pool(what: str, build: Callable[..., object], counts: Mapping[str, int], named: bool = False) -> Constructor:
-    """A pool constructor whose arguments are counts (each with its least value), and a name when ``named``."""
-    args = {k: _st(count_or_junk(lo)) for k, lo in counts.items()}
-    valid = {k: _st(st.integers(lo, lo + 5)) for k, lo in counts.items()}
+SLOTS_END = 1 << 40
+"""The first slot count a pool refuses (``TokenAllocator`` size, ``PagedAllocator`` pages, either pool of an
+``SWATokenAllocator``): the reference's stated maximum, ids and tags of 40 bits."""
+ROWS_END = 1 << 24
+"""The first row count, row length or Mamba state count the reference refuses (``ReqToTokenPool``, ``MambaPool``)."""
+SHAPE_END = 1 << 20
+"""The first page size or ping-pong buffer count the reference refuses."""
+
+
+def _within(x: object, lo: int, end: int) -> bool:
+    """A count of at least ``lo``, below ``end`` (the constructor's stated maximum plus one)."""
+    return D.is_count(x, lo) and x < end  # type: ignore[operator]
+
+
+def _bounded_edges(lo: int, end: int) -> tuple[object, ...]:
+    """``count_edges(lo)`` and ``end``: a count one past the stated maximum (refused, typed: a check whose bound
+    moved takes it)."""
+    return (*count_edges(lo), end)
+
+
+def _pool(
+    what: str, build: Callable[..., object], counts: Mapping[str, tuple[int, int]], named: bool = False
+) -> Constructor:
+    """A pool constructor whose arguments are counts (each with its least value and its end: the first count
+    refused), and a name when ``named``."""
+    args = {k: _st(count_or_junk(lo)) for k, (lo, _) in counts.items()}
+    valid = {k: _st(st.integers(lo, lo + 5)) for k, (lo, _) in counts.items()}
     if named:
         args["name"], valid["name"] = _st(_NAME | _BAD_NAME), _st(_NAME)
 
     def inside(a: Mapping[str, object]) -> bool:
-        return all(D.is_count(a[k], lo) for k, lo in counts.items()) and (not named or isinstance(a["name"], str))
+        return all(_within(a[k], lo, end) for k, (lo, end) in counts.items()) and (
+            not named or isinstance(a["name"], str)
+        )
 
-    edges = {k: count_edges(lo) for k, lo in counts.items()}
+    edges = {k: _bounded_edges(lo, end) for k, (lo, end) in counts.items()}
     if named:
         edges["name"] = (None, 0, b"kv", _Junk())
     return Constructor(what, build, args, inside, valid, edges)
@@ -279,10 +304,10 @@ MAMBA = Constructor(
         "dtype": dtype_or_junk,
     },
     lambda a: (
-        D.is_count(a["size"])
+        _within(a["size"], 1, ROWS_END)
         and D.is_shape(a["conv_shape"])
         and D.is_shape(a["temporal_shape"])
-        and D.is_count(a["ping_pong_size"], least=0)
+        and _within(a["ping_pong_size"], 0, SHAPE_END)
         and a["dtype"] in FLOAT_DTYPES
     ),
     {
@@ -293,30 +318,37 @@ MAMBA = Constructor(
         "dtype": _st(st.sampled_from(FLOAT_DTYPES)),
     },
     {
-        "size": count_edges(1),
+        "size": _bounded_edges(1, ROWS_END),
         "conv_shape": SHAPE_EDGES,
         "temporal_shape": SHAPE_EDGES,
-        "ping_pong_size": count_edges(0),
+        "ping_pong_size": _bounded_edges(0, SHAPE_END),
         "dtype": (*OTHER_DTYPES, "float32", *SCALAR_EDGES),
     },
 )
 
 CONSTRUCTORS: dict[str, tuple[Constructor, ...]] = {
     "token": (
-        _pool("TokenAllocator", lambda size, name: TokenAllocator(size, name=name), {"size": 1}, named=True),
+        _pool(
+            "TokenAllocator", lambda size, name: TokenAllocator(size, name=name), {"size": (1, SLOTS_END)}, named=True
+        ),
         RADIX,
     ),
     "paged": (
         _pool(
             "PagedAllocator",
             lambda num_pages, page_size, name: PagedAllocator(num_pages, page_size, name=name),
-            {"num_pages": 1, "page_size": 1},
+            {"num_pages": (1, SLOTS_END), "page_size": (1, SHAPE_END)},
             named=True,
         ),
         RADIX,
     ),
-    "swa": (_pool("SWATokenAllocator", SWATokenAllocator, {"size": 1, "swa_size": 1}), RADIX),
-    "req_to_token": (_pool("ReqToTokenPool", ReqToTokenPool, {"size": 1, "max_context_len": 1}),),
+    "swa": (
+        _pool("SWATokenAllocator", SWATokenAllocator, {"size": (1, SLOTS_END), "swa_size": (1, SLOTS_END)}),
+        RADIX,
+    ),
+    "req_to_token": (
+        _pool("ReqToTokenPool", ReqToTokenPool, {"size": (1, ROWS_END), "max_context_len": (1, ROWS_END)}),
+    ),
     "mamba": (MAMBA, RADIX),
 }
 """Per pool kind of the pool machine: the public types built from that kind of pool."""

@@ -110,11 +110,6 @@ EQUIVALENT: dict[str, str] = {
         "which the tool never mutates and the default check never switches on; the reference's own unlock reads "
         "covered"
     ),
-    "impl/mamba.py:MambaPool.__init__:const+1:24": (
-        "a resource cap the spec does not state (new family, seed 4): a Mamba pool of 2**24 states or more is "
-        "refused as too large; the spec's size is any count, so neither side of the cap is a law, and a pool at "
-        "the cap holds gigabytes of state tensors"
-    ),
     "impl/memory.py:MemoryManager._release_owned:swap-args:min(req.alloc_len, start)": (
         "min of two ints in either order (new family, seed 4)"
     ),
@@ -805,6 +800,23 @@ EQUIVALENT: dict[str, str] = {
     "impl/slots.py:SlotPool.run_min:min-max:min(value, HANDED_MAX + 1)": (
         "a speed setting (new family, seed 11): allocations up to the larger bound take the inline pop (tags through "
         "a fancy index, not a slice; the result remembered for the free's fast path): the same slots, tags and checks"
+    ),
+    # NOTE: new family, seed 12 (2026-11-28)
+    "impl/kvview.py:KVView.__init__:negate-cmp:self.swa is None": (
+        "a fast path's gate (new family, seed 12): a token or paged pool on the CPU takes take's tensor path (a "
+        "paged one the general checks), an SWA one still returns False first: the same slots accepted and refused"
+    ),
+    "impl/slots.py:SlotPool.claim:const+1:1#2": (
+        "a fast path's gate (new family, seed 12): host ids (an int64 array) answer False, and the caller runs "
+        "as_index and check_held, which accept and refuse what claim would"
+    ),
+    "impl/slots.py:SlotPool.__init__:const+1:40#2": (
+        "a bound no public call reaches (new family, seed 12): every constructor builds its SlotPool with base 0 "
+        "or 1, so a larger cap on base is never met"
+    ),
+    "impl/slots.py:SlotPool.claim:end-index:last[0]": (
+        "a speed memo (new family, seed 12): the last alloc's ids are compared with its owner, never equal, so the "
+        "claim reads the tags as for any other ids: the same answer"
     ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -712,6 +713,36 @@ def test_a_constructor_that_takes_any_shape_is_caught_by_the_sweep(monkeypatch: 
     monkeypatch.setattr(MambaPool, "__init__", lenient)
     with pytest.raises(AssertionError, match="inv_domain_enforced: MambaPool"):
         _sweep_constructors("mamba")
+
+
+@pytest.mark.parametrize(
+    ("kind", "cls"),
+    [
+        ("req_to_token", "ReqToTokenPool"),
+        ("mamba", "MambaPool"),
+        ("paged", "PagedAllocator"),
+        ("token", "TokenAllocator"),
+    ],
+)
+def test_a_constructor_bound_moved_past_its_stated_maximum_is_caught_by_the_sweep(
+    kind: str, cls: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each count a constructor takes is swept with the first count past its stated maximum (``probes.SLOTS_END``,
+    ``ROWS_END``, ``SHAPE_END``), which must be refused, typed: a bound moved one power of two up takes it. (The
+    lenient constructor here builds a small pool instead of the huge one, as a bug's would try to.)"""
+    import kvledger.contracts.machines.probes as P
+
+    ends = {P.SLOTS_END, P.ROWS_END, P.SHAPE_END}
+    target = {c.what: c for c in P.CONSTRUCTORS[kind]}[cls]
+    real = target.build
+
+    def lenient(*args: Any, **kw: Any) -> object:
+        small = {k: (2 if v in ends and type(v) is int else v) for k, v in kw.items()}  # BUG: the bound is not checked
+        return real(*[2 if a in ends and type(a) is int else a for a in args], **small)
+
+    monkeypatch.setitem(P._BY_NAME, cls, replace(target, build=lenient))
+    with pytest.raises(AssertionError, match=f"inv_domain_enforced: {cls}"):
+        _sweep_constructors(kind)
 
 
 def test_a_row_read_one_column_too_long_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
