@@ -106,10 +106,11 @@ class LockTable:
         self._index = None
 
     def is_live(self, handle: LockHandle) -> bool:
-        """``handle`` was issued by this table and not yet released (``LockError`` if it is not a handle)."""
+        """``handle`` was issued by this table and not yet released (``LockError`` if it is not a handle). A handle
+        whose id is no int (``True``, ``1.0``, a numpy int: equal to an issued id, hashed as one) was never issued."""
         if type(handle) is not LockHandle:
             raise LockError(f"is_live: expected a LockHandle, got {type(handle).__name__} {handle!r:.40}")
-        return handle.table == self.ident and handle.id in self._live
+        return type(handle.id) is int and handle.table == self.ident and handle.id in self._live
 
     def covering(self, node_id: NodeId, component: Component) -> int:
         """How many live handles cover ``(node_id, component)`` (``inv_lock_ref_counts_handles``)."""

@@ -47,6 +47,7 @@ from functools import lru_cache, partial
 from itertools import count, islice
 from typing import Protocol, TypeGuard, TypeVar, cast
 
+import numpy as np
 import torch
 from hypothesis import strategies as st
 
@@ -94,7 +95,7 @@ from kvledger.spec.errors import (
     UnknownNode,
     inv_names_culprit,
 )
-from kvledger.spec.types import Component, Owner, OwnerKind, request, session
+from kvledger.spec.types import Component, HandleId, Owner, OwnerKind, request, session
 
 __all__ = [
     "NOT_PROBED",
@@ -392,6 +393,7 @@ class _Cache:
     stale_matches: list[tuple[MatchResult, list[int]]] = field(default_factory=list)  # last node evicted since
     states: tuple[int, ...] = ()  # every Mamba state the prober holds (``state`` is the first of them)
     swa_given: frozenset[int] = frozenset()  # held token slots whose SWA slot another holder took (of ``swa_dead``)
+    live: tuple[LockHandle, ...] = ()  # the handles of ``matches``, not released
 
 
 def _cache_fingerprint(c: RadixCache) -> object:
@@ -441,6 +443,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
     matches: list[tuple[MatchResult, list[int]]] = []
     unlocked: list[tuple[MatchResult, list[int]]] = []
     released: list[LockHandle] = []
+    locks: list[LockHandle] = []
     for key in draw(st.lists(st.sampled_from(keys), min_size=1, max_size=2)) if keys else []:
         m = cache.match_prefix(torch.tensor(key))
         h = cache.inc_lock_ref(m.last_node)
@@ -450,6 +453,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
             unlocked.append((m, key))
         else:
             matches.append((m, key))
+            locks.append(h)
     evict = draw(st.booleans())
     if keys and evict:  # NOTE: a few tokens, or all that no lock holds (then a released match is stale for sure)
         cache.evict(draw(st.sampled_from(cache.components)), draw(st.integers(1, 6) | st.just(1 << 20)))
@@ -480,8 +484,22 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
     other = request(91)
     others[other] = kv.alloc(min(kv.available_size(), 2 * ps), other).tolist()
     given = frozenset(dead if how == "given" else ())
+    locks = [h for h in locks if cache.is_live(h)]
     return _Cache(
-        cache, keys, matches, stale, released, prober, held, state, others, frozenset(dead), gone, states, given
+        cache,
+        keys,
+        matches,
+        stale,
+        released,
+        prober,
+        held,
+        state,
+        others,
+        frozenset(dead),
+        gone,
+        states,
+        given,
+        tuple(locks),
     )
 
 
@@ -506,8 +524,19 @@ def _node_arg(c: _Cache, root: bool = True) -> Arg:
     )
 
 
+def forged_handles(live: Sequence[LockHandle]) -> list[LockHandle]:
+    """Each live handle with its id in another type that equals it and hashes as it (a numpy int, a float, and
+    ``True`` for id 1) or as its string: no handle the cache issued, though a lookup by id finds one."""
+    out: list[LockHandle] = []
+    for h in live:
+        ids: list[object] = [np.int64(h.id), float(h.id), str(h.id), *([True] if h.id == 1 else [])]
+        out += [h._replace(id=cast(HandleId, v)) for v in ids]  # NOTE: no HandleId: the forgery is the point
+    return out
+
+
 def _cache_methods(c: _Cache) -> tuple[Method, ...]:
     cache, ps = c.cache, c.cache.page_size
+    forged = forged_handles(c.live)
     comp, node = _comp_arg(cache), _node_arg(c)
     live_ids = [n.id for n in cache.nodes()]
     methods = [
@@ -561,8 +590,9 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
             {
                 "handle": _arg(
                     None,
-                    st.sampled_from([*c.released, _foreign()[1], 1, None]),
-                    lambda x: isinstance(x, LockHandle) and cache.is_live(x),
+                    st.sampled_from([*c.released, _foreign()[1], 1, None, *forged]),
+                    lambda x: isinstance(x, LockHandle) and type(x.id) is int and cache.is_live(x),
+                    edges=(*c.released, _foreign()[1], 1, None, *forged),
                 )
             },
         ),

@@ -457,6 +457,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     self.pool.write_fingerprint(idx, tokens, positions)
                 self.expect[self.stamp] = (idx, fp)
             made = self.live[self.stamp] = Chunk(owner, idx, self.stamp)
+            self._robbing(owner)
             return made
 
         @rule(chunk=consumes(chunks), form=st.sampled_from(ID_FORMS))
@@ -489,6 +490,15 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             pool = self.pool
             for chunk in [c for c in self.live.values() if c.owner in served]:
                 thief = other_owner(chunk.owner)
+                self._expect_rejected(partial(_free, pool, chunk.idx, thief), NotOwner)
+
+        def _robbing(self, thief: Owner) -> None:
+            """Right after an alloc served ``thief``, it frees each chunk another owner holds: refused with
+            ``NotOwner``, nothing changed. The memo of the last owner served (and of its last alloc) is hot now; a
+            fast path that trusts it for slots the owner does not hold (an earlier alloc of its own, handed over
+            since) shows here (``_robbed`` is the other side: another owner frees what the one served holds)."""
+            pool = self.pool
+            for chunk in [c for c in self.live.values() if c.owner != thief]:
                 self._expect_rejected(partial(_free, pool, chunk.idx, thief), NotOwner)
 
         # ---------------------------------------------------------- misuse: typed error, state unchanged

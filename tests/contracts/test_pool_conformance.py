@@ -13,6 +13,7 @@ from hypothesis.errors import Flaky
 from kvledger.contracts.machines.pool import KINDS, OWNERS, machine_for
 from kvledger.impl.slots import SlotPool
 from kvledger.spec.errors import NotOwner, SlotConflict
+from kvledger.spec.types import Owner
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -192,6 +193,28 @@ def test_a_refusal_that_names_an_innocent_slot_is_caught(monkeypatch: pytest.Mon
         state.out_of_range("above")
 
 
+def test_a_free_that_trusts_the_last_owner_served_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A free whose fast path takes a recent alloc result from the owner of the last alloc without reading the
+    slots' tags: an earlier alloc of that owner, handed over since, is freed by its old owner. Right after each
+    alloc, its owner frees every chunk another owner holds (``_robbing``): refused, ``NotOwner``."""
+    real = SlotPool.free
+
+    def free(self: SlotPool, indices: torch.Tensor, owner: Owner) -> None:
+        mine, last = self._handed.get(id(indices)), self._last
+        if mine is not None and mine[0] is indices and last is not None and owner is last[2]:
+            self._release(mine[1])  # BUG: the memo of the last owner served trusted for any recent alloc result
+            del self._handed[id(indices)]
+            return
+        real(self, indices, owner)
+
+    monkeypatch.setattr(SlotPool, "free", free)
+    state = machine_for(KINDS["token"])()
+    a = state.allocate(owner=OWNERS[0], n=2)
+    state.transfer(chunk=a, dst=OWNERS[1], form="as handed out")
+    with pytest.raises(AssertionError, match="NotOwner"):
+        state.allocate(owner=OWNERS[0], n=1)
+
+
 def test_a_free_that_forgets_its_pages_when_given_int32_ids_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """A paged free takes its fast path for int64 ids and its checked path for other forms; the machine frees in
     each form an engine passes back (``ID_FORMS``), so a checked path that drops the release is met."""
@@ -345,7 +368,6 @@ def test_a_free_that_trusts_the_last_owner_it_served_is_caught_right_after(monke
     that checks the slots against the last owner it served instead of the caller (seed 39's stale memo of the
     owner's tag run in ``SlotPool.free``) lets that thief free them, and is caught at once."""
     from kvledger.impl.owners import encode
-    from kvledger.spec.types import Owner
 
     original = SlotPool.free
     last: dict[int, Owner] = {}

@@ -234,6 +234,28 @@ def test_a_sign_check_that_reads_the_wrong_byte_is_caught_by_the_sweep(monkeypat
     assert str(got.value).startswith("inv_domain_enforced"), got.value
 
 
+def test_a_release_that_takes_a_handle_of_another_id_type_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dec_lock_ref``'s catalogue holds each live handle with its id in another type that equals it (a numpy
+    int, a float, ``True`` for 1) or as its string: a release that skips the id's type check finds the issued
+    handle by that id and releases it."""
+    from kvledger.impl.locks import LockTable
+
+    real = LockTable.covered
+
+    def covered(self: LockTable, op: str, handle: Any) -> Any:
+        if not isinstance(getattr(handle, "id", None), (int, float, np.integer)):
+            return real(self, op, handle)
+        cov = self._live.get(handle.id) if handle.table == self.ident else None  # BUG: the id's type unchecked:
+        return cov if cov is not None else real(self, op, handle)  # 1.0 or np.int64(1) finds handle 1
+
+    run_probes("token", C.cache_scenario, 40, sweeps=3)  # NOTE: the reference holds
+    monkeypatch.setattr(LockTable, "covered", covered)
+    with pytest.raises(AssertionError) as got:
+        run_probes("token", C.cache_scenario, 40, sweeps=3)
+    assert str(got.value).startswith("inv_domain_enforced"), got.value
+    assert "dec_lock_ref" in str(got.value), got.value
+
+
 def uint64_not_ids(t: torch.Tensor) -> str | None:
     """``impl.arguments.not_ids`` whose test of uint64 ids past int64 is off by one: it also refuses a uint64
     tensor holding the id 0."""

@@ -218,3 +218,24 @@ def test_lock_of_an_evicted_node_is_rejected() -> None:
     h = cache.inc_lock_ref(cache.root)
     assert h.counters == ()
     cache.dec_lock_ref(h)
+
+
+def test_a_handle_whose_id_is_no_int_was_never_issued() -> None:
+    # An id of another type that equals an issued one and hashes as it (True for 1, 1.0, a numpy int) finds the
+    # issued handle in a lookup by id: it is no handle the cache gave out, so it is not live and its release is
+    # refused, typed, with nothing changed.
+    import numpy as np
+
+    kv = TokenAllocator(16)
+    cache = RadixCache(kv)
+    put(cache, kv, [1, 2, 3])
+    h = cache.inc_lock_ref(cache.match_prefix(t(1, 2, 3)).last_node)
+    assert h.id == 1 and cache.is_live(h)
+    before = (lock_state(cache), cache.sizes())
+    for forged in (h._replace(id=True), h._replace(id=1.0), h._replace(id=np.int64(1)), h._replace(id="1")):
+        assert not cache.is_live(forged), forged
+        with pytest.raises(UnknownHandle):
+            cache.dec_lock_ref(forged)
+        assert (lock_state(cache), cache.sizes()) == before and cache.is_live(h)
+    cache.dec_lock_ref(h)
+    check_paired(cache)
