@@ -1189,6 +1189,22 @@ def _cache_short_of(cache: RadixCache) -> frozenset[str]:
     return frozenset(pools_of(cache.kv)) | ({"mamba"} if cache.mamba is not None else set())
 
 
+def _made_on_a_copy(
+    what: str,
+    obj: T,
+    method: Method,
+    args: Mapping[str, object],
+    methods: Callable[[T], tuple[Method, ...]],
+) -> tuple[T, BaseException | None, str]:
+    """``method`` made with ``args`` on a copy of ``obj`` and of the arguments together (the call rebound to the
+    copy, or taken from ``methods`` built over it): (the copy, what the call raised, the call shown)."""
+    memo: dict[int, object] = {}
+    twin, kw = deepcopy((obj, dict(args)), memo)
+    call = rebound(method.call, memo) or {x.what: x for x in methods(twin)}[method.what].call
+    shown = f"{what}.{method.what}({', '.join(f'{k}={_show(v)}' for k, v in args.items())}) on a copy"
+    return twin, raised(lambda: call(**kw)), shown
+
+
 def _cache_call_on_copy(c: _Cache, method: Method, args: Mapping[str, object]) -> str:
     """``Scenario.on_copy`` of a cache: ``method`` made with ``args`` (inside its domain: a catalogue value at the
     edge of the valid, a key of ids at the ends of their range) on a copy of the cache and of the arguments
@@ -1197,11 +1213,7 @@ def _cache_call_on_copy(c: _Cache, method: Method, args: Mapping[str, object]) -
 
     Raises ``AssertionError`` naming ``inv_domain_enforced`` (a valid call refused, or crashed) or
     ``inv_names_culprit``."""
-    memo: dict[int, object] = {}
-    twin_c, kw = deepcopy((c, dict(args)), memo)
-    twin = rebound(method.call, memo) or {x.what: x for x in _cache_methods(twin_c)}[method.what].call
-    shown = f"RadixCache.{method.what}({', '.join(f'{k}={_show(v)}' for k, v in args.items())}) on a copy"
-    err = raised(lambda: twin(**kw))
+    twin_c, err, shown = _made_on_a_copy("RadixCache", c, method, args, _cache_methods)
     if err is not None and not isinstance(err, OverAllocation):
         raise AssertionError(f"inv_domain_enforced: {shown} lies in its domain and was refused: {err!r}")
     _names_what_was_short(err, _cache_short_of(twin_c.cache), lambda: shown)
@@ -2208,11 +2220,7 @@ def _call_on_copy(mm: MemoryManager, method: Method, args: Mapping[str, object])
 
     Raises ``AssertionError`` naming the law otherwise (a release that frees a slot but keeps pointing at it, an
     empty write that crashes untyped)."""
-    memo: dict[int, object] = {}
-    m, kw = deepcopy((mm, dict(args)), memo)
-    twin = rebound(method.call, memo) or {x.what: x for x in _manager_methods(m)}[method.what].call
-    shown = f"MemoryManager.{method.what}({', '.join(f'{k}={_show(v)}' for k, v in args.items())}) on a copy"
-    err = raised(lambda: twin(**kw))
+    m, err, shown = _made_on_a_copy("MemoryManager", mm, method, args, _manager_methods)
     if err is not None and not isinstance(err, KVLedgerError):
         raise AssertionError(f"inv_domain_enforced: {shown} lies in its domain and raised {err!r}")
     _names_what_was_short(err, _short_of(m), lambda: shown)
