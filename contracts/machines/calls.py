@@ -1156,14 +1156,18 @@ def _frozen(x: object) -> bool:
 
 def rebound(call: Callable[..., object], memo: Mapping[int, object]) -> Callable[..., object] | None:
     """``call`` made on the copies ``memo`` (a ``deepcopy`` memo) holds: a bound method of a copied object, bound
-    to its copy; a function closing over copied objects, closing over their copies (its code and globals shared).
+    to its copy (of an object not copied, ``None``, unless nothing changes it); a function closing over copied
+    objects, closing over their copies (its code and globals shared).
     ``None`` when ``call`` closes over something else that can change (a list built beside the object): then only
     building the call again over the copy makes it on the copy alone.
 
     NOTE: a scenario's methods close over its object; rebinding them costs a few attribute reads, where building
     the methods again over the copy builds every argument's strategies and catalogues (milliseconds a call)."""
     if isinstance(call, types.MethodType):
-        return types.MethodType(call.__func__, memo.get(id(call.__self__), call.__self__))
+        obj = call.__self__
+        if id(obj) in memo:
+            return types.MethodType(call.__func__, memo[id(obj)])
+        return call if isinstance(obj, _SHARED) or _frozen(obj) else None  # NOTE: an object the copy did not take
     if not isinstance(call, types.FunctionType):
         return None
     cells = []

@@ -1972,4 +1972,5 @@ def test_a_call_rebound_to_a_copy_acts_on_the_copy_alone() -> None:
     memo = {}
     deepcopy(kv, memo)
     assert C.rebound(lambda n: beside.append(n), memo) is None
+    assert C.rebound(TokenAllocator(8).alloc, memo) is None  # NOTE: bound to a pool the copy did not take
     assert C.rebound(print, memo) is None  # NOTE: no closure to read: not known to name nothing copied
