@@ -373,6 +373,18 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             for pool in pools_of(self.pool).values():
                 pool.run_min = run_min
 
+        @initialize(
+            target=chunks,
+            owners=st.lists(st.sampled_from(OWNERS), min_size=1, max_size=2, unique=True),
+            n=st.integers(1, 3),
+        )
+        def held_at_start(self, owners: list[Owner], n: int) -> object:
+            """Each example starts with memory held, a chunk of ``n`` for each of one or two owners (``allocate``
+            as the rule makes it): the rules that take a held chunk (frees, hand-overs, every misuse of a held slot)
+            can run from the first step, where Hypothesis' swarm may leave ``allocate`` off for a whole example."""
+            made = [self.allocate(owner, n) for owner in owners]
+            return multiple(*(c for c in made if isinstance(c, Chunk)))
+
         def teardown(self) -> None:
             """Guide the search (``hypothesis.target``) towards a full pool (exhaustion and refusal paths)."""
             if currently_in_test_context():
@@ -515,6 +527,33 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             if err is None:  # its slots were handed out again, to the same owner: a legal free now
                 return
             self._expect_rejected(lambda: _free(self.pool, chunk.idx, chunk.owner), type(err))
+
+        @rule()
+        def use_after_free(self) -> None:
+            """The last chunk freed, used by its old owner (the use after free ``double_free`` is the free of):
+            a Mamba state copied from it into a state the owner of a live chunk holds, or into it; a request row
+            written; SWA slots freed. Wherever its slots are free again, each is refused with a typed error naming
+            one of them, nothing changed; slots handed out again since are not the old owner's to check here."""
+            if not self.released:
+                return
+            chunk, pool = self.released[-1], self.pool
+            name, (_, slots) = next(iter(kind.effects(pool, chunk.idx, chunk.owner).items()))
+            if not slots <= self.model[name].free:
+                return
+            first = int(chunk.idx[0])
+            calls: list[Callable[[], object]] = []
+            if isinstance(pool, MambaPool):
+                live = list(self.live.values())
+                if live:
+                    dst = live[-1]  # NOTE: the chunk held now that was allocated or handed over last
+                    calls.append(lambda: pool.copy_state(first, int(dst.idx[-1]), dst.owner))
+                    calls.append(lambda: pool.copy_state(int(dst.idx[0]), first, chunk.owner))
+            elif isinstance(pool, ReqToTokenPool):
+                calls.append(lambda: pool.write(first, 0, torch.tensor([1], dtype=torch.int64), chunk.owner))
+            elif isinstance(pool, SWATokenAllocator):
+                calls.append(lambda: pool.free_swa(chunk.idx, chunk.owner))
+            for call in calls:
+                self._expect_rejected(call, LedgerError)
 
         @rule(chunk=chunks, thief=st.sampled_from(OWNERS), how=st.sampled_from(["free", "give", "use"]))
         def foreign_free(self, chunk: Chunk, thief: Owner, how: str = "free") -> None:
@@ -832,6 +871,10 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             for thief in OWNERS:  # NOTE: the same copy by each owner that does not hold the destination: refused
                 if thief != dst.owner:
                     self._expect_rejected(lambda thief=thief: pool.copy_state(s, d, thief), NotOwner)  # type: ignore[misc]
+            free = pool.pool.free_slots()
+            for f in sorted({int(free.min()), int(free.max())}) if free.numel() else ():
+                # NOTE: a copy reads its source: from a free state it is a use after free, refused naming it
+                self._expect_rejected(lambda f=f: pool.copy_state(f, d, dst.owner), LedgerError, {f})  # type: ignore[misc]
             pool.copy_state(s, d, dst.owner)
             self.pool.verify(d, int(self.pool.data[s]))
             # the destination now holds the source's state: update what it must hold
@@ -868,7 +911,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 return
             broken = data.draw(st.sampled_from(names))
             valid = {k: data.draw(c.valid[k]()) for k in c.args}
-            for junk in c.edges[broken]:
+            for junk in c.catalogue(broken):
                 args = {**valid, broken: junk}
                 call = Call(c.what, tuple(args.items()), c.inside(args))
                 self._domain(call, call.inside, run_call(call))

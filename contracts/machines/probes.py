@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
 from kvledger.impl.mamba import MambaPool
+from kvledger.impl.memory import MemoryManager
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.req_to_token import ReqToTokenPool
 from kvledger.spec import domains as D
@@ -164,8 +165,14 @@ class Call:
 
 def _show(v: object) -> str:
     """A value as a counterexample shows it: a pool by its type (its repr is an address), anything else by repr."""
-    pool = (TokenAllocator, PagedAllocator, SWATokenAllocator, ReqToTokenPool, MambaPool)
-    return f"<a {type(v).__name__}>" if isinstance(v, pool) else repr(v)
+    built = (TokenAllocator, PagedAllocator, SWATokenAllocator, ReqToTokenPool, MambaPool, RadixCache, MemoryManager)
+    if not isinstance(v, built):
+        return repr(v)
+    over = f" over a {type(v.kv).__name__}" if isinstance(v, RadixCache) else ""
+    device = getattr(v, "device", None)
+    where = "" if device is None or device.type == "cpu" else f" on {device}"
+    driven = ", driven" if getattr(v, "driven", False) else ""  # NOTE: a cache or table a manager drives already
+    return f"<a {type(v).__name__}{over}{where}{driven}>"
 
 
 @dataclass(frozen=True)
@@ -177,9 +184,15 @@ class Constructor:
     args: Mapping[str, Callable[[], st.SearchStrategy[object]]]
     inside: Callable[[Mapping[str, object]], bool]
     valid: Mapping[str, Callable[[], st.SearchStrategy[object]]]
-    edges: Mapping[str, tuple[object, ...]] = field(default_factory=dict)
+    edges: Mapping[str, tuple[object, ...] | Callable[[], tuple[object, ...]]] = field(default_factory=dict)
     """Per argument, a finite catalogue with one value of each kind of junk it takes (a sweep meets all of them;
-    a draw of ``args`` meets each only now and then)."""
+    a draw of ``args`` meets each only now and then); a function making the catalogue where its values are
+    objects a build may change (a cache a manager would then drive), so each sweep gets new ones."""
+
+    def catalogue(self, name: str) -> tuple[object, ...]:
+        """``edges[name]``'s values, made anew where it is a function."""
+        values = self.edges[name]
+        return values() if callable(values) else values
 
 
 def _kv_or_junk() -> st.SearchStrategy[object]:
@@ -326,12 +339,88 @@ MAMBA = Constructor(
     },
 )
 
+
+def _cache(kind: str) -> RadixCache:
+    """A new radix cache over a new allocator of ``kind`` (``token``, ``paged``, ``swa``; ``mamba``: a token
+    allocator and a Mamba pool)."""
+    if kind == "mamba":
+        return RadixCache(TokenAllocator(8), mamba=MambaPool(2, conv_shape=(2,), temporal_shape=(2,)))
+    kv = _kv(kind)
+    return RadixCache(kv, swa_window=2) if isinstance(kv, SWATokenAllocator) else RadixCache(kv)  # type: ignore[arg-type]
+
+
+def _rows() -> ReqToTokenPool:
+    return ReqToTokenPool(2, 4)
+
+
+def _driven() -> tuple[RadixCache, ReqToTokenPool]:
+    """A cache and a request table another memory manager drives already (a second manager on either would free
+    the first's memory)."""
+    mm = MemoryManager(_cache("token"), _rows())
+    return mm.cache, mm.rows
+
+
+def _manager_inside(a: Mapping[str, object]) -> bool:
+    """``MemoryManager``'s domain: a radix cache over a token or paged allocator (a Mamba pool beside it or not;
+    an SWA cache is not one it drives) and a request table on the same device, neither driven by another."""
+    cache, rows = a["cache"], a["rows"]
+    return (
+        isinstance(cache, RadixCache)
+        and isinstance(cache.kv, TokenAllocator | PagedAllocator)
+        and isinstance(rows, ReqToTokenPool)
+        and rows.device == cache.device
+        and not cache.driven
+        and not rows.driven
+    )
+
+
+_CACHE_KINDS = st.sampled_from(["token", "paged", "mamba"])
+
+
+MANAGER = Constructor(
+    "MemoryManager",
+    MemoryManager,
+    {
+        "cache": lambda: st.one_of(
+            st.sampled_from(["token", "paged", "swa", "mamba"]).map(_cache),
+            st.sampled_from(["token", "rows"]).map(lambda k: _kv(k) if k == "token" else _rows()),
+            st.builds(lambda: _driven()[0]),
+            JUNK_SCALARS,
+        ),
+        "rows": lambda: st.one_of(
+            st.builds(_rows),
+            st.builds(lambda: ReqToTokenPool(2, 4, device="meta")),
+            st.builds(lambda: _driven()[1]),
+            st.sampled_from(["token", "mamba"]).map(lambda k: _kv(k) if k == "token" else _other_pool(k)),
+            JUNK_SCALARS,
+        ),
+    },
+    _manager_inside,
+    {"cache": lambda: _CACHE_KINDS.map(_cache), "rows": lambda: st.builds(_rows)},
+    {
+        # NOTE: made anew for each sweep: a build that took one would change it (a cache it then drives)
+        "cache": lambda: (_cache("swa"), _driven()[0], _kv("token"), _rows(), _other_pool("mamba"), None, 0, _Junk()),
+        "rows": lambda: (
+            ReqToTokenPool(2, 4, device="meta"),
+            _driven()[1],
+            _kv("token"),
+            _other_pool("mamba"),
+            None,
+            _Junk(),
+        ),
+    },
+)
+"""The memory manager over a cache and a request table: the cache's allocator kind decides whether it is inside
+(an SWA cache is not one it drives), and a cache or table another manager drives already is refused."""
+
+
 CONSTRUCTORS: dict[str, tuple[Constructor, ...]] = {
     "token": (
         _pool(
             "TokenAllocator", lambda size, name: TokenAllocator(size, name=name), {"size": (1, SLOTS_END)}, named=True
         ),
         RADIX,
+        MANAGER,
     ),
     "paged": (
         _pool(
@@ -341,15 +430,18 @@ CONSTRUCTORS: dict[str, tuple[Constructor, ...]] = {
             named=True,
         ),
         RADIX,
+        MANAGER,
     ),
     "swa": (
         _pool("SWATokenAllocator", SWATokenAllocator, {"size": (1, SLOTS_END), "swa_size": (1, SLOTS_END)}),
         RADIX,
+        MANAGER,
     ),
     "req_to_token": (
         _pool("ReqToTokenPool", ReqToTokenPool, {"size": (1, ROWS_END), "max_context_len": (1, ROWS_END)}),
+        MANAGER,
     ),
-    "mamba": (MAMBA, RADIX),
+    "mamba": (MAMBA, RADIX, MANAGER),
 }
 """Per pool kind of the pool machine: the public types built from that kind of pool."""
 

@@ -827,6 +827,11 @@ EQUIVALENT: dict[str, str] = {
         "a speed memo (new family, seed 12): the last alloc's ids are compared with its owner, never equal, so the "
         "claim reads the tags as for any other ids: the same answer"
     ),
+    # NOTE: new family, seed 14 (2026-11-28)
+    "impl/radix.py:RadixCache.evict:const+1:0": (
+        "a fast path's gate whose other side runs the same checks (new family, seed 14): an evict of 1 also takes "
+        "the gate, where check_int returns 1 (not 0), so it goes on to evict exactly as before"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""

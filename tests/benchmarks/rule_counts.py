@@ -5,7 +5,7 @@
 
 A rule the search never runs checks nothing, whatever laws stand behind it. For
 each (suite, model) this runs the machine as ``kvledger check`` does (the
-``ci`` profile, the runner, kept programs left out) and counts, per rule, the
+``check`` profile: the ``ci`` settings at 100 examples, the runner, kept programs left out) and counts, per rule, the
 steps that ran it in the examples the search generated (Hypothesis' rule draws,
 counted where the machine's rule strategy returns them). It prints, per model,
 the steps, the least-run and most-run rules, and the rules that never ran;
@@ -68,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", choices=sorted(SUITES))
     parser.add_argument("--model")
-    parser.add_argument("--examples", type=int, default=None, help="examples per model (default: the ci profile's)")
-    parser.add_argument("--seed", type=int, default=None, help="a seed (default: the ci profile's fixed draws)")
+    parser.add_argument(
+        "--examples", type=int, default=None, help="examples per model (default: the check profile's, 100)"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="a seed (default: the check profile's fixed draws)")
     parser.add_argument("--unfair", action="store_true", help="leave the fair schedule out")
     parser.add_argument("--no-target", action="store_true", help="leave Hypothesis' targeting phase out")
     parser.add_argument("--all", action="store_true", help="print every rule's count")
@@ -82,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is not None:
         overrides["derandomize"] = False
     if args.no_target:
-        overrides["phases"] = [p for p in Settings.get_profile("ci").phases if p is not Phase.target]
-    settings = Settings(Settings.get_profile("ci"), **overrides)
+        overrides["phases"] = [p for p in Settings.get_profile("check").phases if p is not Phase.target]
+    settings = Settings(Settings.get_profile("check"), **overrides)
     jobs = [(s, m) for s in SUITES for m in SUITES[s].models if args.suite in (None, s) and args.model in (None, m)]
     table = Table(title="rule counts in the default run" + (" (unfair)" if args.unfair else ""))
     for column in ("suite", "model", "steps", "least run", "most run", "never ran"):

@@ -12,7 +12,7 @@ from hypothesis.errors import Flaky
 
 from kvledger.contracts.machines.pool import KINDS, OWNERS, machine_for
 from kvledger.impl.slots import SlotPool
-from kvledger.spec.errors import NotOwner, SlotConflict
+from kvledger.spec.errors import DoubleFree, NotOwner, SlotConflict
 from kvledger.spec.types import Owner
 
 
@@ -105,9 +105,11 @@ def test_leaky_free_of_tokens_is_caught() -> None:
 
 @pytest.mark.usefixtures("untagged_alloc")
 def test_lost_owner_is_caught() -> None:
-    msg = run_expecting_failure("token")
-    # NOTE: the refinement law either way: the abstraction against the model, or a teardown scan's slots
-    assert "refinement" in msg or "differs from spec model" in msg or "free stack does not match tags" in msg, msg
+    msg = run_expecting_failure("token", DoubleFree)
+    # NOTE: the refinement law either way: the abstraction against the model, or a teardown scan's slots; or a
+    # manager built over the broken pool has its own request's slots refused as free when it caches them
+    laws = ("refinement", "differs from spec model", "free stack does not match tags", "already free")
+    assert any(law in msg for law in laws), msg
 
 
 def test_data_overwrite_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -126,8 +128,9 @@ def test_data_overwrite_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(SlotPool, "alloc", alloc)
     msg = run_expecting_failure("token", NotOwner, SlotConflict, shrink=False)
     # NOTE: or a manager built over the broken pools meets the row it was handed held by another request, or a
-    # cache built over them is offered, for a new key, a slot it holds already (``SlotConflict``: cached at a node)
-    laws = ("refinement", "differs from spec model", "data integrity", "held by", "is cached at")
+    # cache built over them is offered, for a new key, a slot it holds already (``SlotConflict``: cached at a node),
+    # or the leak checker meets an alloc whose provenance stamps name other slots than those handed out
+    laws = ("refinement", "differs from spec model", "data integrity", "held by", "is cached at", "stamps exactly")
     assert any(law in msg for law in laws), msg
 
 
@@ -392,3 +395,47 @@ def test_a_free_that_trusts_the_last_owner_it_served_is_caught_right_after(monke
     monkeypatch.setattr(SlotPool, "free", free)
     with pytest.raises(AssertionError, match="invalid call accepted"):
         state.free(gone)
+
+
+def test_a_copy_from_a_freed_state_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Mamba copy reads its source: a copy from a state its owner freed (a use after free) is refused. Once a
+    chunk is freed, ``use_after_free`` copies from it into a state a live chunk holds; a copy that checks its
+    destination's holder but not its source's is caught there."""
+    from kvledger.impl.mamba import MambaPool
+
+    def copy_state(self: MambaPool, src: int, dst: int, owner: Owner) -> None:
+        s, d = self._idx("copy_state", src, "src"), self._idx("copy_state", dst, "dst")
+        self.pool.check_held("copy_state", d, owner)
+        self.data[d] = self.data[s].clone()  # BUG: the source's holder is not checked: a free state is copied
+
+    state = machine_for(KINDS["mamba"])()
+    state.allocate(owner=OWNERS[0], n=1)
+    gone = state.allocate(owner=OWNERS[1], n=1)
+    state.free(gone)
+    state.use_after_free()  # the reference refuses both copies
+    monkeypatch.setattr(MambaPool, "copy_state", copy_state)
+    with pytest.raises(AssertionError, match="invalid call accepted"):
+        state.use_after_free()
+
+
+def test_every_example_starts_with_memory_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hypothesis' swarm can leave ``allocate`` off for a whole example, and then every rule that takes a held
+    chunk (frees, hand-overs, each misuse of a held slot) has nothing to run on: measured on the default run,
+    61 % of the pool machines' steps found no chunk held. ``held_at_start`` allocates before the first rule, so
+    the first rule of every example is drawn with memory held."""
+    from hypothesis import stateful
+
+    first: dict[int, bool] = {}
+    real = stateful.RuleStrategy.do_draw
+
+    def do_draw(self: Any, data: Any) -> Any:
+        first.setdefault(id(self.machine), bool(self.machine.bundle("chunks")))
+        return real(self, data)
+
+    monkeypatch.setattr(stateful.RuleStrategy, "do_draw", do_draw)
+    for kind in ("token", "mamba", "req_to_token"):
+        first.clear()
+        case = machine_for(KINDS[kind]).TestCase()
+        case.settings = settings(case.settings, max_examples=15, database=None, phases=[Phase.generate])
+        case.runTest()
+        assert first and all(first.values()), f"{kind}: {sum(first.values())} of {len(first)} examples held memory"

@@ -756,3 +756,35 @@ def test_a_row_read_one_column_too_long_is_caught(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(ReqToTokenPool, "read", lambda self, row, start, end: self.table[row, start : end + 1].clone())
     with pytest.raises(AssertionError, match=r"results equal the spec's: read\(row \d+, 0, 2\) after the write"):
         m.write_row(c, 0, 2, "ids", 0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "bug"),
+    [("token", "an SWA cache"), ("paged", "a driven cache"), ("req_to_token", "rows on another device")],
+)
+def test_a_memory_manager_built_outside_its_domain_is_caught_by_the_sweep(
+    kind: str, bug: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``MemoryManager`` is one of the constructors every pool kind sweeps (``probes.MANAGER``): a cache over an
+    SWA allocator, a cache or a request table another manager drives, a table on another device, and objects of
+    other types are each refused, typed. A manager that skips one of those checks is caught (the lenient build
+    here lets that one kind through, as a bug's would)."""
+    import kvledger.contracts.machines.probes as P
+    from kvledger.impl.allocators import SWATokenAllocator
+    from kvledger.impl.memory import MemoryManager
+
+    target = P._BY_NAME["MemoryManager"]
+
+    def lenient(cache: Any, rows: Any) -> object:
+        if bug == "an SWA cache" and isinstance(getattr(cache, "kv", None), SWATokenAllocator):
+            return None  # BUG: a cache over an SWA allocator taken
+        if bug == "a driven cache" and getattr(cache, "driven", False):
+            return None  # BUG: a second manager over one cache
+        if bug == "rows on another device" and getattr(rows, "device", None) == torch.device("meta"):
+            return None  # BUG: the devices are not compared
+        return MemoryManager(cache, rows)
+
+    _sweep_constructors(kind)  # the reference refuses each
+    monkeypatch.setitem(P._BY_NAME, "MemoryManager", replace(target, build=lenient))
+    with pytest.raises(AssertionError, match="inv_domain_enforced: MemoryManager"):
+        _sweep_constructors(kind)
