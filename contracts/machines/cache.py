@@ -39,7 +39,16 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context, target
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
 
 from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig, Match, Snapshot, policy_components
 from kvledger.contracts.machines.probes import count_or_junk
@@ -330,6 +339,14 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             self.released.append(held)
 
         # ---------------------------------------------------------- rules: one per spec transition
+
+        @initialize(target=keys, prompt=st.integers(0, len(PROMPTS) - 1), suffix=suffixes)
+        def cached_at_start(self, prompt: int, suffix: tuple[int, ...]) -> object:
+            """Each example starts with a prompt cached (``insert`` as the rule makes it): the rules that take a
+            cached key (a returning prefix locked, a copy-on-write, a branch inside it) can run from the first step,
+            where Hypothesis' swarm may leave ``insert`` off for a whole example."""
+            key = self.insert(prompt, suffix, False)
+            return key if key else multiple()
 
         @rule(prompt=st.integers(0, len(PROMPTS) - 1), suffix=suffixes)
         def match_prefix(self, prompt: int, suffix: tuple[int, ...]) -> None:

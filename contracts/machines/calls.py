@@ -524,13 +524,19 @@ def _node_arg(c: _Cache, root: bool = True) -> Arg:
     )
 
 
+NEVER_ISSUED = (0, -1, 1 << 40)
+"""Handle ids no cache here issues: ids start at 1, and no run issues 2**40 handles."""
+
+
 def forged_handles(live: Sequence[LockHandle]) -> list[LockHandle]:
     """Each live handle with its id in another type that equals it and hashes as it (a numpy int, a float, and
-    ``True`` for id 1) or as its string: no handle the cache issued, though a lookup by id finds one."""
+    ``True`` for id 1) or as its string: no handle the cache issued, though a lookup by id finds one; and the
+    first live handle with each id of ``NEVER_ISSUED`` (the issuing cache's own table, an id it never gave out)."""
     out: list[LockHandle] = []
     for h in live:
         ids: list[object] = [np.int64(h.id), float(h.id), str(h.id), *([True] if h.id == 1 else [])]
         out += [h._replace(id=cast(HandleId, v)) for v in ids]  # NOTE: no HandleId: the forgery is the point
+    out += [live[0]._replace(id=cast(HandleId, v)) for v in NEVER_ISSUED if live]
     return out
 
 
@@ -2207,7 +2213,7 @@ def _manager_audits(mm: MemoryManager, draw: Draw) -> str:
     grown = lru_cache(maxsize=1)(partial(_cached_copy, mm))
     return (
         f"{leak_audit(mm, draw)}; {room_audit(mm, grown)}; {rollback_audit(mm)}; {session_audit(mm)}; "
-        f"{cow_audit(mm, grown)}"
+        f"{cow_audit(mm, grown)}; {injection_audit(mm)}"
     )
 
 
@@ -2228,6 +2234,7 @@ def _call_on_copy(mm: MemoryManager, method: Method, args: Mapping[str, object])
     if err is not None and not isinstance(err, KVLedgerError):
         raise AssertionError(f"inv_domain_enforced: {shown} lies in its domain and raised {err!r}")
     _names_what_was_short(err, _short_of(m), lambda: shown)
+    _spent_if_it_took(mm, m, shown)
     if not method.releases:  # NOTE: what it hands out is its caller's to reference (an alloc's slots)
         return f"{shown}: {'refused' if err is not None else 'made'}"
     found = check_leaks(m).findings
@@ -2239,6 +2246,28 @@ def _call_on_copy(mm: MemoryManager, method: Method, args: Mapping[str, object])
         law = str(broke).split(":")[0]
         raise AssertionError(f"{law}: {shown} left {broke}") from broke
     return f"{shown}: {'refused' if err is not None else 'made'}, the books balance"
+
+
+INJECTED = ("kv", "mamba")
+"""The pools whose allocations an injected failure (``MemoryManager.fail_next``) fails: the KV slots and the Mamba
+states a request is given (``alloc_kv``, ``alloc_mamba``); request rows are not among them."""
+
+
+def _spent_if_it_took(before: MemoryManager, after: MemoryManager, shown: str) -> None:
+    """``an injected failure fails the next allocation``, for one call made on a copy: a call that began with a
+    failure injected and pending and left it pending must not have taken free slots of a pool it fails
+    (``INJECTED``). An injection one allocation skips moves the failure onto another call, which then meets it
+    in place of the one that should have."""
+    pending = before.fail_next
+    if not pending or after.fail_next != pending:
+        return
+    was, now = before.pools(), after.pools()
+    for name in INJECTED:
+        if name in was and (taken := sorted(ledger_of(was[name]).free - ledger_of(now[name]).free)):
+            raise AssertionError(
+                f"an injected failure fails the next allocation: {shown}, begun with {pending} failure(s) injected "
+                f"and pending, took free {name} slots {taken[:8]} and left them pending"
+            )
 
 
 ROOM_PROMPT = (11, 12, 13, 14)
@@ -2421,6 +2450,39 @@ def _plant_extra_token(slot: SessionSlot) -> None:
 
 def _plant_rowless(slot: SessionSlot) -> None:
     slot.row, slot.alloc_len, slot.committed_len, slot.tokens = None, slot.alloc_len + 1, 0, ()
+
+
+INJECTION_OWNER = request(999_999)
+"""The owner the injection audit allocates for (a request no story draws)."""
+
+
+def injection_audit(mm: MemoryManager) -> str:
+    """On a copy of ``mm``, one failure injected before each allocation entry point the manager has (``alloc_kv``
+    of one token, and with a Mamba pool ``alloc_mamba``), which must meet it: refused ``OverAllocation``, the
+    failure spent, the manager otherwise as it was (``an injected failure fails the next allocation``). An
+    entry point that skips the injection lets every failure path behind it go unchecked.
+
+    Raises ``AssertionError`` naming the law otherwise."""
+    law = "an injected failure fails the next allocation"
+    m = deepcopy(mm)
+    calls: list[tuple[str, Callable[[], object]]] = [("alloc_kv(1)", lambda: m.alloc_kv(INJECTION_OWNER, 1))]
+    if m.mamba is not None:
+        calls.append(("alloc_mamba", lambda: m.alloc_mamba(INJECTION_OWNER)))
+    for what, call in calls:
+        m.fail_next = 1
+        before = _manager_fingerprint(m)
+        try:
+            call()
+        except OverAllocation:
+            pass
+        else:
+            raise AssertionError(f"{law}: {what} with a failure injected was not refused")
+        if m.fail_next != 0:
+            raise AssertionError(f"{law}: {what} refused but left the failure pending ({m.fail_next})")
+        m.fail_next = 1  # NOTE: the fingerprint holds the count: compare the rest
+        if _manager_fingerprint(m) != before:
+            raise AssertionError(f"{law}: {what}, refused on an injected failure, changed the manager")
+    return f"injection audit: {', '.join(w for w, _ in calls)} refused on an injected failure"
 
 
 def rollback_audit(mm: MemoryManager) -> str:

@@ -25,6 +25,7 @@ import torch
 from hypothesis import strategies as st
 
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
+from kvledger.impl.lru import LRUList
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.memory import MemoryManager
 from kvledger.impl.radix import RadixCache
@@ -258,6 +259,27 @@ RADIX = Constructor(
 _NAME = st.sampled_from(["kv", "x"])
 _BAD_NAME = st.one_of(st.none(), st.integers(0, 2), st.just(b"kv"), st.builds(_Junk))
 
+BUILT_ON = ("cpu", "meta")
+"""The device types every machine here can build a pool on (the meta device: shapes, no memory)."""
+
+DEVICE_EDGES: tuple[object, ...] = (None, 0, 1.0, b"cpu", "", "nonsense", _Junk())
+"""One device of each kind that names none: a ``torch.device`` or its name is what the pools take (an int is no
+device to them, though torch reads one as a GPU index)."""
+
+
+def _is_device(x: object) -> bool:
+    """A device a pool is built on: a ``torch.device`` or a name torch parses, of a type in ``BUILT_ON``."""
+    if not isinstance(x, str | torch.device):
+        return False
+    try:
+        return torch.device(x).type in BUILT_ON
+    except (RuntimeError, ValueError, TypeError):
+        return False
+
+
+_DEVICE = st.sampled_from(["cpu", torch.device("cpu"), "meta", "cpu:0"])
+_DEVICE_OR_JUNK = _DEVICE | st.sampled_from(DEVICE_EDGES)
+
 
 SLOTS_END = 1 << 40
 """The first slot count a pool refuses (``TokenAllocator`` size, ``PagedAllocator`` pages, either pool of an
@@ -286,15 +308,20 @@ def _pool(
     refused), and a name when ``named``."""
     args = {k: _st(count_or_junk(lo)) for k, (lo, _) in counts.items()}
     valid = {k: _st(st.integers(lo, lo + 5)) for k, (lo, _) in counts.items()}
+    args["device"], valid["device"] = _st(_DEVICE_OR_JUNK), _st(_DEVICE)
     if named:
         args["name"], valid["name"] = _st(_NAME | _BAD_NAME), _st(_NAME)
 
     def inside(a: Mapping[str, object]) -> bool:
-        return all(_within(a[k], lo, end) for k, (lo, end) in counts.items()) and (
-            not named or isinstance(a["name"], str)
+        return (
+            all(_within(a[k], lo, end) for k, (lo, end) in counts.items())
+            and _is_device(a.get("device", "cpu"))
+            and (not named or isinstance(a["name"], str))
         )
 
+    edges: dict[str, tuple[object, ...] | Callable[[], tuple[object, ...]]]
     edges = {k: _bounded_edges(lo, end) for k, (lo, end) in counts.items()}
+    edges["device"] = DEVICE_EDGES
     if named:
         edges["name"] = (None, 0, b"kv", _Junk())
     return Constructor(what, build, args, inside, valid, edges)
@@ -302,12 +329,13 @@ def _pool(
 
 MAMBA = Constructor(
     "MambaPool",
-    lambda size, conv_shape, temporal_shape, ping_pong_size, dtype: MambaPool(
+    lambda size, conv_shape, temporal_shape, ping_pong_size, dtype, device="cpu": MambaPool(
         size,
         conv_shape=conv_shape,
         temporal_shape=temporal_shape,
         ping_pong_size=ping_pong_size,
         dtype=dtype,
+        device=device,
     ),
     {
         "size": lambda: count_or_junk(1),
@@ -315,6 +343,7 @@ MAMBA = Constructor(
         "temporal_shape": shape_or_junk,
         "ping_pong_size": lambda: count_or_junk(0),
         "dtype": dtype_or_junk,
+        "device": _st(_DEVICE_OR_JUNK),
     },
     lambda a: (
         _within(a["size"], 1, ROWS_END)
@@ -322,6 +351,7 @@ MAMBA = Constructor(
         and D.is_shape(a["temporal_shape"])
         and _within(a["ping_pong_size"], 0, SHAPE_END)
         and a["dtype"] in FLOAT_DTYPES
+        and _is_device(a.get("device", "cpu"))
     ),
     {
         "size": _st(st.integers(1, 6)),
@@ -329,6 +359,7 @@ MAMBA = Constructor(
         "temporal_shape": _st(st.just((2, 2))),
         "ping_pong_size": _st(st.integers(0, 2)),
         "dtype": _st(st.sampled_from(FLOAT_DTYPES)),
+        "device": _st(_DEVICE),
     },
     {
         "size": _bounded_edges(1, ROWS_END),
@@ -336,6 +367,7 @@ MAMBA = Constructor(
         "temporal_shape": SHAPE_EDGES,
         "ping_pong_size": _bounded_edges(0, SHAPE_END),
         "dtype": (*OTHER_DTYPES, "float32", *SCALAR_EDGES),
+        "device": DEVICE_EDGES,
     },
 )
 
@@ -414,18 +446,40 @@ MANAGER = Constructor(
 (an SWA cache is not one it drives), and a cache or table another manager drives already is refused."""
 
 
+_COMPONENTS = st.sampled_from(list(Component))
+COMPONENT_EDGES: tuple[object, ...] = (*(c.value for c in Component), OwnerKind.NODE, 0, *SCALAR_EDGES)
+"""One value of each kind that is no component: each component's name as a string, an enum of another type, an
+int, a scalar of each wrong type."""
+
+LRU = Constructor(
+    "LRUList",
+    LRUList,
+    {"component": lambda: _COMPONENTS | st.sampled_from(COMPONENT_EDGES)},
+    lambda a: type(a["component"]) is Component,
+    {"component": lambda: _COMPONENTS},
+    {"component": COMPONENT_EDGES},
+)
+"""An LRU list of one component (the cache builds one per component it has)."""
+
+
 CONSTRUCTORS: dict[str, tuple[Constructor, ...]] = {
     "token": (
         _pool(
-            "TokenAllocator", lambda size, name: TokenAllocator(size, name=name), {"size": (1, SLOTS_END)}, named=True
+            "TokenAllocator",
+            lambda size, name, device="cpu": TokenAllocator(size, name=name, device=device),
+            {"size": (1, SLOTS_END)},
+            named=True,
         ),
         RADIX,
         MANAGER,
+        LRU,
     ),
     "paged": (
         _pool(
             "PagedAllocator",
-            lambda num_pages, page_size, name: PagedAllocator(num_pages, page_size, name=name),
+            lambda num_pages, page_size, name, device="cpu": PagedAllocator(
+                num_pages, page_size, name=name, device=device
+            ),
             {"num_pages": (1, SLOTS_END), "page_size": (1, SHAPE_END)},
             named=True,
         ),

@@ -832,6 +832,20 @@ EQUIVALENT: dict[str, str] = {
         "a fast path's gate whose other side runs the same checks (new family, seed 14): an evict of 1 also takes "
         "the gate, where check_int returns 1 (not 0), so it goes on to evict exactly as before"
     ),
+    # NOTE: new family, seed 15 (2026-11-28)
+    "impl/allocators.py:PagedAllocator.alloc:const+1:0#2": (
+        "a speed memo (new family, seed 15): a one-page result (page size 1) is not remembered as fresh, so an "
+        "insert of it finds its pages through whole_pages and claims them with the distinctness check, which one "
+        "page passes: the same answer"
+    ),
+    "impl/memory.py:MemoryManager.add_request:const+1:1": (
+        "the same refusal by another check (new family, seed 15): a session id one past the range passes the range "
+        "check and is refused, InvalidArgument, as not open (no session that large can be opened)"
+    ),
+    "impl/slots.py:SlotPool.alloc:swap-args:self.check_alloc(n, owner)": (
+        "off the CPU only (new family, seed 15): the alloc path of a pool whose device is not the CPU (a CPU pool "
+        "takes the host path above it); kvledger check runs on the CPU"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""

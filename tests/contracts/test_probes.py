@@ -788,3 +788,45 @@ def test_a_memory_manager_built_outside_its_domain_is_caught_by_the_sweep(
     monkeypatch.setitem(P._BY_NAME, "MemoryManager", replace(target, build=lenient))
     with pytest.raises(AssertionError, match="inv_domain_enforced: MemoryManager"):
         _sweep_constructors(kind)
+
+
+@pytest.mark.parametrize(
+    ("kind", "cls"),
+    [("token", "TokenAllocator"), ("paged", "PagedAllocator"), ("swa", "SWATokenAllocator"), ("mamba", "MambaPool")],
+)
+def test_a_pool_that_takes_any_device_is_caught_by_the_sweep(
+    kind: str, cls: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pool constructor's ``device`` is swept with ``probes.DEVICE_EDGES`` (no device: ``None``, an int, bytes,
+    an empty or unknown name): a constructor that puts anything it cannot read on the CPU is caught."""
+    import kvledger.contracts.machines.probes as P
+
+    target = {c.what: c for c in P.CONSTRUCTORS[kind]}[cls]
+    real = target.build
+
+    def lenient(**kw: Any) -> object:
+        device = kw["device"]
+        if not isinstance(device, str | torch.device) or not P._is_device(device):
+            kw["device"] = "cpu"  # BUG: a device it cannot read is taken for the CPU
+        return real(**kw)
+
+    monkeypatch.setitem(P._BY_NAME, cls, replace(target, build=lenient))
+    with pytest.raises(AssertionError, match=f"inv_domain_enforced: {cls}"):
+        _sweep_constructors(kind)
+
+
+def test_an_lru_list_of_no_component_is_caught_by_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LRUList`` is among the token kind's constructors: a component given by its name, an int or an enum of
+    another type is refused, typed. A list that reads a component's name as that component is caught."""
+    import kvledger.contracts.machines.probes as P
+    from kvledger.impl.lru import LRUList
+    from kvledger.spec.types import Component
+
+    def lenient(component: Any) -> object:
+        if isinstance(component, str) and component in {c.value for c in Component}:
+            component = Component(component)  # BUG: a component's name taken for the component
+        return LRUList(component)
+
+    monkeypatch.setitem(P._BY_NAME, "LRUList", replace(P._BY_NAME["LRUList"], build=lenient))
+    with pytest.raises(AssertionError, match="inv_domain_enforced: LRUList"):
+        _sweep_constructors("token")
