@@ -846,6 +846,25 @@ EQUIVALENT: dict[str, str] = {
         "off the CPU only (new family, seed 15): the alloc path of a pool whose device is not the CPU (a CPU pool "
         "takes the host path above it); kvledger check runs on the CPU"
     ),
+    # NOTE: new family, seed 16 (2026-11-28)
+    'impl/lru.py:LRUList.insert_mru:drop-raise:raise AlreadyInList("lru_insert_mru", self.component.value, node.id, '
+    '"already in the list (use touch': (
+        "the same refusal by another check (new family, seed 16): a member always holds its pointers (the sentinels "
+        "bound the list), so _check_unlinked refuses it with AlreadyInList naming the same node"
+    ),
+    "impl/slots.py:SlotPool.claim:negate-cmp:raw is None": (
+        "a speed memo (new family, seed 16): the last alloc's memo is compared with the ids' own bytes where the "
+        "caller gave them (the same bytes) and with None where it did not (never equal), so such a claim reads "
+        "the tags as for any other ids: the same answer"
+    ),
+    "impl/slots.py:SlotPool.alloc_ids:const+1:0": (
+        "a speed memo (new family, seed 16): a one-slot alloc_ids result is not kept as the last alloc, so its "
+        "claim or free reads the tags instead of trusting the memo: the same answer"
+    ),
+    "impl/slots.py:_long:negate-cmp:idx.dtype == torch.int64": (
+        "an intermediate's dtype (new family, seed 16): int64 ids are copied to int64, ids of another dtype kept; "
+        "every caller on the CPU passes as_index's int64 ids, and index_select reads int32 ids as the same slots"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
