@@ -278,7 +278,20 @@ def _is_device(x: object) -> bool:
 
 
 _DEVICE = st.sampled_from(["cpu", torch.device("cpu"), "meta", "cpu:0"])
-_DEVICE_OR_JUNK = _DEVICE | st.sampled_from(DEVICE_EDGES)
+
+
+def _with_device(c: Constructor) -> Constructor:
+    """``c`` with a ``device`` argument too (drawn from a device or junk, swept with ``DEVICE_EDGES``); a call
+    that names none builds on the CPU, as the pools' own default does."""
+    inside = c.inside
+    return Constructor(
+        c.what,
+        c.build,
+        {**c.args, "device": _st(_DEVICE | st.sampled_from(DEVICE_EDGES))},
+        lambda a: inside(a) and _is_device(a.get("device", "cpu")),
+        {**c.valid, "device": _st(_DEVICE)},
+        {**c.edges, "device": DEVICE_EDGES},
+    )
 
 
 SLOTS_END = 1 << 40
@@ -305,70 +318,64 @@ def _pool(
     what: str, build: Callable[..., object], counts: Mapping[str, tuple[int, int]], named: bool = False
 ) -> Constructor:
     """A pool constructor whose arguments are counts (each with its least value and its end: the first count
-    refused), and a name when ``named``."""
+    refused), a device, and a name when ``named``."""
     args = {k: _st(count_or_junk(lo)) for k, (lo, _) in counts.items()}
     valid = {k: _st(st.integers(lo, lo + 5)) for k, (lo, _) in counts.items()}
-    args["device"], valid["device"] = _st(_DEVICE_OR_JUNK), _st(_DEVICE)
     if named:
         args["name"], valid["name"] = _st(_NAME | _BAD_NAME), _st(_NAME)
 
     def inside(a: Mapping[str, object]) -> bool:
-        return (
-            all(_within(a[k], lo, end) for k, (lo, end) in counts.items())
-            and _is_device(a.get("device", "cpu"))
-            and (not named or isinstance(a["name"], str))
+        return all(_within(a[k], lo, end) for k, (lo, end) in counts.items()) and (
+            not named or isinstance(a["name"], str)
         )
 
     edges: dict[str, tuple[object, ...] | Callable[[], tuple[object, ...]]]
     edges = {k: _bounded_edges(lo, end) for k, (lo, end) in counts.items()}
-    edges["device"] = DEVICE_EDGES
     if named:
         edges["name"] = (None, 0, b"kv", _Junk())
-    return Constructor(what, build, args, inside, valid, edges)
+    return _with_device(Constructor(what, build, args, inside, valid, edges))
 
 
-MAMBA = Constructor(
-    "MambaPool",
-    lambda size, conv_shape, temporal_shape, ping_pong_size, dtype, device="cpu": MambaPool(
-        size,
-        conv_shape=conv_shape,
-        temporal_shape=temporal_shape,
-        ping_pong_size=ping_pong_size,
-        dtype=dtype,
-        device=device,
-    ),
-    {
-        "size": lambda: count_or_junk(1),
-        "conv_shape": shape_or_junk,
-        "temporal_shape": shape_or_junk,
-        "ping_pong_size": lambda: count_or_junk(0),
-        "dtype": dtype_or_junk,
-        "device": _st(_DEVICE_OR_JUNK),
-    },
-    lambda a: (
-        _within(a["size"], 1, ROWS_END)
-        and D.is_shape(a["conv_shape"])
-        and D.is_shape(a["temporal_shape"])
-        and _within(a["ping_pong_size"], 0, SHAPE_END)
-        and a["dtype"] in FLOAT_DTYPES
-        and _is_device(a.get("device", "cpu"))
-    ),
-    {
-        "size": _st(st.integers(1, 6)),
-        "conv_shape": _st(st.just((2,))),
-        "temporal_shape": _st(st.just((2, 2))),
-        "ping_pong_size": _st(st.integers(0, 2)),
-        "dtype": _st(st.sampled_from(FLOAT_DTYPES)),
-        "device": _st(_DEVICE),
-    },
-    {
-        "size": _bounded_edges(1, ROWS_END),
-        "conv_shape": SHAPE_EDGES,
-        "temporal_shape": SHAPE_EDGES,
-        "ping_pong_size": _bounded_edges(0, SHAPE_END),
-        "dtype": (*OTHER_DTYPES, "float32", *SCALAR_EDGES),
-        "device": DEVICE_EDGES,
-    },
+MAMBA = _with_device(
+    Constructor(
+        "MambaPool",
+        lambda size, conv_shape, temporal_shape, ping_pong_size, dtype, device="cpu": MambaPool(
+            size,
+            conv_shape=conv_shape,
+            temporal_shape=temporal_shape,
+            ping_pong_size=ping_pong_size,
+            dtype=dtype,
+            device=device,
+        ),
+        {
+            "size": lambda: count_or_junk(1),
+            "conv_shape": shape_or_junk,
+            "temporal_shape": shape_or_junk,
+            "ping_pong_size": lambda: count_or_junk(0),
+            "dtype": dtype_or_junk,
+        },
+        lambda a: (
+            _within(a["size"], 1, ROWS_END)
+            and D.is_shape(a["conv_shape"])
+            and D.is_shape(a["temporal_shape"])
+            and _within(a["ping_pong_size"], 0, SHAPE_END)
+            and a["dtype"] in FLOAT_DTYPES
+        ),
+        {
+            "size": _st(st.integers(1, 6)),
+            "conv_shape": _st(st.just((2,))),
+            "temporal_shape": _st(st.just((2, 2))),
+            "ping_pong_size": _st(st.integers(0, 2)),
+            "dtype": _st(st.sampled_from(FLOAT_DTYPES)),
+        },
+        {
+            "size": _bounded_edges(1, ROWS_END),
+            "conv_shape": SHAPE_EDGES,
+            "temporal_shape": SHAPE_EDGES,
+            "ping_pong_size": _bounded_edges(0, SHAPE_END),
+            "dtype": (*OTHER_DTYPES, "float32", *SCALAR_EDGES),
+        },
+    )
 )
 
 
@@ -406,41 +413,37 @@ def _manager_inside(a: Mapping[str, object]) -> bool:
     )
 
 
-_CACHE_KINDS = st.sampled_from(["token", "paged", "mamba"])
+def _manager_caches() -> tuple[object, ...]:
+    """New values of each kind that is no cache a manager takes: an SWA cache, a driven cache, a pool, a table,
+    a Mamba pool, scalars."""
+    return (_cache("swa"), _driven()[0], _kv("token"), _rows(), _other_pool("mamba"), None, 0, _Junk())
+
+
+def _manager_rows() -> tuple[object, ...]:
+    """New values of each kind that is no request table a manager takes: one on another device, a driven one,
+    pools of other kinds, scalars."""
+    return (ReqToTokenPool(2, 4, device="meta"), _driven()[1], _kv("token"), _other_pool("mamba"), None, _Junk())
+
+
+def _made_anew(catalogue: Callable[[], tuple[object, ...]]) -> st.SearchStrategy[object]:
+    """One value of ``catalogue``, made anew for each draw (a build that took one would change it)."""
+    return st.builds(catalogue).flatmap(st.sampled_from)
+
+
+_CACHES = st.sampled_from(["token", "paged", "mamba"]).map(_cache)
 
 
 MANAGER = Constructor(
     "MemoryManager",
     MemoryManager,
     {
-        "cache": lambda: st.one_of(
-            st.sampled_from(["token", "paged", "swa", "mamba"]).map(_cache),
-            st.sampled_from(["token", "rows"]).map(lambda k: _kv(k) if k == "token" else _rows()),
-            st.builds(lambda: _driven()[0]),
-            JUNK_SCALARS,
-        ),
-        "rows": lambda: st.one_of(
-            st.builds(_rows),
-            st.builds(lambda: ReqToTokenPool(2, 4, device="meta")),
-            st.builds(lambda: _driven()[1]),
-            st.sampled_from(["token", "mamba"]).map(lambda k: _kv(k) if k == "token" else _other_pool(k)),
-            JUNK_SCALARS,
-        ),
+        "cache": lambda: st.one_of(_CACHES, _made_anew(_manager_caches), JUNK_SCALARS),
+        "rows": lambda: st.one_of(st.builds(_rows), _made_anew(_manager_rows), JUNK_SCALARS),
     },
     _manager_inside,
-    {"cache": lambda: _CACHE_KINDS.map(_cache), "rows": lambda: st.builds(_rows)},
-    {
-        # NOTE: made anew for each sweep: a build that took one would change it (a cache it then drives)
-        "cache": lambda: (_cache("swa"), _driven()[0], _kv("token"), _rows(), _other_pool("mamba"), None, 0, _Junk()),
-        "rows": lambda: (
-            ReqToTokenPool(2, 4, device="meta"),
-            _driven()[1],
-            _kv("token"),
-            _other_pool("mamba"),
-            None,
-            _Junk(),
-        ),
-    },
+    {"cache": lambda: _CACHES, "rows": lambda: st.builds(_rows)},
+    # NOTE: functions, so each sweep gets new values: a build that took one would change it (a cache it then drives)
+    {"cache": _manager_caches, "rows": _manager_rows},
 )
 """The memory manager over a cache and a request table: the cache's allocator kind decides whether it is inside
 (an SWA cache is not one it drives), and a cache or table another manager drives already is refused."""
