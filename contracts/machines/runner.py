@@ -489,6 +489,10 @@ def run_machine(
     saved_random = hypothesis.core.threadlocal._hypothesis_global_random
     if database is None:
         hypothesis.core.global_force_seed = seed  # type: ignore[assignment]
+        if seed is not None:
+            # NOTE: Hypothesis lets a profile's ``derandomize`` win over a forced seed (the run would draw the
+            # derandomised examples whatever the seed), so a seed given to a derandomised profile turns it off
+            settings = Settings(settings, derandomize=False)
     else:
         # NOTE: Hypothesis ignores the database when a seed is forced, so with a database the run's randomness
         # is seeded instead (the same draws for the same seed); failures are kept per suite and model.

