@@ -140,3 +140,44 @@ def test_a_seed_given_to_a_derandomised_profile_draws_its_own_examples() -> None
     assert one == logs(1), "the same seed draws the same examples"
     assert one != two, "another seed draws other examples"
     assert logs(None) == logs(None), "no seed: the profile's derandomised examples"
+
+
+class Eight(RuleBasedStateMachine):
+    """Eight rules that can always run, each logging its name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ran: set[str] = set()
+
+
+for _i in range(8):
+
+    def _step(self: Eight, _name: str = f"r{_i}") -> None:
+        self.ran.add(_name)
+
+    _step.__name__ = f"r{_i}"
+    setattr(Eight, f"r{_i}", rule()(_step))
+
+
+def test_a_fair_example_runs_unswarmed() -> None:
+    """Hypothesis' swarm switches about half the rules off for a whole example; a fair schedule cannot be fair to a
+    rule it cannot run, so a fair example runs with every rule on (``fair.unswarmed``). Counted per example: the
+    rules that ran in fair and in unscheduled examples of at least 24 steps."""
+    from kvledger.contracts.machines.profiles import register_profiles
+
+    register_profiles()
+    runs: dict[bool, list[int]] = {True: [], False: []}
+
+    class Spy(Eight):
+        def teardown(self) -> None:
+            if self._kvl_steps >= 24:  # type: ignore[attr-defined]  # NOTE: room for every rule three times
+                runs[bool(self._kvl_fair)].append(len(self.ran))  # type: ignore[attr-defined]
+            super().teardown()
+
+    ci = settings(settings.get_profile("ci"), max_examples=60, stateful_step_count=30)
+    result = run_machine("toy", "eight", Spy, [], ci)
+    assert result.ok, result.violation
+    fair_runs, swarmed = runs[True], runs[False]
+    assert len(fair_runs) >= 10 and len(swarmed) >= 10, runs
+    assert sum(n == 8 for n in fair_runs) >= 0.75 * len(fair_runs), f"fair examples that missed a rule: {fair_runs}"
+    assert sum(n < 8 for n in swarmed) >= 0.3 * len(swarmed), f"the swarm no longer switches rules off: {swarmed}"

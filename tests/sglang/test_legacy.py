@@ -7,6 +7,8 @@ Each test runs against the installed release (CI: 0.5.9, 0.5.10, 0.5.11 and 0.5.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import settings
 
@@ -51,12 +53,13 @@ def test_mamba_lru_list_is_caught_by_lru_detachment() -> None:
         return
     assert v is not None and v.rule == "inv_lru_detached", v
     assert "nodes outside it keep links" in v.message
-    # NOTE: one sequence cached (by the rule, or by the cache machine's first step), then evicted
+    # NOTE: one sequence cached (by the rule, or by the cache machine's first step), then evicted (of the prompt's
+    # four tokens, how many the shrunk eviction asks for depends on the draws the shrink starts from)
     cached = (
         "insert(again=False, borrow=False, branch=None, prompt=0, suffix=())",
         "cached_at_start(prompt=0, suffix=())",
     )
-    assert v.steps[-2] in cached and v.steps[-1] == "evict(comp=Component.FULL, n=1)", v.steps
+    assert v.steps[-2] in cached and re.fullmatch(r"evict\(comp=Component\.FULL, n=[1-4]\)", v.steps[-1]), v.steps
 
 
 def test_b1_program_replays_on_sglang() -> None:
