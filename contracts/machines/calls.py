@@ -265,9 +265,10 @@ def key_forms(tokens: list[int], forms: tuple[str, ...] = KEY_FORMS) -> st.Searc
 
 def junk_key_values(length: int) -> tuple[object, ...]:
     """Keys of ``length`` tokens that are no key, one of each kind: floats, bools, 2-D, a negative id (in a tensor
-    and in a list), an id past int64 (in a uint64 tensor), float and bool lists, int64 ids in a sparse and in a
-    meta tensor (the right dtype and shape, no readable values), a string, the ids' bytes in each buffer type, a
-    set and a dict of them (no order), and a scalar of each wrong type."""
+    and in a list), an id past int64 (in a uint64 tensor), float and bool lists, an ``array`` of floats and one of
+    unsigned ids with one past int64 (an array of another typecode is converted, not taken as it is), int64 ids
+    in a sparse and in a meta tensor (the right dtype and shape, no readable values), a string, the ids' bytes in
+    each buffer type, a set and a dict of them (no order), and a scalar of each wrong type."""
     toks = list(range(1, length + 1)) or [1]
     ids = torch.tensor(toks, dtype=torch.int64)
     raw = array("q", toks).tobytes()
@@ -285,6 +286,8 @@ def junk_key_values(length: int) -> tuple[object, ...]:
         [float(t) for t in toks],
         [True for _ in toks],
         "ab",
+        array("d", toks),  # NOTE: an array of another typecode: floats, and unsigned ids past int64
+        array("Q", [*toks[:-1], 2**63]),
         raw,  # NOTE: the ids' bytes, in each buffer type: a buffer is not a key
         bytearray(raw),
         memoryview(raw),
@@ -297,11 +300,13 @@ def junk_key_values(length: int) -> tuple[object, ...]:
 def edge_key_values(length: int) -> tuple[object, ...]:
     """Valid keys of ``length`` tokens at the edges of the id range: the largest int64, and ids whose low byte
     is 0x80 or more (a test that reads the wrong byte of an id for its sign refuses them), as a list and as an
-    int64 tensor; the smallest id (0) and the largest int64 in a uint64 tensor (whose values past int64 are no
-    ids: a test of that bound must not refuse the ids at either end of the range)."""
+    int64 tensor; the largest int32 in an ``array("i")``; the smallest id (0) and the largest int64 in a uint64
+    tensor (whose values past int64 are no ids: a test of that bound must not refuse the ids at either end of the
+    range)."""
     toks = list(range(1, length))
     return (
         [*toks, 2**63 - 1],
+        array("i", [*toks, 2**31 - 1]),  # NOTE: an array of another typecode holding ids: the same key as a list
         torch.tensor([*toks, 255]),
         [*toks, 2**31 + 128],
         torch.tensor([*toks, 0], dtype=torch.uint64),
@@ -339,6 +344,10 @@ def junk_keys(length: int) -> st.SearchStrategy[object]:
     return st.sampled_from(junk_key_values(length)) | JUNK_SCALARS
 
 
+INT_TYPECODES = frozenset("bBhHiIlLqQ")
+"""The ``array`` typecodes of integers: such an array is a sequence of ints (``u`` and ``w`` hold characters)."""
+
+
 def tokens_of(key: object) -> list[int] | None:
     """The token ids ``key`` names when it is a key (``spec.domains.is_tokens`` on its values), else ``None``."""
     if isinstance(key, torch.Tensor):
@@ -347,8 +356,8 @@ def tokens_of(key: object) -> list[int] | None:
         if key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool:
             return None
         xs: list[int] = key.tolist()
-    elif (isinstance(key, array) and key.typecode == "q") or isinstance(key, list | tuple):
-        xs = list(key)
+    elif (isinstance(key, array) and key.typecode in INT_TYPECODES) or isinstance(key, list | tuple):
+        xs = list(key)  # NOTE: an array of any integer typecode holds ids as a list does (its values decide)
     else:
         return None
     return xs if D.is_tokens(xs) else None

@@ -865,6 +865,31 @@ EQUIVALENT: dict[str, str] = {
         "an intermediate's dtype (new family, seed 16): int64 ids are copied to int64, ids of another dtype kept; "
         "every caller on the CPU passes as_index's int64 ids, and index_select reads int32 ids as the same slots"
     ),
+    "impl/kvview.py:KVView.take:swap-args:pool.retag_code(new, dst)": (
+        "off the CPU only (new family, seed 17): take's hand-over for a pool on another device (a CPU pool returns "
+        "through claim above); kvledger check runs on the CPU"
+    ),
+    "impl/slots.py:SlotPool.claim:negate-cmp:idx.ndim == 1": (
+        "a fast path's gate whose other side runs the same checks (new family, seed 17): every caller passes the "
+        "pool's own 1-D int64 host ids (np.frombuffer, a tensor's numpy view); negated they decline (False) and the "
+        "caller takes as_index and check_held, the same result (as the negated elif's set-aside above)"
+    ),
+    "impl/slots.py:SlotPool._pop_ids:const+1:0#2": (
+        "a speed path (new family, seed 17): a popped run is tagged through a slice when it starts at slot 0 or "
+        "later, through its ids when it starts at 1 or later; the same tags either way, and the run's start is "
+        "returned as before (the free's slice reads it)"
+    ),
+    "impl/radix.py:RadixCache.match_prefix:swap-args:min(n.end, pos)": (
+        "min of two ints in either order (new family, seed 18)"
+    ),
+    "impl/slots.py:_tag_bytes:const+1:1#2": (
+        "a speed memo (new family, seed 18): a run of two tags is made without being kept in the table of runs "
+        "(it is still looked up there first); the same bytes either way"
+    ),
+    "impl/tree.py:<module>:const+1:4096": (
+        "a speed threshold (new family, seed 17): keys of exactly 4,096 ids check their signs by isascii instead "
+        "of numpy's min: the same answer (as key_bytes' boundary set-aside above)"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""

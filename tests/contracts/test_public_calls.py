@@ -2042,3 +2042,41 @@ def test_a_release_of_a_handle_never_issued_is_caught(monkeypatch: pytest.Monkey
     with pytest.raises(AssertionError) as got:
         run_probes("token", C.cache_scenario, 40, sweeps=3)
     assert "dec_lock_ref" in str(got.value), got.value
+
+
+def test_an_array_of_another_typecode_taken_as_it_is_is_caught_by_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Token ids and keys in an ``array`` of another typecode are converted, not taken as they are: the catalogue
+    of what is no token sequence holds an array of floats and an array of unsigned ids with one past int64 (new
+    family, seed 18). A ``check_tokens`` that takes any array as its ids accepts the floats, and is caught."""
+    from array import array
+
+    import kvledger.impl.arguments as arguments
+    import kvledger.impl.memory as memory
+
+    real = arguments.check_tokens
+
+    def lenient(op: str, where: str, tokens: object, **kw: Any) -> tuple[int, ...]:
+        if type(tokens) is array:
+            return tuple(tokens)  # BUG: an array's items taken as token ids, whatever their type
+        return real(op, where, tokens, **kw)
+
+    run_probes("token", C.manager_scenario, 60, sweeps=2)  # NOTE: the reference holds
+    monkeypatch.setattr(memory, "check_tokens", lenient)
+    with pytest.raises(AssertionError) as got:
+        run_probes("token", C.manager_scenario, 60, sweeps=2)
+    assert str(got.value).startswith(
+        ("inv_domain_enforced", "invalid call accepted", "rejected call leaves state unchanged")
+    ), got.value
+
+
+def test_a_key_of_another_typecode_is_the_same_key() -> None:
+    """The catalogue's valid edge keys include an ``array("i")``: a key check that refuses arrays of another
+    typecode refuses a valid key. The reference reads it as the same key as the list."""
+    from array import array
+
+    kv = TokenAllocator(8)
+    cache = RadixCache(kv)
+    owner = request(1)
+    cache.insert([5, 6, 2**31 - 1], kv.alloc(3, owner), owner)
+    assert cache.match_prefix(array("i", [5, 6, 2**31 - 1])).length == 3
+    assert any(type(k) is array and k.typecode == "i" for k in C.edge_key_values(3))
