@@ -2222,7 +2222,7 @@ def _manager_audits(mm: MemoryManager, draw: Draw) -> str:
     grown = lru_cache(maxsize=1)(partial(_cached_copy, mm))
     return (
         f"{leak_audit(mm, draw)}; {room_audit(mm, grown)}; {rollback_audit(mm)}; {session_audit(mm)}; "
-        f"{cow_audit(mm, grown)}; {injection_audit(mm)}"
+        f"{cow_audit(mm, grown)}; {injection_audit(mm)}; {reads_audit(mm)}"
     )
 
 
@@ -2417,6 +2417,23 @@ def room_audit(mm: MemoryManager, grown: Callable[[], MemoryManager | None] | No
                 raise AssertionError(f"{law}: alloc_mamba ({need} slots) left {held} held by {owner}")
             told.append(f"a Mamba state with {free} free")
     return "room audit: " + "; ".join(told)
+
+
+def reads_audit(mm: MemoryManager) -> str:
+    """The manager's argument-free reads, against the state they read: ``running()`` answers exactly the requests
+    whose recorded status is running, each once, in the order they arrived (the request table's order, as the
+    system snapshot lists them). An argument-free read has nothing outside its domain to refuse, so no sweep calls
+    it; a wrong answer misleads whoever schedules by it. What was audited.
+
+    Raises ``AssertionError`` naming ``self-checks agree with the state`` otherwise."""
+    got = mm.running()
+    want = [r for r in mm.requests.values() if r.status is Status.RUNNING]
+    if len(got) != len(want) or any(a is not b for a, b in zip(got, want, strict=False)):
+        raise AssertionError(
+            f"self-checks agree with the state: MemoryManager.running() answers requests "
+            f"{[getattr(r, 'rid', r) for r in got]}, the running ones are {[r.rid for r in want]}"
+        )
+    return f"reads audit: {len(got)} running"
 
 
 def session_audit(mm: MemoryManager) -> str:
@@ -2685,7 +2702,7 @@ NOT_PROBED: dict[str, str] = {
     "MemoryManager.event": "a log entry: its op and who are labels, any string (the leak audit checks its stamps)",
     "MemoryManager.own": "the request check every call taking a request makes first: probed through each of them",
     "MemoryManager.pools": "no argument: nothing outside its domain (every audit reads its answer)",
-    "MemoryManager.running": "no argument: nothing outside its domain",
+    "MemoryManager.running": "no argument: nothing outside its domain (the reads audit checks its answer)",
     "Sessions.check": "no argument: the session self-check, run by the system machine after every step",
     "RadixCache.live_handles": "no argument: nothing outside its domain (the lock laws read it)",
     "RadixCache.node_count": "no argument: nothing outside its domain (the cache audit checks it against a walk)",

@@ -886,6 +886,31 @@ EQUIVALENT: dict[str, str] = {
         "a speed memo (new family, seed 18): a run of two tags is made without being kept in the table of runs "
         "(it is still looked up there first); the same bytes either way"
     ),
+    "impl/session.py:common_prefix:swap-args:zip(a, b, strict=False)": (
+        "a symmetric walk (new family, seed 19): the common prefix of a and b is that of b and a"
+    ),
+    "impl/slots.py:<module>:const+1:8": (
+        "a speed memo's split (new family, seed 19): results of up to 9 * HANDED_MAX bytes go to the table of short "
+        "results instead of 8 * HANDED_MAX; both tables are looked up by the result's last 64 bytes and compared "
+        "whole, so what is found is the same"
+    ),
+    "impl/arguments.py:_what:const+1:40": (
+        "an error message's words (new family, seed 19): a refused value's repr is cut at 41 characters, not 40; "
+        "the same error class, slot, owner and operation"
+    ),
+    'impl/lru.py:LRUList.insert_ahead_of:drop-raise:raise AlreadyInList("lru_insert", self.component.value, '
+    'node.id, "already in the list")': (
+        "the same refusal by another check (new family, seed 19): a member always holds its pointers, so "
+        "_check_unlinked refuses it with AlreadyInList naming the same node (as insert_mru's set-aside); with the "
+        "anchor not a member either, the anchor's NotInList comes first: a typed refusal of the same call, and "
+        "the spec orders neither precondition first"
+    ),
+    "impl/radix.py:RadixCache.evict:const+1:0#2": (
+        "outside the domain only (new family, seed 19): the compare runs for an n that is not exactly an int; "
+        "for a bool, a float or a negative one check_int raises first, so only an int subclass reaches it, and "
+        "spec.domains.is_amount puts an int subclass outside evict's domain (the reference accepting one, and "
+        "evicting, is a discrepancy left in issue 19's notes)"
+    ),
     "impl/tree.py:<module>:const+1:4096": (
         "a speed threshold (new family, seed 17): keys of exactly 4,096 ids check their signs by isascii instead "
         "of numpy's min: the same answer (as key_bytes' boundary set-aside above)"

@@ -2080,3 +2080,17 @@ def test_a_key_of_another_typecode_is_the_same_key() -> None:
     cache.insert([5, 6, 2**31 - 1], kv.alloc(3, owner), owner)
     assert cache.match_prefix(array("i", [5, 6, 2**31 - 1])).length == 3
     assert any(type(k) is array and k.typecode == "i" for k in C.edge_key_values(3))
+
+
+def test_a_running_list_that_answers_other_requests_fails_the_reads_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MemoryManager.running()`` takes no argument, so no sweep calls it; the reads audit (one of the manager
+    scenario's audits) checks its answer against the requests' recorded statuses (new family, seed 19: a
+    ``running()`` answering the requests that are not running survived)."""
+    mm = _running_manager(False)
+    mm.add_request((1, 2))  # NOTE: one waiting beside the running one
+    assert C.reads_audit(mm) == "reads audit: 1 running"
+    monkeypatch.setattr(
+        MemoryManager, "running", lambda self: [r for r in self.requests.values() if r.status.value != "running"]
+    )
+    with pytest.raises(AssertionError, match=r"self-checks agree with the state: MemoryManager\.running\(\)"):
+        C.reads_audit(mm)
