@@ -487,19 +487,18 @@ def run_machine(
     counted_machine, counts = counted(fair(machine), progress, watchdog, stop_at)
     saved_seed = hypothesis.core.global_force_seed
     saved_random = hypothesis.core.threadlocal._hypothesis_global_random
+    if seed is not None or database is not None:
+        # NOTE: a profile's ``derandomize`` wins over a forced seed in Hypothesis (every seed would draw the
+        # derandomised examples) and keeps the database from being read: either one turns it off
+        settings = Settings(settings, derandomize=False)
     if database is None:
         hypothesis.core.global_force_seed = seed  # type: ignore[assignment]
-        if seed is not None:
-            # NOTE: Hypothesis lets a profile's ``derandomize`` win over a forced seed (the run would draw the
-            # derandomised examples whatever the seed), so a seed given to a derandomised profile turns it off
-            settings = Settings(settings, derandomize=False)
     else:
         # NOTE: Hypothesis ignores the database when a seed is forced, so with a database the run's randomness
         # is seeded instead (the same draws for the same seed); failures are kept per suite and model.
         hypothesis.core.global_force_seed = None
         hypothesis.core.threadlocal._hypothesis_global_random = None if seed is None else Random(seed)
         database = Scoped(database, f"{suite}/{model}/".encode())
-        settings = Settings(settings, derandomize=False)
     budget = shrink_seconds() if shrink_for is None else shrink_for
     cut: list[str] = []
     try:
