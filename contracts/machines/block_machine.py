@@ -29,6 +29,7 @@ from kvledger.contracts.machines.shared_laws import (
     check_shared_laws,
     check_transition,
 )
+from kvledger.contracts.machines.stable import sampled_from
 from kvledger.spec.shared import SharedPool
 
 __all__ = ["PROMPTS", "SharedAdapter", "SharedLawBroken", "machine_for_shared"]
@@ -42,7 +43,7 @@ PROMPTS: tuple[tuple[int, ...], ...] = (
 )
 """Prompts sharing one- and two-block prefixes (block size 4), a long one that crowds the pool, a short one."""
 
-BUDGETS = st.sampled_from([64, 8, 2])
+BUDGETS = sampled_from([64, 8, 2])
 
 
 class SharedLawBroken(AssertionError):
@@ -100,7 +101,7 @@ def machine_for_shared(make: Callable[[], SharedAdapter]) -> type[RuleBasedState
             if broken:
                 raise SharedLawBroken(broken, step)
 
-        @rule(prompt=st.sampled_from(PROMPTS))
+        @rule(prompt=sampled_from(PROMPTS))
         def add(self, prompt: tuple[int, ...]) -> None:
             self.waiting.append(self.a.add_request(prompt))
             self._after(f"add_request({prompt})")
@@ -113,25 +114,25 @@ def machine_for_shared(make: Callable[[], SharedAdapter]) -> type[RuleBasedState
         @precondition(lambda self: bool(self.running))
         @rule(data=st.data(), n=st.integers(1, 5))
         def extend(self, data: st.DataObject, n: int) -> None:
-            rid = data.draw(st.sampled_from(self.running))
+            rid = data.draw(sampled_from(self.running))
             self._after(f"extend({rid}, {n})", self.a.extend(rid, n))
 
         @precondition(lambda self: bool(self.running))
         @rule(data=st.data())
         def finish(self, data: st.DataObject) -> None:
-            rid = data.draw(st.sampled_from(self.running))
+            rid = data.draw(sampled_from(self.running))
             self._after(f"finish({rid})", self.a.finish(rid))
 
         @precondition(lambda self: bool(self.running or self.waiting))
         @rule(data=st.data())
         def abort(self, data: st.DataObject) -> None:
-            rid = data.draw(st.sampled_from(self.running + self.waiting))
+            rid = data.draw(sampled_from(self.running + self.waiting))
             self._after(f"abort({rid})", self.a.abort(rid))
 
         @precondition(lambda self: bool(self.running) and "retract" in self.a.capabilities)
         @rule(data=st.data())
         def retract(self, data: st.DataObject) -> None:
-            rid = data.draw(st.sampled_from(self.running))
+            rid = data.draw(sampled_from(self.running))
             self._after(f"retract({rid})", self.a.retract(rid))
 
         @invariant()

@@ -52,6 +52,7 @@ from hypothesis.stateful import (
 
 from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig, Match, Snapshot, policy_components
 from kvledger.contracts.machines.probes import count_or_junk
+from kvledger.contracts.machines.stable import sampled_from
 from kvledger.spec import domains as D
 from kvledger.spec import ledger as L
 from kvledger.spec import locks as K
@@ -495,9 +496,9 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
         @rule(
             prompt=st.integers(0, len(PROMPTS) - 1),
             suffix=suffixes,
-            whose=st.sampled_from(["another request", "the free list", "the cache"]),
+            whose=sampled_from(["another request", "the free list", "the cache"]),
             at=st.lists(st.integers(0, 15), min_size=1, max_size=3),
-            part=st.sampled_from(["kv", "mamba"]),
+            part=sampled_from(["kv", "mamba"]),
         )
         def insert_foreign(
             self, prompt: int, suffix: tuple[int, ...], whose: str, at: list[int], part: str = "kv"
@@ -611,7 +612,7 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                 self.written[got] = P.fingerprint(req, 0)
             return got
 
-        @rule(comp=st.sampled_from([FULL, SWA, MAMBA]), n=st.integers(1, 12))
+        @rule(comp=sampled_from([FULL, SWA, MAMBA]), n=st.integers(1, 12))
         def evict(self, comp: Component, n: int) -> None:
             on = {FULL, *([SWA] if self.cfg.window is not None else []), *([MAMBA] if self.cfg.mamba else [])}
             if comp not in on:
@@ -622,7 +623,7 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             self._judge_eviction(comp, n, snap)
 
         @precondition(lambda self: "rejects_bad_arguments" in self.caps)
-        @rule(comp=st.sampled_from([FULL, SWA, MAMBA]), n=count_or_junk(0, 12))
+        @rule(comp=sampled_from([FULL, SWA, MAMBA]), n=count_or_junk(0, 12))
         def evict_bad(self, comp: Component, n: object) -> None:
             """``evict`` with a count drawn from anywhere (negative, a bool, a float, past int64), or of a
             component the cache does not have: outside its domain (``spec.domains.is_amount``) it is refused with

@@ -66,6 +66,7 @@ from kvledger.contracts.machines.probes import (
     owner_or_junk,
     raised,
 )
+from kvledger.contracts.machines.stable import just, sampled_from
 from kvledger.impl.admission import Attempt, Budget, admit, release_attempt_state, rollback
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.arguments import MAX_TOKEN
@@ -260,7 +261,7 @@ TENSOR_FORMS = ("int64", "int32", "uint64", "strided")
 
 def key_forms(tokens: list[int], forms: tuple[str, ...] = KEY_FORMS) -> st.SearchStrategy[object]:
     """``tokens`` in any of ``forms`` (``KEY_FORMS``: every form a key takes; ``TENSOR_FORMS``: the tensors)."""
-    return st.sampled_from(forms).map(lambda how: _as(tokens, how))
+    return sampled_from(forms).map(lambda how: _as(tokens, how))
 
 
 def junk_key_values(length: int) -> tuple[object, ...]:
@@ -341,7 +342,7 @@ def long_junk_keys(head: list[int]) -> tuple[object, ...]:
 
 def junk_keys(length: int) -> st.SearchStrategy[object]:
     """A key of ``length`` tokens that is no key (:func:`junk_key_values`, or any scalar)."""
-    return st.sampled_from(junk_key_values(length)) | JUNK_SCALARS
+    return sampled_from(junk_key_values(length)) | JUNK_SCALARS
 
 
 INT_TYPECODES = frozenset("bBhHiIlLqQ")
@@ -415,7 +416,7 @@ def _cache_fingerprint(c: RadixCache) -> object:
 
 
 def _build_cache(kind: str, draw: Draw) -> _Cache:
-    kv = _kv(kind, draw(st.sampled_from(PAGE_SIZES)) if kind == "paged" else PAGE_SIZES[0])
+    kv = _kv(kind, draw(sampled_from(PAGE_SIZES)) if kind == "paged" else PAGE_SIZES[0])
     window = draw(st.integers(1, 4)) if kind == "swa" else None
     mamba = MambaPool(draw(st.integers(2, 3)), conv_shape=(2,), temporal_shape=(2,)) if kind == "mamba" else None
     cache = RadixCache(kv, swa_window=window, mamba=mamba)
@@ -440,7 +441,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
             state = int(mamba.alloc(1, owner)[0])
             mamba.write_fingerprint(state, r)
         # NOTE: the key and the slots in any tensor form an engine passes (int32, a strided view): the same insert
-        form = draw(st.sampled_from(TENSOR_FORMS))
+        form = draw(sampled_from(TENSOR_FORMS))
         value = _as(m.indices.tolist() + slots.tolist(), form)
         res = cache.insert(_as(key, form), value, owner, mamba_slot=state)  # type: ignore[arg-type]
         if res.dup_indices.numel():
@@ -453,7 +454,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
     unlocked: list[tuple[MatchResult, list[int]]] = []
     released: list[LockHandle] = []
     locks: list[LockHandle] = []
-    for key in draw(st.lists(st.sampled_from(keys), min_size=1, max_size=2)) if keys else []:
+    for key in draw(st.lists(sampled_from(keys), min_size=1, max_size=2)) if keys else []:
         m = cache.match_prefix(torch.tensor(key))
         h = cache.inc_lock_ref(m.last_node)
         if draw(st.booleans()):
@@ -465,7 +466,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
             locks.append(h)
     evict = draw(st.booleans())
     if keys and evict:  # NOTE: a few tokens, or all that no lock holds (then a released match is stale for sure)
-        cache.evict(draw(st.sampled_from(cache.components)), draw(st.integers(1, 6) | st.just(1 << 20)))
+        cache.evict(draw(sampled_from(cache.components)), draw(st.integers(1, 6) | just(1 << 20)))
     live = {id(n) for n in cache.nodes()}
     stale = [n for n in seen if id(n) not in live]
     matches = [(m, k) for m, k in matches if m.length and id(m.last_node) in live]
@@ -481,10 +482,10 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
     dead: list[int] = []
     how = "none"
     if isinstance(kv, SWATokenAllocator) and len(held) > 0:
-        how = draw(st.sampled_from(["none", "freed", "given"]))
+        how = draw(sampled_from(["none", "freed", "given"]))
         if how != "none":  # NOTE: the SWA slots of some tokens no longer the prober's: those cannot be cached
             # NOTE: any of them (out-of-window tokens are the first; a bug may free others): a new position's too
-            dead = draw(st.lists(st.sampled_from(held), min_size=1, max_size=len(held), unique=True))
+            dead = draw(st.lists(sampled_from(held), min_size=1, max_size=len(held), unique=True))
             ids = torch.tensor(dead, dtype=torch.int64)
             if how == "freed":  # NOTE: a scheduler frees the SWA slots of tokens that left the window
                 kv.free_swa(ids, prober)
@@ -515,8 +516,8 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
 def _comp_arg(cache: RadixCache, any_on: bool = False) -> Arg:
     """A component: one the cache has (``any_on``: any ``Component``, the cache answering for those it has not)."""
     return _arg(
-        st.sampled_from(list(Component) if any_on else cache.components),
-        st.sampled_from(list(Component)) | st.sampled_from(["full", 0, None]),
+        sampled_from(list(Component) if any_on else cache.components),
+        sampled_from(list(Component)) | sampled_from(["full", 0, None]),
         lambda x: type(x) is Component and (any_on or x in cache.components),
         refusal=lambda x, _d: ComponentDisabled if type(x) is Component else None,  # NOTE: one it has not
     )
@@ -527,8 +528,8 @@ def _node_arg(c: _Cache, root: bool = True) -> Arg:
     live = [n for n in cache.nodes() if root or n is not cache.root]
     junk: list[object] = [*c.stale_nodes, _foreign()[0], 0, None, "node"]
     return _arg(
-        st.sampled_from(live) if live else None,
-        st.sampled_from(junk),
+        sampled_from(live) if live else None,
+        sampled_from(junk),
         lambda x: isinstance(x, TreeNode) and cache._nodes.get(x.id) is x and (root or x is not cache.root),
     )
 
@@ -565,7 +566,7 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
             cache.node,
             {
                 "ident": _arg(
-                    st.sampled_from(live_ids),
+                    sampled_from(live_ids),
                     id_or_junk(cache._next_id + 1),
                     lambda x: type(x) is int and x in cache._nodes,
                     edges=id_edges(cache._next_id + 1),
@@ -579,7 +580,7 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
             {
                 "ident": _arg(
                     st.integers(0, cache._next_id + 1),  # NOTE: a dead or unborn id: no handle covers it
-                    st.sampled_from([True, 1.5, None, "1"]),
+                    sampled_from([True, 1.5, None, "1"]),
                     lambda x: type(x) is int,
                 ),
                 "comp": _comp_arg(cache, True),
@@ -591,8 +592,8 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
             cache.is_live,
             {
                 "handle": _arg(
-                    st.sampled_from([*c.released, _foreign()[1]]),  # NOTE: released or another cache's: False
-                    st.sampled_from([1, None, "handle"]),
+                    sampled_from([*c.released, _foreign()[1]]),  # NOTE: released or another cache's: False
+                    sampled_from([1, None, "handle"]),
                     lambda x: isinstance(x, LockHandle),
                 )
             },
@@ -605,7 +606,7 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
             {
                 "handle": _arg(
                     None,
-                    st.sampled_from([*c.released, _foreign()[1], 1, None, *forged]),
+                    sampled_from([*c.released, _foreign()[1], 1, None, *forged]),
                     lambda x: isinstance(x, LockHandle) and type(x.id) is int and cache.is_live(x),
                     edges=(*c.released, _foreign()[1], 1, None, *forged),
                 )
@@ -636,8 +637,8 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
                 lambda match, key: cache.verify(_first(match), key),  # type: ignore[arg-type]
                 {
                     "match": _arg(
-                        st.sampled_from(c.matches) if c.matches else None,
-                        st.sampled_from([None, 1, "match", *c.stale_matches]),  # NOTE: stale: its node evicted
+                        sampled_from(c.matches) if c.matches else None,
+                        sampled_from([None, 1, "match", *c.stale_matches]),  # NOTE: stale: its node evicted
                         _is_match(cache),
                         edges=[None, 1, "match", *c.stale_matches],
                     ),
@@ -656,11 +657,11 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
                     lambda match, owner: cache.mamba_copy_on_write(_first(match), owner),  # type: ignore[arg-type]
                     {
                         "match": _arg(
-                            st.sampled_from(states) if states else None,
-                            st.sampled_from([None, 1, *gone]),
+                            sampled_from(states) if states else None,
+                            sampled_from([None, 1, *gone]),
                             _is_match(cache),
                         ),
-                        "owner": _arg(st.just(request(92)), owner_or_junk(), D.is_owner, edges=OWNER_EDGES),
+                        "owner": _arg(just(request(92)), owner_or_junk(), D.is_owner, edges=OWNER_EDGES),
                     },
                     weight=3,
                 )
@@ -675,12 +676,12 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
                     {
                         "match": _arg(
                             None,
-                            st.sampled_from(c.matches or c.stale_matches),
+                            sampled_from(c.matches or c.stale_matches),
                             lambda _x: False,
                             edges=[*c.matches, *c.stale_matches],
                             refusal=lambda _x, _d: ComponentDisabled,
                         ),
-                        "owner": _arg(st.just(request(92)), owner_or_junk(), D.is_owner),
+                        "owner": _arg(just(request(92)), owner_or_junk(), D.is_owner),
                     },
                 )
             )
@@ -726,8 +727,8 @@ def _fingerprint_method() -> Method:
         "fingerprint",
         fingerprint,
         {
-            "tokens": _arg(ids, st.sampled_from(FP_EDGES), lambda x: _fp_ids_inside(x, {"tokens": x}), edges=FP_EDGES),
-            "positions": _arg(ids, st.sampled_from(FP_EDGES), _fp_ids_inside, after=True, edges=FP_EDGES),
+            "tokens": _arg(ids, sampled_from(FP_EDGES), lambda x: _fp_ids_inside(x, {"tokens": x}), edges=FP_EDGES),
+            "positions": _arg(ids, sampled_from(FP_EDGES), _fp_ids_inside, after=True, edges=FP_EDGES),
         },
         reads=True,
     )
@@ -792,11 +793,11 @@ def _verify_method() -> Method:
         "integrity.verify",
         lambda tokens, positions, slots: verify("kv", store, slots, tokens, positions),
         {
-            "tokens": _arg(ids, st.sampled_from(FP_EDGES), tokens_inside, edges=FP_EDGES),
-            "positions": _arg(lambda d: st.just(basis(d)), st.sampled_from(FP_EDGES), same, after=True, edges=FP_EDGES),
+            "tokens": _arg(ids, sampled_from(FP_EDGES), tokens_inside, edges=FP_EDGES),
+            "positions": _arg(lambda d: just(basis(d)), sampled_from(FP_EDGES), same, after=True, edges=FP_EDGES),
             "slots": _arg(
-                lambda d: st.just(basis(d)),
-                lambda d: st.sampled_from(slot_edges(d)),
+                lambda d: just(basis(d)),
+                lambda d: sampled_from(slot_edges(d)),
                 same,
                 after=True,
                 edges=slot_edges,
@@ -837,9 +838,9 @@ none where it needs one), a scalar of each wrong type."""
 def _decode_method() -> Method:
     """``impl.owners.decode``: a reading call of one tag ``encode`` writes (or a free or reserved slot's); any other
     value is refused, typed."""
-    owners = st.sampled_from([request(3), session(2), Owner(OwnerKind.NODE, 5, SWA), Owner(OwnerKind.NODE, 0, FULL)])
-    tags = st.one_of(st.sampled_from([FREE_TAG, RESERVED_TAG]), owners.map(encode))
-    junk = st.one_of(st.sampled_from(TAG_EDGES), st.integers(-(2**64), 2**64).filter(lambda x: not _is_tag(x)))
+    owners = sampled_from([request(3), session(2), Owner(OwnerKind.NODE, 5, SWA), Owner(OwnerKind.NODE, 0, FULL)])
+    tags = st.one_of(sampled_from([FREE_TAG, RESERVED_TAG]), owners.map(encode))
+    junk = st.one_of(sampled_from(TAG_EDGES), st.integers(-(2**64), 2**64).filter(lambda x: not _is_tag(x)))
     return Method("decode", decode, {"tag": _arg(tags, junk, lambda x: _is_tag(x), edges=TAG_EDGES)}, reads=True)
 
 
@@ -860,13 +861,13 @@ def _fingerprint_one_method() -> Method:
 def _node_tag_method() -> Method:
     """``impl.owners.node_tag``: a reading call of a tree node's id in ``[0, MAX_IDENT]`` (the ids an owner tag has
     room for); any other value is refused, typed."""
-    ids = st.integers(0, MAX_IDENT) | st.sampled_from([0, MAX_IDENT])
+    ids = st.integers(0, MAX_IDENT) | sampled_from([0, MAX_IDENT])
     edges = (*id_edges(MAX_IDENT + 1), 2**64, -(2**63))
 
     def inside(x: object) -> bool:
         return type(x) is int and 0 <= x <= MAX_IDENT
 
-    junk = st.sampled_from(edges) | id_or_junk(MAX_IDENT + 1).filter(lambda x: not inside(x))
+    junk = sampled_from(edges) | id_or_junk(MAX_IDENT + 1).filter(lambda x: not inside(x))
     return Method("node_tag", node_tag, {"ident": _arg(ids, junk, inside, edges=edges)}, reads=True)
 
 
@@ -907,13 +908,13 @@ def _covering_key(d: Drawn) -> st.SearchStrategy[object]:
     m, key = d["match"]
     head = key[: m.length]
     more = st.lists(st.integers(1, 3), max_size=3).flatmap(lambda more: key_forms(head + more, TENSOR_FORMS))
-    return more | st.sampled_from([k for k in long_keys(head) if isinstance(k, torch.Tensor)])
+    return more | sampled_from([k for k in long_keys(head) if isinstance(k, torch.Tensor)])
 
 
 def _short_key(d: Drawn) -> st.SearchStrategy[object]:
     m, key = d["match"] if isinstance(d["match"], tuple) else (None, [1])
     n = m.length if m is not None else 1
-    return junk_keys(n) | st.just(key[:n]) | st.just(torch.tensor(key[: n - 1], dtype=torch.int64))
+    return junk_keys(n) | just(key[:n]) | just(torch.tensor(key[: n - 1], dtype=torch.int64))
 
 
 def _short_key_edges(d: Drawn) -> Sequence[object]:
@@ -944,7 +945,7 @@ def _root_insert_method(c: _Cache) -> Method:
         {
             "mamba_slot": _arg(
                 st.none(),
-                st.sampled_from([*states, *range(size)]) | id_or_junk(size),  # NOTE: a real state id, half the time
+                sampled_from([*states, *range(size)]) | id_or_junk(size),  # NOTE: a real state id, half the time
                 lambda x: x is None,
                 edges=(*dict.fromkeys([*states, *range(size)]), *id_edges(size)),
             )
@@ -985,21 +986,21 @@ def _insert_method(c: _Cache, ps: int) -> Method:
     torn = [own[:ps][::-1] + own[ps:], own[1:] + own[:1]] if grain > 1 and ps > 1 and own else []
     theirs = [
         s
-        for s in (swap(foreign), swap(free), swap(cached), st.just(_slots(again)) if pages > 1 else None)
+        for s in (swap(foreign), swap(free), swap(cached), just(_slots(again)) if pages > 1 else None)
         if s is not None
     ]
     bad_values = [
         s
         for s in (
             st.one_of(*theirs) if theirs else None,  # NOTE: slots it does not hold, or one twice: half the junk
-            st.just(_slots(own[:-ps])),
-            st.just(_slots(own + own[:ps])),
-            *(st.just(_slots(t)) for t in torn),
-            st.just(_slots(own).float()),
-            st.just(_slots(own).reshape(1, -1)),
-            st.just(own),
-            st.just(_slots([*own[:-1], end + 3])),
-            st.just(_slots([*own[:-1], -1])),
+            just(_slots(own[:-ps])),
+            just(_slots(own + own[:ps])),
+            *(just(_slots(t)) for t in torn),
+            just(_slots(own).float()),
+            just(_slots(own).reshape(1, -1)),
+            just(own),
+            just(_slots([*own[:-1], end + 3])),
+            just(_slots([*own[:-1], -1])),
         )
         if s is not None
     ]
@@ -1092,7 +1093,7 @@ def _insert_method(c: _Cache, ps: int) -> Method:
                 # a cached key's first page, then new positions (a page the cache holds, and the prober's after it)
                 st.one_of(
                     st.lists(st.integers(1, 4), min_size=n, max_size=n).map(torch.tensor),
-                    *([st.sampled_from(over_cached)] if over_cached else []),
+                    *([sampled_from(over_cached)] if over_cached else []),
                 ),
                 junk_keys(n),
                 _is_key,
@@ -1100,21 +1101,21 @@ def _insert_method(c: _Cache, ps: int) -> Method:
                 edges=(*junk_key_values(n), torch.full((n,), 4), *edge_key_values(n)),
             ),
             "value": _arg(
-                st.just(_slots(own)),
-                lambda d: st.one_of(bad_values[0], st.one_of(*bad_values[1:]), *(st.just(x) for x in partly_cached(d))),
+                just(_slots(own)),
+                lambda d: st.one_of(bad_values[0], st.one_of(*bad_values[1:]), *(just(x) for x in partly_cached(d))),
                 value_inside,
                 after=True,
                 edges=value_edges_of,
                 refusal=spec_refusal,
             ),
             "owner": _arg(
-                st.just(c.prober),
-                owner_or_junk() | st.sampled_from([*c.others, request(93)]),
+                just(c.prober),
+                owner_or_junk() | sampled_from([*c.others, request(93)]),
                 lambda x: x == c.prober,
                 edges=(*c.others, request(93), *OWNER_EDGES),
             ),
             "mamba_slot": _arg(
-                st.sampled_from([None, *states]),
+                sampled_from([None, *states]),
                 id_or_junk(mamba.pool.size if mamba is not None else 4),
                 state_inside,
                 after=True,
@@ -1762,8 +1763,8 @@ def _audit_list(name: str, lst: LRUList[Linked], draw: Draw, fresh: Iterator[int
     # that moves from the head
     keep = draw(st.integers(0, len(members) - 1))
     rest = members[keep:]
-    picked = members[:keep] + draw(st.lists(st.sampled_from(rest), min_size=1, max_size=len(rest), unique=True))
-    c = draw(st.sampled_from(members))
+    picked = members[:keep] + draw(st.lists(sampled_from(rest), min_size=1, max_size=len(rest), unique=True))
+    c = draw(sampled_from(members))
     new, behind, ahead = Linked(next(fresh)), Linked(next(fresh)), Linked(next(fresh))
     order = [x.id for x in picked] + [x.id for x in members if x not in picked]
     steps: list[tuple[str, Callable[[], object], list[int]]] = [
@@ -1840,11 +1841,11 @@ LIFE_MOVES = ("wait", "admit", "extend", "finish", "abort", "retract", "resume")
 
 
 def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
-    ps = draw(st.sampled_from(PAGE_SIZES)) if kind == "paged" else 1
+    ps = draw(sampled_from(PAGE_SIZES)) if kind == "paged" else 1
     kv_tokens = 16 - 16 % ps  # NOTE: whole pages
     cfg = SystemConfig(page_size=ps, mamba=kind == "mamba", kv_tokens=kv_tokens, rows=3, max_context=12, mamba_slots=4)
     mm = build_manager(cfg)
-    run_min = draw(st.sampled_from((RUN_MIN, 1, 2)))
+    run_min = draw(sampled_from((RUN_MIN, 1, 2)))
     for pool in mm.pools().values():
         pool.run_min = run_min  # NOTE: short enough, the small pools tag, stamp and free runs through slices too
     story = [f"run_min = {run_min}"]
@@ -1861,7 +1862,7 @@ def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
         turns = {r.session for r in mm.requests.values() if r.status in live}  # NOTE: one turn at a time
         free = [x for x in mm.sessions.slots.values() if x.lent_to is None and x.sid not in turns]
         fits = [x.sid for x in free if len(x.tokens) + len(toks) <= mm.rows.max_context_len]
-        turn: int | None = draw(st.sampled_from(fits if move == "resume" and fits else [None, *fits]))
+        turn: int | None = draw(sampled_from(fits if move == "resume" and fits else [None, *fits]))
         if turn is not None:
             toks = (*mm.sessions.slots[turn].tokens, *toks)  # NOTE: a later turn extends the one before
         req = mm.add_request(toks, session=turn)
@@ -1922,7 +1923,7 @@ def _turn_arg(
     outside = [r for r in reqs if not inside(mm, r)]
     return _arg(
         None,
-        st.sampled_from([*strangers, *outside]),
+        sampled_from([*strangers, *outside]),
         lambda x: isinstance(x, Request) and mm.requests.get(x.rid) is x and inside(mm, x),
         edges=[*strangers, *outside],
     )
@@ -1942,15 +1943,15 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
     other = Request(reqs[0].rid, reqs[0].tokens) if reqs else Request(1, (1,))  # NOTE: not this manager's
     twins = [copy(r) for r in reqs]  # NOTE: every field of one of its requests (row, session), another object
     strangers: list[object] = [other, 1, None, "req", *twins]
-    not_requests = st.sampled_from(strangers)
+    not_requests = sampled_from(strangers)
     mine = [r for r in reqs if r.status is not Status.ABORTED and r.status is not Status.FINISHED]
 
     def req_arg(ok: Callable[[Request], bool]) -> Arg:
         good = [r for r in reqs if ok(r)]
         bad = [r for r in reqs if not ok(r)]
         return _arg(
-            st.sampled_from(good) if good else None,
-            not_requests | st.sampled_from(bad) if bad else not_requests,
+            sampled_from(good) if good else None,
+            not_requests | sampled_from(bad) if bad else not_requests,
             lambda x: isinstance(x, Request) and mm.requests.get(x.rid) is x and ok(x),
             # NOTE: a sweep meets one request of each stage of life (a rare one too: a resumed turn still waiting)
             edges=[*strangers[:5], *_one_per_stage(bad), *_one_per_stage(good)],
@@ -1960,7 +1961,7 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
         return r.status is Status.RUNNING
 
     count = _arg(st.integers(1, 3), count_or_junk(0, 3), D.is_amount, edges=count_edges(0))  # NOTE: too many: no room
-    owner = _arg(st.just(request(95)), owner_or_junk(), D.is_owner, edges=OWNER_EDGES)
+    owner = _arg(just(request(95)), owner_or_junk(), D.is_owner, edges=OWNER_EDGES)
     sessions = sorted(mm.sessions.slots)
     lenders = {sid: mm.requests.get(x.lent_to) for sid, x in mm.sessions.slots.items() if x.lent_to is not None}
     in_use = [sid for sid, r in lenders.items() if r is not None and r.status is Status.RUNNING]
@@ -1973,8 +1974,8 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
     bad_attempts += [Attempt(r) for r in _one_per_stage([r for r in reqs if r.status is not Status.WAITING])]
     bad_attempts += [Attempt(w, mamba=m) for w in waiting[:2] for m in states[:1] if m is not w.mamba]
     attempt = _arg(
-        st.sampled_from([Attempt(w, mamba=w.mamba) for w in waiting]) if waiting else None,
-        st.sampled_from(bad_attempts),
+        sampled_from([Attempt(w, mamba=w.mamba) for w in waiting]) if waiting else None,
+        sampled_from(bad_attempts),
         lambda x: isinstance(x, Attempt) and any(x.req is w for w in waiting) and x.mamba is x.req.mamba,
         edges=bad_attempts,
         refusal=lambda _x, _d: InvalidArgument,  # NOTE: the documented class: an attempt that is not one to undo
@@ -1996,15 +1997,15 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
 
     tokens = _arg(
         st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple),
-        st.sampled_from(bad_tokens) | JUNK_SCALARS,
+        sampled_from(bad_tokens) | JUNK_SCALARS,
         lambda x: is_token_ids(x) and 0 < len(x) <= mm.rows.max_context_len,
         edges=bad_tokens,
     )
     slots = list(mm.sessions.slots.values())
     stray: list[object] = [SessionSlot(MAX_IDENT), *(copy(x) for x in slots), 1, None, "s"]  # NOTE: not its own
     slot_arg = _arg(
-        st.sampled_from(slots) if slots else None,
-        st.sampled_from(stray),
+        sampled_from(slots) if slots else None,
+        sampled_from(stray),
         lambda x: any(x is y for y in slots),
         edges=stray,
     )
@@ -2022,8 +2023,8 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
             {
                 "tokens": tokens,
                 "session": _arg(
-                    st.sampled_from([None, *sessions]),
-                    st.sampled_from([3, -1, True, 1.0, "s"]),
+                    sampled_from([None, *sessions]),
+                    sampled_from([3, -1, True, 1.0, "s"]),
                     lambda x: x is None or (type(x) is int and x in mm.sessions.slots),
                 ),
             },
@@ -2034,14 +2035,14 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
             {
                 "req": req_arg(running),
                 "new_tokens": _arg(  # NOTE: none at all is a decode step that only allocates ``ahead``
-                    st.just((1,)),
+                    just((1,)),
                     tokens.junk({}),
                     is_token_ids,
                     edges=bad_tokens[1:],
                 ),
                 "ahead": _arg(
                     st.integers(0, 1),
-                    count_or_junk(0, 1) | st.just(mm.rows.max_context_len),
+                    count_or_junk(0, 1) | just(mm.rows.max_context_len),
                     _ahead_inside(mm),
                     after=True,
                     edges=(*count_edges(0), mm.rows.max_context_len),
@@ -2066,11 +2067,11 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
             mm.write_kv,
             {
                 "req": req_arg(lambda r: True),  # NOTE: one of its requests; a row is needed only to write something
-                "start": _arg(st.just(0), count_or_junk(0, 0), lambda x: D.is_amount(x), edges=count_edges(0)),
+                "start": _arg(just(0), count_or_junk(0, 0), lambda x: D.is_amount(x), edges=count_edges(0)),
                 # NOTE: ends up to the request's own limit (a write, made on a copy), and the first end past it
                 "end": _arg(
                     lambda d: st.integers(0, _end_limit(d)),
-                    lambda d: count_or_junk(0, 0) | st.just(_end_limit(d) + 1),
+                    lambda d: count_or_junk(0, 0) | just(_end_limit(d) + 1),
                     _end_inside,
                     after=True,
                     edges=lambda d: (*count_edges(0), _end_limit(d) + 1),
@@ -2086,7 +2087,7 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
             mm.sessions.free_tail,
             {
                 "slot": slot_arg,
-                "start": _arg(st.just(0), count_or_junk(0, 0), D.is_amount, edges=count_edges(0)),
+                "start": _arg(just(0), count_or_junk(0, 0), D.is_amount, edges=count_edges(0)),
             },
         ),
         Method("sessions.release_state", mm.sessions.release_state, {"slot": slot_arg}, releases=True),
@@ -2094,7 +2095,7 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
         Method(
             "open_session",
             mm.sessions.open,
-            {"sid": _arg(None, st.sampled_from([*sessions, -1, True, 1.5, None, 1 << 70]), lambda x: False)},
+            {"sid": _arg(None, sampled_from([*sessions, -1, True, 1.5, None, 1 << 70]), lambda x: False)},
         ),
         Method(
             "close_session",
@@ -2103,8 +2104,8 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
                 # NOTE: a session whose turn runs on its memory is in use: its close is refused (the turn would
                 # run on freed memory), and nothing changes
                 "sid": _arg(
-                    st.sampled_from(idle) if idle else None,
-                    st.sampled_from([3, -1, True, 1.5, None, *in_use]),
+                    sampled_from(idle) if idle else None,
+                    sampled_from([3, -1, True, 1.5, None, *in_use]),
                     lambda x: type(x) is int and x in mm.sessions.slots and x not in in_use,
                     edges=(3, -1, True, None, *in_use),
                 )
@@ -2122,13 +2123,13 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
                     lambda owner, m: mm.free_mamba(owner, m),
                     {
                         "m": _arg(
-                            st.sampled_from([m for _, m in held]),
-                            st.sampled_from([1, None, (1, ()), MambaAlloc(0, (1 << 40,))]),
+                            sampled_from([m for _, m in held]),
+                            sampled_from([1, None, (1, ()), MambaAlloc(0, (1 << 40,))]),
                             lambda x: isinstance(x, MambaAlloc) and any(x is m for _, m in held),
                         ),
                         "owner": _arg(
-                            lambda d: st.sampled_from([o for o, m in held if m is d["m"]] or [request(96)]),
-                            st.sampled_from([request(96), *(o for o, _ in held)]) | owner_or_junk(),
+                            lambda d: sampled_from([o for o, m in held if m is d["m"]] or [request(96)]),
+                            sampled_from([request(96), *(o for o, _ in held)]) | owner_or_junk(),
                             lambda x, d: any(x == o and m is d["m"] for o, m in held),
                             after=True,
                         ),
@@ -2160,14 +2161,14 @@ def _batch_arg(mm: MemoryManager, reqs: list[Request], other: Request) -> Arg:
             {id(r) for r in xs}
         ) == len(xs)
 
-    return _arg(st.just([]), st.sampled_from(batches), inside, edges=batches, culprit=repeated)
+    return _arg(just([]), sampled_from(batches), inside, edges=batches, culprit=repeated)
 
 
 def _budget_arg() -> Arg:
     bad = [Budget(-1, 1), Budget(24, -1), Budget(True, 1), Budget(1.5, 1), (24, 1), None]  # type: ignore[arg-type]
     return _arg(
-        st.just(Budget(24, 1)),
-        st.sampled_from(bad),
+        just(Budget(24, 1)),
+        sampled_from(bad),
         lambda x: isinstance(x, Budget) and D.is_amount(x.tokens) and D.is_amount(x.requests),
         edges=bad,
     )
@@ -2586,7 +2587,7 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
     pools = [(name, pool) for name, pool in mm.pools().items() if pool.available_size() > 0]
     if not pools:
         return "leak audit: no free slot to plant"
-    name, pool = draw(st.sampled_from(pools))
+    name, pool = draw(sampled_from(pools))
     before = max(mm.events, default=0)
     step = mm.event("leak audit", str(PHANTOM))
     if step <= before:
@@ -2641,7 +2642,7 @@ def provenance_audit(mm: MemoryManager, draw: Draw, law: str) -> str:
     choices += [("admit", r) for r in reqs if r.status is Status.WAITING]
     if not choices:
         return "provenance audit: no request to act on"
-    op, req = draw(st.sampled_from(choices))
+    op, req = draw(sampled_from(choices))
     pools = m.pools()
     before = {name: (p.owner_tag.clone(), p.origin.clone()) for name, p in pools.items()}
     last = max(m.events)
@@ -2798,7 +2799,7 @@ def probe(scenario: Scenario, draw: Draw) -> str:
     method = fair_pick(scenario, draw, [m for m in scenario.methods for _ in range(m.weight)], "probe")
     names = list(method.args)
     inside_too = method.reads or (scenario.on_copy is not None and scenario.probes_on_copy)
-    broken = draw(st.sampled_from([None, *names] if inside_too else names))
+    broken = draw(sampled_from([None, *names] if inside_too else names))
     got, inside, missing = _draw_args(method, draw, broken, lambda arg, d: arg.junk(d))
     if missing is not None:
         return f"{scenario.what}.{method.what}: no {'junk' if missing == broken else 'valid'} {missing} in this state"
@@ -2827,7 +2828,7 @@ def sweep(scenario: Scenario, draw: Draw) -> str:
 
         def edge(arg: Arg, d: Drawn, i: int = i) -> st.SearchStrategy[object] | None:
             values = arg.edges(d) if arg.edges is not None else ()
-            return st.just(values[i]) if i < len(values) else None  # NOTE: None: the catalogue is done
+            return just(values[i]) if i < len(values) else None  # NOTE: None: the catalogue is done
 
         got, inside, missing = _draw_args(method, draw, broken, edge)
         if missing == broken:
@@ -2885,7 +2886,7 @@ def cross(scenario: Scenario, draw: Draw) -> str:
     value = fair_pick(scenario, draw, list(values.values()), "cross value")
     before, crossed = None, 0
     for m in {id(m): m for m in takers[name]}.values():
-        got, inside, missing = _draw_args(m, draw, name, lambda _a, _d: st.just(value))
+        got, inside, missing = _draw_args(m, draw, name, lambda _a, _d: just(value))
         if missing is not None:
             continue
         before, made = _made(scenario, m, got, inside, before)

@@ -40,6 +40,8 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RULE_MARKER, RuleBasedStateMachine, initialize
 
+from kvledger.contracts.machines.stable import just
+
 try:
     from hypothesis.strategies._internal.featureflags import FeatureFlags as _FeatureFlags
 
@@ -77,7 +79,7 @@ def unswarmed(state: RuleBasedStateMachine) -> bool:
     strategy = getattr(state, "_rules_strategy", None)
     if ALL_ON is None or strategy is None or not hasattr(strategy, "enabled_rules_strategy"):
         return False
-    strategy.enabled_rules_strategy = st.just(ALL_ON)  # NOTE: read-only once made (no data: nothing is drawn)
+    strategy.enabled_rules_strategy = just(ALL_ON)  # NOTE: read-only once made (no data: nothing is drawn)
     return True
 
 

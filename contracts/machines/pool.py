@@ -61,6 +61,7 @@ from kvledger.contracts.machines.probes import (
     raised,
     run_call,
 )
+from kvledger.contracts.machines.stable import sampled_from
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.req_to_token import ReqToTokenPool
@@ -366,7 +367,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self.scenarios: dict[str, Scenario] = {}  # the live objects the public-call probes call, by maker
             self.twin: AnyPool | None = None  # the pool's kind on the meta device (``_elsewhere``), made once
 
-        @initialize(run_min=st.sampled_from((RUN_MIN, 1, 2, 3)))
+        @initialize(run_min=sampled_from((RUN_MIN, 1, 2, 3)))
         def runs(self, run_min: int) -> None:
             """How long an allocation must be for the pool to look at it as a run of slots (tagged and freed
             through slices): the default, or short enough that this machine's small pools take that path too."""
@@ -375,7 +376,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
 
         @initialize(
             target=chunks,
-            owners=st.lists(st.sampled_from(OWNERS), min_size=1, max_size=2, unique=True),
+            owners=st.lists(sampled_from(OWNERS), min_size=1, max_size=2, unique=True),
             n=st.integers(1, 3),
         )
         def held_at_start(self, owners: list[Owner], n: int) -> object:
@@ -437,7 +438,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
 
         # ---------------------------------------------------------- spec transitions
 
-        @rule(target=chunks, owner=st.sampled_from(OWNERS), n=st.integers(1, 5))
+        @rule(target=chunks, owner=sampled_from(OWNERS), n=st.integers(1, 5))
         def allocate(self, owner: Owner, n: int) -> object:
             need = -(-n // kind.unit)
             fits = all(spec.can_allocate(led, need) for led in self.model.values())
@@ -472,7 +473,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self._robbing(owner)
             return made
 
-        @rule(chunk=consumes(chunks), form=st.sampled_from(ID_FORMS))
+        @rule(chunk=consumes(chunks), form=sampled_from(ID_FORMS))
         def free(self, chunk: Chunk, form: str = "as handed out") -> None:
             effects = kind.effects(self.pool, chunk.idx, chunk.owner)
             _free(self.pool, _in_form(chunk.idx, form), chunk.owner)
@@ -483,7 +484,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self.live.pop(chunk.stamp, None)
             self._robbed(chunk.owner)
 
-        @rule(target=chunks, chunk=consumes(chunks), dst=st.sampled_from(OWNERS), form=st.sampled_from(ID_FORMS))
+        @rule(target=chunks, chunk=consumes(chunks), dst=sampled_from(OWNERS), form=sampled_from(ID_FORMS))
         def transfer(self, chunk: Chunk, dst: Owner, form: str = "as handed out") -> Chunk:
             if dst == chunk.owner:
                 self._expect_rejected(lambda: _transfer(self.pool, chunk.idx, chunk.owner, dst), InvalidArgument)
@@ -555,7 +556,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             for call in calls:
                 self._expect_rejected(call, LedgerError)
 
-        @rule(chunk=chunks, thief=st.sampled_from(OWNERS), how=st.sampled_from(["free", "give", "use"]))
+        @rule(chunk=chunks, thief=sampled_from(OWNERS), how=sampled_from(["free", "give", "use"]))
         def foreign_free(self, chunk: Chunk, thief: Owner, how: str = "free") -> None:
             """A call on the chunk's slots by an owner that does not hold them (the ownership domain of every call
             that names an owner): free them, give them away, or use them (a Mamba state copied into, a row
@@ -631,7 +632,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                         continue
                     self._expect_outside(f"{what} with {param} {edge!r}", made)
 
-        @rule(where=st.sampled_from(["below", "above", "edge"]))
+        @rule(where=sampled_from(["below", "above", "edge"]))
         def out_of_range(self, where: str) -> None:
             """Free ids outside the pool: below it, far above it, or the first (page) just past its end."""
             from kvledger.spec.errors import OutOfRange
@@ -734,13 +735,13 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             finally:
                 host[:] = saved
 
-        @rule(chunk=chunks, bad_n=st.sampled_from([-1, -(2**40)]))
+        @rule(chunk=chunks, bad_n=sampled_from([-1, -(2**40)]))
         def bad_size(self, chunk: Chunk, bad_n: int) -> None:
             if isinstance(self.pool, ReqToTokenPool):
                 return
             self._expect_rejected(lambda: _alloc(self.pool, bad_n, chunk.owner), InvalidArgument)
 
-        @rule(owner=st.sampled_from(OWNERS))
+        @rule(owner=sampled_from(OWNERS))
         def allocate_nothing(self, owner: Owner) -> None:
             """alloc(0) is legal and changes nothing (an engine allocates nothing for a fully cached request)."""
             if isinstance(self.pool, ReqToTokenPool):
@@ -756,8 +757,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             chunk=chunks,
             start=st.integers(0, 15),
             n=st.integers(1, 6),
-            src=st.sampled_from(ROW_SOURCES),
-            shift=st.sampled_from([-3, -2, -1, 1, 2, 3]),
+            src=sampled_from(ROW_SOURCES),
+            shift=sampled_from([-3, -2, -1, 1, 2, 3]),
         )
         def write_row(self, chunk: Chunk, start: int, n: int, src: str, shift: int) -> None:
             """Write ``n`` KV slot ids into the chunk's row at ``start``: new ids, or a view of the table itself
@@ -905,18 +906,18 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             """One argument of one of this pool kind's public types given each value of its catalogue of junk
             (``Constructor.edges``) in turn, the other arguments valid: each built inside its domain (a value that
             is valid with the others drawn), refused with a typed error outside."""
-            c = data.draw(st.sampled_from(CONSTRUCTORS[kind.name]))
+            c = data.draw(sampled_from(CONSTRUCTORS[kind.name]))
             names = [k for k in c.args if k in c.edges]
             if not names:
                 return
-            broken = data.draw(st.sampled_from(names))
+            broken = data.draw(sampled_from(names))
             valid = {k: data.draw(c.valid[k]()) for k in c.args}
             for junk in c.catalogue(broken):
                 args = {**valid, broken: junk}
                 call = Call(c.what, tuple(args.items()), c.inside(args))
                 self._domain(call, call.inside, run_call(call))
 
-        @rule(chunk=chunks, owner=owner_or_junk(), how=st.sampled_from(["alloc", "free", "give", "take"]))
+        @rule(chunk=chunks, owner=owner_or_junk(), how=sampled_from(["alloc", "free", "give", "take"]))
         def bad_owner(self, chunk: Chunk, owner: object, how: str) -> None:
             """A call naming an owner drawn from anywhere (no Owner, a node without a component, a request with
             one, a bool or negative id): outside ``spec.domains.is_owner`` it is refused, and changes nothing."""
@@ -1004,7 +1005,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
 
         @rule(
             chunk=chunks,
-            parts=st.sets(st.sampled_from(["data", "conv", "temporal", "swa"]), min_size=1),
+            parts=st.sets(sampled_from(["data", "conv", "temporal", "swa"]), min_size=1),
             at=st.lists(st.integers(0, 63), min_size=1, max_size=3),
         )
         def corrupt(self, chunk: Chunk, parts: frozenset[str], at: list[int]) -> None:

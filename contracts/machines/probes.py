@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from hypothesis import strategies as st
 
+from kvledger.contracts.machines.stable import just, sampled_from
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator
 from kvledger.impl.lru import LRUList
 from kvledger.impl.mamba import MambaPool
@@ -115,7 +116,7 @@ def count_or_junk(least: int = 1, most: int = 6) -> st.SearchStrategy[object]:
 def id_or_junk(size: int) -> st.SearchStrategy[object]:
     """An id in ``[0, size)`` or junk: negative, the first ids past the end, past int64, or of the wrong type."""
     return st.one_of(
-        st.integers(0, size - 1), st.integers(-3, -1), st.integers(size, size + 2), st.just(D.INT64_END), JUNK_SCALARS
+        st.integers(0, size - 1), st.integers(-3, -1), st.integers(size, size + 2), just(D.INT64_END), JUNK_SCALARS
     )
 
 
@@ -136,19 +137,19 @@ OTHER_DTYPES = (torch.int64, torch.int32, torch.int8, torch.bool, torch.complex6
 
 def dtype_or_junk() -> st.SearchStrategy[object]:
     """A floating torch dtype, or another dtype, or a dtype's name, or junk."""
-    return st.one_of(st.sampled_from(FLOAT_DTYPES), st.sampled_from(OTHER_DTYPES), st.just("float32"), JUNK_SCALARS)
+    return st.one_of(sampled_from(FLOAT_DTYPES), sampled_from(OTHER_DTYPES), just("float32"), JUNK_SCALARS)
 
 
 def owner_or_junk() -> st.SearchStrategy[object]:
     """An :class:`Owner` whose fields are each drawn from anywhere (a node without a component, a request with
     one, a negative, bool, float or huge id, a kind that is no ``OwnerKind``), or an object that is no owner (a
     tuple, an object with an owner's fields, a scalar)."""
-    kinds = st.sampled_from(OwnerKind) | st.sampled_from(["req", 1, None])
-    comps = st.none() | st.sampled_from(Component) | st.sampled_from(["full", 0])
-    idents = st.integers(0, 40) | st.integers(-3, -1) | st.just(D.INT64_END) | JUNK_SCALARS
+    kinds = sampled_from(OwnerKind) | sampled_from(["req", 1, None])
+    comps = st.none() | sampled_from(Component) | sampled_from(["full", 0])
+    idents = st.integers(0, 40) | st.integers(-3, -1) | just(D.INT64_END) | JUNK_SCALARS
     owners = st.builds(Owner, kinds, idents, comps)  # NOTE: Owner is a plain dataclass: it checks nothing itself
-    alike = st.builds(LookAlike, st.sampled_from(OwnerKind), st.integers(0, 9))
-    return st.one_of(owners, st.tuples(st.sampled_from(OwnerKind), st.integers(0, 9)), alike, JUNK_SCALARS)
+    alike = st.builds(LookAlike, sampled_from(OwnerKind), st.integers(0, 9))
+    return st.one_of(owners, st.tuples(sampled_from(OwnerKind), st.integers(0, 9)), alike, JUNK_SCALARS)
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,8 @@ class Constructor:
 
 
 def _kv_or_junk() -> st.SearchStrategy[object]:
-    kvs = st.sampled_from(["token", "paged", "swa"]).map(_kv)
-    return st.one_of(kvs, st.sampled_from(["mamba", "rows"]).map(_other_pool), JUNK_SCALARS)
+    kvs = sampled_from(["token", "paged", "swa"]).map(_kv)
+    return st.one_of(kvs, sampled_from(["mamba", "rows"]).map(_other_pool), JUNK_SCALARS)
 
 
 def _kv(kind: str) -> object:
@@ -242,22 +243,22 @@ RADIX = Constructor(
         "swa_window": lambda: st.none() | count_or_junk(1, 4),
         "mamba": lambda: (
             st.none()
-            | st.sampled_from(["mamba", "token"]).map(lambda k: _other_pool(k) if k == "mamba" else _kv(k))
+            | sampled_from(["mamba", "token"]).map(lambda k: _other_pool(k) if k == "mamba" else _kv(k))
             | JUNK_SCALARS
         ),
     },
     _radix_inside,
     {
-        "kv": lambda: st.sampled_from(["token", "paged", "swa"]).map(_kv),
+        "kv": lambda: sampled_from(["token", "paged", "swa"]).map(_kv),
         "page_size": _st(st.none()),
         "swa_window": _st(st.none()),
-        "mamba": lambda: st.none() | st.just("mamba").map(_other_pool),
+        "mamba": lambda: st.none() | just("mamba").map(_other_pool),
     },
     {"page_size": count_edges(1), "swa_window": count_edges(1), "mamba": (_elsewhere_mamba(),)},
 )
 
-_NAME = st.sampled_from(["kv", "x"])
-_BAD_NAME = st.one_of(st.none(), st.integers(0, 2), st.just(b"kv"), st.builds(_Junk))
+_NAME = sampled_from(["kv", "x"])
+_BAD_NAME = st.one_of(st.none(), st.integers(0, 2), just(b"kv"), st.builds(_Junk))
 
 BUILT_ON = ("cpu", "meta")
 """The device types every machine here can build a pool on (the meta device: shapes, no memory)."""
@@ -277,7 +278,7 @@ def _is_device(x: object) -> bool:
         return False
 
 
-_DEVICE = st.sampled_from(["cpu", torch.device("cpu"), "meta", "cpu:0"])
+_DEVICE = sampled_from(["cpu", torch.device("cpu"), "meta", "cpu:0"])
 
 
 def _with_device(c: Constructor) -> Constructor:
@@ -287,7 +288,7 @@ def _with_device(c: Constructor) -> Constructor:
     return Constructor(
         c.what,
         c.build,
-        {**c.args, "device": _st(_DEVICE | st.sampled_from(DEVICE_EDGES))},
+        {**c.args, "device": _st(_DEVICE | sampled_from(DEVICE_EDGES))},
         lambda a: inside(a) and _is_device(a.get("device", "cpu")),
         {**c.valid, "device": _st(_DEVICE)},
         {**c.edges, "device": DEVICE_EDGES},
@@ -363,10 +364,10 @@ MAMBA = _with_device(
         ),
         {
             "size": _st(st.integers(1, 6)),
-            "conv_shape": _st(st.just((2,))),
-            "temporal_shape": _st(st.just((2, 2))),
+            "conv_shape": _st(just((2,))),
+            "temporal_shape": _st(just((2, 2))),
             "ping_pong_size": _st(st.integers(0, 2)),
-            "dtype": _st(st.sampled_from(FLOAT_DTYPES)),
+            "dtype": _st(sampled_from(FLOAT_DTYPES)),
         },
         {
             "size": _bounded_edges(1, ROWS_END),
@@ -427,10 +428,10 @@ def _manager_rows() -> tuple[object, ...]:
 
 def _made_anew(catalogue: Callable[[], tuple[object, ...]]) -> st.SearchStrategy[object]:
     """One value of ``catalogue``, made anew for each draw (a build that took one would change it)."""
-    return st.builds(catalogue).flatmap(st.sampled_from)
+    return st.builds(catalogue).flatmap(sampled_from)
 
 
-_CACHES = st.sampled_from(["token", "paged", "mamba"]).map(_cache)
+_CACHES = sampled_from(["token", "paged", "mamba"]).map(_cache)
 
 
 MANAGER = Constructor(
@@ -449,7 +450,7 @@ MANAGER = Constructor(
 (an SWA cache is not one it drives), and a cache or table another manager drives already is refused."""
 
 
-_COMPONENTS = st.sampled_from(list(Component))
+_COMPONENTS = sampled_from(list(Component))
 COMPONENT_EDGES: tuple[object, ...] = (*(c.value for c in Component), OwnerKind.NODE, 0, *SCALAR_EDGES)
 """One value of each kind that is no component: each component's name as a string, an enum of another type, an
 int, a scalar of each wrong type."""
@@ -457,7 +458,7 @@ int, a scalar of each wrong type."""
 LRU = Constructor(
     "LRUList",
     LRUList,
-    {"component": lambda: _COMPONENTS | st.sampled_from(COMPONENT_EDGES)},
+    {"component": lambda: _COMPONENTS | sampled_from(COMPONENT_EDGES)},
     lambda a: type(a["component"]) is Component,
     {"component": lambda: _COMPONENTS},
     {"component": COMPONENT_EDGES},
@@ -506,7 +507,7 @@ CONSTRUCTORS: dict[str, tuple[Constructor, ...]] = {
 @st.composite
 def _call(draw: st.DrawFn, c: Constructor) -> Call:
     names = list(c.args)
-    broken = draw(st.sampled_from([None, *names]))  # NOTE: one junk argument at most: every check is reachable
+    broken = draw(sampled_from([None, *names]))  # NOTE: one junk argument at most: every check is reachable
     args = {k: draw(c.args[k]() if k == broken else c.valid[k]()) for k in names}
     return Call(c.what, tuple(args.items()), c.inside(args))
 

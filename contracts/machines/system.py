@@ -47,6 +47,7 @@ from kvledger.contracts.adapters.reference_system import ReferenceSystemAdapter
 from kvledger.contracts.adapters.reference_system import build_manager as _build_reference
 from kvledger.contracts.adapters.system import IdleVerdict, StepResult, SystemAdapter, SystemConfig, SystemSnapshot
 from kvledger.contracts.machines.shared_laws import SHARED_RULES, check_refused, check_shared_laws, check_transition
+from kvledger.contracts.machines.stable import sampled_from
 from kvledger.impl.memory import MemoryManager
 from kvledger.spec import admission as A
 from kvledger.spec import ledger as L
@@ -58,7 +59,7 @@ from kvledger.spec.types import Component, HandleId, OwnerKind, SlotId, request,
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8))
 SESSIONS = (1, 2)
-BUDGETS = st.sampled_from([64, 16, 2]) | st.integers(1, 20)
+BUDGETS = sampled_from([64, 16, 2]) | st.integers(1, 20)
 """Prefill token budgets: roomy, tight, too small, or any small one (some equal a request's demand exactly: the
 boundary an off-by-one budget check gets wrong)."""
 SUFFIXES = st.lists(st.integers(1, 3), max_size=4)
@@ -307,7 +308,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
         @rule(
             prompt=st.integers(0, len(PROMPTS) - 1),
             suffix=SUFFIXES,
-            sid=st.sampled_from((None, *SESSIONS)),
+            sid=sampled_from((None, *SESSIONS)),
             budget=BUDGETS,
         )
         def add_request(self, prompt: int, suffix: list[int], sid: int | None, budget: int) -> None:
@@ -344,7 +345,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
         @rule(
             prompt=st.integers(0, len(PROMPTS) - 1),
             suffix=LONG_SUFFIXES,
-            sid=st.sampled_from((None, *SESSIONS)),
+            sid=sampled_from((None, *SESSIONS)),
             whole_row=st.booleans(),
         )
         def add_long_request(self, prompt: int, suffix: list[int], sid: int | None, whole_row: bool = False) -> None:
@@ -361,7 +362,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             pick=st.integers(0, 15),
             finish=st.booleans(),
             branch=st.none() | st.integers(0, 31),
-            sid=st.sampled_from((None, *SESSIONS)),
+            sid=sampled_from((None, *SESSIONS)),
         )
         def repeat_sequence(self, pick: int, finish: bool, branch: int | None = None, sid: int | None = None) -> None:
             """A request arrives with exactly the sequence of an earlier one (its prompt, or all it holds now:
@@ -634,7 +635,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             self._moved(rid)
 
         @precondition(lambda self: self.has("sessions"))
-        @rule(sid=st.sampled_from(SESSIONS))
+        @rule(sid=sampled_from(SESSIONS))
         def close_session(self, sid: int) -> None:
             slot = self.last.sessions.get(sid)
             if slot is None:
@@ -658,7 +659,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 )
 
         @precondition(lambda self: self.has("evict"))
-        @rule(comp=st.sampled_from([Component.FULL, Component.MAMBA]), n=st.integers(1, 8))
+        @rule(comp=sampled_from([Component.FULL, Component.MAMBA]), n=st.integers(1, 8))
         def evict(self, comp: Component, n: int) -> None:
             self.sys.evict(comp, n)
 
