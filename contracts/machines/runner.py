@@ -40,6 +40,7 @@ import kvledger.spec as spec_package
 from kvledger.contracts.machines.fair import SCHEDULE, fair
 from kvledger.contracts.machines.kept import Kept
 from kvledger.contracts.machines.regression import program_lines
+from kvledger.contracts.machines.stable import fixed_constants
 from kvledger.spec.errors import KVLedgerError
 
 _STEP = re.compile(r"^(?:\w+ = )?state\.(\w+)\((.*)\)$")
@@ -502,7 +503,7 @@ def run_machine(
     budget = shrink_seconds() if shrink_for is None else shrink_for
     cut: list[str] = []
     try:
-        with watchdog, bounded_shrinking(budget) as cut:
+        with watchdog, fixed_constants(), bounded_shrinking(budget) as cut:
             run_state_machine_as_test(
                 counted_machine,
                 settings=Settings(settings, database=database, print_blob=False, report_multiple_bugs=False),

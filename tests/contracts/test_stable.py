@@ -3,22 +3,25 @@ every process, because no strategy a machine draws is labelled by the identity o
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from hypothesis import find, settings
 from hypothesis import strategies as st
+from hypothesis.internal.conjecture import engine
 from hypothesis.internal.conjecture.data import ConjectureData
 
 from kvledger.contracts import bindings
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.runner import run_machine
-from kvledger.contracts.machines.stable import just, sampled_from
+from kvledger.contracts.machines.stable import _own_constants, fixed_constants, just, sampled_from
 from kvledger.contracts.machines.suites import SUITES
 
 
@@ -53,13 +56,15 @@ def _identity_hashed(x: object) -> bool:
     return h in (object.__hash__(x), id(x))
 
 
-def _samples(strategy: Any) -> Iterator[Any]:
-    """The elements of ``strategy`` where it is a ``sampled_from`` (or a ``just``), else nothing."""
+def _labelled_by_identity(strategy: Any) -> list[object]:
+    """The identity-hashed elements of ``strategy`` where it is a ``sampled_from`` (or a ``just``) whose label is
+    the one Hypothesis computes from its elements' hashes (``calc_label``); else nothing."""
     strategy = getattr(strategy, "wrapped_strategy", strategy)
     elements = getattr(strategy, "elements", None)
-    if elements is not None and not isinstance(elements, range):
-        # NOTE: a strategy among them (``one_of`` samples its branches) is labelled by its own label
-        yield from (x for x in elements if not isinstance(x, st.SearchStrategy))
+    if elements is None or isinstance(elements, range) or strategy.label != strategy.calc_label():
+        return []
+    # NOTE: a strategy among them (``one_of`` samples its branches) is labelled by its own label
+    return [x for x in elements if not isinstance(x, st.SearchStrategy) and _identity_hashed(x)]
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
@@ -72,9 +77,8 @@ def test_no_strategy_a_machine_draws_is_labelled_by_identity(suite: str, monkeyp
     draw = ConjectureData.draw
 
     def recording(self: ConjectureData, strategy: Any, *args: Any, **kwargs: Any) -> Any:
-        for x in _samples(strategy):
-            if _identity_hashed(x):
-                seen.append(f"{type(x).__name__} in {strategy!r:.120}")
+        for x in _labelled_by_identity(strategy):
+            seen.append(f"{type(x).__name__} in {strategy!r:.120}")
         return draw(self, strategy, *args, **kwargs)
 
     monkeypatch.setattr(ConjectureData, "draw", recording)
@@ -88,42 +92,69 @@ def test_no_strategy_a_machine_draws_is_labelled_by_identity(suite: str, monkeyp
     assert not seen, f"{len(seen)} draws labelled by identity, e.g. {sorted(set(seen))[:5]}"
 
 
-DIGEST = """
-import hashlib, sys
-from hypothesis import settings
-from hypothesis.internal.conjecture import engine
-from kvledger.contracts import bindings
-from kvledger.contracts.machines.profiles import register_profiles
-from kvledger.contracts.machines.runner import run_machine
-from kvledger.contracts.machines.suites import SUITES
+def _digest(suite: str, model: str) -> str:
+    """A digest of every example the default check (``check`` profile, derandomised) draws for ``model``: each
+    example's choices and outcome, as Hypothesis' engine saw them."""
+    h = hashlib.sha256()
+    test_function = engine.ConjectureRunner.test_function
 
-h = hashlib.sha256()
-test_function = engine.ConjectureRunner.test_function
+    def recording(self: Any, data: Any) -> Any:
+        try:
+            return test_function(self, data)
+        finally:
+            h.update(repr((data.status, list(data.choices))).encode())
 
-def recording(self, data):
+    engine.ConjectureRunner.test_function = recording  # type: ignore[method-assign]
+    register_profiles()
+    bindings.install("on")
     try:
-        return test_function(self, data)
+        r = run_machine(suite, model, SUITES[suite].models[model](), [], settings.get_profile("check"), None)
     finally:
-        h.update(repr((data.status, list(data.choices))).encode())
+        engine.ConjectureRunner.test_function = test_function  # type: ignore[method-assign]
+        bindings.uninstall()
+    return f"{r.examples} {h.hexdigest()}"
 
-engine.ConjectureRunner.test_function = recording
-register_profiles()
-bindings.install("on")
-suite, model = sys.argv[1], sys.argv[2]
-r = run_machine(suite, model, SUITES[suite].models[model](), [], settings.get_profile("check"), None)
-print(r.examples, h.hexdigest())
-"""
+
+def _digest_elsewhere(suite: str, model: str, hash_seed: str) -> str:
+    """:func:`_digest` in a fresh process with ``PYTHONHASHSEED=hash_seed`` (another heap, other string hashes,
+    none of this test run's modules loaded)."""
+    code = f"import runpy; print(runpy.run_path({__file__!r})['_digest']({suite!r}, {model!r}))"
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return proc.stdout.strip().splitlines()[-1]
 
 
 def test_the_default_check_draws_the_same_examples_in_every_process() -> None:
-    """The check's draws of one model (the default run: ``check`` profile, derandomised), in two processes with
-    other hash seeds (and other heaps): every example's choices and outcome alike. Before ``stable``, one run in
-    two or three of this model drew other examples from about the 75th on."""
-    out = []
-    for hash_seed in ("0", "1"):
-        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        proc = subprocess.run(
-            [sys.executable, "-c", DIGEST, "pools", "paged"], env=env, capture_output=True, text=True, check=True
-        )
-        out.append(proc.stdout.strip().splitlines()[-1])
-    assert out[0] == out[1], f"two processes drew other examples: {out}"
+    """The check's draws of one model in this process and in two fresh ones with other hash seeds (other heaps,
+    other modules loaded): every example alike. Before ``stable``, about one run in two of this model drew other
+    examples from about the 75th on."""
+    here = _digest("pools", "paged")
+    assert _digest_elsewhere("pools", "paged", "0") == here
+    assert _digest_elsewhere("pools", "paged", "1") == here
+
+
+def test_hypothesis_draws_kvledger_own_constants_in_a_machine_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within ``fixed_constants`` (every machine run), the constants Hypothesis may draw are those of kvledger's
+    spec and implementation, not those of a module the process happened to load (a pytest worker's test modules,
+    a user's script and its adapter); outside it, Hypothesis' own collection is back."""
+    from hypothesis.internal.conjecture import providers
+    from hypothesis.internal.constants_ast import constants_from_module
+
+    import kvledger.impl.memory
+    import kvledger.spec.session
+
+    (tmp_path / "kvl_user_module.py").write_text(f"SIZES = {list(range(100, 400, 3))}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    theirs = constants_from_module(importlib.import_module("kvl_user_module"))
+    collect = providers._get_local_constants
+    assert 103 in theirs and 103 in collect(), "premise: Hypothesis draws a loaded local module's constants"
+    with fixed_constants() as fixed:
+        assert fixed, "this Hypothesis collects its local constants otherwise: fixed_constants must follow it"
+        inside = providers._get_local_constants()
+    assert providers._get_local_constants is collect
+    assert inside is _own_constants() and 103 not in inside.integers
+    for module in (kvledger.impl.memory, kvledger.spec.session):
+        mine = constants_from_module(module)
+        assert len(mine) and all(x in inside for x in mine), f"{module.__name__}'s constants are not drawn"
