@@ -26,11 +26,10 @@ def _what(value: object) -> str:
 
 def check_int(op: str, where: str, name: str, value: object, lo: int = 0, hi: int | None = None) -> int:
     """``value`` as an int in ``[lo, hi)`` (``hi=None``: no upper bound); ``InvalidArgument`` for a non-int (a
-    bool, a float, ``None``, ...), ``InvalidArgument`` naming ``name`` when it is out of range."""
+    bool, a float, ``None``, an int subclass: ``spec.domains`` counts only ``int`` itself, whose comparisons and
+    arithmetic no subclass can change), ``InvalidArgument`` naming ``name`` when it is out of range."""
     if type(value) is not int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise InvalidArgument(op, where, (), f"{name} must be an int, got {_what(value)}")
-        value = int(value)
+        raise InvalidArgument(op, where, (), f"{name} must be an int, got {_what(value)}")
     if value < lo or (hi is not None and value >= hi):
         bound = f"[{lo}, {hi})" if hi is not None else f">= {lo}"
         raise InvalidArgument(op, where, (), f"{name} {value} outside {bound}")

@@ -53,11 +53,9 @@ def encode(owner: Owner, op: str = "encode", where: str = "owner") -> int:
         )
         raise InvalidArgument(op, where, (), f"owner {owner}: {need}")
     if type(ident) is not int or not 0 <= ident <= MAX_IDENT:
-        if isinstance(ident, bool) or not isinstance(ident, int):
+        if type(ident) is not int:  # NOTE: a bool or another int subclass too (``spec.domains.is_count``)
             raise InvalidArgument(op, where, (), f"owner {owner!r}: id must be an int, got {type(ident).__name__}")
-        if not 0 <= ident <= MAX_IDENT:
-            raise InvalidArgument(op, where, (), f"owner id {ident} of {owner} outside [0, {MAX_IDENT}]")
-        ident = int(ident)
+        raise InvalidArgument(op, where, (), f"owner id {ident} of {owner} outside [0, {MAX_IDENT}]")
     return (kind << 60) | (code << _IDENT_BITS) | ident
 
 

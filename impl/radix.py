@@ -108,7 +108,7 @@ class RadixCache(RadixTree):
             raise CacheError(f"create: the Mamba pool is on {mamba.device}, the KV allocator on {kv.device}")
         grain = kv.page_size
         ps = grain if page_size is None else page_size
-        if isinstance(ps, bool) or not isinstance(ps, int) or not 0 < ps < 1 << 63 or ps % grain:
+        if type(ps) is not int or not 0 < ps < 1 << 63 or ps % grain:
             raise CacheError(f"create: page_size {page_size!r} must be a positive multiple of the allocator's {grain}")
         if swa_window is not None and (
             not isinstance(kv, SWATokenAllocator) or type(swa_window) is not int or not 0 < swa_window < 1 << 63

@@ -29,6 +29,17 @@ short still names it: without this bound one such test shrank for Hypothesis' wh
 asserts the shape of the shrunk program is marked ``full_shrink`` and shrinks without the bound."""
 
 
+@pytest.fixture
+def contracts_on() -> Iterator[None]:
+    """Contracts at tier ``on`` for the test (whatever the run's tier), the run's tier back after it."""
+    from kvledger.contracts import bindings
+
+    saved = bindings.current_level()
+    bindings.install("on")
+    yield
+    bindings.install(saved)
+
+
 @pytest.fixture(autouse=True)
 def _bounded_shrinking(request: pytest.FixtureRequest) -> Iterator[None]:
     from hypothesis.internal.conjecture import engine

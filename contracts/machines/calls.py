@@ -849,7 +849,7 @@ def _fingerprint_one_method() -> Method:
     else is refused, typed."""
 
     def inside(x: object) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < MAX_TOKEN
+        return type(x) is int and 0 <= x < MAX_TOKEN  # NOTE: an int itself (not a bool, no subclass)
 
     edges = id_edges(MAX_TOKEN)
     arg = _arg(

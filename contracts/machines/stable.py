@@ -46,7 +46,7 @@ T = TypeVar("T")
 
 
 def sampled_from(elements: Iterable[T]) -> st.SearchStrategy[T]:
-    """``st.sampled_from(elements)`` labelled by the number of elements (:func:`_labelled`). Empty:
+    """``st.sampled_from(elements)`` labelled by the number of elements (see ``_labelled``). Empty:
     ``st.nothing()``, as Hypothesis does."""
     xs = tuple(elements)
     return _labelled(st.sampled_from(xs), len(xs)) if xs else st.nothing()

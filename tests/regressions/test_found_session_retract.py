@@ -13,8 +13,6 @@ session-moving operation with contracts on).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import icontract
 import pytest
 
@@ -93,14 +91,6 @@ def test_check_names_the_law_on_a_session_claiming_kv_it_lost() -> None:
     slot.alloc_len, slot.tokens = 3, (1, 2)  # the recorded tokens are not the committed ones
     with pytest.raises(IntegrityError, match="inv_committed_within_allocated: session 1"):
         mm.sessions.check()
-
-
-@pytest.fixture
-def contracts_on() -> Iterator[None]:
-    saved = bindings.current_level()
-    bindings.install("on")
-    yield
-    bindings.install(saved)
 
 
 def test_contract_fires_on_the_old_resume(contracts_on: None) -> None:
