@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
-__all__ = ["elements_of", "fixed_constants", "just", "sampled_from"]
+__all__ = ["fixed_constants", "just", "sampled_from"]
 
 OWN_PACKAGES = ("kvledger.spec", "kvledger.impl")
 """The packages whose source constants Hypothesis draws from in a machine run."""
@@ -71,13 +71,6 @@ def _labelled(strategy: st.SearchStrategy[T], n: int) -> st.SearchStrategy[T]:
         digest = hashlib.sha256(f"kvledger.stable sample of {n}".encode()).digest()
         setattr(strategy, _LABEL, int.from_bytes(digest[:8], "big"))
     return strategy
-
-
-def elements_of(strategy: object) -> tuple[object, ...] | None:
-    """What ``strategy`` samples from, in order, where it is a ``sampled_from`` (or a ``just``); else ``None``
-    (a test's stand-in for a draw reads it)."""
-    xs = getattr(strategy, "elements", None)
-    return None if xs is None else tuple(xs)
 
 
 @lru_cache(maxsize=1)

@@ -133,14 +133,6 @@ def test_slow_tier_adds_to_the_incremental_tier() -> None:
 # NOTE: tier on alone (the slow tier's whole-pool laws would catch these too, and hide which law fired).
 
 
-@pytest.fixture
-def on() -> Iterator[None]:
-    saved = bindings.current_level()
-    bindings.install("on")
-    yield
-    bindings.install(saved)
-
-
 def _broken(name: str, broken: object) -> None:
     """Install tier ``on`` over ``broken`` standing in for ``SlotPool.<name>``."""
     bindings._originals[(SlotPool, name)] = broken
@@ -158,7 +150,7 @@ def restore() -> Iterator[None]:
 
 @pytest.mark.parametrize("n", [1, 2])  # NOTE: one slot takes the scalar reads of tier on, more the gathers
 @pytest.mark.parametrize("alloc", ["alloc", "alloc_ids"])
-def test_alloc_off_the_stack_top_is_caught(on: None, restore: None, alloc: str, n: int) -> None:
+def test_alloc_off_the_stack_top_is_caught(contracts_on: None, restore: None, alloc: str, n: int) -> None:
     original = bindings._originals[(SlotPool, alloc)]
 
     def skips_one(self: SlotPool, n: int, owner: object, **kw: object) -> object:
@@ -171,7 +163,7 @@ def test_alloc_off_the_stack_top_is_caught(on: None, restore: None, alloc: str, 
         getattr(a.pool, alloc)(n, R1)
 
 
-def test_alloc_that_rewrites_the_stack_it_pops_is_caught(on: None, restore: None) -> None:
+def test_alloc_that_rewrites_the_stack_it_pops_is_caught(contracts_on: None, restore: None) -> None:
     """The popped slots are read before the call: an alloc that writes a held slot onto its free stack and hands it
     out is caught, though the stack reads as the result after the call."""
     original = bindings._originals[(SlotPool, "alloc")]
@@ -191,7 +183,7 @@ def test_alloc_that_rewrites_the_stack_it_pops_is_caught(on: None, restore: None
 
 
 @pytest.mark.parametrize("n", [1, 3])
-def test_alloc_that_leaves_a_tag_is_caught(on: None, restore: None, n: int) -> None:
+def test_alloc_that_leaves_a_tag_is_caught(contracts_on: None, restore: None, n: int) -> None:
     original = bindings._originals[(SlotPool, "alloc")]
 
     def untagged(self: SlotPool, n: int, owner: object) -> torch.Tensor:
@@ -204,7 +196,7 @@ def test_alloc_that_leaves_a_tag_is_caught(on: None, restore: None, n: int) -> N
         TokenAllocator(8).alloc(n, R1)
 
 
-def test_alloc_count_is_checked(on: None, restore: None) -> None:
+def test_alloc_count_is_checked(contracts_on: None, restore: None) -> None:
     original = bindings._originals[(SlotPool, "alloc")]
 
     def short(self: SlotPool, n: int, owner: object) -> torch.Tensor:
@@ -216,7 +208,7 @@ def test_alloc_count_is_checked(on: None, restore: None) -> None:
         TokenAllocator(8).alloc(3, R1)
 
 
-def test_release_of_a_free_slot_is_caught(on: None) -> None:
+def test_release_of_a_free_slot_is_caught(contracts_on: None) -> None:
     a = TokenAllocator(8)
     x = a.alloc(4, R1)
     a.free(x[:1], R1)
@@ -227,7 +219,7 @@ def test_release_of_a_free_slot_is_caught(on: None) -> None:
 @pytest.mark.parametrize("alone", [False, True])
 @pytest.mark.parametrize("n", [1, 2])
 def test_release_that_leaves_a_tag_is_caught(
-    on: None, restore: None, monkeypatch: pytest.MonkeyPatch, n: int, alone: bool
+    contracts_on: None, restore: None, monkeypatch: pytest.MonkeyPatch, n: int, alone: bool
 ) -> None:
     """A release that leaves its slots tagged is caught in a free (through the push the free makes,
     ``SlotPool._release``) and called alone (``SlotPool.release``, as the paged and SWA allocators call it)."""
@@ -251,7 +243,7 @@ def test_release_that_leaves_a_tag_is_caught(
 
 
 @pytest.mark.parametrize("n", [1, 2])
-def test_free_that_pushes_another_slot_is_caught(on: None, restore: None, n: int) -> None:
+def test_free_that_pushes_another_slot_is_caught(contracts_on: None, restore: None, n: int) -> None:
     original = bindings._originals[(SlotPool, "free")]
 
     def pushes_other(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
@@ -267,7 +259,7 @@ def test_free_that_pushes_another_slot_is_caught(on: None, restore: None, n: int
 
 
 @pytest.mark.parametrize("n", [1, 2])
-def test_free_from_the_wrong_owner_is_caught(on: None, restore: None, n: int) -> None:
+def test_free_from_the_wrong_owner_is_caught(contracts_on: None, restore: None, n: int) -> None:
     def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
         self._release(indices)  # BUG: no ownership check
 
@@ -278,7 +270,7 @@ def test_free_from_the_wrong_owner_is_caught(on: None, restore: None, n: int) ->
         a.pool.free(x, session(2))
 
 
-def test_transfer_laws_are_checked(on: None, restore: None) -> None:
+def test_transfer_laws_are_checked(contracts_on: None, restore: None) -> None:
     def retags_anything(self: SlotPool, indices: torch.Tensor, src: object, dst: object) -> None:
         self.retag(indices, dst)  # type: ignore[arg-type]  # BUG: the source is never checked
 
@@ -297,7 +289,7 @@ def test_transfer_laws_are_checked(on: None, restore: None) -> None:
         b.pool.transfer(b.alloc(2, R1), R1, session(2))
 
 
-def test_free_swa_mapping_is_checked(on: None) -> None:
+def test_free_swa_mapping_is_checked(contracts_on: None) -> None:
     bindings.install("off")
     original = SWATokenAllocator.free_swa
 
@@ -355,7 +347,7 @@ class _CountingArray:
         self.elements += int(getattr(self.a[ids], "size", 1))  # type: ignore[index]
 
 
-def test_free_checks_the_release_it_makes_in_one_pass(on: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_free_checks_the_release_it_makes_in_one_pass(contracts_on: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tier on reads a free's slots once: its release is checked as part of it, not by a second snapshot; a release
     called alone is still checked."""
     calls = []
@@ -379,7 +371,7 @@ def test_free_checks_the_release_it_makes_in_one_pass(on: None, monkeypatch: pyt
 
 
 @pytest.mark.parametrize("n", [1, 2])
-def test_free_of_an_alloc_result_rewritten_through_numpy_is_caught(n: int, on: None, restore: None) -> None:
+def test_free_of_an_alloc_result_rewritten_through_numpy_is_caught(n: int, contracts_on: None, restore: None) -> None:
     """A write through a numpy view changes no torch version: a free of a remembered alloc result reads its ids
     again, so a negative id written there is refused as for any other tensor."""
 
@@ -395,7 +387,7 @@ def test_free_of_an_alloc_result_rewritten_through_numpy_is_caught(n: int, on: N
         a.pool.free(x, R1)
 
 
-def test_free_of_a_negative_id_is_caught(on: None, restore: None) -> None:
+def test_free_of_a_negative_id_is_caught(contracts_on: None, restore: None) -> None:
     def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
         self._release(indices.numpy())  # BUG: no checks; numpy wraps -1 around to the last slot
 
@@ -412,7 +404,7 @@ def _state(pool: SlotPool) -> tuple[bytes, bytes, int]:
 
 
 @pytest.mark.parametrize("n", [1, 3])
-def test_second_free_of_a_checked_alloc_result_is_refused_typed(on: None, n: int) -> None:
+def test_second_free_of_a_checked_alloc_result_is_refused_typed(contracts_on: None, n: int) -> None:
     """A checked alloc result leaves the tier's view memo when freed: freeing it again takes the checked path and is
     refused as a double free, the pool unchanged."""
     a = TokenAllocator(8)
@@ -425,7 +417,9 @@ def test_second_free_of_a_checked_alloc_result_is_refused_typed(on: None, n: int
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-def test_one_slot_free_is_checked_whatever_its_integer_dtype(on: None, restore: None, dtype: torch.dtype) -> None:
+def test_one_slot_free_is_checked_whatever_its_integer_dtype(
+    contracts_on: None, restore: None, dtype: torch.dtype
+) -> None:
     """A one-slot free is read as a Python int (``tolist``), so an int32 id is checked as an int64 one is."""
 
     def frees_anything(self: SlotPool, indices: torch.Tensor, owner: object) -> None:
@@ -438,7 +432,7 @@ def test_one_slot_free_is_checked_whatever_its_integer_dtype(on: None, restore: 
         a.pool.free(x.to(dtype), session(2))
 
 
-def test_one_slot_alloc_of_another_dtype_is_read_as_slot_ids(on: None, restore: None) -> None:
+def test_one_slot_alloc_of_another_dtype_is_read_as_slot_ids(contracts_on: None, restore: None) -> None:
     """A one-slot alloc whose result ``tolist`` does not show as ``[slot]`` of an int (a float here) is read as any
     other result (``_host``, as tier on read it before): the right slot passes, another is caught."""
     original = bindings._originals[(SlotPool, "alloc")]
@@ -460,7 +454,7 @@ def test_one_slot_alloc_of_another_dtype_is_read_as_slot_ids(on: None, restore: 
         TokenAllocator(8).pool.alloc(1, R1)
 
 
-def test_tag_bytes_of_long_calls_are_not_kept(on: None) -> None:
+def test_tag_bytes_of_long_calls_are_not_kept(contracts_on: None) -> None:
     """Tier on keeps the tag bytes it compares with per owner only for calls of up to ``HANDED_MAX`` slots: a long
     alloc's are made for it and dropped (at most 256 owners' worth of 64 KiB are kept)."""
     from kvledger.impl.slots import HANDED_MAX
@@ -480,7 +474,7 @@ def _run_of(x: torch.Tensor) -> bytes | None:
     return None if handed is None else handed[0]
 
 
-def test_run_path_is_taken_for_a_run_only(on: None) -> None:
+def test_run_path_is_taken_for_a_run_only(contracts_on: None) -> None:
     """An alloc whose popped slots are a run of slots (a fresh pool's, or one freed whole) is read in place; a
     fragmented stack's is not, and both pass."""
     a = TokenAllocator(16)
@@ -496,7 +490,7 @@ def test_run_path_is_taken_for_a_run_only(on: None) -> None:
     a.free(z, R1)
 
 
-def test_run_alloc_one_past_its_run_is_caught(on: None, restore: None) -> None:
+def test_run_alloc_one_past_its_run_is_caught(contracts_on: None, restore: None) -> None:
     """An alloc that pops a run and hands out (and tags) the run one slot further is caught in the run path."""
     original = bindings._originals[(SlotPool, "alloc")]
 
@@ -511,7 +505,7 @@ def test_run_alloc_one_past_its_run_is_caught(on: None, restore: None) -> None:
         TokenAllocator(16).alloc(4, R1)
 
 
-def test_run_alloc_of_a_held_slot_is_caught(on: None) -> None:
+def test_run_alloc_of_a_held_slot_is_caught(contracts_on: None) -> None:
     """A run on the free stack whose slot is held (tagged behind the pool's back) is caught before it is handed out."""
     a = TokenAllocator(16)
     assert a.pool._tags is not None
@@ -521,7 +515,7 @@ def test_run_alloc_of_a_held_slot_is_caught(on: None) -> None:
 
 
 @pytest.mark.parametrize("how", ["transfer", "behind the pool"])
-def test_run_free_of_another_owners_slot_is_caught(on: None, restore: None, how: str) -> None:
+def test_run_free_of_another_owners_slot_is_caught(contracts_on: None, restore: None, how: str) -> None:
     """A free that checks nothing, of a remembered run one of whose slots another owner now holds (by a transfer,
     after which the freeing owner is not the pool's last seen; or written behind the pool's back, after which it
     is): the run path reads the tags before the call and names the law."""
@@ -544,7 +538,7 @@ def test_run_free_of_another_owners_slot_is_caught(on: None, restore: None, how:
 
 
 @pytest.mark.parametrize("bug", ["pushes past the run", "keeps a tag"])
-def test_run_free_that_misplaces_the_run_is_caught(on: None, restore: None, bug: str) -> None:
+def test_run_free_that_misplaces_the_run_is_caught(contracts_on: None, restore: None, bug: str) -> None:
     """A free of a remembered run that pushes the run one slot further, or leaves one slot tagged, is caught."""
     original = bindings._originals[(SlotPool, "free")]
 
@@ -564,7 +558,7 @@ def test_run_free_that_misplaces_the_run_is_caught(on: None, restore: None, bug:
         a.pool.free(x, R1)
 
 
-def test_run_rewritten_through_numpy_is_read_anew(on: None, restore: None) -> None:
+def test_run_rewritten_through_numpy_is_read_anew(contracts_on: None, restore: None) -> None:
     """A remembered run rewritten through numpy (no torch version change) to name another owner's slot is no longer
     the run: the free reads its slots again and a free that checks nothing is caught."""
 
@@ -580,7 +574,7 @@ def test_run_rewritten_through_numpy_is_read_anew(on: None, restore: None) -> No
         a.pool.free(x, R1)
 
 
-def test_pool_copy_reads_its_own_columns(on: None, restore: None) -> None:
+def test_pool_copy_reads_its_own_columns(contracts_on: None, restore: None) -> None:
     """A copy's columns are the tensors it was given (no bytearrays): tier on reads them as before and still catches
     a free that checks nothing."""
     import copy
@@ -602,7 +596,7 @@ def test_pool_copy_reads_its_own_columns(on: None, restore: None) -> None:
 
 
 def test_run_free_by_its_owner_reads_the_bytes_its_alloc_kept(
-    on: None, restore: None, monkeypatch: pytest.MonkeyPatch
+    contracts_on: None, restore: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A free of a remembered run by the owner it was handed to compares the run's tags, in place, with the owner's
     tag bytes the alloc's check kept (no lookup): a slot of the run tagged behind the pool's back is caught there."""
@@ -625,7 +619,7 @@ def test_run_free_by_its_owner_reads_the_bytes_its_alloc_kept(
     assert looked_up == []  # NOTE: the run path, with the bytes its alloc kept
 
 
-def test_run_free_reads_the_columns_the_pool_has_now(on: None, restore: None) -> None:
+def test_run_free_reads_the_columns_the_pool_has_now(contracts_on: None, restore: None) -> None:
     """A free of a remembered run reads it in place only while the pool's tag column and free stack are still the
     views of its bytearrays the alloc's check proved them to be: a pool whose column was replaced since is read
     through the column it has now, so a slot tagged there is caught (and a correct free after the stack was
@@ -649,7 +643,7 @@ def test_run_free_reads_the_columns_the_pool_has_now(on: None, restore: None) ->
         b.pool.free(y, R1)
 
 
-def test_run_memo_is_read_per_length(on: None) -> None:
+def test_run_memo_is_read_per_length(contracts_on: None) -> None:
     """The runs tier on remembers are keyed by their first slot popped and direction and read only at their own
     length: runs of other lengths from the same first slot, popped either way, are each read as themselves."""
     a = TokenAllocator(32)

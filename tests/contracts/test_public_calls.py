@@ -22,7 +22,6 @@ from kvledger.contracts.adapters.reference_system import build_manager
 from kvledger.contracts.adapters.system import SystemConfig
 from kvledger.contracts.machines import calls as C
 from kvledger.contracts.machines.pool import KINDS, Chunk, machine_for
-from kvledger.contracts.machines.stable import elements_of
 from kvledger.impl import integrity
 from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import TokenAllocator
@@ -510,7 +509,7 @@ def _choosing(name: str, n: int = 1) -> C.Draw:
     (any other ``sampled_from``: its first element)."""
 
     def draw(strategy: Any) -> Any:
-        elements = elements_of(strategy)
+        elements = getattr(strategy, "elements", None)
         return n if elements is None else next((p for p in elements if p[0] == name), elements[0])
 
     return draw
@@ -1514,7 +1513,7 @@ def _deciding(op: str) -> C.Draw:
     """A draw that picks operation ``op`` (on the first request it may act on) from the provenance audit's choices."""
 
     def draw(strategy: Any) -> Any:
-        return next(p for p in elements_of(strategy) or () if p[0] == op)
+        return next(p for p in getattr(strategy, "elements", ()) if p[0] == op)
 
     return draw
 
