@@ -41,6 +41,18 @@ def contracts_on() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _own_constants_only() -> Iterator[None]:
+    """Every test draws with Hypothesis' "local constants" fixed to kvledger's own (``stable.fixed_constants``, as
+    every machine run is): without it, which constants a test's examples may draw depends on which test modules the
+    pytest process loaded before, and a derandomised test that passes alone can draw other examples, and miss its
+    bug, in the whole suite (issue 19: two detection tests did so in CI)."""
+    from kvledger.contracts.machines.stable import fixed_constants
+
+    with fixed_constants():
+        yield
+
+
+@pytest.fixture(autouse=True)
 def _bounded_shrinking(request: pytest.FixtureRequest) -> Iterator[None]:
     from hypothesis.internal.conjecture import engine
 

@@ -1851,18 +1851,34 @@ def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
     story = [f"run_min = {run_min}"]
     # NOTE: each request takes another move (a permutation, not independent draws): a scenario of k requests holds
     # k different stages of life, so a rare one (a resumed turn still waiting) is in one scenario in a few, not in
-    # one in twenty; a resume needs a session, so one is open then, and it takes that session's turn if it is free
+    # one in twenty; a resume needs a session, so one is open then, and it takes that session's turn if it is free.
+    # Sessions too are left at every stage: up to two are open, one in three after a first turn that ended (saved:
+    # memory kept between turns), and a request takes an idle session's turn first (the simplest draw), a saved
+    # one's after no turn, so a session's stage is that of its turn's move. Each stage (idle, saved, a turn waiting,
+    # a turn running on the session's memory: the state a close must refuse) is in a fifth of the scenarios or
+    # more; with one session at most and no turn preferred, a saved session was in one in fifty
     moves = draw(st.permutations(LIFE_MOVES))[: draw(st.integers(1, 5))]
-    for sid in draw(st.lists(st.integers(0, 2), min_size=int("resume" in moves), max_size=1, unique=True)):
+    for sid in draw(st.lists(st.integers(0, 2), min_size=int("resume" in moves), max_size=2, unique=True)):
         mm.sessions.open(sid)
         story.append(f"open session {sid}")
+        if (
+            draw(st.integers(0, 2)) == 1
+        ):  # NOTE: a first turn, ended: the session keeps its memory between turns (saved)
+            first = mm.add_request(tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=4))), session=sid)
+            admit(mm, [first], Budget(24, 1))
+            if first.status is Status.RUNNING:
+                mm.finish(first)
+            story.append(f"request {first.rid} {first.tokens} of session {sid}: finish ({first.status.name})")
     for move in moves:
         toks: tuple[int, ...] = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=6)))
         live = (Status.WAITING, Status.RUNNING)
         turns = {r.session for r in mm.requests.values() if r.status in live}  # NOTE: one turn at a time
         free = [x for x in mm.sessions.slots.values() if x.lent_to is None and x.sid not in turns]
         fits = [x.sid for x in free if len(x.tokens) + len(toks) <= mm.rows.max_context_len]
-        turn: int | None = draw(sampled_from(fits if move == "resume" and fits else [None, *fits]))
+        # NOTE: an idle session's turn first, a saved one's after no turn: a saved session stays saved in some
+        saved = [sid for sid in fits if mm.sessions.slots[sid].row is not None]
+        fresh = [sid for sid in fits if sid not in saved]
+        turn: int | None = draw(sampled_from(fits if move == "resume" and fits else [*fresh, None, *saved]))
         if turn is not None:
             toks = (*mm.sessions.slots[turn].tokens, *toks)  # NOTE: a later turn extends the one before
         req = mm.add_request(toks, session=turn)

@@ -56,9 +56,18 @@ class _Junk:
         return "<junk object>"
 
 
+class _IntSubclass(int):
+    """An int of another type (an ``IntEnum``'s member, a library's int type): ``spec.domains`` counts only ``int``
+    itself, so a count, an id or an amount of this type lies outside every domain."""
+
+    def __repr__(self) -> str:
+        return f"<int subclass {int(self)}>"
+
+
 JUNK_SCALARS = st.one_of(
     st.none(),
     st.booleans(),
+    st.integers(0, 3).map(_IntSubclass),
     st.floats(allow_nan=True, allow_infinity=True) | st.integers(-3, 8).map(float),
     st.text(max_size=2),
     st.builds(_Junk),
@@ -66,7 +75,7 @@ JUNK_SCALARS = st.one_of(
 """Values of the wrong type for any int argument (a bool is an int to Python, not to a count)."""
 
 
-SCALAR_EDGES: tuple[object, ...] = (None, True, 1.0, float("nan"), "1", _Junk())
+SCALAR_EDGES: tuple[object, ...] = (None, True, _IntSubclass(1), 1.0, float("nan"), "1", _Junk())
 """One value of each wrong type an int argument meets (``JUNK_SCALARS``' catalogue, for a sweep)."""
 
 
@@ -95,6 +104,7 @@ class LookAlike:
 OWNER_EDGES: tuple[object, ...] = (
     Owner(OwnerKind.REQUEST, -1, None),
     Owner(OwnerKind.REQUEST, True, None),
+    Owner(OwnerKind.REQUEST, _IntSubclass(1), None),
     Owner(OwnerKind.REQUEST, D.INT64_END, None),
     Owner(OwnerKind.REQUEST, 1, Component.FULL),
     Owner(OwnerKind.NODE, 1, None),

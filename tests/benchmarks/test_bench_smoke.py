@@ -93,6 +93,30 @@ def test_bench_faults_runs(tmp_path: Path) -> None:
     assert bindings.current_level() == level and faults.active() == frozenset()
 
 
+def test_detection_margin_measures_where_each_seed_meets_the_bug(tmp_path: Path) -> None:
+    bench = load("detection_margin")
+    path = tmp_path / "margin.json"
+    assert (
+        bench.main(
+            ["--seeds", "2", "-k", "test_node_that_takes_a_bool_id_is_caught", "--workers", "0", "--json", str(path)]
+        )
+        == 0
+    )
+    (row,) = json.loads(path.read_text())
+    assert row["test"] == "test_node_that_takes_a_bool_id_is_caught" and row["budget"] == 400
+    assert row["within"] == "2/2" and 1 <= row["median"] <= row["largest"] <= 400
+    assert isinstance(row["derandomised"], int) and row["derandomised"] >= 1
+
+
+def test_detection_margin_summary_flags_a_seed_past_the_budget() -> None:
+    bench = load("detection_margin")
+    row = {"test": "t.py::test_x", "budget": 100, "derandomised": 40, "seeds": [10, 150, "inv_other", None]}
+    got = bench.summary(row)
+    assert got["within"] == "1/4" and got["largest"] is None and got["other laws"] == ["inv_other"]
+    got = bench.summary({**row, "seeds": [10, 150]})
+    assert got["within"] == "1/2" and got["largest"] == 150 and got["largest/budget"] == 1.5
+
+
 def test_fault_targets_cover_every_fault() -> None:
     bench = load("bench_faults")
     for fault in faults.FAULTS.values():

@@ -6,11 +6,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import json
+import os
 import pkgutil
 from collections.abc import Callable
 from copy import copy, deepcopy
 from typing import Any
 
+import hypothesis
 import numpy as np
 import pytest
 import torch
@@ -21,6 +24,7 @@ import kvledger.impl
 from kvledger.contracts.adapters.reference_system import build_manager
 from kvledger.contracts.adapters.system import SystemConfig
 from kvledger.contracts.machines import calls as C
+from kvledger.contracts.machines import stable
 from kvledger.contracts.machines.pool import KINDS, Chunk, machine_for
 from kvledger.impl import integrity
 from kvledger.impl.admission import Budget, admit
@@ -42,13 +46,17 @@ Maker = Callable[[str, C.Draw], C.Scenario]
 CASES = [(kind, make) for kind, makes in sorted(C.SCENARIOS.items()) for make in makes]
 
 
-def run_probes(kind: str, make: Maker, examples: int, sweeps: int = 1) -> None:
+def run_probes(
+    kind: str, make: Maker, examples: int, sweeps: int = 1, *, seed: int | None = None, first: list[int] | None = None
+) -> None:
     """Probe scenarios of ``kind`` (``make``), a few calls and ``sweeps`` sweeps each; the first law broken is
-    raised."""
+    raised. Derandomised, or drawn from ``seed``; ``first`` (if given) gets the number of the first example that
+    broke a law."""
+    count = 0
 
     @settings(
         max_examples=examples,
-        derandomize=True,
+        derandomize=seed is None,
         database=None,
         deadline=None,
         phases=[Phase.generate],
@@ -57,20 +65,62 @@ def run_probes(kind: str, make: Maker, examples: int, sweeps: int = 1) -> None:
     )
     @given(st.data())
     def check(data: st.DataObject) -> None:
-        scenario = make(kind, data.draw)
-        for _ in range(4):
-            C.probe(scenario, data.draw)
-        for _ in range(sweeps):
-            C.sweep(scenario, data.draw)
+        nonlocal count
+        count += 1
+        try:
+            scenario = make(kind, data.draw)
+            for _ in range(4):
+                C.probe(scenario, data.draw)
+            for _ in range(sweeps):
+                C.sweep(scenario, data.draw)
+        except AssertionError:
+            if first is not None and not first:
+                first.append(count)
+            raise
 
-    check()
+    (check if seed is None else hypothesis.seed(seed)(check))()
+
+
+MARGIN = os.environ.get("KVLEDGER_DETECTION_MARGIN")
+"""A file that ``tests/benchmarks/detection_margin.py`` sets: each detection test (:func:`fails`) then also runs
+its planted bug from ``KVLEDGER_DETECTION_SEEDS`` seeds (default 10) at twice its budget, and appends where each
+met the bug (a JSON line). A derandomised test meets its bug at one fixed example; a change anywhere in what the
+probes draw moves that example, and the margin over seeds says how likely the budget is to still cover it."""
 
 
 def fails(kind: str, make: Maker, law: str, examples: int = 400) -> str:
-    with pytest.raises(AssertionError) as got:
-        run_probes(kind, make, examples)
+    """The probes of ``kind`` break ``law`` within ``examples`` derandomised examples; the message.
+
+    A budget covers one and a half times the largest example at which ten seeds met the bug
+    (``tests/benchmarks/detection_margin.py``), not the one example the derandomised run meets it at: a change to
+    what the probes draw moves that example (issue 19: two tests failed in CI for it). A budget costs nothing
+    where the bug is met early: the run stops at the first failure."""
+    at: list[int] = []
+    try:
+        with pytest.raises(AssertionError) as got:
+            run_probes(kind, make, examples, first=at)
+    finally:
+        if MARGIN:  # NOTE: measured whether or not this budget met the bug
+            measure_margin(kind, make, law, examples, at[0] if at else None)
     assert str(got.value).startswith(law), got.value
     return str(got.value)
+
+
+def measure_margin(kind: str, make: Maker, law: str, examples: int, derandomised: int | None) -> None:
+    """Append to :data:`MARGIN`, for the running test, the example at which each seed met ``law`` (``None``: not
+    within twice the budget; a law's name: another law broken first)."""
+    found: list[int | str | None] = []
+    for s in range(int(os.environ.get("KVLEDGER_DETECTION_SEEDS", "10"))):
+        at: list[int] = []
+        try:
+            run_probes(kind, make, 2 * examples, seed=s, first=at)
+            found.append(None)
+        except AssertionError as e:
+            found.append(at[0] if str(e).startswith(law) and at else str(e).split(":")[0])
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+    row = {"test": test, "budget": examples, "derandomised": derandomised, "seeds": found}
+    with open(str(MARGIN), "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 @pytest.mark.parametrize(("kind", "make"), CASES, ids=[f"{k}-{m.__name__}" for k, m in CASES])
@@ -86,7 +136,7 @@ def over_scenarios(
     @settings(max_examples=examples, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
     @given(st.data())
     def run(data: st.DataObject) -> None:
-        kind, make = data.draw(st.sampled_from(cases or CASES))
+        kind, make = data.draw(stable.sampled_from(cases or CASES))
         each(make(kind, data.draw), data)
 
     run()
@@ -351,7 +401,7 @@ def test_an_insert_that_refuses_a_partly_cached_page_with_another_class_is_caugh
             raise NotOwner("insert", "kv", [0], "held by the cache, not by the caller") from None  # BUG: wrong class
 
     monkeypatch.setattr(RadixCache, "insert", other_class)
-    msg = fails("paged", C.cache_scenario, "inv_domain_enforced", examples=300)
+    msg = fails("paged", C.cache_scenario, "inv_domain_enforced", examples=600)
     assert "not SlotConflict" in msg, msg
 
 
@@ -432,7 +482,7 @@ def test_a_component_refused_with_another_class_is_caught(monkeypatch: pytest.Mo
             raise InvalidArgument("evictable_size", "cache", (), f"component {comp!r}") from None  # BUG: the class
 
     monkeypatch.setattr(RadixCache, "evictable_size", other_class)
-    msg = fails("token", C.cache_scenario, "inv_domain_enforced")
+    msg = fails("token", C.cache_scenario, "inv_domain_enforced", examples=500)
     assert "evictable_size" in msg and "not ComponentDisabled" in msg, msg
 
 
@@ -616,7 +666,7 @@ def test_a_close_of_a_session_in_use_that_is_accepted_is_caught(monkeypatch: pyt
         real(self, sid)
 
     monkeypatch.setattr(Sessions, "close", lax)
-    msg = fails("token", C.manager_scenario, "inv_domain_enforced", examples=600)
+    msg = fails("token", C.manager_scenario, "inv_domain_enforced", examples=1000)
     assert "close_session" in msg, msg
 
 
@@ -1108,7 +1158,7 @@ def test_caching_a_slot_whose_swa_slot_was_freed_is_caught(monkeypatch: pytest.M
     from kvledger.impl.kvview import KVView
 
     monkeypatch.setattr(KVView, "check_swa_live", lambda self, op, idx: None)  # BUG: the SWA-live check dropped
-    msg = fails("swa", C.cache_scenario, "inv_domain_enforced")
+    msg = fails("swa", C.cache_scenario, "inv_domain_enforced", examples=600)
     assert "RadixCache.insert" in msg and "was accepted" in msg, msg
 
 
@@ -1795,7 +1845,7 @@ def test_a_write_by_a_request_without_a_row_is_caught(monkeypatch: pytest.Monkey
         original(self, req, start, end)
 
     monkeypatch.setattr(MemoryManager, "write_kv", write)
-    fails("token", C.manager_scenario, "inv_domain_enforced: MemoryManager.write_kv(")
+    fails("token", C.manager_scenario, "inv_domain_enforced: MemoryManager.write_kv(", examples=1200)
 
 
 def test_a_value_crossed_to_every_call_that_takes_it_meets_a_check_one_call_forgot(
@@ -1921,6 +1971,44 @@ def test_the_manager_scenario_leaves_requests_at_every_stage_of_life() -> None:
     shares = {stage: seen.get(stage, 0) / built for stage in ("WAITING", "RUNNING", "FINISHED", "ABORTED")}
     shares["resumed, waiting"] = seen.get("resumed, waiting", 0) / built
     assert min(shares.values()) >= 0.25, f"a stage of life is rare in the manager scenarios: {shares}"
+
+
+def session_stages(mm: MemoryManager) -> set[str]:
+    """The stages the manager's open sessions are at: idle (no memory, no turn), saved (memory kept between turns),
+    lent to a turn that waits, lent to a turn that runs."""
+    from kvledger.impl.requests import Status
+
+    out = set()
+    for slot in mm.sessions.slots.values():
+        turn = mm.requests.get(slot.lent_to) if slot.lent_to is not None else None
+        if turn is not None:
+            out.add("turn running" if turn.status is Status.RUNNING else "turn waiting")
+        else:
+            out.add("saved" if slot.row is not None else "idle")
+    return out
+
+
+def test_the_manager_scenario_leaves_sessions_at_every_stage() -> None:
+    """As requests are, sessions are left at each stage (idle, saved between turns, lent to a turn that waits, lent
+    to a turn that runs: whose close must be refused) in at least a sixth of the scenarios, so a call's law meets
+    each. Issue 19: with one session at most and no turn preferred, a saved session was in one token scenario in
+    sixty (a turn running, in one in six), and ``close``'s in-use guard negated (seeds 9 and 19) survived the
+    default check."""
+    seen: dict[str, int] = {}
+    built = 0
+
+    @settings(max_examples=300, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def build(data: st.DataObject) -> None:
+        nonlocal built
+        mm, _ = C._build_manager("token", data.draw)
+        built += 1
+        for stage in session_stages(mm):
+            seen[stage] = seen.get(stage, 0) + 1
+
+    build()
+    shares = {stage: seen.get(stage, 0) / built for stage in ("idle", "saved", "turn waiting", "turn running")}
+    assert min(shares.values()) >= 1 / 6, f"a stage of a session is rare in the manager scenarios: {shares}"
 
 
 @pytest.mark.parametrize("call", ["add_request", "extend"])
