@@ -640,8 +640,10 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             slot = self.last.sessions.get(sid)
             if slot is None:
                 return
-            lender = self.last.requests.get(slot.lent_to) if slot.lent_to is not None else None
-            if lender is not None and lender.status == "running":
+            lent_to = slot.lent_to
+            lender = self.last.requests.get(lent_to) if lent_to is not None else None
+            if lent_to is not None and lender is not None and lender.status == "running":
+                self._close_in_use(sid, lent_to)
                 return
             if self.has("abort"):
                 for r in self.ids("waiting"):
@@ -656,6 +658,39 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                     "inv_released_on_close",
                     f"session {sid} was closed with no turn running and still holds "
                     + ", ".join(f"{name} {xs}" for name, xs in kept.items() if xs),
+                )
+
+        def _close_in_use(self, sid: int, rid: int) -> None:
+            """A close of session ``sid`` while its turn ``rid`` runs on the session's memory: refused, typed, with
+            nothing changed, or accepted with the release deferred to the turn's end; either way nothing the
+            session or the turn held is freed (``spec.session.inv_close_spares_the_turn``)."""
+            before = self.sys.snapshot()
+            try:
+                self.sys.close_session(sid)
+            except KVLedgerError as err:
+                after = self.sys.snapshot()
+                if after.ledgers != before.ledgers or after.requests != before.requests:
+                    raise _fail(
+                        "rejected call leaves state unchanged",
+                        f"close of session {sid}, in use by running request {rid}, was refused ({err}) and changed "
+                        "the state",
+                    ) from err
+                return
+            after = self.sys.snapshot()
+            if not S.inv_close_spares_the_turn(before.ledgers, after.ledgers, sid, request(rid)):
+                lost = {
+                    name: sorted(
+                        (L.held_by(lg, session(sid)) | L.held_by(lg, request(rid)))
+                        - L.held_by(after.ledgers.get(name, lg), session(sid))
+                        - L.held_by(after.ledgers.get(name, lg), request(rid))
+                    )
+                    for name, lg in before.ledgers.items()
+                }
+                raise _fail(
+                    "inv_close_spares_the_turn",
+                    f"session {sid} was closed while request {rid} ran on its memory, and "
+                    + ", ".join(f"{name} {xs}" for name, xs in lost.items() if xs)
+                    + " left the session and the turn",
                 )
 
         @precondition(lambda self: self.has("evict"))

@@ -133,6 +133,7 @@ def test_the_default_check_draws_the_same_examples_in_every_process() -> None:
     assert _digest_elsewhere("pools", "paged", "1") == here
 
 
+@pytest.mark.local_constants  # NOTE: the suite's autouse fixture fixes them for every other test
 def test_hypothesis_draws_kvledger_own_constants_in_a_machine_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,6 +16,7 @@ from kvledger.contracts.machines.runner import CheckResult, run_machine
 from kvledger.contracts.machines.suites import SUITES
 from kvledger.impl import admission
 from kvledger.impl.memory import MemoryManager
+from kvledger.spec.errors import InvalidArgument
 
 register_profiles()
 FIND = settings(settings.get_profile("ci"), max_examples=300, phases=[Phase.explicit, Phase.generate])
@@ -171,6 +172,63 @@ def test_a_close_that_keeps_the_sessions_memory_is_caught(monkeypatch: pytest.Mo
     result = run("paged")
     assert result.violation is not None and result.violation.rule == "inv_released_on_close", result.violation
     assert "was closed with no turn running and still holds" in result.violation.message
+
+
+@pytest.mark.parametrize("how", ["no guard", "guard negated"])
+def test_a_close_that_frees_a_running_turns_memory_is_caught(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """A close of a session whose turn runs on its memory, accepted at once: the session is gone (and what it held
+    freed) under a running turn. The system machine makes that close (it used to skip it) and holds it to
+    ``inv_close_spares_the_turn``, and the turn's end to its laws. "guard negated" is issue 19's seeds 9 and 19
+    survivor (the in-use test negated: a session lent to a turn that waits is refused, one lent to a running turn
+    released)."""
+    from kvledger.impl.requests import Status
+    from kvledger.impl.session import Sessions
+
+    real = Sessions.close
+
+    def close(self: Sessions, sid: int) -> None:
+        slot = self.slots.get(sid)
+        if slot is not None and slot.lent_to is not None:
+            running = self.mm.requests[slot.lent_to].status is Status.RUNNING
+            if how == "guard negated" and not running:
+                raise InvalidArgument("close_session", "session", (), f"session {sid} is in use")
+            slot.lent_to = None  # BUG: the running turn is not looked at
+        real(self, sid)
+
+    monkeypatch.setattr(Sessions, "close", close)
+    result = run()
+    assert result.violation is not None, "a close of a session in use that is accepted was not caught"
+    # NOTE: the law the state breaks first: the close's own (memory the turn held freed), or the turn's end (its
+    # session gone: a save refused); the program closes the session while its turn runs
+    assert "close_session" in result.violation.program, result.violation
+    assert result.violation.rule in (
+        "inv_close_spares_the_turn",
+        "implementation refused a valid step: InvalidArgument",
+    )
+
+
+def test_a_deferred_close_that_frees_the_turns_slots_breaks_its_law(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A close of a session in use, deferred (accepted, the session kept until its turn ends), that frees the KV
+    slots the running turn holds at once: ``inv_close_spares_the_turn`` names it at the close."""
+    from kvledger.impl.requests import Status
+    from kvledger.impl.session import Sessions
+
+    real = Sessions.close
+
+    def close(self: Sessions, sid: int) -> None:
+        slot = self.slots.get(sid)
+        turn = self.mm.requests[slot.lent_to] if slot is not None and slot.lent_to is not None else None
+        if turn is None or turn.status is not Status.RUNNING or turn.row is None:
+            real(self, sid)
+            return
+        held = self.mm.rows.table[turn.row, : turn.alloc_len]
+        if held.numel():
+            self.mm.kv.free(held.clone(), turn.owner)  # BUG: deferred, but the turn's slots are freed now
+
+    monkeypatch.setattr(Sessions, "close", close)
+    result = run()
+    assert result.violation is not None and result.violation.rule == "inv_close_spares_the_turn", result.violation
+    assert "left the session and the turn" in result.violation.message
 
 
 def test_an_admission_that_locks_its_match_and_recomputes_it_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
