@@ -1949,8 +1949,12 @@ def test_the_manager_scenario_leaves_requests_at_every_stage_of_life() -> None:
     scenario holds it. Each request takes another move (a permutation) and a resume has a session open; with
     independent draws of the move a resumed turn still waiting was in one scenario in twenty (seed 33's ``extend``
     survivor, refused for no other stage, was then not met at the default budget)."""
-    from kvledger.impl.requests import Status
+    shares = stage_shares(request_stages, ("WAITING", "RUNNING", "FINISHED", "ABORTED", "resumed, waiting"))
+    assert min(shares.values()) >= 0.25, f"a stage of life is rare in the manager scenarios: {shares}"
 
+
+def stage_shares(stages_of: Callable[[MemoryManager], set[str]], stages: tuple[str, ...]) -> dict[str, float]:
+    """The share of 300 derandomised token manager scenarios that hold each of ``stages`` (``stages_of``)."""
     seen: dict[str, int] = {}
     built = 0
 
@@ -1960,17 +1964,21 @@ def test_the_manager_scenario_leaves_requests_at_every_stage_of_life() -> None:
         nonlocal built
         mm, _ = C._build_manager("token", data.draw)
         built += 1
-        stages = {
-            "resumed, waiting" if r.status is Status.WAITING and r.row is not None else r.status.name
-            for r in mm.requests.values()
-        }
-        for stage in stages:
+        for stage in stages_of(mm):
             seen[stage] = seen.get(stage, 0) + 1
 
     build()
-    shares = {stage: seen.get(stage, 0) / built for stage in ("WAITING", "RUNNING", "FINISHED", "ABORTED")}
-    shares["resumed, waiting"] = seen.get("resumed, waiting", 0) / built
-    assert min(shares.values()) >= 0.25, f"a stage of life is rare in the manager scenarios: {shares}"
+    return {stage: seen.get(stage, 0) / built for stage in stages}
+
+
+def request_stages(mm: MemoryManager) -> set[str]:
+    """The stages the manager's requests are at: their status, or a session's turn resumed but still waiting."""
+    from kvledger.impl.requests import Status
+
+    return {
+        "resumed, waiting" if r.status is Status.WAITING and r.row is not None else r.status.name
+        for r in mm.requests.values()
+    }
 
 
 def session_stages(mm: MemoryManager) -> set[str]:
@@ -1994,20 +2002,7 @@ def test_the_manager_scenario_leaves_sessions_at_every_stage() -> None:
     each. Issue 19: with one session at most and no turn preferred, a saved session was in one token scenario in
     sixty (a turn running, in one in six), and ``close``'s in-use guard negated (seeds 9 and 19) survived the
     default check."""
-    seen: dict[str, int] = {}
-    built = 0
-
-    @settings(max_examples=300, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-    @given(st.data())
-    def build(data: st.DataObject) -> None:
-        nonlocal built
-        mm, _ = C._build_manager("token", data.draw)
-        built += 1
-        for stage in session_stages(mm):
-            seen[stage] = seen.get(stage, 0) + 1
-
-    build()
-    shares = {stage: seen.get(stage, 0) / built for stage in ("idle", "saved", "turn waiting", "turn running")}
+    shares = stage_shares(session_stages, ("idle", "saved", "turn waiting", "turn running"))
     assert min(shares.values()) >= 1 / 6, f"a stage of a session is rare in the manager scenarios: {shares}"
 
 
