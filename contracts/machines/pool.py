@@ -143,9 +143,11 @@ def _transfer(pool: AnyPool, idx: torch.Tensor, src: Owner, dst: Owner) -> None:
         pool.transfer(idx, src, dst)
 
 
-ID_FORMS = ("as handed out", "clone", "int32", "strided")
+ID_FORMS = ("as handed out", "clone", "int32", "strided", "reversed")
 """Each form of slot ids an engine passes back to a pool: the alloc's very result, a copy of it (no memo knows
-it), int32 ids, a strided view. A pool's fast path for one form must not change what a call does in another."""
+it), int32 ids, a strided view, the same ids in another order (an engine frees a request's slots back to front, or
+as its tree gathers them; a paged pool's pages then come with their tokens in another order, which ``pages_of``
+takes on its general path). A pool's fast path for one form must not change what a call does in another."""
 
 
 def _in_form(idx: torch.Tensor, form: str) -> torch.Tensor:
@@ -156,6 +158,8 @@ def _in_form(idx: torch.Tensor, form: str) -> torch.Tensor:
         return idx.to(torch.int32)
     if form == "strided":
         return torch.stack([idx, idx], 1)[:, 0]
+    if form == "reversed":
+        return idx.flip(0)
     return idx
 
 

@@ -257,6 +257,19 @@ EQUIVALENT: dict[str, str] = {
         "call, and the insert then runs check_fresh, check_held and transfer, which accept what claim accepts with "
         "the same result; the other branch (no host tags) is a device pool's, which kvledger check never builds"
     ),
+    "impl/tree.py:RadixTree._as_tokens:negate-cmp:t.device == self.device": (
+        "off the CPU only (new family, seed 20): the fast check's branch for a tree whose device is not the CPU (as "
+        "seed 38's and-or there); kvledger check runs on the CPU"
+    ),
+    "impl/memory.py:MemoryManager.event:negate-cmp:step % keep == 0": (
+        "when the event log is pruned (new family, seed 20): at every step but each keep-th once the log is past "
+        "keep, not at each keep-th; a prune forgets only events no slot's provenance points at (the one reader, the "
+        "leak report, looks up a slot's origin), so only its cost changes"
+    ),
+    "impl/slots.py:_tag_bytes:const+1:4096": (
+        "a memo's bound (new family, seed 20): the table of one tag's bytes is cleared past 4,097 entries instead of "
+        "4,096; the bytes returned are the same"
+    ),
     "impl/memory.py:MemoryManager.event:slice+1::-1": (
         "diagnostic text only (seed 35): the stack a manager made with debug=True keeps for a leak report loses its "
         "frames; no state, result or error type changes, and kvledger check runs with debug off"
