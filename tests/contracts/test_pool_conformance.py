@@ -12,7 +12,7 @@ from hypothesis.errors import Flaky
 
 from kvledger.contracts.machines.pool import KINDS, OWNERS, machine_for
 from kvledger.impl.slots import SlotPool
-from kvledger.spec.errors import DoubleFree, NotOwner, SlotConflict
+from kvledger.spec.errors import DoubleFree, NotOwner, PageAlignmentError, SlotConflict
 from kvledger.spec.types import Owner
 
 
@@ -234,6 +234,31 @@ def test_a_free_that_forgets_its_pages_when_given_int32_ids_is_caught(monkeypatc
     monkeypatch.setattr(PagedAllocator, "free", free)
     msg = run_expecting_failure("paged")
     assert any(law in msg for law in LEAK_CAUGHT), msg
+
+
+def test_a_paged_free_that_reads_pages_wrong_off_its_fast_path_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pages_of`` takes whole pages in page order on its fast path and any other order on its general path; a
+    general path that computes the pages wrongly (seed 20's swap-args survivor: ``page_size // idx``) refuses or
+    misreads a valid free whose tokens come in another order. The machine hands ids back reversed too
+    (``ID_FORMS``); before that, nothing valid reached the general path and the break went unseen."""
+    from kvledger.impl.allocators import PagedAllocator
+
+    real = PagedAllocator.pages_of
+
+    def pages_of(self: PagedAllocator, op: str, indices: torch.Tensor) -> torch.Tensor:
+        got = real(self, op, indices)  # NOTE: the reference's checks: range, a token named twice
+        idx = indices.long()
+        if self.whole_pages(idx) is None:  # NOTE: the general path
+            pages = torch.div(self.page_size, idx, rounding_mode="floor")  # BUG: the arguments swapped
+            uniq, counts = torch.unique(pages, return_counts=True)
+            if uniq.numel() * self.page_size != idx.numel() or bool((counts != self.page_size).any()):
+                raise PageAlignmentError(op, self.pool.name, uniq.tolist(), "not whole pages")
+            return uniq
+        return got
+
+    monkeypatch.setattr(PagedAllocator, "pages_of", pages_of)
+    msg = run_expecting_failure("paged", PageAlignmentError, shrink=False)  # NOTE: a valid free refused
+    assert "not whole pages" in msg, msg
 
 
 @pytest.mark.parametrize("kind", ["token", "paged"])
