@@ -257,6 +257,25 @@ EQUIVALENT: dict[str, str] = {
         "call, and the insert then runs check_fresh, check_held and transfer, which accept what claim accepts with "
         "the same result; the other branch (no host tags) is a device pool's, which kvledger check never builds"
     ),
+    "impl/session.py:Sessions.check:negate-cmp:slot.lent_to is not None": (
+        "diagnostic text only (new family, seed 9): the place a session's self-check names says 'lent to request "
+        "None' for a session lent to none, and nothing for one that is lent; the check, its law and its error class "
+        "are the same"
+    ),
+    "impl/slots.py:SlotPool.claim:const+1:8": (
+        "a fast path turned off (new family, seed 9): claim compares the slots' tags with 9 bytes a slot of its iota "
+        "instead of 8, never equal, so it puts back the tags it read (all the owner's) and answers False ('ask the "
+        "general checks'), which then accept or refuse the call as the fast path would have"
+    ),
+    "impl/slots.py:SlotPool.alloc:const+1:0": (
+        "a fast path's bound (new family, seed 9): an alloc of one slot takes _pop_ids instead of the inline pop, "
+        "which pops the same top slot, tags, stamps and remembers it alike (as the set-aside of its upper bound)"
+    ),
+    "impl/slots.py:SlotPool.free:negate-cmp:mine[0] is indices": (
+        "a fast path turned off (new family, seed 9): the memo of alloc results holds each result itself, so a "
+        "tensor found under its id is always that result; negated, the free never takes the memo and the checked "
+        "path frees the same slots with the same refusals"
+    ),
     "impl/tree.py:RadixTree._as_tokens:negate-cmp:t.device == self.device": (
         "off the CPU only (new family, seed 20): the fast check's branch for a tree whose device is not the CPU (as "
         "seed 38's and-or there); kvledger check runs on the CPU"
