@@ -170,10 +170,34 @@ def inv_released_on_close(ledgers: Mapping[str, Ledger], sid: int) -> bool:
     return all(not held_by(lg, session(sid)) for lg in ledgers.values())
 
 
+def taken_from_the_turn(
+    before: Mapping[str, Ledger], after: Mapping[str, Ledger], sid: int, turn: Owner
+) -> dict[str, frozenset[int]]:
+    """Per pool, the slots session ``sid`` or its running ``turn`` held in ``before`` that neither holds in
+    ``after`` (a pool missing from ``after``: all of them).
+
+    >>> from kvledger.spec.types import request
+    >>> kv = Ledger("kv", 4, frozenset({0}), {session(1): frozenset({1}), request(7): frozenset({2, 3})})
+    >>> freed = Ledger("kv", 4, frozenset({0, 1}), {request(7): frozenset({2, 3})})
+    >>> taken_from_the_turn({"kv": kv}, {"kv": freed}, 1, request(7))
+    {'kv': frozenset({1})}
+    """
+    owners = (session(sid), turn)
+    out: dict[str, frozenset[int]] = {}
+    for name, was in before.items():
+        now = after.get(name)
+        held = frozenset().union(*(held_by(was, o) for o in owners))
+        kept = frozenset().union(*(held_by(now, o) for o in owners)) if now is not None else frozenset()
+        if held - kept:
+            out[name] = held - kept
+    return out
+
+
 def inv_close_spares_the_turn(before: Mapping[str, Ledger], after: Mapping[str, Ledger], sid: int, turn: Owner) -> bool:
     """A close made while a turn runs on the session's memory frees none of it: an engine refuses the close, or
     defers the release to the turn's end (``inv_released_on_close``); either way every slot the session or the
-    running ``turn`` held before the close is still held by one of them after it.
+    running ``turn`` held before the close is still held by one of them after it (:func:`taken_from_the_turn`
+    finds none).
 
     >>> from kvledger.spec.types import request
     >>> kv = Ledger("kv", 4, frozenset({0}), {session(1): frozenset({1}), request(7): frozenset({2, 3})})
@@ -183,13 +207,7 @@ def inv_close_spares_the_turn(before: Mapping[str, Ledger], after: Mapping[str, 
     >>> inv_close_spares_the_turn({"kv": kv}, {"kv": freed}, 1, request(7))
     False
     """
-    owners = (session(sid), turn)
-    for name, was in before.items():
-        now = after.get(name)
-        kept = frozenset().union(*(held_by(now, o) for o in owners)) if now is not None else frozenset()
-        if any(not held_by(was, o) <= kept for o in owners):
-            return False
-    return True
+    return not taken_from_the_turn(before, after, sid, turn)
 
 
 def inv_lent_to_a_live_turn(sid: int, lent_to: int | None, live: Mapping[int, int | None]) -> bool:

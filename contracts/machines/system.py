@@ -678,18 +678,11 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 return
             after = self.sys.snapshot()
             if not S.inv_close_spares_the_turn(before.ledgers, after.ledgers, sid, request(rid)):
-                lost = {
-                    name: sorted(
-                        (L.held_by(lg, session(sid)) | L.held_by(lg, request(rid)))
-                        - L.held_by(after.ledgers.get(name, lg), session(sid))
-                        - L.held_by(after.ledgers.get(name, lg), request(rid))
-                    )
-                    for name, lg in before.ledgers.items()
-                }
+                lost = S.taken_from_the_turn(before.ledgers, after.ledgers, sid, request(rid))
                 raise _fail(
                     "inv_close_spares_the_turn",
                     f"session {sid} was closed while request {rid} ran on its memory, and "
-                    + ", ".join(f"{name} {xs}" for name, xs in lost.items() if xs)
+                    + ", ".join(f"{name} {sorted(xs)}" for name, xs in lost.items())
                     + " left the session and the turn",
                 )
 
