@@ -11,7 +11,9 @@ moment: the free list or one :class:`~kvledger.spec.types.Owner`. The laws:
   request-table row names lies in the KV pool and is held by that row's owner
   (or by the cache, for a prefix the owner borrows from the tree): never free
   (a use after free), never another request's or session's, never at two
-  positions of the row.
+  positions of the row;
+* ``inv_end_caches`` (every pool together): a request that ends leaves its
+  computed whole pages in the tree, and a Mamba state with them.
 
 Operations are pure functions ``step(state, args) -> state`` over a frozen
 state (DESIGN.md: the form CrossHair can check). Each has a named predicate
@@ -115,6 +117,37 @@ def inv_single_owner(s: Ledger) -> bool:
 def inv_ledger(s: Ledger) -> bool:
     """Both ledger laws."""
     return inv_slots_conserved(s) and inv_single_owner(s)
+
+
+def tree_holds(s: Ledger) -> int:
+    """How many slots of the pool the prefix tree's nodes hold."""
+    return sum(len(v) for o, v in s.held.items() if o.kind is OwnerKind.NODE)
+
+
+def inv_end_caches(ledgers: Mapping[str, Ledger], page_size: int, computed: int, held_state: bool) -> bool:
+    """Caching at a request's end: once a request whose KV holds ``computed`` positions ends (a finish, not a save
+    into its session), the tree's nodes hold at least the whole pages of them (``"kv"``: its own pages handed
+    over, or the tree's for the same prefix), and, when it ended holding a Mamba state (``held_state``) with its
+    computed KV whole pages, a Mamba state (``"mamba"``: its own, or one the tree had at that prefix). An end that
+    drops the state of a prefix it caches leaves a prefix no Mamba request can resume from. ``page_size``: token
+    positions per ``"kv"`` slot (a paged pool's page), which is also the tree's page.
+
+    >>> from kvledger.spec.types import Component, node
+    >>> kv = Ledger("kv", 4, frozenset({2, 3}), {node(1): frozenset({0, 1})})
+    >>> m = Ledger("mamba", 2, frozenset({0, 1}), {})
+    >>> inv_end_caches({"kv": kv}, 1, 2, False), inv_end_caches({"kv": kv}, 1, 3, False)
+    (True, False)
+    >>> inv_end_caches({"kv": kv, "mamba": m}, 1, 2, True), inv_end_caches({"kv": kv, "mamba": m}, 2, 3, True)
+    (False, True)
+    >>> kept = Ledger("mamba", 2, frozenset({0}), {node(1, Component.MAMBA): frozenset({1})})
+    >>> inv_end_caches({"kv": kv, "mamba": kept}, 1, 2, True)
+    True
+    """
+    kv, mamba = ledgers.get("kv"), ledgers.get("mamba")
+    if kv is not None and tree_holds(kv) < computed // page_size:
+        return False
+    whole = computed > 0 and computed % page_size == 0
+    return not (held_state and whole and mamba is not None and not tree_holds(mamba))
 
 
 class Holdings(Protocol):

@@ -55,6 +55,7 @@ SYSTEM_CAPABILITIES = frozenset(
         "reservations",
         "work_conserving",
         "prefix_locked",
+        "caches_on_finish",
     }
 )
 """Everything a system adapter may provide.
@@ -99,7 +100,13 @@ recomputes it, or a chunk that moves the lock without the prefix, breaks it.
 The SGLang scheduler adapters leave it out: they report the match at admission
 as ``prefix_len``, while a chunk of a long prompt moves the request's lock to
 the chunk it cached (0.5.9: a prefix of 0, a lock over 9 tokens, after one
-chunk).
+chunk). ``caches_on_finish``: a request that finishes (not into its session)
+leaves its computed whole pages in the tree, and, holding a Mamba state with its
+computed KV whole pages, a Mamba state with them (``spec.ledger.inv_end_caches``:
+the law ``inv_end_caches``); the ledgers' ``kv`` unit is the tree's page. The
+SGLang adapters leave it out: a Mamba cache with a ping-pong track buffer caches
+the state of the last track point, and nothing where the request passed none,
+which the snapshot does not show.
 """
 
 
@@ -326,6 +333,7 @@ SYSTEM_RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "abort": ("abort (rule)",),
     "evict": ("evict (rule)",),
     "inject_failure": ("inject_allocation_failure (rule)",),
+    "caches_on_finish": ("inv_end_caches",),
 }
 """The laws and rules skipped (and reported as skipped) when a system adapter lacks a capability."""
 

@@ -601,8 +601,29 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             rid = self._running(pick)
             if rid is None or (op != "finish" and not self.has(op)):
                 return
+            before = self.sys.snapshot() if op == "finish" and self.has("caches_on_finish") else None
             getattr(self.sys, op)(rid)
             self._moved(rid)
+            if before is not None:
+                self._end_cached(before, rid)
+
+        def _end_cached(self, before: SystemSnapshot, rid: int) -> None:
+            """A finish (no session) leaves the request's computed whole pages cached, and a Mamba state with them
+            when it held one (``spec.ledger.inv_end_caches``)."""
+            was = before.requests.get(rid)
+            if was is None or was.session is not None:
+                return
+            after = self.sys.snapshot()
+            m = before.ledgers.get("mamba")
+            held_state = m is not None and bool(L.held_by(m, request(was.rid)))
+            if not L.inv_end_caches(after.ledgers, after.page_size, was.kv_len, held_state):
+                tree = {name: L.tree_holds(lg) for name, lg in after.ledgers.items() if name in ("kv", "mamba")}
+                raise _fail(
+                    "inv_end_caches",
+                    f"request {was.rid} finished with {was.kv_len} tokens computed"
+                    + (" and a Mamba state" if held_state else "")
+                    + f" (page {after.page_size}), and the tree holds only {tree}",
+                )
 
         # NOTE: one rule per lifecycle move, so that swarm testing (Hypothesis' feature flags switch whole rules
         # off per example) gives some examples requests that are never finished, or never retracted.

@@ -332,3 +332,38 @@ def test_a_session_left_lent_to_an_ended_turn_is_caught(monkeypatch: pytest.Monk
     monkeypatch.setattr(MemoryManager, "_release_all", keeps_the_loan)
     result = run()
     assert result.violation is not None and result.violation.rule == "inv_lent_to_a_live_turn", result.violation
+
+
+def test_a_finish_that_drops_the_mamba_state_of_the_prefix_it_caches_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 3 (``aligned == req.kv_len`` negated in ``finish``): on a Mamba model of page 1
+    every finish then caches the KV without its state and frees the state. Nothing is leaked or misowned, so only
+    ``inv_end_caches`` (the state goes into the tree with the prefix it summarises) sees it."""
+    real = MemoryManager._cache_into_tree
+
+    def cache_into_tree(self: MemoryManager, req: Any, state: Any) -> Any:
+        return real(self, req, None)  # BUG: the prefix is cached without the state the request ended with
+
+    monkeypatch.setattr(MemoryManager, "_cache_into_tree", cache_into_tree)
+    result = run("mamba")
+    assert result.violation is not None and result.violation.rule == "inv_end_caches", result.violation
+    assert "a Mamba state" in result.violation.message, result.violation
+
+
+@pytest.mark.parametrize("model", ["full", "paged"])
+def test_a_finish_that_caches_nothing_is_caught(monkeypatch: pytest.MonkeyPatch, model: str) -> None:
+    """A finish that takes the abort path (everything released, nothing cached) breaks no ownership law: the
+    request's slots go back to the free list. Only ``inv_end_caches`` sees the prefix missing from the tree."""
+    from kvledger.impl.requests import Status
+
+    real = MemoryManager.finish
+
+    def finish(self: MemoryManager, req: Any) -> None:
+        if req.session is not None:
+            return real(self, req)
+        self.abort(req)  # BUG: an ended request's prefix is dropped, not cached
+        req.status = Status.FINISHED
+        return None
+
+    monkeypatch.setattr(MemoryManager, "finish", finish)
+    result = run(model)
+    assert result.violation is not None and result.violation.rule == "inv_end_caches", result.violation
