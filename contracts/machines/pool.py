@@ -257,6 +257,19 @@ TensorCall = tuple[str, str, bool, bool, bool, Callable[[torch.Tensor], object]]
 
 TENSOR_HINTS: tuple[object, ...] = ("torch.Tensor", torch.Tensor)
 INT_HINTS: tuple[object, ...] = ("int", int)
+BYTES_HINTS: tuple[object, ...] = ("bytes", "bytes | bytearray", bytes)
+BYTES_EDGES: tuple[object, ...] = (
+    "\x01",
+    [1],
+    (1,),
+    1,
+    None,
+    memoryview(b"\x01" * 8),
+    torch.ones(1, dtype=torch.int64),
+)
+"""Values no ``bytes`` parameter takes (a string, a list or tuple of ints, an int, ``None``, a memoryview, a
+tensor): each converts to bytes somewhere, or passes a ``len`` and a slice, so a method without its type check
+meets them quietly."""
 
 
 def _caller(
@@ -340,6 +353,22 @@ def int_calls(pool: AnyPool, chunk: Chunk) -> list[IntCall]:
 
         call = _caller(fn, params, param, valid)
         out.append((f"{type(pool).__name__}.{name}", param, answer.endswith("|None"), call))
+    return out
+
+
+def bytes_calls(pool: AnyPool, chunk: Chunk) -> list[tuple[str, str, Callable[[object], object]]]:
+    """Each public method of ``pool`` with a parameter annotated ``bytes`` (raw int64 ids), per such parameter:
+    (method, parameter, the call of a value there with every other argument valid as ``int_calls`` makes them)."""
+    out: list[tuple[str, str, Callable[[object], object]]] = []
+    first = int(chunk.idx[0])
+    for name, fn, params, hints, param, _ in _typed_params(pool, BYTES_HINTS):
+
+        def valid(p: str, hints: dict[str, object] = hints) -> object:
+            if hints.get(p) in BYTES_HINTS:
+                return chunk.idx.numpy().tobytes()
+            return INT_VALID.get(p, first) if hints.get(p) in INT_HINTS else chunk.owner
+
+        out.append((f"{type(pool).__name__}.{name}", param, _caller(fn, params, param, valid)))
     return out
 
 
@@ -626,7 +655,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             """Every public method of the pool that takes an int (found by its signature: ``int_calls``), each of
             its int parameters given each value no int parameter takes in turn (-1, one past int64, a bool, a
             float, ``None``, a string, another object), the other arguments valid: each refused with a typed
-            error, nothing changed. A query whose answer is typed ``... | None`` may answer ``None``."""
+            error, nothing changed. A query whose answer is typed ``... | None`` may answer ``None``. The same for
+            every parameter annotated ``bytes`` (``bytes_calls``, ``BYTES_EDGES``), where no answer is an excuse."""
             if not chunk.idx.numel():
                 return
             for what, param, query, call in int_calls(self.pool, chunk):
@@ -635,6 +665,9 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     if query and raised(lambda made=made: _none_or_raise(made())) is None:  # type: ignore[misc]
                         continue
                     self._expect_outside(f"{what} with {param} {edge!r}", made)
+            for what, param, call in bytes_calls(self.pool, chunk):  # NOTE: raw ids: every junk value refused
+                for edge in BYTES_EDGES:
+                    self._expect_outside(f"{what} with {param} {edge!r}", partial(call, edge))
 
         @rule(where=sampled_from(["below", "above", "edge"]))
         def out_of_range(self, where: str) -> None:

@@ -285,6 +285,16 @@ EQUIVALENT: dict[str, str] = {
         "keep, not at each keep-th; a prune forgets only events no slot's provenance points at (the one reader, the "
         "leak report, looks up a slot's origin), so only its cost changes"
     ),
+    "impl/memory.py:MemoryManager.event:const+1:0": (
+        "when the event log is pruned (new family, seed 6): once the log is past keep, at the step after each "
+        "keep-th (step % keep == 1) instead of at it; a prune forgets only events no slot's provenance points at, "
+        "so only its cost changes (as seed 20's negation there)"
+    ),
+    "impl/slots.py:SlotPool.claim:const+1:1#3": (
+        "a speed path's bound (new family, seed 2): a claim of exactly two ids no longer asks the memo of recent "
+        "alloc results whether they are one; the general path after it proves them distinct, in range and the "
+        "owner's itself (scattered positions read back), so the answer is the same"
+    ),
     "impl/slots.py:_tag_bytes:const+1:4096": (
         "a memo's bound (new family, seed 20): the table of one tag's bytes is cleared past 4,097 entries instead of "
         "4,096; the bytes returned are the same"

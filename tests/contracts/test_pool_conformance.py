@@ -310,6 +310,28 @@ def test_every_int_parameter_of_a_pool_is_swept() -> None:
     assert ("pages_for", "num_tokens") in found["paged"] and ("alloc", "n") in found["token"]
 
 
+def test_a_raw_ids_query_without_its_type_check_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 2: ``PagedAllocator.fresh_pages`` without its ``raise`` for raw ids that are no
+    bytes answers ``None`` for a list or a memoryview (no recent alloc had those bytes) and crashes untyped on a
+    string. ``bad_int`` sweeps every parameter annotated ``bytes`` too (``bytes_calls``), and a query's ``None``
+    is no excuse there."""
+    from kvledger.contracts.machines.pool import bytes_calls
+    from kvledger.impl.allocators import PagedAllocator
+
+    state = machine_for(KINDS["paged"])()
+    chunk = state.allocate(owner=OWNERS[0], n=2)
+    assert [(w, p) for w, p, _ in bytes_calls(state.pool, chunk)] == [("PagedAllocator.fresh_pages", "raw")]
+    state.bad_int(chunk)  # the reference refuses each
+
+    def lax(self: PagedAllocator, raw: bytes | bytearray) -> Any:
+        hit = self._fresh.find(raw)  # BUG: no check that raw is bytes
+        return None if hit is None else hit[1]
+
+    monkeypatch.setattr(PagedAllocator, "fresh_pages", lax)
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: PagedAllocator.fresh_pages with raw"):
+        state.bad_int(chunk)
+
+
 def test_a_state_copied_into_a_slot_the_owner_does_not_hold_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """``copy_state`` writes into ``dst``: made by an owner that does not hold it, it must be refused."""
     from kvledger.impl.mamba import MambaPool
