@@ -615,6 +615,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             sweep of ``TENSOR_EDGES``; for a tensor of values, token ids or positions, ``below`` and ``above`` are
             just outside their range ``[0, 2**31)``), the other arguments valid: each refused with a typed error,
             nothing changed. A query whose answer is typed ``... | None`` may answer ``None`` (not shown) instead.
+            Each parameter naming ids is given the chunk's very ids made 2-D in place too (``_reshaped_in_place``).
             Then the same methods of a twin of the pool on another device, given ids on this one (``_elsewhere``)."""
             top = next(iter(pools_of(self.pool).values())).size * max(1, kind.unit) + 10_000
             for what, param, ids, query, acts, call in tensor_calls(self.pool, chunk):
@@ -630,7 +631,24 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     if query and raised(lambda made=made: _none_or_raise(made())) is None:  # type: ignore[misc]
                         continue
                     self._expect_outside(f"{what} with {param} {edge} {_shown_tensor(bad)}", made)
+                if ids:
+                    self._reshaped_in_place(chunk, f"{what} with {param}", query, call)
             self._elsewhere(chunk)
+
+        def _reshaped_in_place(
+            self, chunk: Chunk, what: str, query: bool, call: Callable[[torch.Tensor], object]
+        ) -> None:
+            """``call`` of ``chunk``'s very ids (the alloc's own result, where the chunk still has it) made 2-D in
+            place, as a caller's ``unsqueeze_`` does: the same object a pool may remember handing out, its values
+            unchanged, no longer ids. Refused with a typed error, nothing changed; then put back."""
+            idx = chunk.idx
+            idx.unsqueeze_(0)
+            try:
+                made = partial(call, idx)
+                if not (query and raised(lambda: _none_or_raise(made())) is None):
+                    self._expect_outside(f"{what} reshaped in place {_shown_tensor(idx)}", made)
+            finally:
+                idx.squeeze_(0)
 
         def _elsewhere(self, chunk: Chunk) -> None:
             """The same methods on a twin of the pool on another device (the meta device: shapes, no memory), given

@@ -295,6 +295,11 @@ EQUIVALENT: dict[str, str] = {
         "alloc results whether they are one; the general path after it proves them distinct, in range and the "
         "owner's itself (scattered positions read back), so the answer is the same"
     ),
+    'impl/slots.py:SlotPool.transfer:swap-args:self.claim(indices, src, code, op="transfer")': (
+        "a speed path's arguments (new family, seed 6): claim given the owner as the ids answers False at once "
+        "(no tensor, no host ids), so every transfer takes the checked path after it (_held_index, retag_code), "
+        "which gives the same tags and the same refusals"
+    ),
     "impl/slots.py:_tag_bytes:const+1:4096": (
         "a memo's bound (new family, seed 20): the table of one tag's bytes is cleared past 4,097 entries instead of "
         "4,096; the bytes returned are the same"

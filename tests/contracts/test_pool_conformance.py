@@ -332,6 +332,27 @@ def test_a_raw_ids_query_without_its_type_check_is_caught(monkeypatch: pytest.Mo
         state.bad_int(chunk)
 
 
+def test_a_free_that_trusts_a_remembered_result_whatever_its_shape_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 6 (``indices._version == 0`` negated in ``SlotPool.free``): a free whose fast path
+    trusts the alloc result it remembers even after the caller changed it in place takes it made 2-D (its values
+    unchanged). ``bad_tensor`` gives every ids parameter the chunk's very ids reshaped in place, which the reference
+    refuses and this free accepts."""
+    state = machine_for(KINDS["token"])()
+    chunk = state.allocate(owner=OWNERS[0], n=2)
+    state.bad_tensor(chunk)  # the reference refuses the reshaped ids: no longer 1-D
+    assert chunk.idx.dim() == 1  # put back
+    real = SlotPool.free
+
+    def trusting(self: SlotPool, indices: torch.Tensor, owner: Owner) -> None:
+        if id(indices) in self._handed and indices.dim() == 2:
+            indices = indices.view(-1)  # BUG: a remembered result is taken as it was handed out
+        real(self, indices, owner)
+
+    monkeypatch.setattr(SlotPool, "free", trusting)
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: .*free with .* reshaped in place .* accepted"):
+        state.bad_tensor(chunk)
+
+
 def test_a_state_copied_into_a_slot_the_owner_does_not_hold_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """``copy_state`` writes into ``dst``: made by an owner that does not hold it, it must be refused."""
     from kvledger.impl.mamba import MambaPool
