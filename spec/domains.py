@@ -21,7 +21,7 @@ is on, so a machine can draw arguments from anywhere and know what to expect.
 
 from __future__ import annotations
 
-from kvledger.spec.errors import KVLedgerError
+from kvledger.spec.errors import IntegrityError, KVLedgerError
 from kvledger.spec.types import Component, Owner, OwnerKind
 
 INT64_END = 1 << 63
@@ -75,6 +75,21 @@ def inv_domain_enforced(inside: bool, error: BaseException | None) -> bool:
     if inside:
         return error is None
     return isinstance(error, KVLedgerError)
+
+
+def inv_malformed_refused(error: BaseException | None) -> bool:
+    """The law for an argument outside its domain whatever the state (an id no pool has, an int of the wrong type
+    or past int64, a tensor that is no ids): refused with a typed error that is no verdict on stored data. An
+    ``IntegrityError`` says the slots hold the wrong contents; given for an argument no contents can match, it
+    sends whoever reads it after a corruption that is not there.
+
+    >>> from kvledger.spec.errors import IntegrityError, InvalidArgument
+    >>> inv_malformed_refused(InvalidArgument("verify", "mamba", (), "value -1")), inv_malformed_refused(None)
+    (True, False)
+    >>> inv_malformed_refused(IntegrityError("verify: slot 3 holds 7, not 2**63"))
+    False
+    """
+    return isinstance(error, KVLedgerError) and not isinstance(error, IntegrityError)
 
 
 def is_id(x: object, size: int) -> bool:

@@ -1026,6 +1026,11 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             contents = _contents(self.pool)
             err = raised(call)
             self._domain(what, False, err)
+            if not D.inv_malformed_refused(err):
+                raise AssertionError(
+                    f"inv_domain_enforced: {what} lies outside its domain whatever the data and was refused as "
+                    f"{type(err).__name__}, a verdict on stored data: {err}"
+                )
             if isinstance(err, KVLedgerError) and not inv_names_culprit(err):
                 raise AssertionError(f"inv_names_culprit: {what}: {type(err).__name__} names no slot: {err}")
             assert abstract(self.pool) == before, f"rejected call leaves state unchanged: {what} changed the pool"

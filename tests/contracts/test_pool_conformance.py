@@ -296,6 +296,28 @@ def test_a_state_written_for_any_value_is_caught(monkeypatch: pytest.MonkeyPatch
     assert "inv_domain_enforced: MambaPool.write_fingerprint with value" in msg, msg
 
 
+def test_a_fingerprint_past_int64_refused_as_corrupt_data_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 2: ``MambaPool.verify`` with its value's bound made ``2 << 63`` takes a
+    fingerprint no state can hold and answers ``IntegrityError`` (the slot's contents are wrong) instead of
+    ``InvalidArgument``: typed, but a verdict on stored data for a malformed argument
+    (``spec.domains.inv_malformed_refused``)."""
+    from kvledger.impl import mamba
+
+    original = mamba.check_int
+    state = machine_for(KINDS["mamba"])()
+    chunk = state.allocate(owner=OWNERS[0], n=2)
+    state.bad_int(chunk)  # the reference refuses 2**63 as InvalidArgument
+
+    def check_int(op: str, where: str, name: str, value: object, lo: int = 0, hi: int | None = None) -> int:
+        if op == "verify" and name == "value":
+            hi = 2 << 63  # BUG: the bound is one bit too wide
+        return original(op, where, name, value, lo, hi)
+
+    monkeypatch.setattr(mamba, "check_int", check_int)
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: MambaPool.verify with value .* as IntegrityError"):
+        state.bad_int(chunk)
+
+
 def test_every_int_parameter_of_a_pool_is_swept() -> None:
     """``int_calls`` finds the int parameters by signature: every pool kind's (ids, counts, offsets, values)."""
     from kvledger.contracts.machines.pool import int_calls
