@@ -168,6 +168,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "inv_keys_match_content",
         "extend commits",
         "row write commits",
+        "inv_end_caches",
     ),
     "sessions and admission": (
         "admission rolls back",
