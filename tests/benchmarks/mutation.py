@@ -306,6 +306,11 @@ EQUIVALENT: dict[str, str] = {
         "row and nothing else would be skipped, a state no path of the manager reaches (finish, abort and retract "
         "free the row), so every report is the same"
     ),
+    "impl/radix.py:RadixCache.insert:negate-cmp:raw_key is None": (
+        "a memo's test (new family, seed 10): with it negated, an insert of an int64 array key always checks its ids "
+        "and walks the tree again instead of reusing the walk of the last match of the same bytes, and any other "
+        "key's memo never matches a raw key of None: the same walk, slots and refusals, only the cost changes"
+    ),
     "impl/slots.py:_tag_bytes:const+1:4096": (
         "a memo's bound (new family, seed 20): the table of one tag's bytes is cleared past 4,097 entries instead of "
         "4,096; the bytes returned are the same"
