@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kvledger.impl.arguments import MAX_TOKEN, check_ids_tensor, check_int, check_range
+from kvledger.impl.arguments import MAX_TOKEN, check_ids_tensor, check_int, check_range, int_ids
 from kvledger.impl.integrity import fingerprint_unchecked, verify
 from kvledger.impl.slots import FRESH_MAX, Ids, RecentAllocs, SlotPool
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError
@@ -197,9 +197,9 @@ class PagedAllocator:
             raise InvalidArgument(op, self.pool.name, (), f"indices must be a dense tensor, got {indices!r:.60}")
         if indices.dim() != 1 or indices.numel() == 0:
             raise InvalidArgument(op, self.pool.name, (), "indices must be a non-empty 1-D tensor")
-        if indices.dtype not in (torch.int64, torch.int32) or indices.device != self.device:
+        if indices.device != self.device:
             raise InvalidArgument(op, self.pool.name, (), f"indices {indices.dtype} on {indices.device}")
-        idx = indices if indices.dtype == torch.int64 else indices.to(torch.int64)
+        idx = int_ids(op, self.pool.name, indices)
         in_order = self.whole_pages(idx)
         if in_order is not None:
             distinct: torch.Tensor = torch.unique(in_order)  # NOTE: sorted, as the general path below returns them

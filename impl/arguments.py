@@ -104,6 +104,23 @@ def not_ids(t: torch.Tensor) -> str | None:
     return None
 
 
+def int_ids(op: str, where: str, t: torch.Tensor) -> torch.Tensor:
+    """Dense tensor ``t`` of any integer dtype (the ids domain, as ``not_ids`` states it) as int64 ids; a float,
+    complex or bool one raises ``InvalidArgument``, a uint64 one with values past int64 ``OutOfRange`` naming them.
+
+    NOTE: converted before any index: torch reads a uint8 or bool index as a mask, and indexes with no other
+    narrow dtype; an int32 tensor is converted too (one dtype below here, whatever the caller keeps).
+    """
+    dt = t.dtype
+    if dt is torch.int64:
+        return t
+    if dt.is_floating_point or dt.is_complex or dt is torch.bool:
+        raise InvalidArgument(op, where, (), f"index dtype {dt}, expected an integer dtype")
+    if dt is torch.uint64 and t.numel() and int(t.view(torch.int64).min()) < 0:
+        raise OutOfRange(op, where, t[t.view(torch.int64) < 0].tolist(), "ids past int64 in a uint64 tensor")
+    return t.to(torch.int64)
+
+
 def check_ids_tensor(op: str, where: str, name: str, t: object, device: torch.device | None = None) -> torch.Tensor:
     """``t`` as a 1-D int64 tensor (strided, integer, on ``device`` when given); may be empty; values unchecked."""
     if not isinstance(t, torch.Tensor):
@@ -113,7 +130,7 @@ def check_ids_tensor(op: str, where: str, name: str, t: object, device: torch.de
         raise InvalidArgument(op, where, (), f"{name} must be a 1-D integer tensor, got {why}")
     if device is not None and t.device != device:
         raise InvalidArgument(op, where, (), f"{name} on {t.device}, expected {device}")
-    return t if t.dtype == torch.int64 else t.to(torch.int64)
+    return int_ids(op, where, t)
 
 
 def check_range(op: str, where: str, name: str, t: torch.Tensor, lo: int, hi: int) -> None:

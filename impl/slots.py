@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvledger.impl.arguments import check_device, check_id, check_int
+from kvledger.impl.arguments import check_device, check_id, check_int, int_ids
 from kvledger.impl.owners import FREE_TAG, RESERVED_TAG, decode, encode
 from kvledger.spec.errors import (
     DoubleFree,
@@ -34,7 +34,6 @@ from kvledger.spec.errors import (
 )
 from kvledger.spec.types import Owner
 
-INDEX_DTYPES = (torch.int64, torch.int32)
 Ids: TypeAlias = "npt.NDArray[np.int64]"
 """Slot ids on the host (CPU pools): a 1-D int64 numpy array, often a view of a tensor or of bytes."""
 I64 = np.dtype(np.int64)
@@ -189,16 +188,13 @@ class SlotPool:
     # ------------------------------------------------------------ validation
 
     def as_index(self, op: str, indices: torch.Tensor) -> torch.Tensor:
-        """Check that ``indices`` is a non-empty 1-D integer tensor of distinct in-range slots on our device."""
+        """Check that ``indices`` is a non-empty 1-D integer tensor (any integer dtype) of distinct in-range slots on
+        our device; the same ids as int64."""
         if not isinstance(indices, torch.Tensor):
             raise InvalidArgument(op, self.name, (), f"indices must be a torch.Tensor, got {type(indices).__name__}")
         if indices.layout != torch.strided or indices.is_meta:
             raise InvalidArgument(
                 op, self.name, (), f"indices must be a dense tensor, got {indices.layout} on {indices.device}"
-            )
-        if indices.dtype not in INDEX_DTYPES:
-            raise InvalidArgument(
-                op, self.name, (), f"index dtype {indices.dtype}, expected torch.int64 or torch.int32"
             )
         if indices.device != self.device:
             raise InvalidArgument(op, self.name, (), f"indices on {indices.device}, pool on {self.device}")
@@ -206,7 +202,7 @@ class SlotPool:
             raise InvalidArgument(
                 op, self.name, (), f"indices must be 1-D and non-empty, got shape {tuple(indices.shape)}"
             )
-        idx = indices if indices.dtype == torch.int64 else indices.to(torch.int64)
+        idx = int_ids(op, self.name, indices)
         lo, hi = torch.aminmax(idx)
         if int(lo) < self.base or int(hi) >= self.size:
             bad = idx[(idx < self.base) | (idx >= self.size)].tolist()

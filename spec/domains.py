@@ -92,6 +92,23 @@ def inv_malformed_refused(error: BaseException | None) -> bool:
     return isinstance(error, KVLedgerError) and not isinstance(error, IntegrityError)
 
 
+IDS_DTYPES = ("int64", "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8")
+"""The dtypes a tensor of ids (slot ids, pages, rows, token ids, positions) may come in: any integer dtype, whose
+values are the ids (a uint64 one up to int64's end). ``bool`` is no integer dtype here: a mask names positions."""
+
+
+def inv_dtype_blind(as_int64: object, as_other: object) -> bool:
+    """The law for ids given in another dtype of ``IDS_DTYPES`` that holds their values: the call does what it does
+    with the same ids as int64 (``as_int64``, ``as_other``: what each did, as the same kind of record: the error's
+    class or the answer, and the state after). A dtype is how a caller keeps ids, never which slots they name: torch
+    reads a uint8 index as a mask and takes no int16 one, so a pool that indexes before it converts breaks this.
+
+    >>> inv_dtype_blind(("accepted", (3, 4)), ("accepted", (3, 4))), inv_dtype_blind((None, (3,)), ("NotOwner", (3,)))
+    (True, False)
+    """
+    return as_int64 == as_other
+
+
 def is_id(x: object, size: int) -> bool:
     """A slot, row or state id of a pool of ``size`` ids: an ``int`` (not a ``bool``) in ``[0, size)``."""
     return is_count(x, least=0) and isinstance(x, int) and x < size

@@ -13,6 +13,7 @@ builds the ``RuleBasedStateMachine``. A test or ``kvledger check`` runs it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from copy import deepcopy
 from dataclasses import dataclass
 from functools import partial
 from typing import cast
@@ -244,6 +245,39 @@ def _none_or_raise(answer: object) -> None:
         raise AssertionError(f"answered {answer!r:.60}")
 
 
+def answers_none(query: bool, made: Callable[[], object]) -> bool:
+    """Whether ``made`` is a query typed ``... | None`` (``query``) that answered ``None``: its way of saying "not
+    known here, ask the general path", allowed where a refusal is expected."""
+    return query and raised(lambda: _none_or_raise(made())) is None
+
+
+OTHER_INT_DTYPES = tuple(
+    dt for dt in (getattr(torch, name, None) for name in D.IDS_DTYPES if name != "int64") if isinstance(dt, torch.dtype)
+)
+"""The integer dtypes of ``spec.domains.IDS_DTYPES`` but int64 (those this torch has): ``inv_dtype_blind``'s sweep."""
+
+
+def _fits(t: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether every value of int64 tensor ``t`` is one of ``dtype``'s."""
+    info = torch.iinfo(dtype)
+    return not t.numel() or (info.min <= int(t.min()) and int(t.max()) <= info.max)
+
+
+def _done(pool: AnyPool, call: Callable[[], object]) -> tuple[object, ...]:
+    """What ``call`` (of ``pool``) did, as one record: the error's class (``"accepted"`` if none), the answer's
+    values (shown), the pool's ledgers and every tensor it writes (shown), after."""
+    box: list[object] = []
+    err = raised(lambda: box.append(call()))
+    answer = box[0] if box else None
+    shown = answer.tolist() if isinstance(answer, torch.Tensor) and not answer.is_meta else answer
+    return (
+        "accepted" if err is None else type(err),
+        repr(shown),
+        abstract(pool),
+        tuple(repr(x.tolist()) for x in _contents(pool)),
+    )
+
+
 def _shown_tensor(x: torch.Tensor) -> str:
     if not isinstance(x, torch.Tensor):
         return f"{type(x).__name__} {x!r:.60}"
@@ -289,18 +323,33 @@ def _typed_params(
     """Each public method of ``pool`` (found by signature: a method added later is met too) and each of its
     parameters annotated as one of ``wanted``: (method name, the bound method, its parameters, their annotations,
     the parameter, the answer's annotation without spaces)."""
+    for name, params, hints, param, answer in _signatures(type(pool), wanted):
+        yield name, getattr(pool, name), params, hints, param, answer
+
+
+Signature = tuple[str, list[str], dict[str, object], str, str]
+"""A public method's name, parameters (no ``self``), their annotations, one parameter of a wanted type, the answer."""
+_SIGNATURES: dict[tuple[type, tuple[object, ...]], list[Signature]] = {}
+
+
+def _signatures(cls: type, wanted: tuple[object, ...]) -> list[Signature]:
+    """``_typed_params`` of class ``cls`` without the bound methods, read once per class (``inspect`` is slow)."""
     import inspect
 
-    for name, _ in inspect.getmembers(type(pool), inspect.isfunction):
-        if name.startswith("_"):
-            continue
-        fn = getattr(pool, name)  # NOTE: bound: the contract tiers may wrap a method on the class or the pool
-        hints = {k: v for k, v in fn.__annotations__.items() if k != "return"}
-        params = list(inspect.signature(fn).parameters)
-        answer = str(fn.__annotations__.get("return", "None")).replace(" ", "")
-        for param in params:
-            if hints.get(param) in wanted:
-                yield name, fn, params, hints, param, answer
+    key = (cls, wanted)
+    if key not in _SIGNATURES:
+        out: list[Signature] = []
+        for name, fn in inspect.getmembers(cls, inspect.isfunction):
+            if name.startswith("_"):
+                continue
+            hints = {k: v for k, v in fn.__annotations__.items() if k != "return"}
+            params = list(inspect.signature(fn).parameters)
+            if not isinstance(inspect.getattr_static(cls, name), staticmethod):
+                params = params[1:]  # NOTE: without ``self``: the bound method's
+            answer = str(fn.__annotations__.get("return", "None")).replace(" ", "")
+            out.extend((name, params, hints, param, answer) for param in params if hints.get(param) in wanted)
+        _SIGNATURES[key] = out
+    return _SIGNATURES[key]
 
 
 def tensor_calls(pool: AnyPool, chunk: Chunk) -> list[TensorCall]:
@@ -399,6 +448,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self.pressure = 0.0  # the most of any pool held at once (0..1)
             self.scenarios: dict[str, Scenario] = {}  # the live objects the public-call probes call, by maker
             self.twin: AnyPool | None = None  # the pool's kind on the meta device (``_elsewhere``), made once
+            self.dtype_turn = 0  # how many calls ``_in_every_int_dtype`` has made: which dtype is next
 
         @initialize(run_min=sampled_from((RUN_MIN, 1, 2, 3)))
         def runs(self, run_min: int) -> None:
@@ -628,12 +678,53 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     # NOTE: values (tokens, positions) have a range of their own: just below it, the first past it
                     bad = bad_values_of(chunk.idx, edge) if values else bad_tensor_of(chunk.idx, edge, top)
                     made = partial(call, bad)
-                    if query and raised(lambda made=made: _none_or_raise(made())) is None:  # type: ignore[misc]
+                    if answers_none(query, made):
                         continue
                     self._expect_outside(f"{what} with {param} {edge} {_shown_tensor(bad)}", made)
                 if ids:
                     self._reshaped_in_place(chunk, f"{what} with {param}", query, call)
             self._elsewhere(chunk)
+            self._in_every_int_dtype(chunk)
+
+        def _in_every_int_dtype(self, chunk: Chunk) -> None:
+            """One tensor parameter of one method ``bad_tensor`` meets, given its valid tensor (``chunk``'s ids, or
+            zeros for values) in another integer dtype that holds the values, on a copy of the pool: the call does
+            what it does on another copy with the int64 tensor (``spec.domains.inv_dtype_blind``: the same refusal
+            class, answer, ledgers and contents); a query typed ``... | None`` may answer ``None``. A call the int64
+            tensor has accepted and another dtype's refused breaks ``inv_domain_enforced``.
+
+            The parameter and the dtype go in turn, from the chunk's stamp on (two copies of the pool per step: every
+            (parameter, dtype) pair is met a few times in a default run)."""
+            calls = tensor_calls(self.pool, chunk)
+            turn = self.dtype_turn = self.dtype_turn + 1
+            k = turn + chunk.stamp
+            what, param, _ids, query, _acts, _call = calls[k % len(calls)]
+            value = torch.zeros_like(chunk.idx) if param in DATA_PARAMS else chunk.idx
+            fits = [dt for dt in OTHER_INT_DTYPES if _fits(value, dt)]
+            if not fits:
+                return
+            dtype = fits[(k // len(calls) + k) % len(fits)]
+            base, got = self._on_twin(chunk, k % len(calls), None), self._on_twin(chunk, k % len(calls), dtype)
+            if query and got[1] == "None":
+                return
+            shown = f"{what} with {param} {value.tolist()} as {dtype} (on a copy)"
+            err = got[0]
+            untyped = isinstance(err, type) and not issubclass(err, KVLedgerError)
+            if err != base[0] and (base[0] == "accepted" or untyped):
+                why = "was refused" if base[0] == "accepted" else f"crashed where int64 ids met {base[0]}"
+                raise AssertionError(f"inv_domain_enforced: {shown} lies in its domain and {why}: {err}")
+            if not D.inv_dtype_blind(base, got):
+                parts = ("refusal", "answer", "ledgers", "contents")
+                diff = [f"{part} {x} -> {y}" for part, x, y in zip(parts, base, got, strict=True) if x != y][:2]
+                raise AssertionError(f"inv_dtype_blind: {shown} did otherwise than as int64: {'; '.join(diff)}")
+
+        def _on_twin(self, chunk: Chunk, at: int, dtype: torch.dtype | None) -> tuple[object, ...]:
+            """``_done`` of the ``at``-th of ``tensor_calls`` on a copy of the pool (and of ``chunk``'s ids, so a
+            memo of them is copied with them), its tensor in ``dtype`` (``None``: int64 as it is)."""
+            twin, idx = deepcopy((self.pool, chunk.idx))
+            _what, param, _ids, _query, _acts, call = tensor_calls(twin, Chunk(chunk.owner, idx, chunk.stamp))[at]
+            value = torch.zeros_like(idx) if param in DATA_PARAMS else idx
+            return _done(twin, partial(call, value if dtype is None else value.to(dtype)))
 
         def _reshaped_in_place(
             self, chunk: Chunk, what: str, query: bool, call: Callable[[torch.Tensor], object]
@@ -645,7 +736,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             idx.unsqueeze_(0)
             try:
                 made = partial(call, idx)
-                if not (query and raised(lambda: _none_or_raise(made())) is None):
+                if not answers_none(query, made):
                     self._expect_outside(f"{what} reshaped in place {_shown_tensor(idx)}", made)
             finally:
                 idx.squeeze_(0)
@@ -663,7 +754,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     continue  # NOTE: every tensor is on this device: one call per method
                 done.add(what)
                 made = partial(call, chunk.idx)
-                if query and raised(lambda made=made: _none_or_raise(made())) is None:  # type: ignore[misc]
+                if answers_none(query, made):
                     continue
                 err = raised(made)
                 self._domain(f"{what} of a pool on the meta device with ids on {chunk.idx.device}", False, err)
@@ -680,7 +771,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             for what, param, query, call in int_calls(self.pool, chunk):
                 for edge in (-1, D.INT64_END, *SCALAR_EDGES):
                     made = partial(call, edge)
-                    if query and raised(lambda made=made: _none_or_raise(made())) is None:  # type: ignore[misc]
+                    if answers_none(query, made):
                         continue
                     self._expect_outside(f"{what} with {param} {edge!r}", made)
             for what, param, call in bytes_calls(self.pool, chunk):  # NOTE: raw ids: every junk value refused

@@ -601,6 +601,8 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             rid = self._running(pick)
             if rid is None or (op != "finish" and not self.has(op)):
                 return
+            # NOTE: a snapshot, not ``self.last``: a kept program or ``repeat_sequence`` makes several moves in one
+            # step, and the law needs the request as it was just before this finish
             before = self.sys.snapshot() if op == "finish" and self.has("caches_on_finish") else None
             getattr(self.sys, op)(rid)
             self._moved(rid)

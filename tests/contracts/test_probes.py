@@ -830,3 +830,47 @@ def test_an_lru_list_of_no_component_is_caught_by_the_sweep(monkeypatch: pytest.
     monkeypatch.setitem(P._BY_NAME, "LRUList", replace(P._BY_NAME["LRUList"], build=lenient))
     with pytest.raises(AssertionError, match="inv_domain_enforced: LRUList"):
         _sweep_constructors("token")
+
+
+def _every_int_dtype(m: Any, c: Chunk) -> None:
+    """``_in_every_int_dtype`` until every (parameter, dtype) pair has come round (it takes one per step)."""
+    from kvledger.contracts.machines.pool import OTHER_INT_DTYPES, tensor_calls
+
+    for _ in range(len(tensor_calls(m.pool, c)) * len(OTHER_INT_DTYPES) * 2):
+        m._in_every_int_dtype(c)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_ids_in_every_int_dtype_pass_on_the_reference(kind: str) -> None:
+    """``spec.domains.inv_dtype_blind``: every tensor parameter of every pool, given its ids (or values) as int32,
+    int16, int8, uint8, ... does what it does with them as int64."""
+    m = machine(kind)
+    _every_int_dtype(m, chunk_of(m, KINDS[kind].unit * 2))
+
+
+@pytest.mark.parametrize("kind", ["token", "paged", "swa"])
+def test_ids_left_in_their_dtype_are_caught(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Issue 19, new family, seed 19: ``check_ids_tensor`` that leaves ids in the dtype they came in. torch takes
+    no int8 or int16 index and reads a uint8 one as a mask, so a verify, a translate or a page map of such ids
+    crashes or reads other slots, where the same ids as int64 are answered."""
+    from kvledger.impl import arguments
+
+    m = machine(kind)
+    c = chunk_of(m, KINDS[kind].unit * 2)
+    _every_int_dtype(m, c)
+    monkeypatch.setattr(arguments, "int_ids", lambda op, where, t: t)  # BUG: the ids keep their dtype
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced: .* as torch\.u?int|inv_dtype_blind"):
+        _every_int_dtype(m, c)
+
+
+def test_a_pool_that_indexes_before_it_converts_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool whose free and transfer index with the ids as they came (a uint8 tensor is a mask to torch, an int16
+    one no index): the same call with int64 ids is accepted."""
+    from kvledger.impl import slots
+
+    m = machine("token")
+    c = chunk_of(m, 2)
+    _every_int_dtype(m, c)
+    monkeypatch.setattr(slots, "int_ids", lambda op, where, t: t)  # BUG: no conversion before the index
+    with pytest.raises(AssertionError, match=r"inv_domain_enforced|inv_dtype_blind"):
+        _every_int_dtype(m, c)

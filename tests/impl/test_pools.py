@@ -85,6 +85,32 @@ def test_int32_indices_are_accepted() -> None:
     assert a.available_size() == 8
 
 
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int8, torch.uint8, torch.uint16, torch.uint32, torch.uint64])
+@pytest.mark.parametrize("make", [lambda: TokenAllocator(8), lambda: PagedAllocator(8, 2)], ids=["token", "paged"])
+def test_ids_in_any_integer_dtype_name_the_same_slots(make: Callable[[], TokenAllocator], dtype: torch.dtype) -> None:
+    """``spec.domains.IDS_DTYPES``: a transfer and a free of ids kept in a narrow or unsigned dtype act as with int64
+    (torch reads a uint8 index as a mask, and takes no int16 one: the pool converts before it indexes)."""
+    a, b = make(), make()
+    x, y = a.alloc(4, R1), b.alloc(4, R1)
+    a.transfer(x[:2].to(dtype), R1, R2)
+    b.transfer(y[:2], R1, R2)
+    assert abstract(a) == abstract(b)
+    a.free(x[:2].to(dtype), R2)
+    b.free(y[:2], R2)
+    assert abstract(a) == abstract(b) and a.available_size() == b.available_size()
+
+
+def test_ids_past_int64_in_a_uint64_tensor_are_refused_by_value() -> None:
+    a = TokenAllocator(8)
+    a.alloc(2, R1)
+    before = abstract(a)
+    with pytest.raises(OutOfRange, match=str(2**63)):
+        a.free(torch.tensor([1, 2**63], dtype=torch.uint64), R1)
+    with pytest.raises(InvalidArgument, match="integer dtype"):
+        a.free(torch.tensor([1.0]), R1)
+    assert abstract(a) == before
+
+
 def test_a_paged_free_with_a_token_named_twice_is_refused() -> None:
     """A page's tokens must each be named once: ``[t, t]`` for a page of two has a whole per-page count but is not
     the page (found by the pool machine's ``torn_pages``, issue 19's thirteenth round; it freed the page before).
