@@ -370,6 +370,11 @@ EQUIVALENT: dict[str, str] = {
         "s.numel() > 1 made >= 1: a one-slot write cannot name a slot twice, so the duplicate check it guards"
         " answers no for one slot either way"
     ),
+    "impl/kvview.py:_repeats:const+1:1": (
+        "grain == 1 made grain == 2 (new family, seeds 19 and 20): a token pool's repeat is then found by "
+        "torch.unique and a page-2 pool's by has_duplicates over its token slots, which is exact for any in-range "
+        "ids, as the negate-if mutant of the same test: the same answer (checked on 60,000 drawn values), another cost"
+    ),
     "impl/kvview.py:_repeats:negate-if:if grain == 1:": (
         "both branches answer whether value names a slot twice (has_duplicates's scratch marks take any in-"
         "range id, a token slot of a paged pool included; torch.unique otherwise): only the cost differs"
