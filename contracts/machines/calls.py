@@ -235,13 +235,14 @@ def _arg(
 
 
 def _as(tokens: list[int], how: str) -> object:
-    """``tokens`` as a caller may pass a key: an int64, int32, uint64 or strided tensor, a list, a tuple, an array."""
+    """``tokens`` as a caller may pass a key: an int64, int32, uint64 or strided tensor, an int16 or uint8 one
+    (``spec.domains.IDS_DTYPES``; int64 where the values do not fit), a list, a tuple, an array."""
+    if how in NARROW:
+        info = torch.iinfo(NARROW[how])
+        fits = all(info.min <= t <= info.max for t in tokens)
+        return torch.tensor(tokens, dtype=NARROW[how] if fits else torch.int64)
     if how == "int64":
         return torch.tensor(tokens, dtype=torch.int64)
-    if how == "int32":
-        return torch.tensor(tokens, dtype=torch.int32)
-    if how == "uint64":
-        return torch.tensor(tokens, dtype=torch.uint64)
     if how == "strided":
         return torch.tensor([x for t in tokens for x in (t, 0)], dtype=torch.int64)[::2]
     if how == "array":
@@ -249,14 +250,16 @@ def _as(tokens: list[int], how: str) -> object:
     return tokens if how == "list" else tuple(tokens)
 
 
-KEY_FORMS = ("int64", "int32", "uint64", "strided", "list", "tuple", "array")
+NARROW = {"int32": torch.int32, "uint64": torch.uint64, "int16": torch.int16, "uint8": torch.uint8}
+"""Key and slot tensors in an integer dtype but int64 (``spec.domains.IDS_DTYPES``): the same ids, another dtype."""
+KEY_FORMS = ("int64", "int32", "uint64", "int16", "uint8", "strided", "list", "tuple", "array")
 
 
 VALUE_END = 1 << 31
 """The first token id or position past their range (``spec.prefix``: 31-bit tokens and positions)."""
 
 
-TENSOR_FORMS = ("int64", "int32", "uint64", "strided")
+TENSOR_FORMS = ("int64", "int32", "uint64", "int16", "uint8", "strided")
 
 
 def key_forms(tokens: list[int], forms: tuple[str, ...] = KEY_FORMS) -> st.SearchStrategy[object]:
@@ -2753,6 +2756,7 @@ NOT_PROBED_FUNCTIONS: dict[str, str] = {
             "arguments.check_id",
             "arguments.check_ids_tensor",
             "arguments.check_int",
+            "arguments.int_ids",
             "arguments.check_range",
             "arguments.check_tokens",
             "arguments.has_bool",

@@ -370,6 +370,16 @@ EQUIVALENT: dict[str, str] = {
         "s.numel() > 1 made >= 1: a one-slot write cannot name a slot twice, so the duplicate check it guards"
         " answers no for one slot either way"
     ),
+    "impl/memory.py:MemoryManager.round_up:const+1:0": (
+        "a fast path's bound (new family, seed 19): 0 <= n made 1 <= n sends n == 0 to check_int, which takes 0 "
+        "(its range starts there) and answers it: round_up(0) is 0 either way, every other n unchanged"
+    ),
+    "impl/slots.py:run_start:const+1:8#2": (
+        "a speed proof's slice (new family, seed 19): the descending run is compared with 8 * (at + n) made 9 * "
+        "(at + n) bytes of the table, longer than the 8 * n of raw unless the table ends there (then the same "
+        "bytes): a descending run is then found only at the table's end, else -1, and the caller tags the ids "
+        "through a fancy index instead of a slice: the same tags"
+    ),
     "impl/kvview.py:_repeats:const+1:1": (
         "grain == 1 made grain == 2 (new family, seeds 19 and 20): a token pool's repeat is then found by "
         "torch.unique and a page-2 pool's by has_duplicates over its token slots, which is exact for any in-range "
