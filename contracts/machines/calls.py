@@ -2113,7 +2113,18 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
         Method(
             "open_session",
             mm.sessions.open,
-            {"sid": _arg(None, sampled_from([*sessions, -1, True, 1.5, None, 1 << 70]), lambda x: False)},
+            {
+                # NOTE: an id in [0, MAX_IDENT] no open session has: the last one inside too (made on a copy); junk:
+                # an open session's id, and the edges of that range (-1, the first past it, past int64, wrong types)
+                "sid": _arg(
+                    sampled_from(unopened)
+                    if (unopened := [i for i in (7, MAX_IDENT) if i not in mm.sessions.slots])
+                    else None,
+                    sampled_from([*sessions, *id_edges(MAX_IDENT + 1), 1.5, 1 << 70]),
+                    lambda x: type(x) is int and 0 <= x <= MAX_IDENT and x not in mm.sessions.slots,
+                    edges=(*sessions[:1], MAX_IDENT, *id_edges(MAX_IDENT + 1)),
+                )
+            },
         ),
         Method(
             "close_session",
@@ -2123,9 +2134,9 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
                 # run on freed memory), and nothing changes
                 "sid": _arg(
                     sampled_from(idle) if idle else None,
-                    sampled_from([3, -1, True, 1.5, None, *in_use]),
+                    sampled_from([3, -1, True, 1.5, None, MAX_IDENT + 1, *in_use]),
                     lambda x: type(x) is int and x in mm.sessions.slots and x not in in_use,
-                    edges=(3, -1, True, None, *in_use),
+                    edges=(3, *id_edges(MAX_IDENT + 1), *in_use),
                 )
             },
             releases=True,

@@ -380,6 +380,26 @@ EQUIVALENT: dict[str, str] = {
         "bytes): a descending run is then found only at the table's end, else -1, and the caller tags the ids "
         "through a fancy index instead of a slice: the same tags"
     ),
+    'impl/owners.py:encode:drop-raise:raise InvalidArgument(op, where, (), f"owner {owner!r}: id must be an int, '
+    "got {type(ident).__name__": (
+        "an error message's words (new family, seed 20): with the raise for an id that is not an int dropped, the "
+        'next line raises InvalidArgument for the same owner, operation and pool ("outside [0, MAX_IDENT]")'
+    ),
+    "impl/slots.py:SlotPool.claim:const+1:0": (
+        "a fast path's guard (new family, seed 20): ids.min() < 0 made < 1, so a claim naming slot 0 (a pool based "
+        "at 0: Mamba states) answers False, which means 'ask the checks', and the checked path gives the same tags and "
+        "refusals"
+    ),
+    "impl/slots.py:SlotPool._pop_ids:const+1:1#4": (
+        "a speed path's test (new family, seed 20): the ends of a pop n - 1 apart downwards (1 - n made 2 - n) are no "
+        "longer taken for a possible run, so the pop is tagged through its ids, not a slice (as seed 3's negate-cmp "
+        "of the same test): the same tags"
+    ),
+    "impl/slots.py:SlotPool.__init__:const+1:1#6": (
+        "a device pool's free stack (new family, seed 20; a CPU pool never runs this line): arange down to base - 2 "
+        "makes the stack one id longer below its bottom, at index capacity, and no read or push reaches past _top, "
+        "which never exceeds capacity: the same pops and pushes"
+    ),
     "impl/kvview.py:_repeats:const+1:1": (
         "grain == 1 made grain == 2 (new family, seeds 19 and 20): a token pool's repeat is then found by "
         "torch.unique and a page-2 pool's by has_duplicates over its token slots, which is exact for any in-range "

@@ -2177,3 +2177,22 @@ def test_a_running_list_that_answers_other_requests_fails_the_reads_audit(monkey
     )
     with pytest.raises(AssertionError, match=r"self-checks agree with the state: MemoryManager\.running\(\)"):
         C.reads_audit(mm)
+
+
+def test_a_session_open_that_takes_the_first_id_past_its_range_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 20: ``Sessions.open`` with its bound one past ``MAX_IDENT + 1`` opens a session
+    whose id no owner tag can hold. ``open_session``'s junk now includes the edges of its range, not only -1."""
+    from kvledger.impl import session as S
+    from kvledger.impl.owners import MAX_IDENT
+
+    real = S.check_int
+
+    def one_more(op: str, where: str, name: str, x: object, lo: int = 0, hi: int | None = None) -> int:
+        if op == "open_session" and hi == MAX_IDENT + 1:
+            hi += 1  # BUG: the first id past the range is taken
+        return real(op, where, name, x, lo, hi)
+
+    run_probes("token", C.manager_scenario, 100)  # the reference refuses it
+    monkeypatch.setattr(S, "check_int", one_more)
+    msg = fails("token", C.manager_scenario, "inv_domain_enforced", examples=1000)
+    assert "open_session" in msg and str(MAX_IDENT + 1) in msg, msg
