@@ -2042,8 +2042,9 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
                 "tokens": tokens,
                 "session": _arg(
                     sampled_from([None, *sessions]),
-                    sampled_from([3, -1, True, 1.0, "s"]),
+                    sampled_from([3, 1.0, "s", *id_edges(MAX_IDENT + 1)]),
                     lambda x: x is None or (type(x) is int and x in mm.sessions.slots),
+                    edges=(3, *id_edges(MAX_IDENT + 1)),
                 ),
             },
         ),
