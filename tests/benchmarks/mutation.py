@@ -904,10 +904,6 @@ EQUIVALENT: dict[str, str] = {
         "as_index and check_held, which accept and refuse what claim would"
     ),
     # NOTE: new family, seed 13 (2026-11-28)
-    "impl/allocators.py:PagedAllocator.pages_of:negate-cmp:indices.dtype == torch.int64": (
-        "an intermediate's dtype (new family, seed 13): int32 ids stay int32 through pages_of (int64 ones are "
-        "copied): the same values, so the same pages, checks and errors"
-    ),
     "impl/arguments.py:check_tokens:min-max:min(ids)#2": (
         "an error message's words (new family, seed 13): a negative token id is refused, InvalidArgument, by the "
         "same test; the message names the largest id instead of the least"
