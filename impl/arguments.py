@@ -38,11 +38,10 @@ def check_int(op: str, where: str, name: str, value: object, lo: int = 0, hi: in
 
 def check_id(op: str, where: str, name: str, value: object, lo: int, hi: int) -> int:
     """``check_int`` for the id of a slot, row or state: out of ``[lo, hi)`` raises ``OutOfRange`` naming it."""
-    if type(value) is not int or not lo <= value < hi:
-        v = check_int(op, where, name, value, -(1 << 80))  # NOTE: the type error first
-        if not lo <= v < hi:
-            raise OutOfRange(op, where, [v], f"{name} {v} outside [{lo}, {hi})")
-        return v
+    if type(value) is not int:
+        raise InvalidArgument(op, where, (), f"{name} must be an int, got {_what(value)}")
+    if not lo <= value < hi:
+        raise OutOfRange(op, where, [value], f"{name} {value} outside [{lo}, {hi})")
     return value
 
 

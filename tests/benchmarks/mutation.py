@@ -117,11 +117,6 @@ EQUIVALENT: dict[str, str] = {
         "the same length either way (new family, seed 4): _RUNS[0] and _RUNS[1] are always made together from "
         "the same ids, ascending and descending"
     ),
-    "impl/arguments.py:check_id:const+1:1": (
-        "which of two typed refusals (new family, seed 5): an id below -2**80 is refused with InvalidArgument, and "
-        "with the bound at -2**81 the ids between get OutOfRange instead; both are the refusal of a value that is "
-        "no id of the pool, and the spec names no class for it"
-    ),
     'impl/radix.py:RadixCache.mamba_copy_on_write:drop-raise:raise OverAllocation("mamba_copy_on_write", '
     '"mamba", (), f"pool full, no unlocked state to evict ({o': (
         "the same refusal by another path (new family, seed 5): with no state to evict, the copy locks its source, "

@@ -40,7 +40,7 @@ from kvledger.impl.req_to_token import ReqToTokenPool
 from kvledger.impl.requests import Request, Status
 from kvledger.impl.slots import SlotPool
 from kvledger.impl.tree import MatchResult, TreeNode
-from kvledger.spec.errors import InvalidArgument, KVLedgerError
+from kvledger.spec.errors import InvalidArgument, KVLedgerError, OutOfRange
 from kvledger.spec.types import Component, HandleId, NodeId, Owner, OwnerKind, request, session
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
@@ -800,3 +800,27 @@ def test_a_transfer_of_host_ids_is_refused_with_the_pool_unchanged(make: Callabl
     with pytest.raises(InvalidArgument, match="must be a"):
         pool.transfer(host, request(1), request(2))
     assert abstract(pool) == before
+
+
+@pytest.mark.parametrize("value", [-(1 << 100), -(1 << 80) - 1, -1, 4, 1 << 63, 1 << 100])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda v: SlotPool("p", 4).owner_of(v),
+        lambda v: MambaPool(4).verify(v, 1),
+        lambda v: ReqToTokenPool(4, 8).read(v, 0, 1),
+    ],
+    ids=["owner_of", "mamba_verify", "req_to_token_read"],
+)
+def test_an_int_id_outside_the_pool_is_out_of_range_however_far(call: Callable[[int], object], value: int) -> None:
+    """An int that names no slot, row or state is ``OutOfRange`` naming it, at any distance from the pool (the class
+    of the refusal once changed with the id's size: below -2**80 it was ``InvalidArgument``)."""
+    with pytest.raises(OutOfRange) as err:
+        call(value)
+    assert str(value) in str(err.value)
+
+
+@pytest.mark.parametrize("value", [None, 1.0, True, "1", torch.tensor(1)])
+def test_an_id_that_is_no_int_is_an_invalid_argument(value: object) -> None:
+    with pytest.raises(InvalidArgument, match="must be an int"):
+        SlotPool("p", 4).owner_of(value)  # type: ignore[arg-type]
