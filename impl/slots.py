@@ -346,7 +346,9 @@ class SlotPool:
             return DoubleFree(op, self.name, slots[free_mask].tolist(), f"already free (double free by {owner})")
         first = int(slots[0])
         holder = decode(int(tags[0]))
-        return NotOwner(op, self.name, slots.tolist(), f"slot {first} is held by {holder}, not by {owner}")
+        return NotOwner(
+            op, self.name, slots.tolist(), f"slot {first} is held by {holder}, not by {owner}", held=(first, holder)
+        )
 
     def code_of(self, owner: Owner, op: str) -> int:
         """``encode(owner, op, name)``, remembered for the last owner seen (an ``Owner`` is immutable: a scheduler

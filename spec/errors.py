@@ -6,7 +6,7 @@ owners involved (STYLE.md rule 11). A rejected operation never changes state.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 
@@ -67,7 +67,37 @@ class DoubleFree(LedgerError):
 
 
 class NotOwner(LedgerError):
-    """Freeing or transferring a slot held by someone other than the named owner."""
+    """Freeing or transferring a slot held by someone other than the named owner.
+
+    ``held``: one of ``slots`` and the owner holding it, where the raiser says who holds it (the detail's
+    "slot X is held by H"): what :func:`inv_names_holder` checks against the ledger.
+    """
+
+    def __init__(
+        self, operation: str, pool: str, slots: Iterable[int], detail: str, *, held: tuple[int, object] | None = None
+    ) -> None:
+        super().__init__(operation, pool, slots, detail)
+        self.held = held
+
+
+def inv_names_holder(err: KVLedgerError, owner_of: Callable[[str, int], object]) -> bool:
+    """A ``NotOwner`` that says who holds a slot tells the truth: the slot is one it names, and ``owner_of(pool,
+    slot)`` (the ledger before the refused call) is that holder. An engine author reads "slot 17 is held by
+    request 5" and goes looking for request 5; a message that pairs one slot with another slot's holder sends
+    them to the wrong owner.
+
+    >>> owners = {("kv", 3): "req 1", ("kv", 4): "req 2"}
+    >>> inv_names_holder(NotOwner("free", "kv", [3, 4], "held", held=(3, "req 1")), lambda p, x: owners[p, x])
+    True
+    >>> inv_names_holder(NotOwner("free", "kv", [3, 4], "held", held=(4, "req 1")), lambda p, x: owners[p, x])
+    False
+    >>> inv_names_holder(NotOwner("free", "kv", [3], "held", held=(4, "req 2")), lambda p, x: owners[p, x])
+    False
+    """
+    if not isinstance(err, NotOwner) or err.held is None:
+        return True
+    slot, holder = err.held
+    return slot in err.slots and owner_of(err.pool, slot) == holder
 
 
 class OverAllocation(LedgerError):

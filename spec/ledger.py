@@ -237,7 +237,8 @@ def _check_held(op: str, s: Ledger, owner: Owner, slots: Slots) -> LedgerError |
     foreign = slots - mine
     if foreign:
         x = min(foreign)
-        return NotOwner(op, s.name, foreign, f"slot {x} is held by {owner_of(s, x)}, not by {owner}")
+        holder = owner_of(s, x)
+        return NotOwner(op, s.name, foreign, f"slot {x} is held by {holder}, not by {owner}", held=(x, holder))
     return None
 
 

@@ -80,7 +80,7 @@ from kvledger.impl.owners import FREE_TAG, MAX_IDENT, RESERVED_TAG, decode, enco
 from kvledger.impl.radix import RadixCache
 from kvledger.impl.requests import Request, Status
 from kvledger.impl.session import SessionSlot
-from kvledger.impl.slots import RUN_MIN
+from kvledger.impl.slots import RUN_MIN, SlotPool
 from kvledger.impl.tree import MatchResult, TreeNode
 from kvledger.spec import domains as D
 from kvledger.spec import prefix as P
@@ -91,11 +91,14 @@ from kvledger.spec.errors import (
     InvalidArgument,
     KVLedgerError,
     NotInList,
+    NotOwner,
     OverAllocation,
     SlotConflict,
     UnknownNode,
     inv_names_culprit,
+    inv_names_holder,
 )
+from kvledger.spec.ledger import Ledger, owner_of
 from kvledger.spec.types import Component, HandleId, Owner, OwnerKind, request, session
 
 __all__ = [
@@ -191,6 +194,9 @@ class Scenario:
     short_of: frozenset[str] | None = None
     """What an ``OverAllocation`` from the object may name as short (its pools, an admission's token budget):
     a refusal that names anything else sends its reader to the wrong pool (``None``: not checked)."""
+    pools: Callable[[], Mapping[str, SlotPool]] | None = None
+    """The object's pools by ledger name: a ``NotOwner`` that says who holds a slot is checked against them
+    (``spec.errors.inv_names_holder``; ``None``: not checked)."""
 
 
 def fair_pick(scenario: Scenario, draw: Draw, choices: Sequence[T], kind: str) -> T:
@@ -1160,6 +1166,7 @@ def cache_scenario(kind: str, draw: Draw) -> Scenario:
         partial(_cache_call_on_copy, c),
         short_of=_cache_short_of(c.cache),
         probes_on_copy=False,
+        pools=partial(_cache_pools, c.cache),
     )
 
 
@@ -1205,6 +1212,14 @@ def rebound(call: Callable[..., object], memo: Mapping[int, object]) -> Callable
     fn = types.FunctionType(call.__code__, call.__globals__, call.__name__, call.__defaults__, tuple(cells))
     fn.__kwdefaults__ = call.__kwdefaults__
     return fn
+
+
+def _cache_pools(cache: RadixCache) -> dict[str, SlotPool]:
+    """A cache's pools by ledger name."""
+    out = dict(pools_of(cache.kv))
+    if cache.mamba is not None:
+        out["mamba"] = cache.mamba.pool
+    return out
 
 
 def _cache_short_of(cache: RadixCache) -> frozenset[str]:
@@ -2245,6 +2260,7 @@ def manager_scenario_of(mm: MemoryManager, story: list[str] | None = None) -> Sc
         partial(_manager_audits, mm),
         partial(_call_on_copy, mm),
         short_of=_short_of(mm),
+        pools=mm.pools,
     )
 
 
@@ -2984,7 +3000,28 @@ def judge(
         raise AssertionError(
             f"rejected call leaves state unchanged: {how}, {what()}, changed the state (after: {story})"
         )
+    if isinstance(err, NotOwner) and scenario.pools is not None:
+        # NOTE: the state is as it was before the call (checked above), so its ledgers are the ones refused
+        holder_named(err, {name: ledger_of(p) for name, p in scenario.pools().items()}, what())
     return shown
+
+
+def holder_named(err: BaseException | None, ledgers: Mapping[str, Ledger], what: str = "") -> None:
+    """``spec.errors.inv_names_holder`` against ``ledgers`` (the pools' by ledger name, as the refused call found
+    them); ``AssertionError`` naming the law otherwise."""
+    if not isinstance(err, NotOwner):
+        return
+
+    def holder(pool: str, slot: int) -> object:
+        return owner_of(ledgers[pool], slot) if pool in ledgers else None
+
+    if not inv_names_holder(err, holder):
+        slot, said = err.held or (None, None)
+        truth = holder(err.pool, slot) if slot is not None else None
+        raise AssertionError(
+            f"inv_names_holder: {what + ': ' if what else ''}NotOwner says slot {slot} is held by {said}, the "
+            f"ledger says by {truth}: {err}"
+        )
 
 
 def _names_what_was_short(err: BaseException | None, short: frozenset[str] | None, what: Callable[[], str]) -> None:

@@ -47,6 +47,7 @@ from kvledger.contracts.machines.calls import (
     audit,
     cache_scenario,
     cross,
+    holder_named,
     manager_scenario,
     probe,
     sweep,
@@ -514,6 +515,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     f"inv_names_culprit: {type(err).__name__} names slots {sorted(named)}, the culprits are "
                     f"{sorted(culprits or ())}: {err}"
                 )
+                holder_named(err, before)
             else:
                 raise AssertionError(f"invalid call accepted (expected {want})")
             assert abstract(self.pool) == before, "rejected call leaves state unchanged: the pool changed"
@@ -594,8 +596,14 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             fast path that trusts it for slots the owner does not hold (an earlier alloc of its own, handed over
             since) shows here (``_robbed`` is the other side: another owner frees what the one served holds)."""
             pool = self.pool
-            for chunk in [c for c in self.live.values() if c.owner != thief]:
+            others = [c for c in self.live.values() if c.owner != thief]
+            for chunk in others:
                 self._expect_rejected(partial(_free, pool, chunk.idx, thief), NotOwner)
+            if len({c.owner for c in others}) > 1:
+                # NOTE: slots of several holders at once, the last chunk first: a refusal that says who holds a
+                # slot must pair it with its own holder, not another named slot's (``inv_names_holder``)
+                ids = torch.cat([c.idx for c in reversed(others)])
+                self._expect_rejected(partial(_free, pool, ids, thief), NotOwner)
 
         # ---------------------------------------------------------- misuse: typed error, state unchanged
 
@@ -1124,6 +1132,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 )
             if isinstance(err, KVLedgerError) and not inv_names_culprit(err):
                 raise AssertionError(f"inv_names_culprit: {what}: {type(err).__name__} names no slot: {err}")
+            if isinstance(err, KVLedgerError):
+                holder_named(err, before)
             assert abstract(self.pool) == before, f"rejected call leaves state unchanged: {what} changed the pool"
             assert _same(_contents(self.pool), contents), f"rejected call leaves state unchanged: {what} changed data"
 

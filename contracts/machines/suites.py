@@ -49,6 +49,7 @@ POOL_RULES = (
     "inv_dtype_blind",
     "inv_verify_exact",
     "inv_names_culprit",
+    "inv_names_holder",
     "row write commits",
     "alloc evicts before it refuses",
 )
@@ -132,6 +133,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "inv_domain_enforced",
         "inv_dtype_blind",
         "inv_names_culprit",
+        "inv_names_holder",
         "inv_refcount_nonnegative",
         "inv_refcount_counts_holders",
         "inv_free_iff_unheld",

@@ -76,6 +76,20 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/allocators.py:PagedAllocator.alloc:swap-args:self.pool.alloc(pages, owner)": (
+        "off the CPU only (new family, seed 5, 2026-11-29): the alloc of a paged pool whose device is not the CPU "
+        "(a CPU pool allocates through alloc_ids and its host row table below); kvledger check runs on the CPU"
+    ),
+    "impl/slots.py:SlotPool.free:negate-cmp:held[1] != k": (
+        "a speed memo (new family, seed 5, 2026-11-29): the owner's tag bytes times k are rebuilt when k is the "
+        "same and kept when it differs; bytes of another length never equal the slots' tags, so the free then "
+        "takes the checked path (_held_index), which frees the same slots or names the same error"
+    ),
+    "impl/slots.py:run_start:const+1:8#4": (
+        "a speed proof's offset (new family, seed 5, 2026-11-29): the descending table's index computed from "
+        "len(desc) // 9 instead of // 8 points at other ids, so the byte comparison finds no run (it matches only "
+        "bytes equal to the ids themselves) and the caller tags the ids through a fancy index: the same tags"
+    ),
     "impl/slots.py:SlotPool._pop_ids:negate-cmp:"
     "free_np.item(top - n) - (first := free_np.item(top - 1)) in (n - 1, 1 - n)": (
         "a speed path's test (new family, seed 3): a pop whose ends are n - 1 apart is tagged through its ids "

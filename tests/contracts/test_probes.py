@@ -26,7 +26,7 @@ from kvledger.impl.radix import RadixCache
 from kvledger.impl.slots import SlotPool
 from kvledger.spec import domains as D
 from kvledger.spec.errors import IntegrityError, InvalidArgument, SlotConflict
-from kvledger.spec.types import Component, Owner, OwnerKind, request
+from kvledger.spec.types import Component, Owner, OwnerKind, request, session
 
 
 def machine(kind: str) -> Any:
@@ -874,3 +874,30 @@ def test_a_pool_that_indexes_before_it_converts_is_caught(monkeypatch: pytest.Mo
     monkeypatch.setattr(slots, "int_ids", lambda op, where, t: t)  # BUG: no conversion before the index
     with pytest.raises(AssertionError, match=r"inv_domain_enforced|inv_dtype_blind"):
         _every_int_dtype(m, c)
+
+
+@pytest.mark.parametrize("kind", ["token", "paged", "mamba", "req_to_token"])
+def test_a_refusal_that_pairs_a_slot_with_another_slots_holder_is_caught(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Issue 19, new family, seed 5: ``SlotPool._held_error`` naming the last foreign slot with the first one's
+    holder. A thief frees the slots of two other owners at once; the ``NotOwner`` must say who holds the slot it
+    names (``spec.errors.inv_names_holder``)."""
+    from kvledger.impl import slots
+    from kvledger.impl.owners import decode
+    from kvledger.spec.errors import LedgerError
+    from kvledger.spec.errors import NotOwner as NotOwnerError
+
+    m = machine(kind)
+    m.allocate(request(1), KINDS[kind].unit)
+    m.allocate(request(2), KINDS[kind].unit)
+    m.allocate(session(3), KINDS[kind].unit)  # NOTE: the thief's alloc: it then frees the other two owners' slots
+
+    def held_error(self: Any, op: str, ids: torch.Tensor, tags: torch.Tensor, owner: Any) -> LedgerError:
+        last = int(ids[-1])  # BUG: the last slot named, with the first one's holder
+        holder = decode(int(tags[0]))
+        return NotOwnerError(op, self.name, ids.tolist(), f"slot {last} is held by {holder}", held=(last, holder))
+
+    monkeypatch.setattr(slots.SlotPool, "_held_error", held_error)
+    with pytest.raises(AssertionError, match="inv_names_holder"):
+        m.allocate(session(3), KINDS[kind].unit)
