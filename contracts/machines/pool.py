@@ -788,7 +788,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
 
         @rule(where=sampled_from(["below", "above", "edge"]))
         def out_of_range(self, where: str) -> None:
-            """Free ids outside the pool: below it, far above it, or the first (page) just past its end."""
+            """Free ids outside the pool: below it, far above it (and past int64, in a uint64 tensor), or the first
+            (page) just past its end."""
             from kvledger.spec.errors import OutOfRange
 
             big = _data(self.pool)
@@ -814,6 +815,12 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             first = min(led.base for led in self.model.values()) * ps
             mixed = torch.cat((torch.arange(first, first + ps, dtype=torch.int64), bad))
             self._expect_rejected(lambda: _free(self.pool, mixed, OWNERS[0]), OutOfRange, set(bad.tolist()))
+            if where == "above":
+                # NOTE: and an id past int64, which only a uint64 tensor holds: named as it is, not as the negative
+                # int64 its bits read as (a conversion that wraps it names an id the caller never gave)
+                past = (1 << 63) + top
+                wide = torch.tensor([*mixed[:-1].tolist(), past], dtype=torch.uint64)
+                self._expect_rejected(lambda: _free(self.pool, wide, OWNERS[0]), OutOfRange, {past})
             if isinstance(self.pool, PagedAllocator) and where == "below":
                 # NOTE: and the whole page below the pool, which is whole pages in order and still no page of it
                 reserved = torch.arange(0, self.pool.page_size, dtype=torch.int64)

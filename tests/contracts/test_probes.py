@@ -901,3 +901,23 @@ def test_a_refusal_that_pairs_a_slot_with_another_slots_holder_is_caught(
     monkeypatch.setattr(slots.SlotPool, "_held_error", held_error)
     with pytest.raises(AssertionError, match="inv_names_holder"):
         m.allocate(session(3), KINDS[kind].unit)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_an_id_past_int64_must_be_named_as_given(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Issue 19, new family, seed 12: ``int_ids`` without its refusal of uint64 ids past int64. They are then
+    converted to the negative int64s their bits read as, and refused as those: ids the caller never gave. A free of
+    the pool's first ids with one id past int64 must be refused naming that id, and only it."""
+    from kvledger.impl import allocators, arguments, slots
+
+    m = machine(kind)
+    m.out_of_range("above")
+    convert = arguments.int_ids
+
+    def wrapping(op: str, where: str, t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.int64) if t.dtype == torch.uint64 else convert(op, where, t)  # BUG: wraps past int64
+
+    for module in (arguments, allocators, slots):
+        monkeypatch.setattr(module, "int_ids", wrapping)
+    with pytest.raises(AssertionError, match="inv_names_culprit"):
+        m.out_of_range("above")
