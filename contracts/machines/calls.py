@@ -1866,7 +1866,8 @@ def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
     run_min = draw(sampled_from((RUN_MIN, 1, 2)))
     for pool in mm.pools().values():
         pool.run_min = run_min  # NOTE: short enough, the small pools tag, stamp and free runs through slices too
-    story = [f"run_min = {run_min}"]
+    _warm_rows(mm)
+    story = [f"run_min = {run_min}", "rows warm: each holds stale ids of real slots"]
     # NOTE: each request takes another move (a permutation, not independent draws): a scenario of k requests holds
     # k different stages of life, so a rare one (a resumed turn still waiting) is in one scenario in a few, not in
     # one in twenty; a resume needs a session, so one is open then, and it takes that session's turn if it is free.
@@ -1923,6 +1924,23 @@ def _build_manager(kind: str, draw: Draw) -> tuple[MemoryManager, list[str]]:
     mm.fail_next = draw(st.integers(0, 1))
     story.append(f"fail_next = {mm.fail_next}")
     return mm, story
+
+
+def _warm_rows(mm: MemoryManager) -> None:
+    """Leave every row of ``mm`` as a served request leaves it: its table filled with ids of real KV slots, all free
+    again. A row's columns past its request's slots are stale ("meaningless" once the row is freed), and in a warm
+    engine they name real slots, another request's now or soon; in a fresh table they are 0, the padding slot every
+    write refuses, so a call that reads a row past its request's slots would be refused there for the wrong
+    reason, and write nothing. Made through the pools' public calls by an owner no scenario request is."""
+    temp = request(MAX_IDENT)
+    rows = [mm.rows.alloc(temp) for _ in range(mm.rows.available_size())]
+    kv = mm.kv.alloc(mm.kv.available_size(), temp)
+    width = min(mm.rows.max_context_len, kv.numel())
+    for i, row in enumerate(rows):
+        mm.rows.write(row, 0, kv.roll(-i * width)[:width], temp)  # NOTE: each row other slots, where there are
+    mm.kv.free(kv, temp)
+    for row in reversed(rows):
+        mm.rows.free(row, temp)
 
 
 def _borrower(mm: MemoryManager, r: Request) -> bool:
