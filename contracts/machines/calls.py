@@ -2890,12 +2890,7 @@ def sweep(scenario: Scenario, draw: Draw) -> str:
     method, broken = fair_pick(scenario, draw, pairs, "sweep")
     swept, before = 0, None
     for i in count():
-
-        def edge(arg: Arg, d: Drawn, i: int = i) -> st.SearchStrategy[object] | None:
-            values = arg.edges(d) if arg.edges is not None else ()
-            return just(values[i]) if i < len(values) else None  # NOTE: None: the catalogue is done
-
-        got, inside, missing = _draw_args(method, draw, broken, edge)
+        got, inside, missing = _draw_args(method, draw, broken, _edge_at(i))
         if missing == broken:
             break
         if missing is not None:
@@ -2950,13 +2945,35 @@ def cross(scenario: Scenario, draw: Draw) -> str:
         return f"{scenario.what}: no value of {name} to cross"
     value = fair_pick(scenario, draw, list(values.values()), "cross value")
     before, crossed = None, 0
+    given = {name: lambda _a, _d: just(value)}
     for m in {id(m): m for m in takers[name]}.values():
-        got, inside, missing = _draw_args(m, draw, name, lambda _a, _d: just(value))
+        got, inside, missing = _draw_args(m, draw, name, given[name])
         if missing is not None:
             continue
         before, made = _made(scenario, m, got, inside, before)
         crossed += made
+        # NOTE: and the edges of each argument after it, which may be drawn relative to it (an end past this
+        # request's own slots): a sweep meets them only with a value of ``name`` drawn valid, not with this one
+        for later in list(m.args)[list(m.args).index(name) + 1 :]:
+            if m.args[later].edges is None:
+                continue
+            for i in count():
+                got, inside, missing = _draw_args(m, draw, later, _edge_at(i), given)
+                if missing is not None:
+                    break
+                before, made = _made(scenario, m, got, inside, before)
+                crossed += made
     return f"{scenario.what}: {name} {_show(value)} given to {crossed} calls"
+
+
+def _edge_at(i: int) -> Callable[[Arg, Drawn], st.SearchStrategy[object] | None]:
+    """The ``i``-th value of an argument's catalogue of junk, as drawn so far (``None``: the catalogue is done)."""
+
+    def edge(arg: Arg, d: Drawn) -> st.SearchStrategy[object] | None:
+        values = arg.edges(d) if arg.edges is not None else ()
+        return just(values[i]) if i < len(values) else None
+
+    return edge
 
 
 def _draw_args(
@@ -2964,13 +2981,20 @@ def _draw_args(
     draw: Draw,
     broken: str | None,
     junk: Callable[[Arg, Drawn], st.SearchStrategy[object] | None],
+    fixed: Mapping[str, Callable[[Arg, Drawn], st.SearchStrategy[object] | None]] | None = None,
 ) -> tuple[dict[str, object], bool, str | None]:
-    """``method``'s arguments in order, each valid but ``broken`` (from ``junk``): (them, whether every one lies
-    inside its domain, the first argument with no value in this state or ``None``)."""
+    """``method``'s arguments in order, each valid but ``broken`` (from ``junk``) and those in ``fixed`` (from
+    theirs): (them, whether every one lies inside its domain, the first argument with no value in this state or
+    ``None``)."""
     got: dict[str, object] = {}
     inside = True
     for k, arg in method.args.items():
-        strategy = junk(arg, got) if k == broken else arg.valid(got)
+        if k == broken:
+            strategy = junk(arg, got)
+        elif fixed is not None and k in fixed:
+            strategy = fixed[k](arg, got)
+        else:
+            strategy = arg.valid(got)
         if strategy is None:
             return got, False, k
         got[k] = draw(strategy)
