@@ -76,6 +76,18 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    'impl/radix.py:RadixCache.evict:negate-cmp:check_int("evict", comp.value, "n", n) == 0': (
+        "the same answer by the long way (new family, seed 12, 2026-11-29): n = 0 then goes on to the eviction "
+        "loop, which stops before its first node (freed >= 0) and answers 0; every other n <= 0 or non-int is "
+        "refused by check_int as before"
+    ),
+    'impl/session.py:Sessions.unresume:drop-raise:raise InvalidArgument("unresume", "session", (), f"session '
+    "{slot.sid} is not lent to request {req.ri": (
+        "a guard of a state no call reaches (new family, seed 12, 2026-11-29): a request of an open session holds a "
+        "row only while the session is lent to it (one turn at a time: admission refuses a second turn); without "
+        "the guard, a request with no row is refused by the row pool's free or transfer of row None, typed, before "
+        "anything changes"
+    ),
     "impl/allocators.py:PagedAllocator.alloc:swap-args:self.pool.alloc(pages, owner)": (
         "off the CPU only (new family, seed 5, 2026-11-29): the alloc of a paged pool whose device is not the CPU "
         "(a CPU pool allocates through alloc_ids and its host row table below); kvledger check runs on the CPU"
