@@ -2196,3 +2196,44 @@ def test_a_session_open_that_takes_the_first_id_past_its_range_is_caught(monkeyp
     monkeypatch.setattr(S, "check_int", one_more)
     msg = fails("token", C.manager_scenario, "inv_domain_enforced", examples=1000)
     assert "open_session" in msg and str(MAX_IDENT + 1) in msg, msg
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_write_past_a_resumed_turns_slots_is_caught_on_warm_rows(monkeypatch: pytest.MonkeyPatch, warm: bool) -> None:
+    """Issue 19, new family, seed 12: ``write_kv`` bounding its end by the larger of the request's slots and tokens.
+    A resumed session turn holds fewer slots than tokens, so an end one past its slots passes, and the write reads
+    the row past them: a stale id of a real slot in a warm engine, which it writes over. The manager scenario's rows
+    start warm (``calls._warm_rows``); on a fresh table the same write meets the padding slot 0 and is refused, for
+    the wrong reason, so the bug would not show."""
+    cfg = SystemConfig(page_size=1, mamba=False, kv_tokens=16, rows=3, max_context=12, mamba_slots=4)
+    mm = build_manager(cfg)
+    if warm:
+        C._warm_rows(mm)
+    mm.sessions.open(0)
+    first = mm.add_request((1, 2, 3), session=0)
+    admit(mm, [first], Budget(24, 1))
+    mm.finish(first)
+    turn = mm.add_request((1, 2, 3, 2, 2), session=0)
+    mm.sessions.resume(turn)
+    assert turn.alloc_len < len(turn.tokens) and turn.row is not None
+    scenario = C.manager_scenario_of(mm)
+    method = next(m for m in scenario.methods if m.what == "write_kv")
+    args = {"req": turn, "start": 0, "end": turn.alloc_len + 1}
+    C.judge(scenario, method, args, inside=False)  # NOTE: the reference refuses it
+    original = MemoryManager.write_kv
+
+    def write_kv(self: MemoryManager, req: Any, start: int, end: int) -> None:
+        if end > max(req.alloc_len, len(req.tokens)):  # BUG: max, not min
+            original(self, req, start, end)
+            return
+        slots = self.rows.table[req.row, start:end]
+        pos = torch.arange(start, end, dtype=torch.int64)
+        self.kv.write_fingerprint(slots, torch.tensor(req.tokens[start:end], dtype=torch.int64), pos)
+
+    monkeypatch.setattr(MemoryManager, "write_kv", write_kv)
+    method = next(m for m in C.manager_scenario_of(mm).methods if m.what == "write_kv")
+    if warm:
+        with pytest.raises(AssertionError, match="inv_domain_enforced"):
+            C.judge(scenario, method, args, inside=False)
+    else:
+        C.judge(scenario, method, args, inside=False)  # NOTE: refused at the padding slot: nothing to see
