@@ -2945,25 +2945,35 @@ def cross(scenario: Scenario, draw: Draw) -> str:
         return f"{scenario.what}: no value of {name} to cross"
     value = fair_pick(scenario, draw, list(values.values()), "cross value")
     before, crossed = None, 0
-    given = {name: lambda _a, _d: just(value)}
     for m in {id(m): m for m in takers[name]}.values():
-        got, inside, missing = _draw_args(m, draw, name, given[name])
+        got, inside, missing = _draw_args(m, draw, name, lambda _a, _d: just(value))
         if missing is not None:
             continue
         before, made = _made(scenario, m, got, inside, before)
         crossed += made
-        # NOTE: and the edges of each argument after it, which may be drawn relative to it (an end past this
-        # request's own slots): a sweep meets them only with a value of ``name`` drawn valid, not with this one
+        # NOTE: and the edges of each argument after it that are drawn relative to it (an end past this request's
+        # own slots): a sweep meets them only with a value of ``name`` drawn valid, not with this one
         for later in list(m.args)[list(m.args).index(name) + 1 :]:
-            if m.args[later].edges is None:
-                continue
-            for i in count():
-                got, inside, missing = _draw_args(m, draw, later, _edge_at(i), given)
-                if missing is not None:
-                    break
-                before, made = _made(scenario, m, got, inside, before)
+            for edge in _edges_relative(m.args[later], got):
+                tried = {**got, later: edge}
+                inside = all(arg.inside(tried[k], tried) for k, arg in m.args.items())
+                before, made = _made(scenario, m, tried, inside, before)
                 crossed += made
     return f"{scenario.what}: {name} {_show(value)} given to {crossed} calls"
+
+
+def _edges_relative(arg: Arg, got: Drawn) -> Sequence[object]:
+    """``arg``'s catalogue of junk as drawn relative to the arguments ``got`` before it, where that differs from
+    its catalogue relative to nothing (one with no value without them, or other values); else none (a sweep
+    meets a fixed catalogue already)."""
+    if arg.edges is None:
+        return ()
+    mine = arg.edges(got)
+    try:
+        alone = arg.edges({})
+    except Exception:  # NOTE: a catalogue that needs the arguments before it
+        return mine
+    return mine if [_show(v) for v in mine] != [_show(v) for v in alone] else ()
 
 
 def _edge_at(i: int) -> Callable[[Arg, Drawn], st.SearchStrategy[object] | None]:
@@ -2981,20 +2991,13 @@ def _draw_args(
     draw: Draw,
     broken: str | None,
     junk: Callable[[Arg, Drawn], st.SearchStrategy[object] | None],
-    fixed: Mapping[str, Callable[[Arg, Drawn], st.SearchStrategy[object] | None]] | None = None,
 ) -> tuple[dict[str, object], bool, str | None]:
-    """``method``'s arguments in order, each valid but ``broken`` (from ``junk``) and those in ``fixed`` (from
-    theirs): (them, whether every one lies inside its domain, the first argument with no value in this state or
-    ``None``)."""
+    """``method``'s arguments in order, each valid but ``broken`` (from ``junk``): (them, whether every one lies
+    inside its domain, the first argument with no value in this state or ``None``)."""
     got: dict[str, object] = {}
     inside = True
     for k, arg in method.args.items():
-        if k == broken:
-            strategy = junk(arg, got)
-        elif fixed is not None and k in fixed:
-            strategy = fixed[k](arg, got)
-        else:
-            strategy = arg.valid(got)
+        strategy = junk(arg, got) if k == broken else arg.valid(got)
         if strategy is None:
             return got, False, k
         got[k] = draw(strategy)
