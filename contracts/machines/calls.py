@@ -2889,15 +2889,31 @@ def sweep(scenario: Scenario, draw: Draw) -> str:
         return f"{scenario.what}: no argument with a catalogue of junk"
     method, broken = fair_pick(scenario, draw, pairs, "sweep")
     swept, before = 0, None
-    for i in count():
-        got, inside, missing = _draw_args(method, draw, broken, _edge_at(i))
-        if missing == broken:
-            break
-        if missing is not None:
-            return f"{scenario.what}.{method.what}: no valid {missing} in this state"
-        before, made = _made(scenario, method, got, inside, before)
-        swept += made
+    for base in _bases(method, broken):
+        for i in count():
+            got, inside, missing = _draw_args(method, draw, broken, _edge_at(i), base)
+            if missing == broken:
+                break
+            if missing is not None:
+                return f"{scenario.what}.{method.what}: no valid {missing} in this state"
+            before, made = _made(scenario, method, got, inside, before)
+            swept += made
     return f"{scenario.what}.{method.what}: {swept} junk {broken}"
+
+
+def _bases(method: Method, broken: str) -> list[dict[str, object]]:
+    """What a sweep of ``broken`` fixes before it: nothing (the arguments before it drawn valid), and, when its
+    catalogue cannot be made without them (an end past the drawn request's own slots), each valid value of the
+    first argument's catalogue in turn (a request of each stage of life), so its edges meet every such value."""
+    names = list(method.args)
+    arg, first = method.args[broken], method.args[names[0]]
+    if names[0] == broken or arg.edges is None or first.edges is None:
+        return [{}]
+    try:
+        arg.edges({})
+    except Exception:  # NOTE: a catalogue that needs the arguments before it
+        return [{}, *({names[0]: v} for v in first.edges({}) if first.inside(v, {}))]
+    return [{}]
 
 
 def _made(
@@ -2991,12 +3007,17 @@ def _draw_args(
     draw: Draw,
     broken: str | None,
     junk: Callable[[Arg, Drawn], st.SearchStrategy[object] | None],
+    fixed: Mapping[str, object] | None = None,
 ) -> tuple[dict[str, object], bool, str | None]:
-    """``method``'s arguments in order, each valid but ``broken`` (from ``junk``): (them, whether every one lies
-    inside its domain, the first argument with no value in this state or ``None``)."""
+    """``method``'s arguments in order, each valid but ``broken`` (from ``junk``) and those ``fixed`` (given):
+    (them, whether every one lies inside its domain, the first argument with no value in this state or ``None``)."""
     got: dict[str, object] = {}
     inside = True
     for k, arg in method.args.items():
+        if fixed and k in fixed:
+            got[k] = fixed[k]
+            inside = inside and arg.inside(got[k], got)
+            continue
         strategy = junk(arg, got) if k == broken else arg.valid(got)
         if strategy is None:
             return got, False, k
