@@ -2237,3 +2237,24 @@ def test_a_write_past_a_resumed_turns_slots_is_caught_on_warm_rows(monkeypatch: 
             C.judge(scenario, method, args, inside=False)
     else:
         C.judge(scenario, method, args, inside=False)  # NOTE: refused at the padding slot: nothing to see
+
+
+def test_a_sweep_of_an_end_meets_a_request_of_each_stage() -> None:
+    """``write_kv``'s ends are drawn relative to the request (one past its own slots): a sweep of them fixes a
+    request of each stage of life in turn (a resumed turn with fewer slots than tokens among them), not only the
+    one drawn valid; a catalogue that stands alone (``start``) is swept once."""
+    cfg = SystemConfig(page_size=1, mamba=False, kv_tokens=16, rows=3, max_context=12, mamba_slots=4)
+    mm = build_manager(cfg)
+    C._warm_rows(mm)
+    mm.sessions.open(0)
+    first = mm.add_request((1, 2, 3), session=0)
+    admit(mm, [first], Budget(24, 1))
+    mm.finish(first)
+    turn = mm.add_request((1, 2, 3, 2, 2), session=0)
+    mm.sessions.resume(turn)
+    running = mm.add_request((3, 3), session=None)
+    admit(mm, [running], Budget(24, 1))
+    method = next(m for m in C.manager_scenario_of(mm).methods if m.what == "write_kv")
+    fixed = [b.get("req") for b in C._bases(method, "end")]
+    assert fixed[0] is None and turn in fixed and running in fixed
+    assert C._bases(method, "start") == [{}]
