@@ -1086,6 +1086,14 @@ def _insert_method(c: _Cache, ps: int) -> Method:
 
     states = list(c.states)  # NOTE: any state the prober holds is its to offer, not only the first
     mamba = cache.mamba
+    short = [torch.full((n - 1,), 4)] if ps > 1 and n > 1 else []
+
+    def fitted(d: Drawn) -> st.SearchStrategy[object]:
+        """The prober's slots; as many as the key has tokens where it has fewer and they are not whole pages (the
+        call is then refused for its key alone, whatever it offers)."""
+        key = tokens_of(d.get("key"))
+        cut = key is not None and 0 < len(key) < n and len(key) % ps != 0
+        return just(_slots(own[: len(key)] if cut and key is not None else own))
 
     def state_inside(x: object, d: Drawn) -> bool:
         key = tokens_of(d["key"])
@@ -1106,11 +1114,12 @@ def _insert_method(c: _Cache, ps: int) -> Method:
                 ),
                 junk_keys(n),
                 _is_key,
-                # NOTE: valid keys, all new or at the ids' edges: the value decides
-                edges=(*junk_key_values(n), torch.full((n,), 4), *edge_key_values(n)),
+                # NOTE: valid keys, all new or at the ids' edges: the value decides; and a key of valid tokens that
+                # is not whole pages (one token short), which the value then matches in length
+                edges=(*junk_key_values(n), torch.full((n,), 4), *edge_key_values(n), *short),
             ),
             "value": _arg(
-                just(_slots(own)),
+                fitted,
                 lambda d: st.one_of(bad_values[0], st.one_of(*bad_values[1:]), *(just(x) for x in partly_cached(d))),
                 value_inside,
                 after=True,
