@@ -2258,3 +2258,19 @@ def test_a_sweep_of_an_end_meets_a_request_of_each_stage() -> None:
     fixed = [b.get("req") for b in C._bases(method, "end")]
     assert fixed[0] is None and turn in fixed and running in fixed
     assert C._bases(method, "start") == [{}]
+
+
+def test_an_insert_of_a_key_not_whole_pages_that_crashes_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 12: ``RadixCache.insert`` without its refusal of a key that is not whole pages.
+    With as many slots as tokens, the insert then reshapes them into pages and crashes (torch's ``RuntimeError``).
+    The insert's key catalogue holds a key one token short of whole pages, and its valid value fits it."""
+    original = RadixCache.insert
+
+    def insert(self: RadixCache, key: Any, value: torch.Tensor, owner: Any, **kw: Any) -> Any:
+        n = value.numel() if isinstance(value, torch.Tensor) else -1
+        if self.page_size > 1 and n > 0 and n % self.page_size and len(C.tokens_of(key) or ()) == n:
+            value.view(-1, self.page_size)  # BUG: no refusal of the key first (raises RuntimeError)
+        return original(self, key, value, owner, **kw)
+
+    monkeypatch.setattr(RadixCache, "insert", insert)
+    assert "RuntimeError" in fails("paged", C.cache_scenario, "inv_domain_enforced")
