@@ -2198,13 +2198,8 @@ def test_a_session_open_that_takes_the_first_id_past_its_range_is_caught(monkeyp
     assert "open_session" in msg and str(MAX_IDENT + 1) in msg, msg
 
 
-@pytest.mark.parametrize("warm", [True, False])
-def test_a_write_past_a_resumed_turns_slots_is_caught_on_warm_rows(monkeypatch: pytest.MonkeyPatch, warm: bool) -> None:
-    """Issue 19, new family, seed 12: ``write_kv`` bounding its end by the larger of the request's slots and tokens.
-    A resumed session turn holds fewer slots than tokens, so an end one past its slots passes, and the write reads
-    the row past them: a stale id of a real slot in a warm engine, which it writes over. The manager scenario's rows
-    start warm (``calls._warm_rows``); on a fresh table the same write meets the padding slot 0 and is refused, for
-    the wrong reason, so the bug would not show."""
+def resumed_turn(warm: bool) -> tuple[MemoryManager, Any]:
+    """A small manager (rows warm or fresh) with a session's second turn resumed: fewer slots than tokens."""
     cfg = SystemConfig(page_size=1, mamba=False, kv_tokens=16, rows=3, max_context=12, mamba_slots=4)
     mm = build_manager(cfg)
     if warm:
@@ -2215,6 +2210,17 @@ def test_a_write_past_a_resumed_turns_slots_is_caught_on_warm_rows(monkeypatch: 
     mm.finish(first)
     turn = mm.add_request((1, 2, 3, 2, 2), session=0)
     mm.sessions.resume(turn)
+    return mm, turn
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_write_past_a_resumed_turns_slots_is_caught_on_warm_rows(monkeypatch: pytest.MonkeyPatch, warm: bool) -> None:
+    """Issue 19, new family, seed 12: ``write_kv`` bounding its end by the larger of the request's slots and tokens.
+    A resumed session turn holds fewer slots than tokens, so an end one past its slots passes, and the write reads
+    the row past them: a stale id of a real slot in a warm engine, which it writes over. The manager scenario's rows
+    start warm (``calls._warm_rows``); on a fresh table the same write meets the padding slot 0 and is refused, for
+    the wrong reason, so the bug would not show."""
+    mm, turn = resumed_turn(warm)
     assert turn.alloc_len < len(turn.tokens) and turn.row is not None
     scenario = C.manager_scenario_of(mm)
     method = next(m for m in scenario.methods if m.what == "write_kv")
@@ -2243,15 +2249,7 @@ def test_a_sweep_of_an_end_meets_a_request_of_each_stage() -> None:
     """``write_kv``'s ends are drawn relative to the request (one past its own slots): a sweep of them fixes a
     request of each stage of life in turn (a resumed turn with fewer slots than tokens among them), not only the
     one drawn valid; a catalogue that stands alone (``start``) is swept once."""
-    cfg = SystemConfig(page_size=1, mamba=False, kv_tokens=16, rows=3, max_context=12, mamba_slots=4)
-    mm = build_manager(cfg)
-    C._warm_rows(mm)
-    mm.sessions.open(0)
-    first = mm.add_request((1, 2, 3), session=0)
-    admit(mm, [first], Budget(24, 1))
-    mm.finish(first)
-    turn = mm.add_request((1, 2, 3, 2, 2), session=0)
-    mm.sessions.resume(turn)
+    mm, turn = resumed_turn(warm=True)
     running = mm.add_request((3, 3), session=None)
     admit(mm, [running], Budget(24, 1))
     method = next(m for m in C.manager_scenario_of(mm).methods if m.what == "write_kv")
