@@ -137,9 +137,9 @@ def shape_or_junk() -> st.SearchStrategy[object]:
     return st.one_of(dims.map(tuple), dims.map(list), bad_dims.map(tuple), JUNK_SCALARS)
 
 
-SHAPE_EDGES: tuple[object, ...] = ((0,), (-1,), (True,), (1.5,), (2, D.INT64_END), [2], 2, None)
+SHAPE_EDGES: tuple[object, ...] = ((0,), (-1,), (True,), (1.5,), (2, D.INT64_END), [2], 2, None, (1,), (1, 1))
 """Every kind of junk ``shape_or_junk`` draws, once: a dimension of 0, negative, a bool, a float, past int64, a
-list, a scalar, ``None``."""
+list, a scalar, ``None``; and the least valid shapes, of dimensions 1 (a bound one too tight refuses them)."""
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 OTHER_DTYPES = (torch.int64, torch.int32, torch.int8, torch.bool, torch.complex64)
