@@ -689,10 +689,16 @@ def _sweep_constructors(kind: str, examples: int = 40) -> None:
     from hypothesis import Phase
     from hypothesis import strategies as st
 
+    from kvledger.contracts.machines.probes import CONSTRUCTORS
+
+    turns = sum(1 for c in CONSTRUCTORS[kind] for k in c.args if k in c.edges)
+
     @settings(max_examples=examples, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
     @given(st.data())
     def run(data: st.DataObject) -> None:
-        machine(kind).construct_sweep(data)
+        m = machine(kind)
+        for _ in range(turns):  # NOTE: a whole round: the sweep takes every (type, argument) in turn
+            m.construct_sweep(data)
 
     run()
 
@@ -921,3 +927,19 @@ def test_an_id_past_int64_must_be_named_as_given(monkeypatch: pytest.MonkeyPatch
         monkeypatch.setattr(module, "int_ids", wrapping)
     with pytest.raises(AssertionError, match="inv_names_culprit"):
         m.out_of_range("above")
+
+
+def test_a_shape_bound_one_too_tight_is_caught_by_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 13: ``MambaPool`` refusing dimensions of 1 (``0 < d`` made ``1 < d``). The shape
+    catalogue holds the least valid shapes, which must be built."""
+    real = MambaPool.__init__
+
+    def strict(self: MambaPool, size: int, conv_shape: Any = (2,), temporal_shape: Any = (2,), **kw: Any) -> None:
+        for shape in (conv_shape, temporal_shape):
+            if isinstance(shape, tuple) and 1 in shape:  # BUG: a dimension of 1 is refused
+                raise InvalidArgument("create", "mamba", (), f"shape {shape} must be of ints >= 2")
+        real(self, size, conv_shape=conv_shape, temporal_shape=temporal_shape, **kw)
+
+    monkeypatch.setattr(MambaPool, "__init__", strict)
+    with pytest.raises(AssertionError, match="inv_domain_enforced: MambaPool"):
+        _sweep_constructors("mamba")
