@@ -2272,3 +2272,14 @@ def test_an_insert_of_a_key_not_whole_pages_that_crashes_is_caught(monkeypatch: 
 
     monkeypatch.setattr(RadixCache, "insert", insert)
     assert "RuntimeError" in fails("paged", C.cache_scenario, "inv_domain_enforced")
+
+
+def test_a_crossed_request_meets_the_edges_drawn_relative_to_it() -> None:
+    """A cross gives a request of one stage to every call that takes it; the arguments after it whose catalogue is
+    drawn relative to it (``write_kv``'s end: one past this request's slots) meet their edges with it too, and a
+    catalogue that stands alone (``start``) is left to the sweeps."""
+    mm, turn = resumed_turn(warm=True)
+    method = next(m for m in C.manager_scenario_of(mm).methods if m.what == "write_kv")
+    got = {"req": turn, "start": 0, "end": 0}
+    assert turn.alloc_len + 1 in C._edges_relative(method.args["end"], got)
+    assert not C._edges_relative(method.args["start"], got)
