@@ -39,7 +39,7 @@ def check_int(op: str, where: str, name: str, value: object, lo: int = 0, hi: in
 def check_id(op: str, where: str, name: str, value: object, lo: int, hi: int) -> int:
     """``check_int`` for the id of a slot, row or state: out of ``[lo, hi)`` raises ``OutOfRange`` naming it."""
     if type(value) is not int:
-        raise InvalidArgument(op, where, (), f"{name} must be an int, got {_what(value)}")
+        value = check_int(op, where, name, value)  # NOTE: raises its type refusal
     if not lo <= value < hi:
         raise OutOfRange(op, where, [value], f"{name} {value} outside [{lo}, {hi})")
     return value

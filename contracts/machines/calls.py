@@ -2916,13 +2916,20 @@ def _bases(method: Method, broken: str) -> list[dict[str, object]]:
     first argument's catalogue in turn (a request of each stage of life), so its edges meet every such value."""
     names = list(method.args)
     arg, first = method.args[broken], method.args[names[0]]
-    if names[0] == broken or arg.edges is None or first.edges is None:
+    if names[0] == broken or arg.edges is None or first.edges is None or _alone(arg) is not None:
         return [{}]
+    return [{}, *({names[0]: v} for v in _alone(first) or () if first.inside(v, {}))]
+
+
+def _alone(arg: Arg) -> Sequence[object] | None:
+    """``arg``'s catalogue of junk drawn relative to no other argument; ``None`` when it has none (no catalogue, or
+    one that cannot be made without the arguments before it: an end past the drawn request's own slots)."""
+    if arg.edges is None:
+        return None
     try:
-        arg.edges({})
+        return arg.edges({})
     except Exception:  # NOTE: a catalogue that needs the arguments before it
-        return [{}, *({names[0]: v} for v in first.edges({}) if first.inside(v, {}))]
-    return [{}]
+        return None
 
 
 def _made(
@@ -2962,10 +2969,8 @@ def cross(scenario: Scenario, draw: Draw) -> str:
     name = fair_pick(scenario, draw, shared, "cross")
     values: dict[int, object] = {}
     for m in takers[name]:
-        edges = m.args[name].edges
-        with suppress(Exception):  # NOTE: a catalogue that depends on earlier arguments has no values here
-            for v in edges({}) if edges is not None else ():
-                values.setdefault(id(v), v)
+        for v in _alone(m.args[name]) or ():  # NOTE: a catalogue that depends on earlier arguments has none here
+            values.setdefault(id(v), v)
     if not values:
         return f"{scenario.what}: no value of {name} to cross"
     value = fair_pick(scenario, draw, list(values.values()), "cross value")
@@ -2980,8 +2985,7 @@ def cross(scenario: Scenario, draw: Draw) -> str:
         # own slots): a sweep meets them only with a value of ``name`` drawn valid, not with this one
         for later in list(m.args)[list(m.args).index(name) + 1 :]:
             for edge in _edges_relative(m.args[later], got):
-                tried = {**got, later: edge}
-                inside = all(arg.inside(tried[k], tried) for k, arg in m.args.items())
+                tried, inside, _ = _draw_args(m, draw, None, lambda _a, _d: None, fixed={**got, later: edge})
                 before, made = _made(scenario, m, tried, inside, before)
                 crossed += made
     return f"{scenario.what}: {name} {_show(value)} given to {crossed} calls"
@@ -2993,12 +2997,8 @@ def _edges_relative(arg: Arg, got: Drawn) -> Sequence[object]:
     meets a fixed catalogue already)."""
     if arg.edges is None:
         return ()
-    mine = arg.edges(got)
-    try:
-        alone = arg.edges({})
-    except Exception:  # NOTE: a catalogue that needs the arguments before it
-        return mine
-    return mine if [_show(v) for v in mine] != [_show(v) for v in alone] else ()
+    mine, alone = arg.edges(got), _alone(arg)
+    return mine if alone is None or [_show(v) for v in mine] != [_show(v) for v in alone] else ()
 
 
 def _edge_at(i: int) -> Callable[[Arg, Drawn], st.SearchStrategy[object] | None]:
