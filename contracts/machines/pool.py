@@ -387,14 +387,27 @@ def int_calls(pool: AnyPool, chunk: Chunk) -> list[IntCall]:
     whether the method is a query that may answer ``None``, the call of a value there with every other argument
     valid: ``chunk``'s first id for an id, ``INT_VALID`` for a value or a count, ``chunk``'s owner, another owner
     as ``dst``, the id 1 for a tensor). Found by signature, as ``tensor_calls``: a method added later is met too."""
+    return _typed_calls(pool, chunk, INT_HINTS)
 
+
+def bytes_calls(pool: AnyPool, chunk: Chunk) -> list[tuple[str, str, Callable[[object], object]]]:
+    """Each public method of ``pool`` with a parameter annotated ``bytes`` (raw int64 ids), per such parameter:
+    (method, parameter, the call of a value there with every other argument valid as ``int_calls`` makes them:
+    ``chunk``'s ids' bytes for raw ids)."""
+    return [(what, param, call) for what, param, _, call in _typed_calls(pool, chunk, BYTES_HINTS)]
+
+
+def _typed_calls(pool: AnyPool, chunk: Chunk, types: tuple[object, ...]) -> list[IntCall]:
+    """``int_calls`` for the parameters annotated one of ``types`` (``INT_HINTS``, ``BYTES_HINTS``)."""
     out: list[IntCall] = []
     other = other_owner(chunk.owner)
     first = int(chunk.idx[0])
-    for name, fn, params, hints, param, answer in _typed_params(pool, INT_HINTS):
+    for name, fn, params, hints, param, answer in _typed_params(pool, types):
 
         def valid(p: str, hints: dict[str, object] = hints) -> object:
             hint = str(hints.get(p, ""))
+            if hints.get(p) in BYTES_HINTS:
+                return chunk.idx.numpy().tobytes()
             if hints.get(p) in INT_HINTS:
                 return INT_VALID.get(p, first)
             if "Tensor" in hint:
@@ -403,22 +416,6 @@ def int_calls(pool: AnyPool, chunk: Chunk) -> list[IntCall]:
 
         call = _caller(fn, params, param, valid)
         out.append((f"{type(pool).__name__}.{name}", param, answer.endswith("|None"), call))
-    return out
-
-
-def bytes_calls(pool: AnyPool, chunk: Chunk) -> list[tuple[str, str, Callable[[object], object]]]:
-    """Each public method of ``pool`` with a parameter annotated ``bytes`` (raw int64 ids), per such parameter:
-    (method, parameter, the call of a value there with every other argument valid as ``int_calls`` makes them)."""
-    out: list[tuple[str, str, Callable[[object], object]]] = []
-    first = int(chunk.idx[0])
-    for name, fn, params, hints, param, _ in _typed_params(pool, BYTES_HINTS):
-
-        def valid(p: str, hints: dict[str, object] = hints) -> object:
-            if hints.get(p) in BYTES_HINTS:
-                return chunk.idx.numpy().tobytes()
-            return INT_VALID.get(p, first) if hints.get(p) in INT_HINTS else chunk.owner
-
-        out.append((f"{type(pool).__name__}.{name}", param, _caller(fn, params, param, valid)))
     return out
 
 
