@@ -244,9 +244,7 @@ def _as(tokens: list[int], how: str) -> object:
     """``tokens`` as a caller may pass a key: an int64, int32, uint64 or strided tensor, an int16 or uint8 one
     (``spec.domains.IDS_DTYPES``; int64 where the values do not fit), a list, a tuple, an array."""
     if how in NARROW:
-        info = torch.iinfo(NARROW[how])
-        fits = all(info.min <= t <= info.max for t in tokens)
-        return torch.tensor(tokens, dtype=NARROW[how] if fits else torch.int64)
+        return torch.tensor(tokens, dtype=NARROW[how] if fits_dtype(tokens, NARROW[how]) else torch.int64)
     if how == "int64":
         return torch.tensor(tokens, dtype=torch.int64)
     if how == "strided":
@@ -254,6 +252,16 @@ def _as(tokens: list[int], how: str) -> object:
     if how == "array":
         return array("q", tokens)
     return tokens if how == "list" else tuple(tokens)
+
+
+def fits_dtype(values: Sequence[int] | torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether every one of ``values`` (ints, or an integer tensor) is a value of integer ``dtype``."""
+    if not len(values):
+        return True
+    info = torch.iinfo(dtype)
+    if isinstance(values, torch.Tensor):
+        return info.min <= int(values.min()) and int(values.max()) <= info.max
+    return info.min <= min(values) and max(values) <= info.max
 
 
 NARROW = {"int32": torch.int32, "uint64": torch.uint64, "int16": torch.int16, "uint8": torch.uint8}

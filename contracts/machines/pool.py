@@ -47,6 +47,7 @@ from kvledger.contracts.machines.calls import (
     audit,
     cache_scenario,
     cross,
+    fits_dtype,
     holder_named,
     manager_scenario,
     probe,
@@ -256,12 +257,6 @@ OTHER_INT_DTYPES = tuple(
     dt for dt in (getattr(torch, name, None) for name in D.IDS_DTYPES if name != "int64") if isinstance(dt, torch.dtype)
 )
 """The integer dtypes of ``spec.domains.IDS_DTYPES`` but int64 (those this torch has): ``inv_dtype_blind``'s sweep."""
-
-
-def _fits(t: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether every value of int64 tensor ``t`` is one of ``dtype``'s."""
-    info = torch.iinfo(dtype)
-    return not t.numel() or (info.min <= int(t.min()) and int(t.max()) <= info.max)
 
 
 def _done(pool: AnyPool, call: Callable[[], object]) -> tuple[object, ...]:
@@ -706,7 +701,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             k = turn + chunk.stamp
             what, param, _ids, query, _acts, _call = calls[k % len(calls)]
             value = torch.zeros_like(chunk.idx) if param in DATA_PARAMS else chunk.idx
-            fits = [dt for dt in OTHER_INT_DTYPES if _fits(value, dt)]
+            fits = [dt for dt in OTHER_INT_DTYPES if fits_dtype(value, dt)]
             if not fits:
                 return
             dtype = fits[(k // len(calls) + k) % len(fits)]
