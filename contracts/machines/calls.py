@@ -2535,13 +2535,15 @@ def session_audit(mm: MemoryManager) -> str:
         ("tokens past its committed length", "inv_committed_within_allocated", _plant_extra_token),
         ("positions held without a row", "inv_kv_needs_row", _plant_rowless),
     )
+    m = deepcopy(mm)
+    if not m.sessions.slots:
+        m.sessions.open(1)
+    slot = next(iter(m.sessions.slots.values()))
+    kept = copy(slot)
     for what, name, plant in plants:
-        m = deepcopy(mm)
-        if not m.sessions.slots:
-            m.sessions.open(1)
-        slot = next(iter(m.sessions.slots.values()))
-        plant(slot)
+        plant(slot)  # NOTE: one law broken at a time, the slot put back after each: one copy serves every plant
         err = raised(m.sessions.check)
+        vars(slot).update(vars(kept))
         if not (isinstance(err, IntegrityError) and str(err).startswith(name)):
             raise AssertionError(f"{law}: Sessions.check() with session {slot.sid}'s {what} planted: {err!r}")
     return f"session audit: {len(plants)} plants"
