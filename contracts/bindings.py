@@ -25,7 +25,8 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import icontract
@@ -836,6 +837,21 @@ def install(level: Level) -> None:
         for name in ("alloc", "free", "free_swa", "transfer"):
             _wrap(SWATokenAllocator, name, ens(inv_swa_mapping, "SWA mapping is one to one"))
     _level = level
+
+
+@contextmanager
+def installed(level: Level) -> Iterator[None]:
+    """The tier ``level`` installed for the block, the tier before put back after it (a checker that makes some
+    calls with the implementation's own checks alone: ``installed("off")``)."""
+    was = _level
+    if was == level:
+        yield
+        return
+    install(level)
+    try:
+        yield
+    finally:
+        install(was)
 
 
 def uninstall() -> None:

@@ -39,6 +39,8 @@ def _path_locks(cache: RadixCache, n: TreeNode) -> list[tuple[int, int, int]]:
     while n.parent is not None:
         out.append((n.id, n.lock_ref[Component.FULL], n.lock_ref[Component.SWA]))
         n = n.parent
+        if len(out) > len(cache._nodes):  # NOTE: a parent cycle: the law's walk must not run round it
+            raise cache.revisit("a law's walk", n)
     return out
 
 
@@ -96,11 +98,13 @@ def insert_caches_key(
     elif not bool((pool.owner_tag[torch.from_numpy(ids.copy()).to(pool.device)] == code).all()):  # NOTE: writable
         return False
     members, nodes, n = self._full._members, self._nodes, last  # NOTE: the list's own member set, as ``in`` reads it
-    while n.parent is not None:
+    for _ in range(len(nodes)):  # NOTE: a path passes each node once: a longer walk runs round a parent cycle
+        if n.parent is None:
+            return n is self.root
         if nodes.get(n.id) is not n or n not in members:
             return False
         n = n.parent
-    return n is self.root
+    raise self.revisit("insert", n)
 
 
 def new_handle_raised(self: RadixCache, old: None, result: LockHandle, *_: Any) -> bool:

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import kvledger.impl
+from kvledger.contracts import bindings
 from kvledger.contracts.adapters.reference_system import build_manager
 from kvledger.contracts.adapters.system import SystemConfig
 from kvledger.contracts.machines import calls as C
@@ -569,6 +570,65 @@ def _running_manager(mamba: bool) -> MemoryManager:
     mm = build_manager(SystemConfig(mamba=mamba, kv_tokens=16, rows=3, max_context=12, mamba_slots=4))
     admit(mm, [mm.add_request((1, 2, 3))], Budget(24, 1))
     return mm
+
+
+def _locked_manager(mamba: bool) -> MemoryManager:
+    """A manager with (1, 2) cached and request 2, (1, 2, 3), running on it: its lock covers the cached node."""
+    mm = build_manager(SystemConfig(mamba=mamba, kv_tokens=16, rows=3, max_context=12, mamba_slots=4))
+    first = mm.add_request((1, 2))
+    admit(mm, [first], Budget(24, 1))
+    mm.finish(first)
+    admit(mm, [mm.add_request((1, 2, 3))], Budget(24, 1))
+    return mm
+
+
+def _unbounded_path(self: MemoryManager, n: Any) -> torch.Tensor:
+    parts = []
+    while n.parent is not None:  # BUG: no bound: a parent cycle is walked for ever
+        parts.append(n.value)
+        n = n.parent
+    return torch.cat([self.cache.root.value, *reversed(parts)])
+
+
+@pytest.mark.parametrize("mamba", [False, True])
+def test_a_manager_walk_round_a_parent_cycle_is_caught(monkeypatch: pytest.MonkeyPatch, mamba: bool) -> None:
+    """Issue 19, new family, seed 2: ``chunk``'s walk up the tree (the row's slots from the root) without its bound.
+    With the contracts on, the insert's own law meets the cycle first; with none, the walk runs round it."""
+    mm = _locked_manager(mamba)
+    before = C._manager_fingerprint(mm)
+    assert C.cycle_audit(mm) == "cycle audit: request 2's abort, chunk, finish, retract (contracts on, off)"
+    assert C._manager_fingerprint(mm) == before  # the plants are made on copies
+    monkeypatch.setattr(MemoryManager, "_path_slots", _unbounded_path)
+    with pytest.raises(AssertionError, match=r"^inv_tree_acyclic: chunk of running request 2 .*contracts off.*_Walked"):
+        C.cycle_audit(mm)
+
+    @settings(
+        max_examples=300,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.data())
+    def audits(data: st.DataObject) -> None:  # NOTE: the manager scenarios reach the state (a request shares a prefix)
+        C.audit(C.manager_scenario("token", data.draw), data.draw)
+
+    with pytest.raises(AssertionError, match=r"inv_tree_acyclic: chunk of running request"):
+        audits()
+
+
+def test_a_contract_walk_up_the_tree_fails_typed_at_a_parent_cycle() -> None:
+    """The contracts' own walks up the tree are bounded too: an insert's law over a path with a parent cycle planted
+    fails ``inv_tree_acyclic`` at once (it walked round it for ever)."""
+    with bindings.installed("on"):
+        mm = _locked_manager(False)
+        req = mm.requests[2]
+        assert req.handle is not None
+        n = mm.cache._nodes[req.handle.node_id]
+        n.parent = n
+        err = C._bounded(lambda: mm.chunk(req), 2.0)
+    assert isinstance(err, IntegrityError) and str(err).startswith("inv_tree_acyclic: insert"), err
 
 
 @pytest.mark.parametrize("kind", ["token", "mamba"])
