@@ -12,7 +12,7 @@ from hypothesis.errors import Flaky
 
 from kvledger.contracts.machines.pool import KINDS, OWNERS, machine_for
 from kvledger.impl.slots import SlotPool
-from kvledger.spec.errors import DoubleFree, NotOwner, PageAlignmentError, SlotConflict
+from kvledger.spec.errors import DoubleFree, NotOwner, OutOfRange, PageAlignmentError, SlotConflict
 from kvledger.spec.types import Owner
 
 
@@ -257,8 +257,10 @@ def test_a_paged_free_that_reads_pages_wrong_off_its_fast_path_is_caught(monkeyp
         return got
 
     monkeypatch.setattr(PagedAllocator, "pages_of", pages_of)
-    msg = run_expecting_failure("paged", PageAlignmentError, shrink=False)  # NOTE: a valid free refused
-    assert "not whole pages" in msg, msg
+    # NOTE: a valid free or transfer refused: its pages not whole, or a wrong page outside the pool (which the
+    # machine meets first depends on what it draws before)
+    msg = run_expecting_failure("paged", PageAlignmentError, OutOfRange, shrink=False)
+    assert "not whole pages" in msg or "outside [" in msg, msg
 
 
 @pytest.mark.parametrize("kind", ["token", "paged"])
