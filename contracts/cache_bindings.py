@@ -98,7 +98,7 @@ def insert_caches_key(
     elif not bool((pool.owner_tag[torch.from_numpy(ids.copy()).to(pool.device)] == code).all()):  # NOTE: writable
         return False
     members, nodes, n = self._full._members, self._nodes, last  # NOTE: the list's own member set, as ``in`` reads it
-    for _ in range(len(nodes)):  # NOTE: a path passes each node once: a longer walk runs round a parent cycle
+    for _step in range(len(nodes)):  # NOTE: a path passes each node once: a longer walk runs round a parent cycle
         if n.parent is None:
             return n is self.root
         if nodes.get(n.id) is not n or n not in members:
