@@ -150,6 +150,32 @@ def inv_end_caches(ledgers: Mapping[str, Ledger], page_size: int, computed: int,
     return not (held_state and whole and mamba is not None and not tree_holds(mamba))
 
 
+def inv_end_caches_content(
+    node_kv: Mapping[int, Set[int | None]], node_states: Set[int], owed: Sequence[int], state_at: int | None
+) -> bool:
+    """``inv_end_caches`` read through what the KV slots hold (an engine that shows its KV ``content``): once a
+    request ends, the tree's nodes hold the KV of each of its computed whole-page positions (``owed``: the content
+    each must hold, ``fingerprint(token, position)``), and, when a Mamba state is owed (``state_at``: the content
+    of the last computed position), a node that holds a Mamba state holds that position's KV among its own slots.
+    A state summarises the prefix that ends at its node: another node's state, at another prefix, does not stand
+    in for it. ``node_kv``: per node id, the contents of the KV slots the node holds; ``node_states``: the ids of
+    the nodes that hold a Mamba state.
+
+    >>> inv_end_caches_content({1: {10, 11}}, {1}, [10, 11], 11)
+    True
+    >>> inv_end_caches_content({1: {10}, 2: {11}}, {1}, [10, 11], 11)
+    False
+    >>> inv_end_caches_content({1: {10}}, set(), [10, 12], None)
+    False
+    """
+    held: set[int | None] = set()
+    for values in node_kv.values():
+        held |= values
+    if any(v not in held for v in owed):
+        return False
+    return state_at is None or any(state_at in node_kv.get(n, ()) for n in node_states)
+
+
 class Holdings(Protocol):
     """What :func:`inv_rows_held` reads of a pool: its range and who holds what (a :class:`Ledger` is one)."""
 

@@ -128,6 +128,10 @@ def system_snapshot_of(mm: MemoryManager) -> SystemSnapshot:
             if r.status is Status.RUNNING and r.kv_len:
                 for s in slots[: r.kv_len]:
                     content[s] = int(data[s])
+    root = mm.cache.root
+    for n in mm.cache.nodes():  # NOTE: and the KV the tree holds (what a finish leaves cached)
+        if n is not root and n.value.numel():
+            content.update(zip(n.value.tolist(), data[n.value].tolist(), strict=True))
     sessions: dict[int, SessionView] = {}
     for s in mm.sessions.slots.values():
         slots = tuple(mm.rows.table[s.row, : s.alloc_len].tolist()) if s.row is not None else ()

@@ -68,6 +68,7 @@ from kvledger.contracts.machines.probes import (
     raised,
 )
 from kvledger.contracts.machines.stable import just, sampled_from
+from kvledger.contracts.machines.system import end_cache_finding
 from kvledger.impl.admission import Attempt, Budget, admit, release_attempt_state, rollback
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
 from kvledger.impl.arguments import MAX_TOKEN
@@ -2349,6 +2350,17 @@ def _call_on_copy(mm: MemoryManager, method: Method, args: Mapping[str, object])
     found = check_leaks(m).findings
     if found:
         raise AssertionError(f"leak checker agrees with the ledgers: {shown} left {found[0]}")
+    ended = [
+        rid
+        for rid, r in mm.requests.items()
+        if r.status is Status.RUNNING and rid in m.requests and m.requests[rid].status is Status.FINISHED
+    ]
+    if ended:  # NOTE: a request the call ended must leave what it computed cached (``inv_end_caches``)
+        was, now = system_snapshot_of(mm), system_snapshot_of(m)
+        for rid in ended:
+            wrong = end_cache_finding(was, now, rid, content=True)
+            if wrong:
+                raise AssertionError(f"inv_end_caches: {shown}: {wrong}")
     try:
         m.sessions.check()
     except IntegrityError as broke:

@@ -237,6 +237,48 @@ def check_snapshot(
                 )
 
 
+def end_cache_finding(before: SystemSnapshot, after: SystemSnapshot, rid: int, content: bool) -> str:
+    """``inv_end_caches`` for request ``rid``, which ended between ``before`` (running) and ``after`` (a finish, not
+    a save into its session): the tree's nodes hold its computed whole pages and, when it held a Mamba state with
+    its computed KV whole pages, a Mamba state (``spec.ledger.inv_end_caches``); with ``content`` (the adapter
+    shows the KV its slots hold), the tree holds the KV of each of those positions and the Mamba state sits at a
+    node that holds the last one (``spec.ledger.inv_end_caches_content``; ledger unit ``u`` of ``"kv"`` is token
+    slots ``u * page_size`` to ``u * page_size + page_size - 1``). What is wrong, or ""."""
+    was = before.requests.get(rid)
+    if was is None or was.session is not None:
+        return ""
+    m = before.ledgers.get("mamba")
+    held_state = m is not None and bool(L.held_by(m, request(was.rid)))
+    said = f"request {was.rid} finished with {was.kv_len} tokens computed" + (
+        " and a Mamba state" if held_state else ""
+    )
+    ps = after.page_size
+    if not L.inv_end_caches(after.ledgers, ps, was.kv_len, held_state):
+        tree = {name: L.tree_holds(lg) for name, lg in after.ledgers.items() if name in ("kv", "mamba")}
+        return f"{said} (page {ps}), and the tree holds only {tree}"
+    kv, states = after.ledgers.get("kv"), after.ledgers.get("mamba")
+    if not content or kv is None:
+        return ""
+    node_kv = {
+        o.ident: frozenset(after.content.get(u * ps + j) for u in units for j in range(ps))
+        for o, units in kv.held.items()
+        if o.kind is OwnerKind.NODE
+    }
+    node_states = frozenset(o.ident for o, s in states.held.items() if o.kind is OwnerKind.NODE and s) if states else ()
+    whole = was.kv_len - was.kv_len % ps
+    owed = [fingerprint(t, i) for i, t in enumerate(was.tokens[:whole])]
+    state_at = owed[-1] if held_state and owed and whole == was.kv_len else None
+    if L.inv_end_caches_content(node_kv, frozenset(node_states), owed, state_at):
+        return ""
+    missing = next((i for i, v in enumerate(owed) if all(v not in c for c in node_kv.values())), None)
+    if missing is not None:
+        return f"{said} (page {ps}), and no tree node holds the KV of its position {missing}"
+    return (
+        f"{said} (page {ps}), and no tree node that holds a Mamba state holds the KV of its last position "
+        f"{whole - 1} (the states sit at nodes {sorted(node_states)}: other prefixes)"
+    )
+
+
 def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> type[RuleBasedStateMachine]:
     """A state machine class checking the engines ``make`` builds (a ``SystemAdapter``; a bare reference
     ``MemoryManager`` is wrapped in the reference adapter)."""
@@ -612,20 +654,9 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
         def _end_cached(self, before: SystemSnapshot, rid: int) -> None:
             """A finish (no session) leaves the request's computed whole pages cached, and a Mamba state with them
             when it held one (``spec.ledger.inv_end_caches``)."""
-            was = before.requests.get(rid)
-            if was is None or was.session is not None:
-                return
-            after = self.sys.snapshot()
-            m = before.ledgers.get("mamba")
-            held_state = m is not None and bool(L.held_by(m, request(was.rid)))
-            if not L.inv_end_caches(after.ledgers, after.page_size, was.kv_len, held_state):
-                tree = {name: L.tree_holds(lg) for name, lg in after.ledgers.items() if name in ("kv", "mamba")}
-                raise _fail(
-                    "inv_end_caches",
-                    f"request {was.rid} finished with {was.kv_len} tokens computed"
-                    + (" and a Mamba state" if held_state else "")
-                    + f" (page {after.page_size}), and the tree holds only {tree}",
-                )
+            found = end_cache_finding(before, self.sys.snapshot(), rid, "content" in self.caps)
+            if found:
+                raise _fail("inv_end_caches", found)
 
         # NOTE: one rule per lifecycle move, so that swarm testing (Hypothesis' feature flags switch whole rules
         # off per example) gives some examples requests that are never finished, or never retracted.

@@ -631,6 +631,42 @@ def test_a_contract_walk_up_the_tree_fails_typed_at_a_parent_cycle() -> None:
     assert isinstance(err, IntegrityError) and str(err).startswith("inv_tree_acyclic: insert"), err
 
 
+def test_a_finish_that_caches_a_one_token_prefix_without_its_state_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 2: ``finish`` caching a Mamba state only past one computed token. The tree still
+    holds another request's state, so the ledgers alone (a state is held by some node) pass; the KV content shows
+    the state is not at the request's prefix (``spec.ledger.inv_end_caches_content``)."""
+    from kvledger.contracts.adapters.reference_system import system_snapshot_of
+    from kvledger.contracts.machines.system import end_cache_finding
+    from kvledger.spec import ledger as L
+
+    def run(bug: bool) -> tuple[Any, Any, int]:
+        mm = build_manager(SystemConfig(mamba=True, kv_tokens=16, rows=3, max_context=12, mamba_slots=4))
+        other = mm.add_request((2, 3))
+        admit(mm, [other], Budget(24, 1))
+        mm.finish(other)  # NOTE: a state cached at (2, 3)
+        req = mm.add_request((1,))
+        admit(mm, [req], Budget(24, 1))
+        before = system_snapshot_of(mm)
+        mm.finish(req)
+        return before, system_snapshot_of(mm), req.rid
+
+    assert end_cache_finding(*run(False), content=True) == ""
+    real = MemoryManager._cache_into_tree
+    monkeypatch.setattr(
+        MemoryManager,
+        "_cache_into_tree",
+        lambda self, req, state: real(self, req, None if req.kv_len == 1 else state),  # BUG: a 1-token state dropped
+    )
+    before, after, rid = run(True)
+    assert L.inv_end_caches(after.ledgers, 1, 1, True)  # the ledgers alone: a state is in the tree (another's)
+    assert end_cache_finding(before, after, rid, content=False) == ""
+    assert "no tree node that holds a Mamba state holds the KV of its last position 0" in end_cache_finding(
+        before, after, rid, content=True
+    )
+    msg = fails("mamba", C.manager_scenario, "inv_end_caches")
+    assert "finish" in msg, msg
+
+
 @pytest.mark.parametrize("kind", ["token", "mamba"])
 def test_a_rollback_that_takes_any_attempt_is_caught(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     """Issue 19, new family, seed 10: the admission's undo without its check that the attempt's state is the
