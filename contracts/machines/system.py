@@ -57,7 +57,9 @@ from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.prefix import fingerprint
 from kvledger.spec.types import Component, HandleId, OwnerKind, SlotId, request, session
 
-PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8))
+PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8), (1,))
+"""Shared prompt heads (a suffix is drawn after each); the last, one token, with no suffix is the least valid prompt:
+a request that ends with one token computed (kept programs name a head by its index: new heads go last)."""
 SESSIONS = (1, 2)
 BUDGETS = sampled_from([64, 16, 2]) | st.integers(1, 20)
 """Prefill token budgets: roomy, tight, too small, or any small one (some equal a request's demand exactly: the
