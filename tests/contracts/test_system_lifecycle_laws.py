@@ -349,6 +349,22 @@ def test_a_finish_that_drops_the_mamba_state_of_the_prefix_it_caches_is_caught(m
     assert "a Mamba state" in result.violation.message, result.violation
 
 
+def test_a_finish_that_drops_a_one_token_requests_state_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 2 (``finish``'s ``aligned > 0`` made ``aligned > 1``): a Mamba request that ends
+    with one token computed leaves its state uncached. The machine's prompts hold a one-token head (a request of
+    one token), and ``inv_end_caches`` reads the KV content: the state must sit at the node that holds the
+    request's last position, not anywhere in the tree."""
+    real = MemoryManager._cache_into_tree
+
+    def cache_into_tree(self: MemoryManager, req: Any, state: Any) -> Any:
+        return real(self, req, None if req.kv_len == 1 else state)  # BUG: a one-token prefix cached stateless
+
+    monkeypatch.setattr(MemoryManager, "_cache_into_tree", cache_into_tree)
+    result = run("mamba")
+    assert result.violation is not None and result.violation.rule == "inv_end_caches", result.violation
+    assert "finished with 1 tokens computed and a Mamba state" in result.violation.message, result.violation
+
+
 @pytest.mark.parametrize("model", ["full", "paged"])
 def test_a_finish_that_caches_nothing_is_caught(monkeypatch: pytest.MonkeyPatch, model: str) -> None:
     """A finish that takes the abort path (everything released, nothing cached) breaks no ownership law: the
