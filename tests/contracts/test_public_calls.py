@@ -594,6 +594,11 @@ def _unbounded_path(self: MemoryManager, n: Any) -> torch.Tensor:
 def test_a_manager_walk_round_a_parent_cycle_is_caught(monkeypatch: pytest.MonkeyPatch, mamba: bool) -> None:
     """Issue 19, new family, seed 2: ``chunk``'s walk up the tree (the row's slots from the root) without its bound.
     With the contracts on, the insert's own law meets the cycle first; with none, the walk runs round it."""
+    with bindings.installed("on"):  # NOTE: whatever tier an earlier test in this worker left installed
+        _walk_round_a_parent_cycle_is_caught(monkeypatch, mamba)
+
+
+def _walk_round_a_parent_cycle_is_caught(monkeypatch: pytest.MonkeyPatch, mamba: bool) -> None:
     mm = _locked_manager(mamba)
     before = C._manager_fingerprint(mm)
     assert C.cycle_audit(mm) == "cycle audit: request 2's abort, chunk, finish, retract (contracts on, off)"
