@@ -266,11 +266,12 @@ def end_cache_finding(before: SystemSnapshot, after: SystemSnapshot, rid: int, c
         for o, units in kv.held.items()
         if o.kind is OwnerKind.NODE
     }
-    node_states = frozenset(o.ident for o, s in states.held.items() if o.kind is OwnerKind.NODE and s) if states else ()
+    held = states.held.items() if states is not None else ()
+    node_states = frozenset(o.ident for o, s in held if o.kind is OwnerKind.NODE and s)
     whole = was.kv_len - was.kv_len % ps
     owed = [fingerprint(t, i) for i, t in enumerate(was.tokens[:whole])]
     state_at = owed[-1] if held_state and owed and whole == was.kv_len else None
-    if L.inv_end_caches_content(node_kv, frozenset(node_states), owed, state_at):
+    if L.inv_end_caches_content(node_kv, node_states, owed, state_at):
         return ""
     missing = next((i for i, v in enumerate(owed) if all(v not in c for c in node_kv.values())), None)
     if missing is not None:
