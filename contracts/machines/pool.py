@@ -418,7 +418,9 @@ KINDS: dict[str, PoolKind] = {
     "token": PoolKind("token", lambda dev: TokenAllocator(12, device=dev)),
     "paged": PoolKind("paged", lambda dev: PagedAllocator(6, 2, device=dev), unit=2),
     "swa": PoolKind("swa", lambda dev: SWATokenAllocator(12, 8, device=dev)),
-    "req_to_token": PoolKind("req_to_token", lambda dev: ReqToTokenPool(4, 16, device=dev)),
+    # NOTE: rows as wide as a scheduler's (hundreds of columns): a whole-row write then meets any path an
+    # implementation takes only for long writes (a sort where a short one uses a set)
+    "req_to_token": PoolKind("req_to_token", lambda dev: ReqToTokenPool(4, 512, device=dev)),
     "mamba": PoolKind("mamba", lambda dev: MambaPool(6, ping_pong_size=1, device=dev)),
 }
 

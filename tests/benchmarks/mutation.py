@@ -443,6 +443,11 @@ EQUIVALENT: dict[str, str] = {
         "message text only: a repr of exactly 40 characters is shown cut to 37 and '...' instead of whole; no"
         " state, result or error type changes"
     ),
+    "impl/allocators.py:PagedAllocator.free:end-index:host[0]": (
+        "speed only: ``claim`` is handed the known-distinct flag (a bool), not the pages, and answers False at once"
+        " for what is neither a tensor nor host ids; the checked path after it frees the same pages with the same"
+        " refusals"
+    ),
     "impl/allocators.py:PagedAllocator.alloc:drop-call:self._fresh.add(out.tobytes(), ids)": (
         "speed only: the memo of recent alloc results lets a later claim skip its distinctness pass; without it"
         " the pass runs, same result"

@@ -12,7 +12,7 @@ from hypothesis.errors import Flaky
 
 from kvledger.contracts.machines.pool import KINDS, OWNERS, machine_for
 from kvledger.impl.slots import SlotPool
-from kvledger.spec.errors import DoubleFree, NotOwner, OutOfRange, PageAlignmentError, SlotConflict
+from kvledger.spec.errors import DoubleFree, InvalidArgument, NotOwner, OutOfRange, PageAlignmentError, SlotConflict
 from kvledger.spec.types import Owner
 
 
@@ -531,3 +531,19 @@ def test_every_example_starts_with_memory_held(monkeypatch: pytest.MonkeyPatch) 
         case.settings = settings(case.settings, max_examples=15, database=None, phases=[Phase.generate])
         case.runTest()
         assert first and all(first.values()), f"{kind}: {sum(first.values())} of {len(first)} examples held memory"
+
+
+def test_a_row_write_refused_only_when_long_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 9: ``has_duplicates`` takes another path for a long write (a sort, not a set) and
+    the mutant's negated comparison there refuses every long write of distinct slots. The row table is as wide as
+    a scheduler's (hundreds of columns, not 16), so a whole-row write meets that path; on 16 columns it never ran."""
+    from kvledger.impl import req_to_token
+
+    real = req_to_token.has_duplicates
+
+    def has_duplicates(ids: torch.Tensor) -> bool:
+        return ids.numel() > 256 or real(ids)  # BUG: a long write is said to name a slot twice
+
+    assert KINDS["req_to_token"].make("cpu").max_context_len > 256
+    monkeypatch.setattr(req_to_token, "has_duplicates", has_duplicates)
+    assert "named twice in one row write" in run_expecting_failure("req_to_token", InvalidArgument, shrink=False)
