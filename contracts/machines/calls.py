@@ -1105,6 +1105,17 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         cut = key is not None and 0 < len(key) < n and len(key) % ps != 0
         return just(_slots(own[: len(key)] if cut and key is not None else own))
 
+    cached_states = sorted(set(snap.mamba_state.values()))
+
+    def state_refusal(x: object, d: Drawn) -> type[KVLedgerError] | None:
+        """``SlotConflict`` where ``spec.prefix.check_insert`` gives it for this state with the drawn key and slots
+        (a state cached at another key); else any typed error."""
+        key, v = tokens_of(d["key"]), d["value"]
+        if key is None or type(x) is not int or not _readable_ids(v):
+            return None
+        err = P.check_insert(snap, tuple(key), tuple(v.tolist()), x)
+        return SlotConflict if isinstance(err, SlotConflict) else None
+
     def state_inside(x: object, d: Drawn) -> bool:
         key = tokens_of(d["key"])
         if x is None:
@@ -1144,10 +1155,12 @@ def _insert_method(c: _Cache, ps: int) -> Method:
             ),
             "mamba_slot": _arg(
                 sampled_from([None, *states]),
-                id_or_junk(mamba.pool.size if mamba is not None else 4),
+                id_or_junk(mamba.pool.size if mamba is not None else 4) | sampled_from([*cached_states, 0]),
                 state_inside,
                 after=True,
-                edges=id_edges(mamba.pool.size if mamba is not None else 4),
+                # NOTE: and the states the tree holds (each cached at a key, so another key's insert may not take it)
+                edges=(*cached_states, *id_edges(mamba.pool.size if mamba is not None else 4)),
+                refusal=state_refusal,
             ),
         },
         weight=4,
@@ -2975,29 +2988,36 @@ def probe(scenario: Scenario, draw: Draw) -> str:
 
 
 def sweep(scenario: Scenario, draw: Draw) -> str:
-    """Make one public call of ``scenario`` with each value of one argument's catalogue of junk (``Arg.edges``) in
-    turn, the other arguments valid, and hold each to the law (see :func:`probe`); what was swept.
+    """Make one public call of ``scenario`` with each value of each argument's catalogue of junk (``Arg.edges``)
+    in turn, one argument at a time, the others valid, and hold each to the law (see :func:`probe`); what was
+    swept.
 
     A probe draws one kind of junk for one argument, so a check weakened for one kind (a sparse tensor let
-    through, a bool taken for an int) is met only now and then; a sweep meets every kind for one drawn argument.
-    A method is drawn as often as its ``weight`` says (a call whose domain depends on much state, more often)."""
-    pairs = [
-        (m, k) for m in scenario.methods for _ in range(m.weight) for k, a in m.args.items() if a.edges is not None
+    through, a bool taken for an int) is met only now and then; a sweep meets every kind for every argument of one
+    drawn call, in the state this example built (a catalogue drawn from the state, such as an insert's slots not
+    in page order, is met in each state the call is swept in, not in one of its arguments' turns). A method is
+    drawn as often as its ``weight`` says (a call whose domain depends on much state, more often)."""
+    methods = [
+        m for m in scenario.methods for _ in range(m.weight) if any(a.edges is not None for a in m.args.values())
     ]
-    if not pairs:
+    if not methods:
         return f"{scenario.what}: no argument with a catalogue of junk"
-    method, broken = fair_pick(scenario, draw, pairs, "sweep")
-    swept, before = 0, None
-    for base in _bases(method, broken):
-        for i in count():
-            got, inside, missing = _draw_args(method, draw, broken, _edge_at(i), base)
-            if missing == broken:
-                break
-            if missing is not None:
-                return f"{scenario.what}.{method.what}: no valid {missing} in this state"
-            before, made = _made(scenario, method, got, inside, before)
-            swept += made
-    return f"{scenario.what}.{method.what}: {swept} junk {broken}"
+    method = fair_pick(scenario, draw, methods, "sweep")
+    swept: list[str] = []
+    before = None
+    for broken in (k for k, a in method.args.items() if a.edges is not None):
+        made_here = 0
+        for base in _bases(method, broken):
+            for i in count():
+                got, inside, missing = _draw_args(method, draw, broken, _edge_at(i), base)
+                if missing == broken:
+                    break
+                if missing is not None:
+                    return f"{scenario.what}.{method.what}: no valid {missing} in this state"
+                before, made = _made(scenario, method, got, inside, before)
+                made_here += made
+        swept.append(f"{made_here} junk {broken}")
+    return f"{scenario.what}.{method.what}: {', '.join(swept)}"
 
 
 def _bases(method: Method, broken: str) -> list[dict[str, object]]:

@@ -443,6 +443,28 @@ EQUIVALENT: dict[str, str] = {
         "message text only: a repr of exactly 40 characters is shown cut to 37 and '...' instead of whole; no"
         " state, result or error type changes"
     ),
+    "impl/req_to_token.py:ReqToTokenPool.alloc:end-index:self.pool.alloc(1, owner)[0]": (
+        "the first and the last of a one-slot alloc result are the same row (new family, seed 11, 2026-11-30)"
+    ),
+    "impl/slots.py:SlotPool.__getstate__:negate-cmp:self._free_np is not None": (
+        "off the CPU only (new family, seed 11, 2026-11-30): a CPU pool's copy then carries its own copy of the "
+        "stack tensor, which ``_link_host`` replaces at once by a view of the copied host stack (the same copy); "
+        "a device pool's copy would lose its stack, a path no CPU run has"
+    ),
+    'impl/slots.py:SlotPool._free_host:swap-args:self.claim(ids, owner, op="free")': (
+        "speed only (new family, seed 14, 2026-11-30): ``claim`` given the owner as its ids answers False at once "
+        "(neither a tensor nor host ids), and ``free`` then takes the checked path: same slots freed, same refusals"
+    ),
+    "impl/slots.py:run_start:const+1:8#6": (
+        "a speed proof's bound (new family, seed 14, 2026-11-30): the descending slice ends at 9 * (at + n) bytes, "
+        "longer than the ids' bytes, so no descending run is found (the ids are tagged through a fancy index: the "
+        "same tags); where the slice is cut short by the table's end it is exactly the ids' run ending at slot 0, "
+        "a true run"
+    ),
+    "impl/slots.py:_tag_bytes:const+1:64": (
+        "a memo's bound (new family, seed 18, 2026-11-30): the table of tag runs is cleared at 65 entries, not 64; "
+        "the bytes returned are the same"
+    ),
     "impl/allocators.py:PagedAllocator.free:end-index:host[0]": (
         "speed only: ``claim`` is handed the known-distinct flag (a bool), not the pages, and answers False at once"
         " for what is neither a tensor nor host ids; the checked path after it frees the same pages with the same"
