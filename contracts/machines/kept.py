@@ -127,8 +127,18 @@ KEPT: tuple[Kept, ...] = (
             "state.admit(pick=0, budget=2)",
         ),
     ),
+    Kept(
+        "an allocation past the cut-offs for short ones, in every form (pools: a state the search never builds)",
+        "pools",
+        ("token", "paged", "swa", "mamba"),
+        tuple(
+            f"state.long_alloc(form={form!r}, dst=Owner(kind=OwnerKind.REQUEST, ident={who}, component=None))"
+            for form, who in (("as handed out", 1), ("reversed", 2), ("clone", 1), ("int32", 2), ("strided", 2))
+        ),
+    ),
 )
-"""Every kept program. Add the program ``kvledger check`` printed for a new finding here, once it is fixed."""
+"""Every kept program. Add the program ``kvledger check`` printed for a new finding here, once it is fixed (or one
+that drives a machine into a state its search never builds, as the long allocations)."""
 
 
 def kept_for(suite: str, model: str) -> list[Kept]:

@@ -32,3 +32,26 @@ def test_a_kept_program_that_breaks_a_law_is_the_verdict(fault: str, suite: str,
     assert result.violation is not None and result.violation.rule in faults.FAULTS[fault].laws, result.violation
     assert "(kept program: " in result.violation.message and result.examples == 0
     assert result.violation.steps and "state." in result.violation.program
+
+
+@pytest.mark.parametrize("model", ["token", "paged"])
+def test_a_memo_of_long_results_that_vouches_by_its_last_ids_is_caught(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path taken only past a size cut-off: kvledger's pools remember alloc results of more than 8,192 slots apart
+    (``RecentAllocs``), keyed by their last ids. A lookup that skips the full comparison for those vouches for any
+    ids ending like a remembered result, and a free naming a slot twice is then taken as distinct slots. The
+    pools' machines hold a dozen slots; the kept program of long allocations meets it before any search."""
+    from kvledger.impl import slots
+
+    def find(self: slots.RecentAllocs[object], raw: bytes | bytearray) -> tuple[bytes, object] | None:
+        if len(raw) > slots._SHORT_BYTES:
+            return self._long.get(bytes(raw[-64:]))  # BUG: no full comparison for a long result
+        hit = self._items.get(bytes(raw[-64:]))
+        return hit if hit is not None and hit[0] == raw else None
+
+    (long,) = (k for k in KEPT if "long_alloc" in k.steps[0])
+    assert replay_kept(SUITES["pools"].models[model](), [long], Watchdog(60)) is None
+    monkeypatch.setattr(slots.RecentAllocs, "find", find)
+    found = replay_kept(SUITES["pools"].models[model](), [long], Watchdog(60))
+    assert found is not None, "the long allocations met no broken law"
