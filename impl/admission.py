@@ -66,9 +66,14 @@ def admit(mm: MemoryManager, waiting: list[Request], budget: Budget) -> tuple[li
     return admitted, rejected, budget
 
 
-def _check_admit(mm: MemoryManager, waiting: object, budget: object) -> list[Request]:
+def _check_manager(op: str, mm: object) -> None:
+    """``InvalidArgument`` naming ``op`` unless ``mm`` is a memory manager."""
     if not isinstance(mm, MemoryManager):
-        raise InvalidArgument("admit", "req_to_token", (), f"expected a MemoryManager, got {type(mm).__name__}")
+        raise InvalidArgument(op, "req_to_token", (), f"expected a MemoryManager, got {type(mm).__name__}")
+
+
+def _check_admit(mm: MemoryManager, waiting: object, budget: object) -> list[Request]:
+    _check_manager("admit", mm)
     if not isinstance(budget, Budget):
         raise InvalidArgument("admit", "budget", (), f"expected a Budget, got {type(budget).__name__} {budget!r:.40}")
     check_int("admit", "budget", "budget.tokens", budget.tokens)
@@ -177,6 +182,7 @@ def release_attempt_state(mm: MemoryManager, a: Attempt) -> None:
 def _attempted(op: str, mm: MemoryManager, a: object) -> Request:
     """``a``'s request, when ``a`` is an ``Attempt`` of one of ``mm``'s waiting requests whose state (if any) is the
     request's own; ``InvalidArgument`` naming ``op`` otherwise."""
+    _check_manager(op, mm)
     if not isinstance(a, Attempt):
         raise InvalidArgument(op, "req_to_token", (), f"expected an Attempt, got {type(a).__name__}")
     req = mm.own(op, a.req)

@@ -101,7 +101,7 @@ from kvledger.spec.errors import (
     inv_names_holder,
 )
 from kvledger.spec.ledger import Ledger, owner_of
-from kvledger.spec.types import Component, HandleId, Owner, OwnerKind, request, session
+from kvledger.spec.types import Component, HandleId, MambaSlot, Owner, OwnerKind, request, session
 
 __all__ = [
     "NOT_PROBED",
@@ -1113,7 +1113,7 @@ def _insert_method(c: _Cache, ps: int) -> Method:
         key, v = tokens_of(d["key"]), d["value"]
         if key is None or type(x) is not int or not _readable_ids(v):
             return None
-        err = P.check_insert(snap, tuple(key), tuple(v.tolist()), x)
+        err = P.check_insert(snap, tuple(key), tuple(v.tolist()), MambaSlot(x))
         return SlotConflict if isinstance(err, SlotConflict) else None
 
     def state_inside(x: object, d: Drawn) -> bool:
@@ -2152,11 +2152,11 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
         ),
         Method(
             "admit",
-            lambda waiting, budget: admit(mm, waiting, budget),
-            {"waiting": _batch_arg(mm, reqs, other), "budget": _budget_arg()},
+            lambda mm, waiting, budget: admit(mm, waiting, budget),
+            {"mm": _manager_arg(mm), "waiting": _batch_arg(mm, reqs, other), "budget": _budget_arg()},
         ),
         *(
-            Method(f"admission.{fn.__name__}", partial(fn, mm), {"a": attempt}, releases=True)
+            Method(f"admission.{fn.__name__}", fn, {"mm": _manager_arg(mm), "a": attempt}, releases=True)
             for fn in (rollback, release_attempt_state)
         ),
         Method("finish", mm.finish, {"req": req_arg(running)}, releases=True),
@@ -2274,6 +2274,13 @@ def _batch_arg(mm: MemoryManager, reqs: list[Request], other: Request) -> Arg:
         ) == len(xs)
 
     return _arg(just([]), sampled_from(batches), inside, edges=batches, culprit=repeated)
+
+
+def _manager_arg(mm: MemoryManager) -> Arg:
+    """The manager a module-level function of the manager's takes first (``admission.admit``, ``rollback``): this
+    one; junk: no manager (nothing, one of its parts, a scalar), each refused typed before anything is read."""
+    bad = [None, mm.cache, mm.sessions, mm.rows, 0, "mm"]
+    return _arg(just(mm), sampled_from(bad), lambda x: x is mm, edges=bad)
 
 
 def _budget_arg() -> Arg:

@@ -1242,7 +1242,7 @@ def test_a_batch_refusal_that_names_another_request_is_caught(monkeypatch: pytes
     a, b = mm.add_request((1, 2)), mm.add_request((3, 4))
     scenario = C.manager_scenario_of(mm, ["two waiting requests"])
     batch = {m.what: m for m in scenario.methods}["admit"]
-    args = {"waiting": [a, b, b], "budget": Budget(24, 1)}
+    args = {"mm": mm, "waiting": [a, b, b], "budget": Budget(24, 1)}
     C.judge(scenario, batch, args, inside=False)  # the reference names request 2
 
     def first(mm: MemoryManager, reqs: list[Any]) -> None:
@@ -2417,3 +2417,15 @@ def test_a_sweep_meets_every_argument_of_the_call_it_draws(data: st.DataObject) 
     what = C.sweep(C.Scenario(scenario.what, insert, scenario.fingerprint, scenario.story), data.draw)
     swept = [k for k, a in insert[0].args.items() if a.edges is not None]
     assert len(swept) > 1 and all(f"junk {k}" in what for k in swept), what
+
+
+def test_an_admission_that_takes_anything_for_its_manager_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 21: ``admission.admit`` without its check that ``mm`` is a memory manager; a
+    cache, a table or ``None`` then crashes it (an untyped ``AttributeError``). The module functions of the manager
+    take the manager as an argument like any other, with a catalogue of junk (no manager, one of its parts, a
+    scalar); ``rollback`` and ``release_attempt_state`` crashed the same way in the reference and check it now.
+    (Given no request to admit, the broken admit even accepts ``None``.)"""
+    from kvledger.impl import admission
+
+    monkeypatch.setattr(admission, "_check_manager", lambda op, mm: None)  # BUG: any object taken for a manager
+    assert "(mm=" in fails("token", C.manager_scenario, "inv_domain_enforced")
