@@ -21,13 +21,18 @@ _M32 = 0xFFFFFFFF
 def fingerprint(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """:func:`kvledger.spec.prefix.fingerprint`, element-wise: ``tokens`` and ``positions`` 1-D integer tensors of one
     length with values in ``[0, 2**31)`` (the spec's domain), else ``InvalidArgument`` naming ``fingerprint``."""
-    t = check_ids_tensor("fingerprint", "kv", "tokens", tokens)
-    p = check_ids_tensor("fingerprint", "kv", "positions", positions, t.device)
+    return fingerprint_unchecked(*_checked("fingerprint", "kv", tokens, positions))
+
+
+def _checked(op: str, where: str, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tokens`` and ``positions`` checked as :func:`fingerprint` takes them, refused naming ``op``."""
+    t = check_ids_tensor(op, where, "tokens", tokens)
+    p = check_ids_tensor(op, where, "positions", positions, t.device)
     if t.numel() != p.numel():
-        raise InvalidArgument("fingerprint", "kv", (), f"{t.numel()} tokens, {p.numel()} positions")
-    check_range("fingerprint", "kv", "token id", t, 0, MAX_TOKEN)
-    check_range("fingerprint", "kv", "position", p, 0, MAX_TOKEN)
-    return fingerprint_unchecked(t, p)
+        raise InvalidArgument(op, where, (), f"{t.numel()} tokens, {p.numel()} positions")
+    check_range(op, where, "token id", t, 0, MAX_TOKEN)
+    check_range(op, where, "position", p, 0, MAX_TOKEN)
+    return t, p
 
 
 def fingerprint_unchecked(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -53,7 +58,7 @@ def verify(what: str, stored: torch.Tensor, slots: torch.Tensor, tokens: torch.T
     """
     idx = check_ids_tensor("verify", what, "slots", slots, stored.device)
     check_range("verify", what, "slot", idx, 0, stored.numel())
-    expect = fingerprint(tokens, positions)  # NOTE: checks tokens and positions (1-D, one length, in range)
+    expect = fingerprint_unchecked(*_checked("verify", what, tokens, positions))  # NOTE: 1-D, one length, in range
     if idx.numel() != tokens.numel():
         raise InvalidArgument("verify", what, (), f"{idx.numel()} slots for {tokens.numel()} tokens")
     slots = idx

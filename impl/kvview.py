@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
+from kvledger.impl.arguments import check_range
 from kvledger.impl.owners import encode
 from kvledger.impl.slots import I64, Ids, SlotPool, Tokens
 from kvledger.spec.errors import InvalidArgument, OutOfRange, PageAlignmentError, SlotConflict
@@ -176,6 +177,8 @@ class KVView:
     def check_swa_live(self, op: str, idx: torch.Tensor) -> None:
         """Raise unless every token slot of ``idx`` still has its SWA slot (new cached positions are SWA-live)."""
         if self.swa is not None and idx.numel():
+            full = self.swa.full.pool
+            check_range(op, "kv", "full slot", idx, full.base, full.size)  # NOTE: refused naming this call
             dead = self.swa.translate(idx) == 0
             if bool(dead.any()):
                 raise InvalidArgument(op, "swa", idx[dead].tolist(), "slot's SWA slot was freed: cannot cache SWA-live")

@@ -58,6 +58,18 @@ def inv_names_culprit(err: KVLedgerError) -> bool:
     return True
 
 
+def inv_names_one_operation(errors: Iterable[KVLedgerError]) -> bool:
+    """The refusals of one call name one operation, whatever was wrong with its arguments: an error that names
+    something else as the operation (its pool, a helper's name) sends its reader to the wrong call.
+
+    >>> inv_names_one_operation([OutOfRange("free", "kv", [12], "outside"), InvalidArgument("free", "kv", [], "2-D")])
+    True
+    >>> inv_names_one_operation([OutOfRange("free", "kv", [12], "outside"), InvalidArgument("kv", "free", [], "2-D")])
+    False
+    """
+    return len({e.operation for e in errors if isinstance(e, LedgerError)}) <= 1
+
+
 class OutOfRange(LedgerError):
     """A slot id outside the pool."""
 

@@ -92,6 +92,7 @@ from kvledger.spec.errors import (
     IntegrityError,
     InvalidArgument,
     KVLedgerError,
+    LedgerError,
     NotInList,
     NotOwner,
     OverAllocation,
@@ -99,6 +100,7 @@ from kvledger.spec.errors import (
     UnknownNode,
     inv_names_culprit,
     inv_names_holder,
+    inv_names_one_operation,
 )
 from kvledger.spec.ledger import Ledger, owner_of
 from kvledger.spec.types import Component, HandleId, MambaSlot, Owner, OwnerKind, request, session
@@ -2799,6 +2801,11 @@ def leak_audit(mm: MemoryManager, draw: Draw) -> str:
                 f"leaked {leaky.leaked()}"
             )
         for finding in named:
+            if finding.expected != "nobody":  # NOTE: every field of a finding is read: who references it too
+                raise AssertionError(
+                    f"{law}: {name} slot {finding.slot} planted for {PHANTOM}, referenced by nobody, is reported as "
+                    f"expected by {finding.expected!r}"
+                )
             if (finding.op, finding.step) != ("leak audit", step):
                 raise AssertionError(
                     f"{law}: {name} slot {finding.slot} planted by event {step} (leak audit) is attributed to "
@@ -3012,6 +3019,7 @@ def sweep(scenario: Scenario, draw: Draw) -> str:
     method = fair_pick(scenario, draw, methods, "sweep")
     swept: list[str] = []
     before = None
+    errors: list[KVLedgerError] = []
     for broken in (k for k, a in method.args.items() if a.edges is not None):
         made_here = 0
         for base in _bases(method, broken):
@@ -3021,9 +3029,15 @@ def sweep(scenario: Scenario, draw: Draw) -> str:
                     break
                 if missing is not None:
                     return f"{scenario.what}.{method.what}: no valid {missing} in this state"
-                before, made = _made(scenario, method, got, inside, before)
+                before, made = _made(scenario, method, got, inside, before, errors)
                 made_here += made
         swept.append(f"{made_here} junk {broken}")
+    if not inv_names_one_operation(errors):
+        named = {e.operation: e for e in errors if isinstance(e, LedgerError)}
+        raise AssertionError(
+            f"inv_names_one_operation: {scenario.what}.{method.what}'s refusals name {sorted(named)}: "
+            + "; ".join(f"{e!r}" for e in named.values())
+        )
     return f"{scenario.what}.{method.what}: {', '.join(swept)}"
 
 
@@ -3050,7 +3064,12 @@ def _alone(arg: Arg) -> Sequence[object] | None:
 
 
 def _made(
-    scenario: Scenario, method: Method, got: Mapping[str, object], inside: bool, before: object
+    scenario: Scenario,
+    method: Method,
+    got: Mapping[str, object],
+    inside: bool,
+    before: object,
+    errors: list[KVLedgerError] | None = None,
 ) -> tuple[object, bool]:
     """Make one call of a sweep (or a cross): a call inside its domain that changes state on the scenario's copy
     (else it is left to the rules: a catalogue value valid here, an owner that is the holder), any other judged
@@ -3062,7 +3081,7 @@ def _made(
         return before, True
     if before is None:
         before = scenario.fingerprint()
-    judge(scenario, method, got, inside, before=before, show=False)
+    judge(scenario, method, got, inside, before=before, show=False, errors=errors)
     return before, True
 
 
@@ -3160,6 +3179,7 @@ def judge(
     *,
     before: object = None,
     show: bool = True,
+    errors: list[KVLedgerError] | None = None,
 ) -> str:
     """Make ``method(**args)`` on ``scenario``'s object, ``inside`` its domain or not, and hold it to the law (see
     :func:`probe`); what was called (``show=False``: "", the call shown only if it breaks the law).
@@ -3171,6 +3191,8 @@ def judge(
     if before is None:
         before = scenario.fingerprint()
     err = raised(lambda: method.call(**args))
+    if errors is not None and isinstance(err, KVLedgerError):
+        errors.append(err)  # NOTE: a sweep's: ``inv_names_one_operation`` over every refusal of the call it swept
     story = "; ".join(scenario.story)
     if not D.inv_domain_enforced(inside, err):
         side = "lies in its domain" if inside else "lies outside its domain"

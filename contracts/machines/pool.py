@@ -80,6 +80,7 @@ from kvledger.spec.errors import (
     NotOwner,
     PageAlignmentError,
     inv_names_culprit,
+    inv_names_one_operation,
 )
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.types import Owner, node, request, session
@@ -744,6 +745,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             Each parameter naming ids is given the chunk's very ids made 2-D in place too (``_reshaped_in_place``).
             Then the same methods of a twin of the pool on another device, given ids on this one (``_elsewhere``)."""
             top = next(iter(pools_of(self.pool).values())).size * max(1, kind.unit) + 10_000
+            refusals: dict[str, list[KVLedgerError]] = {}  # NOTE: per method, whichever parameter was bad
             for what, param, ids, query, acts, call in tensor_calls(self.pool, chunk):
                 for edge in TENSOR_EDGES:
                     outside = edge in ("below", "above")
@@ -756,9 +758,18 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                     made = partial(call, bad)
                     if answers_none(query, made):
                         continue
-                    self._expect_outside(f"{what} with {param} {edge} {_shown_tensor(bad)}", made)
+                    err = self._expect_outside(f"{what} with {param} {edge} {_shown_tensor(bad)}", made)
+                    if isinstance(err, KVLedgerError):
+                        refusals.setdefault(what, []).append(err)
                 if ids:
                     self._reshaped_in_place(chunk, f"{what} with {param}", query, call)
+            for what, errs in refusals.items():
+                if not inv_names_one_operation(errs):
+                    named = {e.operation: e for e in errs if isinstance(e, LedgerError)}
+                    raise AssertionError(
+                        f"inv_names_one_operation: {what}'s refusals name {sorted(named)}: "
+                        + "; ".join(f"{e!r}" for e in named.values())
+                    )
             self._elsewhere(chunk)
             self._in_every_int_dtype(chunk)
 
@@ -1199,7 +1210,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             first = next(iter(pools_of(pool).values()))
             return [("owner_of", lambda x: first.owner_of(x))]  # type: ignore[arg-type]
 
-        def _expect_outside(self, what: str, call: Callable[[], object]) -> None:
+        def _expect_outside(self, what: str, call: Callable[[], object]) -> BaseException | None:
             before = abstract(self.pool)
             contents = _contents(self.pool)
             err = raised(call)
@@ -1215,6 +1226,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 holder_named(err, before)
             assert abstract(self.pool) == before, f"rejected call leaves state unchanged: {what} changed the pool"
             assert _same(_contents(self.pool), contents), f"rejected call leaves state unchanged: {what} changed data"
+            return err
 
         def _public_calls(self, data: st.DataObject, make: Callable[[str, Draw], Scenario]) -> None:
             # NOTE: built at the first such step and probed for the rest of the example: a refused call and a

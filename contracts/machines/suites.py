@@ -50,6 +50,7 @@ POOL_RULES = (
     "inv_verify_exact",
     "inv_names_culprit",
     "inv_names_holder",
+    "inv_names_one_operation",
     "row write commits",
     "alloc evicts before it refuses",
 )
@@ -134,6 +135,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "inv_dtype_blind",
         "inv_names_culprit",
         "inv_names_holder",
+        "inv_names_one_operation",
         "inv_refcount_nonnegative",
         "inv_refcount_counts_holders",
         "inv_free_iff_unheld",

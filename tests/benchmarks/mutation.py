@@ -443,6 +443,29 @@ EQUIVALENT: dict[str, str] = {
         "message text only: a repr of exactly 40 characters is shown cut to 37 and '...' instead of whole; no"
         " state, result or error type changes"
     ),
+    "impl/slots.py:<module>:const+1:17": (
+        "a memo's bound (new family, seed 23, 2026-11-30): alloc results of up to 2**18 slots are remembered, not "
+        "2**17; a result remembered only lets a later check skip proving its slots distinct, which it then proves"
+    ),
+    "impl/kvview.py:KVView.check_fresh:swap-args:_repeats(self.pool, self.grain, value)": (
+        "speed only (new family, seed 22, 2026-11-30): with the pool and the page size swapped, ``_repeats`` never "
+        "sees a page size of 1 (a pool is no int) and takes its general test, ``torch.unique``, which answers the "
+        "same for every tensor of slots"
+    ),
+    "impl/slots.py:SlotPool.free:const+1:0#2": (
+        "speed only (new family, seed 22, 2026-11-30): a remembered run that starts at slot 0 (a pool based at 0) "
+        "is freed through its ids, not through a slice: the same tags read and written, the same slots pushed"
+    ),
+    "impl/kvview.py:KVView.__init__:const+1:1": (
+        "speed only (new family, seed 21, 2026-11-30): the power-of-two test ``g & (g - 2) == 0`` holds for the same "
+        "page sizes from 2 up and fails for 1, whose shift (0) is then None: page numbers at page 1 are computed by "
+        "a division by 1 instead of a shift by 0, the same numbers"
+    ),
+    "impl/slots.py:SlotPool._free_host:const+1:0": (
+        "speed only (new family, seed 21, 2026-11-30): a free of the one slot 0 skips the one-slot shortcut and "
+        "takes ``claim``, which answers the same (slot 0 of a pool based at 1 holds the reserved tag: False, then "
+        "the checked path's error; of a pool based at 0, its owner's tag: freed)"
+    ),
     "impl/req_to_token.py:ReqToTokenPool.alloc:end-index:self.pool.alloc(1, owner)[0]": (
         "the first and the last of a one-slot alloc result are the same row (new family, seed 11, 2026-11-30)"
     ),

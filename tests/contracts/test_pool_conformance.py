@@ -547,3 +547,18 @@ def test_a_row_write_refused_only_when_long_is_caught(monkeypatch: pytest.Monkey
     assert KINDS["req_to_token"].make("cpu").max_context_len > 256
     monkeypatch.setattr(req_to_token, "has_duplicates", has_duplicates)
     assert "named twice in one row write" in run_expecting_failure("req_to_token", InvalidArgument, shrink=False)
+
+
+def test_a_refusal_that_names_the_pool_as_its_operation_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 21: ``PagedAllocator.pages_of`` handing ``int_ids`` the pool's name as the
+    operation and the operation as the pool. A float tensor is still refused, typed, but "kv on pool 'free'": the
+    free's other refusals name ``free`` (``spec.errors.inv_names_one_operation``)."""
+    from kvledger.impl import allocators
+
+    real = allocators.int_ids
+
+    def int_ids(op: str, where: str, indices: torch.Tensor) -> torch.Tensor:
+        return real(where, op, indices)  # BUG: the operation and the pool the wrong way round
+
+    monkeypatch.setattr(allocators, "int_ids", int_ids)
+    assert "inv_names_one_operation" in run_expecting_failure("paged", shrink=False)

@@ -845,6 +845,30 @@ def test_a_leak_report_whose_leaked_view_drops_its_findings_fails_the_audit(monk
         C.leak_audit(mm, _choosing("kv"))
 
 
+def test_a_leak_finding_that_names_someone_expecting_a_leaked_slot_fails_the_audit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 19, new family, seed 23: ``check_leaks`` with its "expected" column negated reports a leaked slot as
+    expected by ``None`` (and a lost one as expected by nobody). Every field of a finding must be true: a slot
+    nothing references is expected by nobody."""
+    from dataclasses import replace
+
+    from kvledger.impl import leaks
+
+    mm = _running_manager(False)
+    C.leak_audit(mm, _choosing("kv"))  # NOTE: the real report says nobody
+    real = leaks.check_leaks
+
+    def negated(mm: MemoryManager) -> leaks.LeakReport:
+        report = real(mm)
+        report.findings = [replace(f, expected="None") if f.kind == "leaked" else f for f in report.findings]
+        return report  # BUG: a leaked slot reported as expected by ``str(None)``
+
+    monkeypatch.setattr(C, "check_leaks", negated)
+    with pytest.raises(AssertionError, match=r"leak checker agrees with the ledgers: .* expected by 'None'"):
+        C.leak_audit(mm, _choosing("kv"))
+
+
 def test_a_leak_checker_that_reports_a_healthy_manager_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
     from kvledger.impl import leaks
 
