@@ -132,8 +132,15 @@ KEPT: tuple[Kept, ...] = (
         "pools",
         ("token", "paged", "swa", "mamba"),
         tuple(
-            f"state.long_alloc(form={form!r}, dst=Owner(kind=OwnerKind.REQUEST, ident={who}, component=None))"
-            for form, who in (("as handed out", 1), ("reversed", 2), ("clone", 1), ("int32", 2), ("strided", 2))
+            f"state.long_alloc(form={form!r}, dst=Owner(kind=OwnerKind.REQUEST, ident={who}, component=None), "
+            f"scrambled={scrambled})"
+            for form, who, scrambled in (
+                ("as handed out", 1, False),
+                ("reversed", 2, True),
+                ("clone", 1, True),
+                ("int32", 2, False),
+                ("strided", 2, True),
+            )
         ),
     ),
 )

@@ -628,11 +628,13 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 ids = torch.cat([c.idx for c in reversed(others)])
                 self._expect_rejected(partial(_free, pool, ids, thief), NotOwner)
 
-        def long_alloc(self, form: str, dst: Owner) -> None:
+        def long_alloc(self, form: str, dst: Owner, scrambled: bool = False) -> None:
             """An allocation of ``LONG_ALLOC`` units on a pool of this kind with room for it, held to the spec at
             each step: the alloc (``spec.allocate``), a free naming one of its units twice with its last ids as
             handed out (a memo keyed by the last ids must not vouch for it: refused, nothing changed), its hand-over
             to ``dst`` in ``form`` (``spec.transfer``), its free (the ledgers as before) and a double free.
+            ``scrambled``: the pool's free slots first given out and taken back every third unit first, so the
+            allocation is no run of slots (a fresh pool hands out one run, which a pool may take another path for).
 
             NOTE: no rule: a step of ~50 ms (the ledgers of a 10,000-slot pool, read eight times) drawn in most
             examples would add a fifth to the pools suite. A kept program (``kept.KEPT``) makes it in every form
@@ -640,6 +642,11 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             if kind.big is None:
                 return
             pool, owner, u = kind.big(device), OWNERS[0], kind.unit
+            if scrambled:
+                # NOTE: in three interleaved parts: the next pop is no run, and its ends are not a run's ends either
+                units = _alloc(pool, LONG_ALLOC * u, owner).view(-1, u)
+                for part in range(3):
+                    _free(pool, units[part::3].flatten(), owner)
             before = abstract(pool)
 
             def refines(op: str, effects: dict[str, tuple[Owner, frozenset[int]]], to: Owner | None = None) -> None:

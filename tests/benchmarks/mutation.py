@@ -443,6 +443,24 @@ EQUIVALENT: dict[str, str] = {
         "message text only: a repr of exactly 40 characters is shown cut to 37 and '...' instead of whole; no"
         " state, result or error type changes"
     ),
+    "impl/owners.py:<module>:const+1:63#2": (
+        "message text only (new family, seed 25, 2026-11-30): with the int64 bound one bit wider, ``decode`` of a "
+        "tag in [2**63, 2**64) passes the range test and is refused by the next one (its top bits name no owner "
+        "kind): the same class, operation and pool, another sentence"
+    ),
+    "impl/slots.py:SlotPool.run_min:const+1:1": (
+        "speed only (new family, seed 24, 2026-11-30): the inline alloc's bound is min(run_min, 8194), not 8193: "
+        "it differs only when run_min is set past 8,193, and then an alloc of 8,193 slots takes the inline pop "
+        "(the same slots, tags and memo of what was handed out, keyed as the general pop keys it)"
+    ),
+    "impl/slots.py:SlotPool._pop_ids:const+1:0": (
+        "speed only (new family, seed 24, 2026-11-30): an alloc of 0 goes through ``check_alloc`` first, which "
+        "takes 0 and the owner as the inline test does; the same empty result"
+    ),
+    "impl/slots.py:_grow_runs:end-index:_RUNS[0]#2": (
+        "the two tables of ``_RUNS`` (ascending and descending ids) are always grown together to one length: either "
+        "one's length says whether they cover a size (new family, seed 24, 2026-11-30)"
+    ),
     "impl/slots.py:<module>:const+1:17": (
         "a memo's bound (new family, seed 23, 2026-11-30): alloc results of up to 2**18 slots are remembered, not "
         "2**17; a result remembered only lets a later check skip proving its slots distinct, which it then proves"

@@ -55,3 +55,27 @@ def test_a_memo_of_long_results_that_vouches_by_its_last_ids_is_caught(
     monkeypatch.setattr(slots.RecentAllocs, "find", find)
     found = replay_kept(SUITES["pools"].models[model](), [long], Watchdog(60))
     assert found is not None, "the long allocations met no broken law"
+
+
+@pytest.mark.parametrize("model", ["token", "mamba"])
+def test_a_long_allocation_that_is_no_run_of_slots_is_met(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 24: ``SlotPool.alloc`` remembering a long result that is no run of slots as
+    ``None`` (a ``TypeError``). A fresh pool hands out one run; the kept program of long allocations scrambles the
+    pool's free slots first in some of its steps, so a long allocation that is no run is met too."""
+    import numpy as np
+
+    from kvledger.impl import slots
+
+    real = slots.RecentAllocs.add
+
+    def add(self: slots.RecentAllocs[object], raw: bytes | bytearray, value: object) -> None:
+        ids = np.frombuffer(bytes(raw), dtype=np.int64)
+        if len(ids) > slots.HANDED_MAX and not bool((np.diff(ids) == ids[1] - ids[0]).all()):
+            raise TypeError("cannot convert 'NoneType' object to bytes")  # BUG: a long result that is no run
+        real(self, raw, value)
+
+    (long,) = (k for k in KEPT if "long_alloc" in k.steps[0])
+    assert replay_kept(SUITES["pools"].models[model](), [long], Watchdog(60)) is None
+    monkeypatch.setattr(slots.RecentAllocs, "add", add)
+    found = replay_kept(SUITES["pools"].models[model](), [long], Watchdog(60))
+    assert found is not None and isinstance(found[1], TypeError), found
