@@ -179,7 +179,7 @@ class KVView:
         if self.swa is not None and idx.numel():
             full = self.swa.full.pool
             check_range(op, "kv", "full slot", idx, full.base, full.size)  # NOTE: refused naming this call
-            dead = self.swa.translate(idx) == 0
+            dead = self.swa.full_to_swa[idx] == 0  # NOTE: ``translate`` without its checks (``idx``: int64, in range)
             if bool(dead.any()):
                 raise InvalidArgument(op, "swa", idx[dead].tolist(), "slot's SWA slot was freed: cannot cache SWA-live")
 

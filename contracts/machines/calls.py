@@ -3032,13 +3032,19 @@ def sweep(scenario: Scenario, draw: Draw) -> str:
                 before, made = _made(scenario, method, got, inside, before, errors)
                 made_here += made
         swept.append(f"{made_here} junk {broken}")
+    names_one_operation(f"{scenario.what}.{method.what}", errors)
+    return f"{scenario.what}.{method.what}: {', '.join(swept)}"
+
+
+def names_one_operation(what: str, errors: Sequence[KVLedgerError]) -> None:
+    """``spec.errors.inv_names_one_operation`` over ``errors``, the refusals of one call ``what``; ``AssertionError``
+    naming the law, with one refusal of each operation named, otherwise."""
     if not inv_names_one_operation(errors):
         named = {e.operation: e for e in errors if isinstance(e, LedgerError)}
         raise AssertionError(
-            f"inv_names_one_operation: {scenario.what}.{method.what}'s refusals name {sorted(named)}: "
+            f"inv_names_one_operation: {what}'s refusals name {sorted(named)}: "
             + "; ".join(f"{e!r}" for e in named.values())
         )
-    return f"{scenario.what}.{method.what}: {', '.join(swept)}"
 
 
 def _bases(method: Method, broken: str) -> list[dict[str, object]]:
