@@ -193,6 +193,8 @@ class Scenario:
     probes_on_copy: bool = True
     """Whether a probe draws such calls too (else only the sweeps' and crosses' valid catalogue values meet
     ``on_copy``, and every probe of a call that changes state has one argument junk)."""
+    swept: set[str] = field(default_factory=set)
+    """The calls :func:`sweep` has swept on this object so far: a sweep draws among the others first."""
     turns: dict[str, int] = field(default_factory=dict)
     """How many picks of each kind (``probe``, ``sweep``, ``cross``) took the turn slot so far (:func:`fair_pick`)."""
     short_of: frozenset[str] | None = None
@@ -493,7 +495,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
     matches = [(m, k) for m, k in matches if m.length and id(m.last_node) in live]
     gone = [(m, k) for m, k in unlocked if m.length and id(m.last_node) not in live]  # NOTE: stale: use after evict
     prober = request(90)
-    held = kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(0, 3))), prober).tolist()
+    held = kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(1, 3))), prober).tolist()
     state = None
     states: tuple[int, ...] = ()
     if mamba is not None and mamba.available_size() and draw(st.booleans()):
@@ -3010,19 +3012,24 @@ def sweep(scenario: Scenario, draw: Draw) -> str:
     through, a bool taken for an int) is met only now and then; a sweep meets every kind for every argument of one
     drawn call, in the state this example built (a catalogue drawn from the state, such as an insert's slots not
     in page order, is met in each state the call is swept in, not in one of its arguments' turns). A method is
-    drawn as often as its ``weight`` says (a call whose domain depends on much state, more often)."""
+    drawn as often as its ``weight`` says (a call whose domain depends on much state, more often), among those not
+    swept on this object yet while there are any."""
     methods = [
         m for m in scenario.methods for _ in range(m.weight) if any(a.edges is not None for a in m.args.values())
     ]
     if not methods:
         return f"{scenario.what}: no argument with a catalogue of junk"
-    method = fair_pick(scenario, draw, methods, "sweep")
+    # NOTE: the object is built once per example and no sweep changes it: a call swept again meets the same state
+    # and the same catalogues, so the calls not yet swept here go first (each example's sweeps are distinct calls)
+    fresh = [m for m in methods if m.what not in scenario.swept]
+    method = fair_pick(scenario, draw, fresh or methods, "sweep")
+    scenario.swept.add(method.what)
     swept: list[str] = []
     before = None
     errors: list[KVLedgerError] = []
     for broken in (k for k, a in method.args.items() if a.edges is not None):
         made_here = 0
-        for base in _bases(method, broken):
+        for base in _bases(method, broken, scenario, draw):
             for i in count():
                 got, inside, missing = _draw_args(method, draw, broken, _edge_at(i), base)
                 if missing == broken:
@@ -3047,15 +3054,28 @@ def names_one_operation(what: str, errors: Sequence[KVLedgerError]) -> None:
         )
 
 
-def _bases(method: Method, broken: str) -> list[dict[str, object]]:
+def _bases(
+    method: Method, broken: str, scenario: Scenario | None = None, draw: Draw | None = None
+) -> list[dict[str, object]]:
     """What a sweep of ``broken`` fixes before it: nothing (the arguments before it drawn valid), and, when its
     catalogue cannot be made without them (an end past the drawn request's own slots), each valid value of the
-    first argument's catalogue in turn (a request of each stage of life), so its edges meet every such value."""
+    first argument's catalogue in turn (a request of each stage of life), so its edges meet every such value.
+
+    Otherwise, given the scenario and a draw, one base: nothing, or one valid value of the first argument's
+    catalogue (drawn with :func:`fair_pick`): an argument drawn valid is drawn simple (a key of the cached tokens,
+    the first request), while its catalogue's valid values are the rare ones (a key all new, a request at a late
+    stage), and some junk of a later argument is refused only on the simple one's path (slots repeated on a
+    cached key's page are refused by the comparison with the cached page; on a new key's, by the repeat check)."""
     names = list(method.args)
     arg, first = method.args[broken], method.args[names[0]]
-    if names[0] == broken or arg.edges is None or first.edges is None or _alone(arg) is not None:
+    if names[0] == broken or arg.edges is None or first.edges is None:
         return [{}]
-    return [{}, *({names[0]: v} for v in _alone(first) or () if first.inside(v, {}))]
+    valid = [{names[0]: v} for v in _alone(first) or () if first.inside(v, {})]
+    if _alone(arg) is None:
+        return [{}, *valid]
+    if scenario is None or draw is None or not valid:
+        return [{}]
+    return [fair_pick(scenario, draw, [{}, *valid], f"base of {method.what}.{broken}")]
 
 
 def _alone(arg: Arg) -> Sequence[object] | None:

@@ -1098,6 +1098,16 @@ EQUIVALENT: dict[str, str] = {
         "a speed threshold (new family, seed 17): keys of exactly 4,096 ids check their signs by isascii instead "
         "of numpy's min: the same answer (as key_bytes' boundary set-aside above)"
     ),
+    "impl/leaks.py:expected_owners:negate-cmp:req.status in (Status.FINISHED, Status.ABORTED)": (
+        "which requests the loop skips (new family, seed 26): made `not in`, it skips a request that still runs and "
+        "holds nothing instead of one that ended holding nothing; a request holding nothing (no row, no Mamba "
+        "state) adds nothing in the loop's body either way, and a handle alone adds nothing there"
+    ),
+    "impl/slots.py:SlotPool._free_host:negate-cmp:k == 1": (
+        "a fast path's test negated (new family, seed 26): one slot then takes claim's check, and k > 1 slots "
+        "compare k tags' bytes with one tag's, which never match, so the free takes the checked path (the same "
+        "answer; an index out of the pool is caught as IndexError there and declines too)"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
