@@ -12,7 +12,8 @@ builds the ``RuleBasedStateMachine``. A test or ``kvledger check`` runs it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from copy import deepcopy
 from dataclasses import dataclass
 from functools import partial
@@ -195,6 +196,21 @@ def _same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
 def _pages(pool: AnyPool, idx: torch.Tensor) -> torch.Tensor:
     """The ledger's slots of ids ``idx``: a paged pool's pages, any other pool's ids as they are."""
     return torch.div(idx, pool.page_size, rounding_mode="floor") if isinstance(pool, PagedAllocator) else idx
+
+
+def _torn_culprits(tokens: list[int], page_size: int) -> dict[type[KVLedgerError], set[int]]:
+    """What a paged refusal of token ids ``tokens`` must name, per kind of refusal: a ``PageAlignmentError``, the
+    pages whose tokens are not named each exactly once; an ``InvalidArgument``, the pages of the tokens named twice.
+
+    >>> _torn_culprits([4, 5, 6], 2) == {PageAlignmentError: {3}, InvalidArgument: set()}
+    True
+    >>> _torn_culprits([4, 5, 6, 4], 2) == {PageAlignmentError: {2, 3}, InvalidArgument: {2}}
+    True
+    """
+    named = Counter(tokens)
+    pages = {t // page_size for t in named}
+    whole = {p for p in pages if all(named[t] == 1 for t in range(p * page_size, (p + 1) * page_size))}
+    return {PageAlignmentError: pages - whole, InvalidArgument: {t // page_size for t, k in named.items() if k > 1}}
 
 
 def _data(pool: AnyPool) -> torch.Tensor | None:
@@ -519,11 +535,12 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             self,
             call: Callable[[], object],
             expected: type[KVLedgerError] | tuple[type[KVLedgerError], ...],
-            culprits: set[int] | None = None,
+            culprits: set[int] | Mapping[type[KVLedgerError], set[int]] | None = None,
             pool: AnyPool | None = None,
         ) -> None:
-            """``call`` refused with ``expected`` (one of them), naming a slot (``culprits``: exactly those), nothing
-            changed (in ``pool``: this machine's pool unless given)."""
+            """``call`` refused with ``expected`` (one of them), naming a slot (``culprits``: exactly those, or per
+            kind of refusal where the call breaks two rules and either may be named first), nothing changed (in
+            ``pool``: this machine's pool unless given)."""
             pool = self.pool if pool is None else pool
             before = abstract(pool)
             contents = _contents(pool)
@@ -534,6 +551,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 assert isinstance(err, expected), f"expected {want}, got {type(err).__name__}: {err}"
                 assert inv_names_culprit(err), f"inv_names_culprit: {type(err).__name__} names no slot: {err}"
                 named = set(getattr(err, "slots", ()))
+                if culprits is not None and not isinstance(culprits, set):
+                    culprits = next((v for k, v in culprits.items() if isinstance(err, k)), None)
                 assert culprits is None or named == culprits, (
                     f"inv_names_culprit: {type(err).__name__} names slots {sorted(named)}, the culprits are "
                     f"{sorted(culprits or ())}: {err}"
@@ -1083,8 +1102,11 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             other = other_owner(chunk.owner)
             torn = (PageAlignmentError, InvalidArgument)
             for bad in (idx[:1], idx[:-1], torch.cat((idx[:-1], idx[:1]))):
-                self._expect_rejected(partial(_free, pool, bad, chunk.owner), torn)
-                self._expect_rejected(partial(_transfer, pool, bad, chunk.owner, other), torn)
+                # NOTE: the refusal names the culprits, and only them: the pages not named whole (each token once),
+                # or the pages of the tokens named twice; a page named whole beside them is no culprit
+                culprits = _torn_culprits(bad.tolist(), pool.page_size)
+                self._expect_rejected(partial(_free, pool, bad, chunk.owner), torn, culprits)
+                self._expect_rejected(partial(_transfer, pool, bad, chunk.owner, other), torn, culprits)
 
         @rule(target=chunks, chunk=consumes(chunks))
         def free_swa(self, chunk: Chunk) -> Chunk:

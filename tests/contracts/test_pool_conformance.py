@@ -562,3 +562,23 @@ def test_a_refusal_that_names_the_pool_as_its_operation_is_caught(monkeypatch: p
 
     monkeypatch.setattr(allocators, "int_ids", int_ids)
     assert "inv_names_one_operation" in run_expecting_failure("paged", shrink=False)
+
+
+def test_a_torn_free_that_names_pages_it_covers_whole_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, new family, seed 27: ``PagedAllocator.pages_of`` naming the wrong pages in its
+    ``PageAlignmentError``: the pages the call names whole beside the torn one. The refusal is typed and names
+    a page (``inv_names_culprit`` held as a count), but sends its reader to pages that are fine. A torn free or
+    transfer must name exactly the pages it does not name whole."""
+    from kvledger.impl.allocators import PagedAllocator
+
+    real = PagedAllocator.pages_of
+
+    def pages_of(self: PagedAllocator, op: str, indices: torch.Tensor) -> torch.Tensor:
+        try:
+            return real(self, op, indices)
+        except PageAlignmentError as err:
+            every = sorted({int(x) // self.page_size for x in indices.tolist()})
+            raise PageAlignmentError(op, err.pool, every, err.detail) from None  # BUG: every page, not the torn
+
+    monkeypatch.setattr(PagedAllocator, "pages_of", pages_of)
+    assert "inv_names_culprit" in run_expecting_failure("paged", shrink=False)
