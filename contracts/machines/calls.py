@@ -447,6 +447,11 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
     seqs: list[list[int]] = draw(st.lists(st.lists(st.integers(1, 3), min_size=ps, max_size=6), min_size=1, max_size=4))
     keys, seen = [], list[TreeNode]()
     others: dict[Owner, list[int]] = {}
+    prober = request(90)
+    # NOTE: the prober allocates first (then it holds each pool's first slots: token slot 1, SWA slot 1, a bound a
+    # sentinel test can be off by one from) or after the sequences are cached, drawn
+    early = draw(st.booleans())
+    held = kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(1, 3))), prober).tolist() if early else []
     for r, seq in enumerate(seqs, 1):
         key = seq[: len(seq) - len(seq) % ps]
         owner = request(r)
@@ -494,8 +499,8 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
     stale = [n for n in seen if id(n) not in live]
     matches = [(m, k) for m, k in matches if m.length and id(m.last_node) in live]
     gone = [(m, k) for m, k in unlocked if m.length and id(m.last_node) not in live]  # NOTE: stale: use after evict
-    prober = request(90)
-    held = kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(1, 3))), prober).tolist()
+    if not early:
+        held = kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(1, 3))), prober).tolist()
     state = None
     states: tuple[int, ...] = ()
     if mamba is not None and mamba.available_size() and draw(st.booleans()):

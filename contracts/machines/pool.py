@@ -551,7 +551,7 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 assert isinstance(err, expected), f"expected {want}, got {type(err).__name__}: {err}"
                 assert inv_names_culprit(err), f"inv_names_culprit: {type(err).__name__} names no slot: {err}"
                 named = set(getattr(err, "slots", ()))
-                if culprits is not None and not isinstance(culprits, set):
+                if isinstance(culprits, Mapping):
                     culprits = next((v for k, v in culprits.items() if isinstance(err, k)), None)
                 assert culprits is None or named == culprits, (
                     f"inv_names_culprit: {type(err).__name__} names slots {sorted(named)}, the culprits are "
