@@ -2187,7 +2187,7 @@ def test_every_mamba_state_the_prober_holds_is_inside_an_inserts_domain() -> Non
     of the checker, on the reference, with this round's catalogue draws)."""
     seen: list[int] = []
 
-    @settings(max_examples=60, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
+    @settings(max_examples=200, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
     @given(st.data())
     def run(data: st.DataObject) -> None:
         c = C._build_cache("mamba", data.draw)
