@@ -448,10 +448,15 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
     keys, seen = [], list[TreeNode]()
     others: dict[Owner, list[int]] = {}
     prober = request(90)
+
+    def hold() -> list[int]:
+        """The prober's slots: one to three pairs of pages, as many as there is room for."""
+        return kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(1, 3))), prober).tolist()
+
     # NOTE: the prober allocates first (then it holds each pool's first slots: token slot 1, SWA slot 1, a bound a
     # sentinel test can be off by one from) or after the sequences are cached, drawn
     early = draw(st.booleans())
-    held = kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(1, 3))), prober).tolist() if early else []
+    held = hold() if early else []
     for r, seq in enumerate(seqs, 1):
         key = seq[: len(seq) - len(seq) % ps]
         owner = request(r)
@@ -500,7 +505,7 @@ def _build_cache(kind: str, draw: Draw) -> _Cache:
     matches = [(m, k) for m, k in matches if m.length and id(m.last_node) in live]
     gone = [(m, k) for m, k in unlocked if m.length and id(m.last_node) not in live]  # NOTE: stale: use after evict
     if not early:
-        held = kv.alloc(min(kv.available_size(), 2 * ps * draw(st.integers(1, 3))), prober).tolist()
+        held = hold()
     state = None
     states: tuple[int, ...] = ()
     if mamba is not None and mamba.available_size() and draw(st.booleans()):
