@@ -17,7 +17,11 @@ and live handles, so they hold for any implementation of the adder:
   reason, its tokens over the budget or a pool short of free slots for it; a
   request whose whole prompt fits and finds room in every pool is admitted;
   ``inv_batch_work_conserving`` states it over a whole step, in the order the
-  policy tried its requests (what earlier admissions took is not left).
+  policy tried its requests (what earlier admissions took is not left);
+* ``inv_reuses_cache`` — an admission reuses the cache: a request admitted
+  outside a session runs on the longest prefix of its tokens but the last that
+  the match rule (``spec.prefix.matches``) allows, no shorter than the cache
+  kept through the step offers and no longer than it held before it.
 
 >>> from kvledger.spec.ledger import new_ledger, allocate
 >>> from kvledger.spec.types import request
@@ -34,6 +38,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvledger.spec.ledger import Ledger, Slots, held_by
+from kvledger.spec.locks import Key
+from kvledger.spec.prefix import PrefixCache, matches
 from kvledger.spec.types import HandleId, Owner
 
 
@@ -141,6 +147,53 @@ def inv_waiting_blank(kv_len: int, prefix_len: int) -> bool:
     (True, False)
     """
     return kv_len == 0 and prefix_len == 0
+
+
+def longest_match(s: PrefixCache, key: Key) -> int:
+    """The longest prefix of ``key`` that the match rule (``spec.prefix.matches``) lets ``s`` return, in tokens.
+
+    >>> c = PrefixCache(2, None, False, {(1, 2): (4, 5), (1, 2, 3, 4): (6, 7)})
+    >>> longest_match(c, (1, 2, 3, 4, 5)), longest_match(c, (1, 2, 3)), longest_match(c, (9,))
+    (4, 2, 0)
+    """
+    return max(i for i in range(0, len(key) + 1, max(1, s.page_size)) if matches(s, key, i))
+
+
+def kept_through(before: PrefixCache, after: PrefixCache) -> PrefixCache:
+    """What the cache held through a step that cached nothing: each page, SWA-live page and Mamba state that
+    ``before`` and ``after`` both hold, with the same slots (what a step evicted is gone from ``after``)."""
+    return PrefixCache(
+        before.page_size,
+        before.window,
+        before.mamba,
+        {k: v for k, v in before.full.items() if after.full.get(k) == v},
+        before.swa_live & after.swa_live,
+        {k: v for k, v in before.mamba_state.items() if after.mamba_state.get(k) == v},
+    )
+
+
+def reuse_bounds(before: PrefixCache, after: PrefixCache, tokens: Sequence[int]) -> tuple[int, int]:
+    """The prefix a request with ``tokens`` may be admitted on, matched in an admission step that cached nothing
+    (it matches, locks, allocates and evicts): at least the longest match of its tokens but the last in what the
+    cache kept through the step (:func:`kept_through`; a match rule is monotone in the cache), at most the longest
+    in what it held before the step (the last token is always computed: its logits sample the next one)."""
+    key = tuple(tokens[: max(0, len(tokens) - 1)])
+    return longest_match(kept_through(before, after), key), longest_match(before, key)
+
+
+def inv_reuses_cache(prefix_len: int, tokens: Sequence[int], before: PrefixCache, after: PrefixCache) -> bool:
+    """A request admitted outside a session runs on the prefix the cache offered it (:func:`reuse_bounds`): one
+    shorter recomputes KV the cache held (more KV taken, a lower hit rate), one longer runs on KV it never held.
+
+    >>> b = PrefixCache(1, None, False, {(1,): (4,), (1, 2): (5,), (1, 2, 3): (6,)})
+    >>> inv_reuses_cache(2, (1, 2, 3), b, b), inv_reuses_cache(1, (1, 2, 3), b, b)
+    (True, False)
+    >>> evicted = PrefixCache(1, None, False, {(1,): (4,)})  # the step evicted (1, 2) and (1, 2, 3)
+    >>> inv_reuses_cache(1, (1, 2, 3), b, evicted)
+    True
+    """
+    low, high = reuse_bounds(before, after, tokens)
+    return low <= prefix_len <= high
 
 
 def take(budget: Budget, new_tokens: int) -> Budget:

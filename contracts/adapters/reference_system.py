@@ -148,6 +148,7 @@ def system_snapshot_of(mm: MemoryManager) -> SystemSnapshot:
         sizes=cache.sizes,
         content=content,
         page_size=mm.page,
+        prefix=cache.prefix,
     )
 
 

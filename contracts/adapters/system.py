@@ -31,6 +31,7 @@ from typing import Protocol, runtime_checkable
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.locks import LockState
 from kvledger.spec.lru import LruState
+from kvledger.spec.prefix import PrefixCache
 from kvledger.spec.shared import SharedPool
 from kvledger.spec.types import Component, Owner
 
@@ -56,6 +57,7 @@ SYSTEM_CAPABILITIES = frozenset(
         "work_conserving",
         "prefix_locked",
         "caches_on_finish",
+        "prefix_cache",
     }
 )
 """Everything a system adapter may provide.
@@ -106,7 +108,17 @@ computed KV whole pages, a Mamba state with them (``spec.ledger.inv_end_caches``
 the law ``inv_end_caches``); the ledgers' ``kv`` unit is the tree's page. The
 SGLang adapters leave it out: a Mamba cache with a ping-pong track buffer caches
 the state of the last track point, and nothing where the request passed none,
-which the snapshot does not show.
+which the snapshot does not show. ``prefix_cache``: the snapshot's ``prefix`` is
+the radix cache's content in spec terms (``spec.prefix.PrefixCache``), and an
+admission step caches nothing (it matches, locks, allocates and evicts), so a
+request admitted outside a session runs on the longest prefix of its tokens but
+the last that the match rule allows: no shorter than what the cache held both
+before and after the step offers, no longer than what it held before
+(``spec.admission.inv_reuses_cache``: the law ``admission reuses the cache``).
+The SGLang scheduler adapters leave it out: their admission is a whole scheduler
+step, which may finish requests and cache them (a page evicted by one
+admission and cached again, with the same slots, by a request that finished
+in the same step looks kept through it).
 """
 
 
@@ -210,7 +222,8 @@ class SystemSnapshot:
     slots), in the ledger's units; the law is held == referenced.
     ``page_size``: token slots per ledger unit of ``"kv"``.
     ``shared``: pools with shared blocks (vLLM's ``ref_cnt``), checked by the
-    shared-block laws. A field the adapter cannot observe is empty and its
+    shared-block laws. ``prefix``: the radix cache's content (capability
+    ``prefix_cache``). A field the adapter cannot observe is empty and its
     capability absent.
     """
 
@@ -224,6 +237,7 @@ class SystemSnapshot:
     content: Mapping[int, int] = field(default_factory=dict)
     page_size: int = 1
     shared: SharedBlocks | None = None
+    prefix: PrefixCache | None = None
 
 
 @dataclass(frozen=True)
@@ -334,6 +348,7 @@ SYSTEM_RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "evict": ("evict (rule)",),
     "inject_failure": ("inject_allocation_failure (rule)",),
     "caches_on_finish": ("inv_end_caches",),
+    "prefix_cache": ("admission reuses the cache",),
 }
 """The laws and rules skipped (and reported as skipped) when a system adapter lacks a capability."""
 

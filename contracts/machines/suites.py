@@ -184,6 +184,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "admission is a transaction",
         "admission within budget",
         "admission admits what fits",
+        "admission reuses the cache",
         "alloc evicts before it refuses",
         "inv_waiting_blank",
     ),

@@ -23,6 +23,9 @@ after every step checks on the adapter's snapshot (:func:`check_snapshot`):
   (``spec.admission.inv_batch_work_conserving``, work conservation): in the
   order a step tried its requests, one whose whole prompt fits what is left of
   the budget and finds room left in every pool is admitted;
+  ``admission reuses the cache`` (``spec.admission.inv_reuses_cache``): a
+  request admitted outside a session runs on the longest prefix of its tokens
+  but the last that the cache held through the step;
   ``extend commits``: a decode of ``n`` tokens adds exactly ``n`` and keeps
   the earlier ones; ``resume is append-only`` and
   ``inv_committed_within_allocated`` (``spec.session``);
@@ -89,6 +92,7 @@ RULES = (
     "admission commits",
     "admission within budget",
     "admission admits what fits",
+    "admission reuses the cache",
     "extend commits",
     "resume is append-only",
     "inv_committed_within_allocated",
@@ -433,6 +437,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 rid = max(self.prompts)
                 if finish and rid in self.last.requests and self.last.requests[rid].status == "running":
                     self.end_or_chunk(self.ids("running").index(rid), "finish")
+                    self.last = self.sys.snapshot()  # NOTE: the next copy's admission starts from the cache it left
 
         def _add(self, tokens: tuple[int, ...], sid: int | None, budget: int) -> None:
             if sid is not None and (not self.has("sessions") or not self.on("sessions")):
@@ -552,12 +557,30 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                         f"admitted request {r} matched all {len(prompt)} tokens: the last one is always computed "
                         "(its logits sample the next token)",
                     )
+                if got.session is None and prompt is not None:
+                    self._check_reuse(before, after, r, got.prefix_len, prompt)
                 slot = before.sessions.get(got.session) if got.session is not None else None
                 if slot is not None and (slot.row is not None or slot.committed_len > 0):
                     # NOTE: a resumed session; a session's first turn may match the prefix cache like any request
                     committed = slot.committed_len
                     if got.prefix_len > committed:
                         raise _fail("resume is append-only", f"request {r} resumed {got.prefix_len} > {committed}")
+
+        def _check_reuse(
+            self, before: SystemSnapshot, after: SystemSnapshot, rid: int, prefix_len: int, tokens: tuple[int, ...]
+        ) -> None:
+            """``admission reuses the cache`` (``spec.admission.inv_reuses_cache``): request ``rid``, admitted outside
+            a session with ``tokens``, runs on the longest prefix the cache offered it through the step."""
+            if not self.has("prefix_cache") or before.prefix is None or after.prefix is None:
+                return
+            if not A.inv_reuses_cache(prefix_len, tokens, before.prefix, after.prefix):
+                low, high = A.reuse_bounds(before.prefix, after.prefix, tokens)
+                raise _fail(
+                    "admission reuses the cache",
+                    f"request {rid} ({len(tokens)} tokens {list(tokens[:12])}) was admitted on a prefix of "
+                    f"{prefix_len} tokens; the cache offered it {low} (kept through the step) to {high} (held "
+                    f"before it) of its tokens but the last (page {before.prefix.page_size})",
+                )
 
         def _check_refusals(
             self, before: SystemSnapshot, after: SystemSnapshot, result: StepResult, tried: tuple[int, ...], budget: int

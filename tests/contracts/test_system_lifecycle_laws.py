@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import Phase, settings
 
+from kvledger.contracts.adapters.reference_system import ReferenceSystemAdapter
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.runner import CheckResult, run_machine
 from kvledger.contracts.machines.suites import SUITES
@@ -242,6 +243,10 @@ def test_an_admission_that_locks_its_match_and_recomputes_it_is_caught(monkeypat
             a.req.prefix_len = a.req.own_from = 0  # BUG: the matched prefix is not the request's
 
     monkeypatch.setattr(admission, "_acquire", acquire)
+    result = run()  # NOTE: recomputing what the cache held breaks ``admission reuses the cache`` first
+    assert result.violation is not None and result.violation.rule == "admission reuses the cache", result.violation
+    caps = ReferenceSystemAdapter.capabilities - {"prefix_cache"}  # an engine that does not show its cache
+    monkeypatch.setattr(ReferenceSystemAdapter, "capabilities", caps)
     result = run()
     assert result.violation is not None and result.violation.rule == "inv_lock_covers_prefix", result.violation
 
@@ -383,3 +388,26 @@ def test_a_finish_that_caches_nothing_is_caught(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(MemoryManager, "finish", finish)
     result = run(model)
     assert result.violation is not None and result.violation.rule == "inv_end_caches", result.violation
+
+
+@pytest.mark.parametrize("model", ["full", "paged", "mamba"])
+def test_admission_that_matches_less_than_the_cache_holds_is_caught(
+    monkeypatch: pytest.MonkeyPatch, model: str
+) -> None:
+    """``admission reuses the cache``: a match one token short (fresh seed 31's mutant of ``_acquire``) keeps every
+    ownership and lock law, and recomputes KV the cache held."""
+    real = admission._acquire
+
+    def acquire(mm: MemoryManager, a: Any) -> None:
+        req, tokens = a.req, a.req.tokens
+        if req.session is None and len(tokens) > 1:
+            req.tokens = tokens[:-1]  # BUG: the match key leaves out the last two tokens
+        try:
+            real(mm, a)
+        finally:
+            req.tokens = tokens
+
+    monkeypatch.setattr(admission, "_acquire", acquire)
+    result = run(model)
+    assert result.violation is not None and result.violation.rule == "admission reuses the cache", result.violation
+    assert "the cache offered it" in result.violation.message

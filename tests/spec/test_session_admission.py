@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvledger.spec import admission as A
+from kvledger.spec import prefix as P
 from kvledger.spec import session as S
 from kvledger.spec.errors import InvalidArgument
 from kvledger.spec.ledger import allocate, free, new_ledger, transfer
@@ -115,3 +116,34 @@ def test_commit_law_lets_a_request_hand_its_slot_only_to_the_session_it_runs_on(
     assert A.inv_commit_keeps(a, to_session_1, lenders=(session(1),))
     assert not A.inv_commit_keeps(a, to_session_1)  # no lender: lost
     assert not A.inv_commit_keeps(a, to_session_1, lenders=(session(2),))  # another session's record
+
+
+def _cache(page: int, keys: list[tuple[int, ...]], **kw: object) -> P.PrefixCache:
+    """A cache holding ``keys``' pages (slots numbered in order), with ``kw`` as ``PrefixCache``'s other fields."""
+    full = {k: tuple(range(10 * i, 10 * i + page)) for i, k in enumerate(keys)}
+    return P.PrefixCache(page, full=full, **kw)  # type: ignore[arg-type]
+
+
+def test_reuse_law_wants_the_longest_match_of_all_tokens_but_the_last() -> None:
+    c = _cache(2, [(1, 2), (1, 2, 3, 4), (1, 2, 3, 4, 5, 6)])
+    assert A.reuse_bounds(c, c, (1, 2, 3, 4, 5, 6)) == (4, 4)  # the last page holds the last token: not matched
+    assert A.reuse_bounds(c, c, (1, 2, 3, 4, 5, 6, 7)) == (6, 6)
+    assert A.inv_reuses_cache(6, (1, 2, 3, 4, 5, 6, 7), c, c)
+    assert not A.inv_reuses_cache(4, (1, 2, 3, 4, 5, 6, 7), c, c)  # a page short: KV recomputed
+    assert not A.inv_reuses_cache(6, (1, 2, 3, 4, 5, 6), c, c)  # past the last token but one
+
+
+def test_reuse_law_follows_the_match_rule_of_mamba_and_swa_caches() -> None:
+    keys = [(1,), (1, 2), (1, 2, 3), (1, 2, 3, 4)]
+    mamba = _cache(1, keys, mamba=True, mamba_state={(1, 2): 7})
+    assert A.reuse_bounds(mamba, mamba, (1, 2, 3, 4, 5)) == (2, 2)  # a match ends at a cached state
+    swa = _cache(1, keys, window=2, swa_live=frozenset({(1,), (1, 2), (1, 2, 3)}))
+    assert A.reuse_bounds(swa, swa, (1, 2, 3, 4, 5)) == (3, 3)  # the window of a match of 4 is gone
+
+
+def test_reuse_law_allows_for_what_the_step_evicted_and_only_that() -> None:
+    before = _cache(1, [(1,), (1, 2), (1, 2, 3)])
+    after = _cache(1, [(1,)])  # an earlier admission of the step evicted (1, 2) and (1, 2, 3)
+    assert A.reuse_bounds(before, after, (1, 2, 3, 4)) == (1, 3)
+    moved = P.PrefixCache(1, full={**before.full, (1, 2): (99,)})  # a page with other slots was not kept through
+    assert A.reuse_bounds(before, moved, (1, 2, 3, 4)) == (1, 3)
