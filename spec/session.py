@@ -14,7 +14,10 @@ ping-pong track buffers) of the last request. The laws:
 * **release on close** — closing frees everything the session holds, at once or, while a turn
   still runs on its memory, when that turn ends (``inv_released_on_close``);
 * **held equals recorded** — what the ledgers say the session holds is exactly
-  what its slot records (``inv_session_holds_recorded``).
+  what its slot records (``inv_session_holds_recorded``);
+* **resumption reuses** — a turn resumes on every committed token its own tokens
+  but the last repeat, no fewer (``inv_resume_reuses``): a resume that keeps
+  less recomputes KV the session holds.
 
 >>> s = save(new_session(1), row=3, kv=(10, 11, 12, 13, 14, 15), committed_len=5, mamba=frozenset({2}))
 >>> plan = resume(s, prefix_len=3, page_size=2)
@@ -24,7 +27,7 @@ ping-pong track buffers) of the last request. The laws:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import icontract
@@ -76,6 +79,27 @@ def new_session(sid: int) -> SessionSlot:
 def inv_committed_within_allocated(s: SessionSlot) -> bool:
     """committed_len <= allocated_len."""
     return 0 <= s.committed_len <= s.allocated_len
+
+
+def reusable_on_resume(committed: Sequence[int], tokens: Sequence[int]) -> int:
+    """How many tokens a turn with ``tokens`` resumes on, of the session's ``committed`` tokens: their common
+    prefix with all of ``tokens`` but the last (the last token is always computed: its logits sample the next).
+
+    >>> reusable_on_resume((1, 2, 3), (1, 2, 3, 4)), reusable_on_resume((1, 2, 3), (1, 2, 3))
+    (3, 2)
+    >>> reusable_on_resume((1, 2), (1, 5, 2))
+    1
+    """
+    n, last = 0, len(tokens) - 1
+    while n < min(len(committed), last) and committed[n] == tokens[n]:
+        n += 1
+    return n
+
+
+def inv_resume_reuses(prefix_len: int, committed: Sequence[int], tokens: Sequence[int]) -> bool:
+    """A turn resumed its session on exactly what it may reuse (:func:`reusable_on_resume`): fewer recomputes KV
+    the session holds, more runs on committed tokens its own tokens leave (what append-only forbids)."""
+    return prefix_len == reusable_on_resume(committed, tokens)
 
 
 def inv_kv_needs_row(s: SessionSlot) -> bool:

@@ -135,7 +135,9 @@ def system_snapshot_of(mm: MemoryManager) -> SystemSnapshot:
     sessions: dict[int, SessionView] = {}
     for s in mm.sessions.slots.values():
         slots = tuple(mm.rows.table[s.row, : s.alloc_len].tolist()) if s.row is not None else ()
-        sessions[s.sid] = SessionView(s.sid, s.committed_len, s.alloc_len, s.row, slots, s.lent_to)
+        sessions[s.sid] = SessionView(
+            s.sid, s.committed_len, s.alloc_len, s.row, slots, s.lent_to, tuple(s.tokens[: s.committed_len])
+        )
         if s.row is not None:
             rows[s.row] = RowView(s.owner, slots, 0)
     return SystemSnapshot(

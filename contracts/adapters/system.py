@@ -58,6 +58,7 @@ SYSTEM_CAPABILITIES = frozenset(
         "prefix_locked",
         "caches_on_finish",
         "prefix_cache",
+        "session_tokens",
     }
 )
 """Everything a system adapter may provide.
@@ -118,7 +119,12 @@ before and after the step offers, no longer than what it held before
 The SGLang scheduler adapters leave it out: their admission is a whole scheduler
 step, which may finish requests and cache them (a page evicted by one
 admission and cached again, with the same slots, by a request that finished
-in the same step looks kept through it).
+in the same step looks kept through it). ``session_tokens``: each session's
+``SessionView.tokens`` are the tokens it committed, and a turn resumes on all of
+them that its own tokens but the last repeat (``spec.session.inv_resume_reuses``:
+the law ``resume reuses the session``); a session's first turn, which finds it
+holding nothing, is not judged. The SGLang adapters leave it out: their
+snapshots do not show a session's tokens.
 """
 
 
@@ -167,6 +173,8 @@ class SessionView:
 
     ``slots``: the KV token slot of each position ``[0, alloc_len)`` as the row
     records it (empty while the session's memory is lent to a request).
+    ``tokens``: the tokens it committed, ``committed_len`` of them (capability
+    ``session_tokens``; empty while lent, or where the adapter cannot show them).
     """
 
     sid: int
@@ -175,6 +183,7 @@ class SessionView:
     row: int | None
     slots: tuple[int, ...] = ()
     lent_to: int | None = None
+    tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -349,6 +358,7 @@ SYSTEM_RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "inject_failure": ("inject_allocation_failure (rule)",),
     "caches_on_finish": ("inv_end_caches",),
     "prefix_cache": ("admission reuses the cache",),
+    "session_tokens": ("resume reuses the session",),
 }
 """The laws and rules skipped (and reported as skipped) when a system adapter lacks a capability."""
 

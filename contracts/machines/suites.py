@@ -180,6 +180,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "admission rolls back",
         "admission commits",
         "resume is append-only",
+        "resume reuses the session",
         "inv_committed_within_allocated",
         "admission is a transaction",
         "admission within budget",

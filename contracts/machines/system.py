@@ -27,7 +27,8 @@ after every step checks on the adapter's snapshot (:func:`check_snapshot`):
   request admitted outside a session runs on the longest prefix of its tokens
   but the last that the cache held through the step;
   ``extend commits``: a decode of ``n`` tokens adds exactly ``n`` and keeps
-  the earlier ones; ``resume is append-only`` and
+  the earlier ones; ``resume is append-only``, ``resume reuses the session``
+  (a turn resumes on every committed token its tokens but the last repeat) and
   ``inv_committed_within_allocated`` (``spec.session``);
 * lock pairing (``inv_lock_ref_counts_handles``, ``inv_lock_ref_nonnegative``)
   and ``inv_handles_owned`` (every live handle is held by a running request);
@@ -95,6 +96,7 @@ RULES = (
     "admission reuses the cache",
     "extend commits",
     "resume is append-only",
+    "resume reuses the session",
     "inv_committed_within_allocated",
     "inv_lock_ref_counts_handles",
     "inv_lock_ref_nonnegative",
@@ -565,6 +567,18 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                     committed = slot.committed_len
                     if got.prefix_len > committed:
                         raise _fail("resume is append-only", f"request {r} resumed {got.prefix_len} > {committed}")
+                    if (
+                        self.has("session_tokens")
+                        and prompt is not None
+                        and not S.inv_resume_reuses(got.prefix_len, slot.tokens, prompt)
+                    ):
+                        raise _fail(
+                            "resume reuses the session",
+                            f"request {r} ({len(prompt)} tokens {list(prompt[:12])}) resumed session {got.session} "
+                            f"on {got.prefix_len} tokens; the session committed {committed} tokens "
+                            f"{list(slot.tokens[:12])}, {S.reusable_on_resume(slot.tokens, prompt)} of them its own "
+                            "but the last repeat",
+                        )
 
         def _check_reuse(
             self, before: SystemSnapshot, after: SystemSnapshot, rid: int, prefix_len: int, tokens: tuple[int, ...]

@@ -421,6 +421,16 @@ EQUIVALENT: dict[str, str] = {
         "longer taken for a possible run, so the pop is tagged through its ids, not a slice (as seed 3's negate-cmp "
         "of the same test): the same tags"
     ),
+    "impl/slots.py:SlotPool._pop_ids:const+1:1#5": (
+        "a speed path's test (new family, seed 32): the other bound of the same test (1 - n made 2 - n, as #4 makes "
+        "n - 1 into n - 2): a pop it no longer takes for a possible run is tagged through its ids, and one it takes "
+        "for one wrongly is proved no run by run_start's byte comparison: the same tags"
+    ),
+    "impl/slots.py:SlotPool.release:negate-cmp:type(idx) is np.ndarray": (
+        "a conversion skipped (new family, seed 32): a CPU pool's release given a tensor indexes its tag column and "
+        "fills its free stack with the tensor itself, which numpy reads through __array__ as the same int64 ids; an "
+        "ndarray is taken as it is either way"
+    ),
     "impl/slots.py:SlotPool.__init__:const+1:1#6": (
         "a device pool's free stack (new family, seed 20; a CPU pool never runs this line): arange down to base - 2 "
         "makes the stack one id longer below its bottom, at index capacity, and no read or push reaches past _top, "

@@ -411,3 +411,18 @@ def test_admission_that_matches_less_than_the_cache_holds_is_caught(
     result = run(model)
     assert result.violation is not None and result.violation.rule == "admission reuses the cache", result.violation
     assert "the cache offered it" in result.violation.message
+
+
+@pytest.mark.parametrize("model", ["full", "paged", "mamba"])
+def test_a_resume_that_reuses_less_than_the_session_committed_is_caught(
+    monkeypatch: pytest.MonkeyPatch, model: str
+) -> None:
+    """``resume reuses the session``: a turn resumed one token short recomputes KV its session holds; every
+    ownership law holds (the tail it frees is the session's to free)."""
+    from kvledger.impl import session
+
+    real = session.common_prefix
+    monkeypatch.setattr(session, "common_prefix", lambda a, b: max(0, real(a, b) - 1))  # BUG: one token short
+    result = run(model)
+    assert result.violation is not None and result.violation.rule == "resume reuses the session", result.violation
+    assert "of them its own but the last repeat" in result.violation.message

@@ -147,3 +147,12 @@ def test_reuse_law_allows_for_what_the_step_evicted_and_only_that() -> None:
     assert A.reuse_bounds(before, after, (1, 2, 3, 4)) == (1, 3)
     moved = P.PrefixCache(1, full={**before.full, (1, 2): (99,)})  # a page with other slots was not kept through
     assert A.reuse_bounds(before, moved, (1, 2, 3, 4)) == (1, 3)
+
+
+@given(committed=st.lists(st.integers(1, 3), max_size=8), tokens=st.lists(st.integers(1, 3), min_size=1, max_size=10))
+def test_resume_reuses_the_common_prefix_of_all_tokens_but_the_last(committed: list[int], tokens: list[int]) -> None:
+    n = S.reusable_on_resume(committed, tokens)
+    assert committed[:n] == tokens[:n] and n <= len(tokens) - 1
+    assert n == min(len(committed), len(tokens) - 1) or committed[n] != tokens[n]  # the longest such
+    assert S.inv_resume_reuses(n, committed, tokens)
+    assert not S.inv_resume_reuses(n - 1, committed, tokens) and not S.inv_resume_reuses(n + 1, committed, tokens)
