@@ -59,6 +59,7 @@ SYSTEM_CAPABILITIES = frozenset(
         "caches_on_finish",
         "prefix_cache",
         "session_tokens",
+        "caches_on_chunk",
     }
 )
 """Everything a system adapter may provide.
@@ -109,7 +110,12 @@ computed KV whole pages, a Mamba state with them (``spec.ledger.inv_end_caches``
 the law ``inv_end_caches``); the ledgers' ``kv`` unit is the tree's page. The
 SGLang adapters leave it out: a Mamba cache with a ping-pong track buffer caches
 the state of the last track point, and nothing where the request passed none,
-which the snapshot does not show. ``prefix_cache``: the snapshot's ``prefix`` is
+which the snapshot does not show. ``caches_on_chunk`` (with ``chunk``): a chunk
+of a request outside a session caches its computed whole pages as a finish does
+(no Mamba state), and the request runs on them: its ``prefix_len`` is then its
+computed tokens of whole pages (the law ``chunk caches its prefix``). The SGLang
+adapters leave it out (they report the match at admission as ``prefix_len``, see
+``prefix_locked``). ``prefix_cache``: the snapshot's ``prefix`` is
 the radix cache's content in spec terms (``spec.prefix.PrefixCache``), and an
 admission step caches nothing (it matches, locks, allocates and evicts), so a
 request admitted outside a session runs on the longest prefix of its tokens but
@@ -359,6 +365,7 @@ SYSTEM_RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "caches_on_finish": ("inv_end_caches",),
     "prefix_cache": ("admission reuses the cache",),
     "session_tokens": ("resume reuses the session",),
+    "caches_on_chunk": ("chunk caches its prefix",),
 }
 """The laws and rules skipped (and reported as skipped) when a system adapter lacks a capability."""
 

@@ -175,6 +175,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "extend commits",
         "row write commits",
         "inv_end_caches",
+        "chunk caches its prefix",
     ),
     "sessions and admission": (
         "admission rolls back",

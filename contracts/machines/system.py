@@ -103,6 +103,8 @@ RULES = (
     "inv_handles_owned",
     "inv_lock_covers_prefix",
     "inv_content",
+    "inv_end_caches",
+    "chunk caches its prefix",
     "inv_waiting_blank",
     "rejected call leaves state unchanged",
     *SHARED_RULES,
@@ -245,19 +247,22 @@ def check_snapshot(
                 )
 
 
-def end_cache_finding(before: SystemSnapshot, after: SystemSnapshot, rid: int, content: bool) -> str:
+def end_cache_finding(
+    before: SystemSnapshot, after: SystemSnapshot, rid: int, content: bool, chunk: bool = False
+) -> str:
     """``inv_end_caches`` for request ``rid``, which ended between ``before`` (running) and ``after`` (a finish, not
     a save into its session): the tree's nodes hold its computed whole pages and, when it held a Mamba state with
     its computed KV whole pages, a Mamba state (``spec.ledger.inv_end_caches``); with ``content`` (the adapter
     shows the KV its slots hold), the tree holds the KV of each of those positions and the Mamba state sits at a
     node that holds the last one (``spec.ledger.inv_end_caches_content``; ledger unit ``u`` of ``"kv"`` is token
-    slots ``u * page_size`` to ``u * page_size + page_size - 1``). What is wrong, or ""."""
+    slots ``u * page_size`` to ``u * page_size + page_size - 1``). With ``chunk``, ``rid`` was chunked (it runs
+    on): its computed whole pages, no state (a chunk caches KV only). What is wrong, or ""."""
     was = before.requests.get(rid)
     if was is None or was.session is not None:
         return ""
     m = before.ledgers.get("mamba")
-    held_state = m is not None and bool(L.held_by(m, request(was.rid)))
-    said = f"request {was.rid} finished with {was.kv_len} tokens computed" + (
+    held_state = not chunk and m is not None and bool(L.held_by(m, request(was.rid)))
+    said = f"request {was.rid} {'was chunked' if chunk else 'finished'} with {was.kv_len} tokens computed" + (
         " and a Mamba state" if held_state else ""
     )
     ps = after.page_size
@@ -685,18 +690,33 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 return
             # NOTE: a snapshot, not ``self.last``: a kept program or ``repeat_sequence`` makes several moves in one
             # step, and the law needs the request as it was just before this finish
-            before = self.sys.snapshot() if op == "finish" and self.has("caches_on_finish") else None
+            cached = (op == "finish" and self.has("caches_on_finish")) or (
+                op == "chunk" and self.has("caches_on_chunk")
+            )
+            before = self.sys.snapshot() if cached else None
             getattr(self.sys, op)(rid)
             self._moved(rid)
             if before is not None:
-                self._end_cached(before, rid)
+                self._end_cached(before, rid, op == "chunk")
 
-        def _end_cached(self, before: SystemSnapshot, rid: int) -> None:
+        def _end_cached(self, before: SystemSnapshot, rid: int, chunk: bool = False) -> None:
             """A finish (no session) leaves the request's computed whole pages cached, and a Mamba state with them
-            when it held one (``spec.ledger.inv_end_caches``)."""
-            found = end_cache_finding(before, self.sys.snapshot(), rid, "content" in self.caps)
+            when it held one (``spec.ledger.inv_end_caches``). A chunk (``chunk``) caches them too, and the request
+            runs on them: its prefix is its computed whole pages (the law ``chunk caches its prefix``)."""
+            after = self.sys.snapshot()
+            found = end_cache_finding(before, after, rid, "content" in self.caps, chunk)
             if found:
-                raise _fail("inv_end_caches", found)
+                raise _fail("chunk caches its prefix" if chunk else "inv_end_caches", found)
+            was, now = before.requests.get(rid), after.requests.get(rid)
+            if chunk and was is not None and was.session is None and now is not None and now.status == "running":
+                whole = was.kv_len - was.kv_len % max(1, after.page_size)
+                if now.prefix_len != max(whole, was.prefix_len):
+                    raise _fail(
+                        "chunk caches its prefix",
+                        f"request {rid} was chunked with {was.kv_len} tokens computed on a prefix of "
+                        f"{was.prefix_len} (page {after.page_size}) and runs on a prefix of {now.prefix_len}, not "
+                        f"its {whole} computed tokens of whole pages",
+                    )
 
         # NOTE: one rule per lifecycle move, so that swarm testing (Hypothesis' feature flags switch whole rules
         # off per example) gives some examples requests that are never finished, or never retracted.

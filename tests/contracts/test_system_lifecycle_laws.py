@@ -279,6 +279,10 @@ def test_a_chunk_that_moves_the_lock_without_the_prefix_is_caught(monkeypatch: p
         req.prefix_len = before[0]  # BUG: the lock moved to the chunk, the prefix length did not
 
     monkeypatch.setattr(MemoryManager, "chunk", chunk)
+    result = run()  # NOTE: a request that does not run on what its chunk cached breaks ``chunk caches its prefix``
+    assert result.violation is not None and result.violation.rule == "chunk caches its prefix", result.violation
+    caps = ReferenceSystemAdapter.capabilities - {"caches_on_chunk"}  # an engine whose chunk reports differently
+    monkeypatch.setattr(ReferenceSystemAdapter, "capabilities", caps)
     result = run()
     assert result.violation is not None and result.violation.rule == "inv_lock_covers_prefix", result.violation
 
@@ -426,3 +430,18 @@ def test_a_resume_that_reuses_less_than_the_session_committed_is_caught(
     result = run(model)
     assert result.violation is not None and result.violation.rule == "resume reuses the session", result.violation
     assert "of them its own but the last repeat" in result.violation.message
+
+
+@pytest.mark.parametrize("model", ["full", "paged", "mamba"])
+def test_a_chunk_that_caches_nothing_is_caught(monkeypatch: pytest.MonkeyPatch, model: str) -> None:
+    """``chunk caches its prefix``: a chunk that returns before caching (the mutant negating the test of its early
+    return survived the default check beside seed 33's sample) leaves every ownership and lock law intact."""
+    real = MemoryManager.chunk
+
+    def chunk(self: MemoryManager, req: Any) -> None:
+        if req.session is not None or req.kv_len - req.kv_len % self.cache.page_size <= req.prefix_len:
+            real(self, req)  # BUG: a chunk with new whole pages to cache returns at once
+
+    monkeypatch.setattr(MemoryManager, "chunk", chunk)
+    result = run(model)
+    assert result.violation is not None and result.violation.rule == "chunk caches its prefix", result.violation
