@@ -243,6 +243,21 @@ def inv_rows_held(kv: Holdings, rows: Rows, page_size: int = 1) -> bool:
 # ---------------------------------------------------------------- predicates
 
 
+def inv_row_grows_as_asked(held_before: int, held_after: int, computed: int, ahead: int, page_size: int = 1) -> bool:
+    """A decode that leaves a request with ``computed`` tokens and ``ahead`` more asked for (speculative
+    decoding's over-allocation) leaves its row holding positions for all of them, in whole pages, and no more than
+    that or than it held before (``held_before``; a row may keep an earlier, longer over-allocation): a row grown
+    past what it was asked holds KV nobody will write.
+
+    >>> inv_row_grows_as_asked(8, 12, 10, 1, 4), inv_row_grows_as_asked(8, 16, 10, 1, 4)
+    (True, False)
+    >>> inv_row_grows_as_asked(16, 16, 10, 0, 4), inv_row_grows_as_asked(8, 8, 10, 0, 4)
+    (True, False)
+    """
+    want = -(-(computed + ahead) // page_size) * page_size
+    return want <= held_after <= max(held_before, want)
+
+
 def _check_range(op: str, s: Ledger, slots: Slots) -> LedgerError | None:
     bad = [x for x in slots if not s.base <= x < s.base + s.capacity]
     if bad:

@@ -17,7 +17,8 @@ ping-pong track buffers) of the last request. The laws:
   what its slot records (``inv_session_holds_recorded``);
 * **resumption reuses** — a turn resumes on every committed token its own tokens
   but the last repeat, no fewer (``inv_resume_reuses``): a resume that keeps
-  less recomputes KV the session holds.
+  less recomputes KV the session holds; and a turn that ends into its session
+  commits every token it computed (``inv_turn_saved_whole``).
 
 >>> s = save(new_session(1), row=3, kv=(10, 11, 12, 13, 14, 15), committed_len=5, mamba=frozenset({2}))
 >>> plan = resume(s, prefix_len=3, page_size=2)
@@ -100,6 +101,16 @@ def inv_resume_reuses(prefix_len: int, committed: Sequence[int], tokens: Sequenc
     """A turn resumed its session on exactly what it may reuse (:func:`reusable_on_resume`): fewer recomputes KV
     the session holds, more runs on committed tokens its own tokens leave (what append-only forbids)."""
     return prefix_len == reusable_on_resume(committed, tokens)
+
+
+def inv_turn_saved_whole(computed: Sequence[int], committed: Sequence[int]) -> bool:
+    """A turn that ends into its session commits every token it computed, no fewer (the next turn would recompute
+    them) and no others: the session's committed tokens are the turn's ``computed`` ones.
+
+    >>> inv_turn_saved_whole((1, 2, 3), (1, 2, 3)), inv_turn_saved_whole((1, 2, 3), (1, 2))
+    (True, False)
+    """
+    return tuple(committed) == tuple(computed)
 
 
 def inv_kv_needs_row(s: SessionSlot) -> bool:

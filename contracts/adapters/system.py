@@ -73,7 +73,10 @@ SYSTEM_CAPABILITIES = frozenset(
 ``locks`` / ``sizes``: the cache's lock state / (evictable, protected) counters.
 ``content``: the KV each slot holds (fingerprints where the data is fake).
 ``rows``: the request-to-token table. ``speculative``: ``extend`` keeps
-``ahead`` slots allocated past the computed tokens. ``inject_failure``: the
+``ahead`` slots allocated past the computed tokens, and (with ``rows``) a row
+grows to hold its computed tokens and the ``ahead`` asked, in whole pages, and
+no more than that or than it held (``spec.ledger.inv_row_grows_as_asked``: the
+law ``extend takes what it asked``). ``inject_failure``: the
 next allocation can be made to fail (:meth:`SystemAdapter.inject_failure`).
 ``targeted_admission``: ``admit(budget, rid)`` tries exactly that request.
 ``prefill_on_admit``: an admitted request has computed its whole prompt when
@@ -129,7 +132,9 @@ in the same step looks kept through it). ``session_tokens``: each session's
 ``SessionView.tokens`` are the tokens it committed, and a turn resumes on all of
 them that its own tokens but the last repeat (``spec.session.inv_resume_reuses``:
 the law ``resume reuses the session``); a session's first turn, which finds it
-holding nothing, is not judged. The SGLang adapters leave it out: their
+holding nothing, is not judged; a turn that finishes into its session leaves it
+committed to every token it computed (``spec.session.inv_turn_saved_whole``: the
+law ``a turn commits what it computed``). The SGLang adapters leave it out: their
 snapshots do not show a session's tokens.
 """
 
@@ -356,6 +361,7 @@ SYSTEM_RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "prefix_locked": ("inv_lock_covers_prefix",),
     "content": ("inv_content",),
     "rows": ("inv_rows_held",),
+    "speculative": ("extend takes what it asked",),
     "sessions": ("resume is append-only", "inv_committed_within_allocated", "close_session (rule)"),
     "chunk": ("chunk (rule)",),
     "retract": ("retract (rule)",),
@@ -364,7 +370,7 @@ SYSTEM_RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "inject_failure": ("inject_allocation_failure (rule)",),
     "caches_on_finish": ("inv_end_caches",),
     "prefix_cache": ("admission reuses the cache",),
-    "session_tokens": ("resume reuses the session",),
+    "session_tokens": ("resume reuses the session", "a turn commits what it computed"),
     "caches_on_chunk": ("chunk caches its prefix",),
 }
 """The laws and rules skipped (and reported as skipped) when a system adapter lacks a capability."""

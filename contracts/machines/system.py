@@ -95,8 +95,10 @@ RULES = (
     "admission admits what fits",
     "admission reuses the cache",
     "extend commits",
+    "extend takes what it asked",
     "resume is append-only",
     "resume reuses the session",
+    "a turn commits what it computed",
     "inv_committed_within_allocated",
     "inv_lock_ref_counts_handles",
     "inv_lock_ref_nonnegative",
@@ -658,8 +660,9 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             if rid is None:
                 return
             before, pending = self.last, self.failure_pending
+            ahead = ahead if self.has("speculative") and self.on("speculative") else 0
             try:
-                self.sys.extend(rid, n, ahead if self.has("speculative") and self.on("speculative") else 0)
+                self.sys.extend(rid, n, ahead)
             except KVLedgerError as err:  # pool exhausted, injected failure, context full: nothing may change
                 self.refusals += 1
                 after = self.sys.snapshot()
@@ -682,6 +685,23 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                     f"request {rid} extended by {n} from {was.kv_len} tokens holds the KV of {now.kv_len} "
                     "(or its earlier tokens changed)",
                 )
+            if now is not None and now.status == "running" and self.has("speculative") and self.has("rows"):
+                self._check_growth(before, snap, rid, ahead)
+
+        def _check_growth(self, before: SystemSnapshot, after: SystemSnapshot, rid: int, ahead: int) -> None:
+            """``extend takes what it asked`` (``spec.ledger.inv_row_grows_as_asked``): request ``rid``'s row holds
+            positions for its computed tokens and the ``ahead`` asked for, in whole pages, and no more than that or
+            than it held before."""
+            was, now = before.requests[rid], after.requests[rid]
+            if was.row is None or now.row != was.row or was.row not in before.rows or now.row not in after.rows:
+                return
+            held, had = len(after.rows[now.row].slots), len(before.rows[was.row].slots)
+            if not L.inv_row_grows_as_asked(had, held, now.kv_len, ahead, after.page_size):
+                raise _fail(
+                    "extend takes what it asked",
+                    f"request {rid} decoded to {now.kv_len} tokens with {ahead} more asked ahead (page "
+                    f"{after.page_size}): its row holds {held} positions, it held {had} before",
+                )
 
         def end_or_chunk(self, pick: int, op: str) -> None:
             """``op`` (finish, chunk, retract or abort) on the ``pick``-th running request (kept programs call it)."""
@@ -693,11 +713,31 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             cached = (op == "finish" and self.has("caches_on_finish")) or (
                 op == "chunk" and self.has("caches_on_chunk")
             )
-            before = self.sys.snapshot() if cached else None
+            saved = op == "finish" and self.has("session_tokens")
+            before = self.sys.snapshot() if cached or saved else None
             getattr(self.sys, op)(rid)
             self._moved(rid)
-            if before is not None:
+            if before is not None and saved:
+                self._saved_whole(before, rid)
+            if before is not None and cached:
                 self._end_cached(before, rid, op == "chunk")
+
+        def _saved_whole(self, before: SystemSnapshot, rid: int) -> None:
+            """``a turn commits what it computed`` (``spec.session.inv_turn_saved_whole``): request ``rid``, a
+            session's turn that just finished, left its session committed to every token it computed."""
+            was = before.requests.get(rid)
+            if was is None or was.session is None or was.status != "running":
+                return
+            slot = self.sys.snapshot().sessions.get(was.session)
+            if slot is None or slot.lent_to is not None:
+                return  # NOTE: closed while the turn ran (its close then releases everything), or not saved
+            computed = was.tokens[: was.kv_len]
+            if not S.inv_turn_saved_whole(computed, slot.tokens):
+                raise _fail(
+                    "a turn commits what it computed",
+                    f"request {rid}, a turn of session {was.session}, finished with {was.kv_len} tokens computed "
+                    f"{list(computed[:12])}; the session committed {slot.committed_len} {list(slot.tokens[:12])}",
+                )
 
         def _end_cached(self, before: SystemSnapshot, rid: int, chunk: bool = False) -> None:
             """A finish (no session) leaves the request's computed whole pages cached, and a Mamba state with them

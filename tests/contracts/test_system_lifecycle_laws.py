@@ -445,3 +445,37 @@ def test_a_chunk_that_caches_nothing_is_caught(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setattr(MemoryManager, "chunk", chunk)
     result = run(model)
     assert result.violation is not None and result.violation.rule == "chunk caches its prefix", result.violation
+
+
+@pytest.mark.parametrize("model", ["full", "paged", "mamba"])
+def test_an_extend_that_takes_more_than_it_asked_is_caught(monkeypatch: pytest.MonkeyPatch, model: str) -> None:
+    """``extend takes what it asked``: speculative decoding that keeps one slot more ahead than it was asked for
+    holds KV nobody writes; it is the request's own, referenced by its row, so no ownership law sees it."""
+    real = MemoryManager.extend
+
+    def extend(self: MemoryManager, req: Any, new_tokens: tuple[int, ...], ahead: int = 0) -> None:
+        real(self, req, new_tokens, ahead + 1 if ahead else 0)  # BUG: one more slot than asked ahead
+
+    monkeypatch.setattr(MemoryManager, "extend", extend)
+    result = run(model)
+    assert result.violation is not None and result.violation.rule == "extend takes what it asked", result.violation
+    assert "more asked ahead (page" in result.violation.message
+
+
+@pytest.mark.parametrize("model", ["full", "paged", "mamba"])
+def test_a_save_that_commits_less_than_the_turn_computed_is_caught(monkeypatch: pytest.MonkeyPatch, model: str) -> None:
+    """``a turn commits what it computed``: a save that leaves the last computed token uncommitted keeps the slots
+    with the session (its row names them) and the next turn resumes on what was committed: only this law sees it."""
+    from kvledger.impl.session import Sessions
+
+    real = Sessions.save
+
+    def save(self: Sessions, req: Any) -> None:
+        real(self, req)
+        slot = self.slots[req.session]
+        if slot.committed_len:
+            slot.committed_len, slot.tokens = slot.committed_len - 1, slot.tokens[:-1]  # BUG: one token short
+
+    monkeypatch.setattr(Sessions, "save", save)
+    result = run(model)
+    assert result.violation is not None and result.violation.rule == "a turn commits what it computed", result.violation

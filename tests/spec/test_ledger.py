@@ -178,3 +178,13 @@ def test_rows_held_fails_on_a_slot_named_twice() -> None:
     assert L.inv_rows_held(s, {0: (request(1), [1, 2])})
     fault = next(L.row_faults(s, {0: (request(1), [1, 2, 1])}))
     assert (fault.position, fault.slot, fault.again) == (2, 1, True)
+
+
+@given(
+    had=st.integers(0, 40), computed=st.integers(0, 30), ahead=st.integers(0, 6), page=st.sampled_from([1, 2, 4, 16])
+)
+def test_a_row_grows_to_what_it_asked_in_whole_pages(had: int, computed: int, ahead: int, page: int) -> None:
+    want = -(-(computed + ahead) // page) * page
+    assert L.inv_row_grows_as_asked(had, max(had, want), computed, ahead, page)  # the reference's growth
+    assert not L.inv_row_grows_as_asked(had, want - 1, computed, ahead, page)  # short of what it asked
+    assert not L.inv_row_grows_as_asked(had, max(had, want) + 1, computed, ahead, page)  # past both

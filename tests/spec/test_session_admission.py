@@ -156,3 +156,10 @@ def test_resume_reuses_the_common_prefix_of_all_tokens_but_the_last(committed: l
     assert n == min(len(committed), len(tokens) - 1) or committed[n] != tokens[n]  # the longest such
     assert S.inv_resume_reuses(n, committed, tokens)
     assert not S.inv_resume_reuses(n - 1, committed, tokens) and not S.inv_resume_reuses(n + 1, committed, tokens)
+
+
+def test_a_turn_saved_whole_commits_exactly_what_it_computed() -> None:
+    assert S.inv_turn_saved_whole((1, 2, 3), [1, 2, 3])
+    assert not S.inv_turn_saved_whole((1, 2, 3), (1, 2))  # the last computed token is recomputed next turn
+    assert not S.inv_turn_saved_whole((1, 2), (1, 2, 3))  # a token the turn never computed
+    assert not S.inv_turn_saved_whole((1, 2, 3), (1, 4, 3))
