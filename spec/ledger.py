@@ -258,6 +258,43 @@ def inv_row_grows_as_asked(held_before: int, held_after: int, computed: int, ahe
     return want <= held_after <= max(held_before, want)
 
 
+def step_eviction(before: Ledger, after: Ledger) -> tuple[int, int, int, tuple[int, ...]]:
+    """What a step that only allocates and evicts did to one pool: (free before, taken: units held by a request or
+    session after that were free or the tree's before, freed: units the tree held before and no longer holds, the
+    units each node of ``before`` lost: at least the size of any node the step evicted, as a node it split loses
+    no more than its whole)."""
+
+    def tree(s: Ledger) -> dict[int, Owner]:
+        return {u: o for o, us in s.held.items() if o.kind is OwnerKind.NODE for u in us}
+
+    def users(s: Ledger) -> set[int]:
+        return {u for o, us in s.held.items() if o.kind is not OwnerKind.NODE for u in us}
+
+    was, now = tree(before), tree(after)
+    taken = len(users(after) - users(before))
+    gone = [u for u in was if u not in now]
+    lost: dict[Owner, int] = {}
+    for u in gone:
+        lost[was[u]] = lost.get(was[u], 0) + 1
+    return len(before.free), taken, len(gone), tuple(lost.values())
+
+
+def inv_evicts_only_short(free_before: int, taken: int, freed: int, lost: Sequence[int]) -> bool:
+    """A step that took ``taken`` units with ``free_before`` free evicted from the tree only what it was short:
+    nothing when they were free, else it stopped at the node that made up the shortfall (``spec.lru.evicts_no_more``
+    over the whole step: each allocation evicts what it is short of after what earlier ones left free).
+
+    >>> inv_evicts_only_short(10, 4, 0, ()), inv_evicts_only_short(10, 4, 3, (3,))
+    (True, False)
+    >>> inv_evicts_only_short(2, 5, 4, (4,)), inv_evicts_only_short(2, 5, 8, (4, 4))
+    (True, False)
+    """
+    short = taken - free_before
+    if short <= 0:
+        return freed == 0
+    return freed < short or any(freed - n < short for n in lost)
+
+
 def _check_range(op: str, s: Ledger, slots: Slots) -> LedgerError | None:
     bad = [x for x in slots if not s.base <= x < s.base + s.capacity]
     if bad:

@@ -60,6 +60,7 @@ SYSTEM_CAPABILITIES = frozenset(
         "prefix_cache",
         "session_tokens",
         "caches_on_chunk",
+        "exact_eviction",
     }
 )
 """Everything a system adapter may provide.
@@ -135,7 +136,13 @@ the law ``resume reuses the session``); a session's first turn, which finds it
 holding nothing, is not judged; a turn that finishes into its session leaves it
 committed to every token it computed (``spec.session.inv_turn_saved_whole``: the
 law ``a turn commits what it computed``). The SGLang adapters leave it out: their
-snapshots do not show a session's tokens.
+snapshots do not show a session's tokens. ``exact_eviction``: an allocation
+evicts from the cache only what it is short, stopping at the node that makes it
+up (no watermark of slack): over an admission or a decode with no failure
+injected, on the KV pool of a model without Mamba states, the tree gives up no
+more than the step took beyond what was free (``spec.ledger.inv_evicts_only_short``:
+the law ``alloc evicts no more than it is short``). SGLang's scheduler keeps
+headroom of its own and leaves it out.
 """
 
 
@@ -372,6 +379,7 @@ SYSTEM_RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "prefix_cache": ("admission reuses the cache",),
     "session_tokens": ("resume reuses the session", "a turn commits what it computed"),
     "caches_on_chunk": ("chunk caches its prefix",),
+    "exact_eviction": ("alloc evicts no more than it is short",),
 }
 """The laws and rules skipped (and reported as skipped) when a system adapter lacks a capability."""
 

@@ -190,6 +190,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "admission admits what fits",
         "admission reuses the cache",
         "alloc evicts before it refuses",
+        "alloc evicts no more than it is short",
         "inv_waiting_blank",
     ),
     "refinement": (

@@ -94,6 +94,7 @@ RULES = (
     "admission within budget",
     "admission admits what fits",
     "admission reuses the cache",
+    "alloc evicts no more than it is short",
     "extend commits",
     "extend takes what it asked",
     "resume is append-only",
@@ -510,6 +511,8 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 if self.has("strict_budget") and not A.fits(left, new):
                     raise _fail("admission within budget", f"request {r} admitted with {new} new tokens, {left} left")
                 left = A.take(left, new)
+            if not pending:
+                self._check_eviction(before, after, f"admission of {list(result.admitted)}")
             tried = result.tried or ((rid,) if targeted else ())
             if tried and self.has("work_conserving"):
                 self._check_refusals(before, after, result, tried, budget)
@@ -687,6 +690,23 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 )
             if now is not None and now.status == "running" and self.has("speculative") and self.has("rows"):
                 self._check_growth(before, snap, rid, ahead)
+            if not pending:
+                self._check_eviction(before, snap, f"extend of request {rid} by {n} ({ahead} ahead)")
+
+        def _check_eviction(self, before: SystemSnapshot, after: SystemSnapshot, op: str) -> None:
+            """``alloc evicts no more than it is short`` (``spec.ledger.inv_evicts_only_short``) over a step that only
+            allocates and evicts (an admission or a decode with no failure injected), on the KV pool of a model
+            without Mamba states (a Mamba state's eviction takes its leaf's KV along)."""
+            b, a = before.ledgers.get("kv"), after.ledgers.get("kv")
+            if not self.has("exact_eviction") or b is None or a is None or "mamba" in after.ledgers:
+                return
+            free, taken, freed, lost = L.step_eviction(b, a)
+            if not L.inv_evicts_only_short(free, taken, freed, lost):
+                raise _fail(
+                    "alloc evicts no more than it is short",
+                    f"{op}: {taken} KV units taken with {free} free, and the tree gave up {freed} (nodes lost "
+                    f"{sorted(lost, reverse=True)[:6]}): {max(0, taken - free)} were short",
+                )
 
         def _check_growth(self, before: SystemSnapshot, after: SystemSnapshot, rid: int, ahead: int) -> None:
             """``extend takes what it asked`` (``spec.ledger.inv_row_grows_as_asked``): request ``rid``'s row holds

@@ -479,3 +479,21 @@ def test_a_save_that_commits_less_than_the_turn_computed_is_caught(monkeypatch: 
     monkeypatch.setattr(Sessions, "save", save)
     result = run(model)
     assert result.violation is not None and result.violation.rule == "a turn commits what it computed", result.violation
+
+
+@pytest.mark.parametrize("model", ["full", "paged"])
+def test_an_alloc_that_evicts_more_than_it_is_short_is_caught(monkeypatch: pytest.MonkeyPatch, model: str) -> None:
+    """``alloc evicts no more than it is short``: making room for twice the shortfall frees cached prefixes for
+    nothing (a lower hit rate); every slot evicted goes back to the free list, so no ownership law sees it."""
+    real = MemoryManager._make_room
+
+    def make_room(self: MemoryManager, comp: Any, short: int, what: str) -> None:
+        if short > 0:
+            short = min(self.cache.evictable_size(comp), 2 * short)  # BUG: twice what it is short
+        real(self, comp, short, what)
+
+    monkeypatch.setattr(MemoryManager, "_make_room", make_room)
+    result = run(model)
+    assert result.violation is not None and result.violation.rule == "alloc evicts no more than it is short", (
+        result.violation
+    )

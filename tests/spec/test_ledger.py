@@ -188,3 +188,15 @@ def test_a_row_grows_to_what_it_asked_in_whole_pages(had: int, computed: int, ah
     assert L.inv_row_grows_as_asked(had, max(had, want), computed, ahead, page)  # the reference's growth
     assert not L.inv_row_grows_as_asked(had, want - 1, computed, ahead, page)  # short of what it asked
     assert not L.inv_row_grows_as_asked(had, max(had, want) + 1, computed, ahead, page)  # past both
+
+
+def test_a_step_eviction_counts_what_the_tree_gave_up_per_node() -> None:
+    a, b = node(1, Component.FULL), node(2, Component.FULL)
+    before = L.allocate(L.allocate(L.new_ledger("kv", 10), a, frozenset({0, 1, 2})), b, frozenset({3, 4}))
+    evicted = L.free(before, a, frozenset({0, 1, 2}))
+    after = L.allocate(evicted, request(7), frozenset({0, 1, 5, 6, 7, 8, 9}))  # 5 were free, 2 short
+    free, taken, freed, lost = L.step_eviction(before, after)
+    assert (free, taken, freed, lost) == (5, 7, 3, (3,))
+    assert L.inv_evicts_only_short(free, taken, freed, lost)  # the one node made up the shortfall
+    both = L.allocate(L.free(evicted, b, frozenset({3, 4})), request(7), frozenset({0, 1, 5, 6, 7, 8, 9}))
+    assert not L.inv_evicts_only_short(*L.step_eviction(before, both))  # the second node was not needed
