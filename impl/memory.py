@@ -160,11 +160,12 @@ class MemoryManager:
         return self.mamba.alloc_request_state(owner)
 
     def free_mamba(self, owner: Owner, m: MambaAlloc) -> None:
-        """Return a request's (or session's) Mamba state and track buffers."""
+        """Return a request's (or session's) Mamba state and track buffers. A refusal names the operation ``free``
+        of pool ``mamba``, as the pool's own do (not a MambaAlloc, slots outside the pool, not ``owner``'s)."""
         if self.mamba is None:
             raise ComponentDisabled("free_mamba", (), "the memory manager has no Mamba pool")
         if not isinstance(m, MambaAlloc):
-            raise InvalidArgument("free_mamba", "mamba", (), f"expected a MambaAlloc, got {type(m).__name__}")
+            raise InvalidArgument("free", "mamba", (), f"free_mamba: expected a MambaAlloc, got {type(m).__name__}")
         self._free_mamba_slots(owner, m.slots())
 
     # ------------------------------------------------------------ requests

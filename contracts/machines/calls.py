@@ -67,7 +67,7 @@ from kvledger.contracts.machines.probes import (
     owner_or_junk,
     raised,
 )
-from kvledger.contracts.machines.stable import just, sampled_from
+from kvledger.contracts.machines.stable import elements_of, just, sampled_from
 from kvledger.contracts.machines.system import end_cache_finding
 from kvledger.impl.admission import Attempt, Budget, admit, release_attempt_state, rollback
 from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAllocator, swa_owner
@@ -235,9 +235,12 @@ def _arg(
 ) -> Arg:
     """An ``Arg``; strategies given as values (``None``: there is none in this state) do not depend on earlier
     arguments, nor does ``inside`` unless ``after`` (then it takes them); ``edges`` given as a sequence does not
-    either."""
+    either. Without ``edges``, junk given as a finite strategy (a ``sampled_from``, or a union of them) is its own
+    catalogue: a sweep meets each of its values (an argument without one is never swept)."""
     v = valid if callable(valid) and not isinstance(valid, st.SearchStrategy) else (lambda _d, s=valid: s)
     j = junk if callable(junk) and not isinstance(junk, st.SearchStrategy) else (lambda _d, s=junk: s)
+    if edges is None and isinstance(junk, st.SearchStrategy):
+        edges = elements_of(junk)
     ins = inside if after else (lambda x, _d, f=inside: f(x))
     e = edges if edges is None or callable(edges) else (lambda _d, xs=tuple(edges): xs)
     return Arg(v, j, ins, e, culprit, refusal)  # type: ignore[arg-type]

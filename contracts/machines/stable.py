@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
-__all__ = ["fixed_constants", "just", "sampled_from"]
+__all__ = ["elements_of", "fixed_constants", "just", "sampled_from"]
 
 OWN_PACKAGES = ("kvledger.spec", "kvledger.impl")
 """The packages whose source constants Hypothesis draws from in a machine run."""
@@ -45,16 +45,46 @@ OWN_PACKAGES = ("kvledger.spec", "kvledger.impl")
 T = TypeVar("T")
 
 
+_ELEMENTS = "_kvledger_elements"
+"""Where a strategy of :func:`sampled_from` keeps its elements (read by :func:`elements_of`)."""
+
+
 def sampled_from(elements: Iterable[T]) -> st.SearchStrategy[T]:
     """``st.sampled_from(elements)`` labelled by the number of elements (see ``_labelled``). Empty:
     ``st.nothing()``, as Hypothesis does."""
     xs = tuple(elements)
-    return _labelled(st.sampled_from(xs), len(xs)) if xs else st.nothing()
+    if not xs:
+        return st.nothing()
+    strategy = _labelled(st.sampled_from(xs), len(xs))
+    setattr(strategy, _ELEMENTS, xs)
+    return strategy
+
+
+def elements_of(strategy: st.SearchStrategy[Any]) -> tuple[object, ...] | None:
+    """Every value ``strategy`` draws, when it is a :func:`sampled_from` or a union (``|``) of them; else ``None``.
+
+    NOTE: a union's parts are read from Hypothesis' ``original_strategies``: where it is gone, a union answers
+    ``None`` (``tests/contracts/test_stable.py`` then fails)."""
+    own = getattr(strategy, _ELEMENTS, None)
+    if own is not None:
+        return tuple(own)
+    parts = getattr(strategy, "original_strategies", None)
+    if not parts:
+        return None
+    out: list[object] = []
+    for part in parts:
+        xs = elements_of(part)
+        if xs is None:
+            return None
+        out.extend(xs)
+    return tuple(out)
 
 
 def just(value: T) -> st.SearchStrategy[T]:
     """``st.just(value)`` labelled as every ``just`` is, not by ``hash(value)``."""
-    return _labelled(st.just(value), 1)
+    strategy = _labelled(st.just(value), 1)
+    setattr(strategy, _ELEMENTS, (value,))
+    return strategy
 
 
 _LABEL = "_SearchStrategy__label"

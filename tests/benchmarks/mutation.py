@@ -431,6 +431,11 @@ EQUIVALENT: dict[str, str] = {
         "fills its free stack with the tensor itself, which numpy reads through __array__ as the same int64 ids; an "
         "ndarray is taken as it is either way"
     ),
+    "impl/slots.py:SlotPool._free_host:end-index:self._seen[0]": (
+        "a memo's test (new family, seed 34): the owner compared with the last field of the last-seen record (its "
+        "tag's bytes, never an owner) instead of the first, so every one-slot free re-encodes its owner through "
+        "_seen_for, which builds the same record: the same tags and refusals"
+    ),
     "impl/slots.py:SlotPool.__init__:const+1:1#6": (
         "a device pool's free stack (new family, seed 20; a CPU pool never runs this line): arange down to base - 2 "
         "makes the stack one id longer below its bottom, at index capacity, and no read or push reaches past _top, "

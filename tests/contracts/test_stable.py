@@ -21,7 +21,7 @@ from hypothesis.internal.conjecture.data import ConjectureData
 from kvledger.contracts import bindings
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.runner import run_machine
-from kvledger.contracts.machines.stable import _own_constants, fixed_constants, just, sampled_from
+from kvledger.contracts.machines.stable import _own_constants, elements_of, fixed_constants, just, sampled_from
 from kvledger.contracts.machines.suites import SUITES
 
 
@@ -159,3 +159,13 @@ def test_hypothesis_draws_kvledger_own_constants_in_a_machine_run(
     for module in (kvledger.impl.memory, kvledger.spec.session):
         mine = constants_from_module(module)
         assert len(mine) and all(x in inside for x in mine), f"{module.__name__}'s constants are not drawn"
+
+
+def test_a_finite_strategy_names_every_value_it_draws() -> None:
+    """``elements_of`` (the catalogue a sweep meets when an argument names none): a sample, a ``just`` and a union
+    of them name their values; a strategy drawing from a range does not (it is not a catalogue)."""
+    junk = sampled_from([True, 1.5]) | just(None) | sampled_from(["1"])
+    assert elements_of(junk) == (True, 1.5, None, "1")
+    assert elements_of(st.integers(0, 3)) is None and elements_of(sampled_from([1]) | st.integers()) is None
+    drawn = {find(junk, lambda x, v=v: x == v and type(x) is type(v)) for v in (True, 1.5, "1")}
+    assert drawn == {True, 1.5, "1"}  # the values are the ones the strategy draws
