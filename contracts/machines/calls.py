@@ -2265,6 +2265,34 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
                     },
                 )
             )
+    else:
+        # NOTE: a manager without Mamba holds no state to give or take back: every such call is refused, whatever
+        # its arguments, ComponentDisabled (as a cache without Mamba refuses a copy-on-write)
+
+        def disabled(_x: object, _d: Drawn) -> type[KVLedgerError]:
+            return ComponentDisabled
+
+        methods.append(
+            Method(
+                "alloc_mamba",
+                mm.alloc_mamba,
+                {
+                    "owner": _arg(
+                        None, owner_or_junk(), lambda _x: False, edges=(request(96), *OWNER_EDGES), refusal=disabled
+                    )
+                },
+            )
+        )
+        methods.append(
+            Method(
+                "free_mamba",
+                lambda owner, m: mm.free_mamba(owner, m),
+                {
+                    "m": _arg(None, sampled_from([MambaAlloc(0, (1,)), 1, None]), lambda _x: False, refusal=disabled),
+                    "owner": _arg(just(request(96)), owner_or_junk(), D.is_owner, edges=OWNER_EDGES),
+                },
+            )
+        )
     return tuple(methods)
 
 

@@ -431,6 +431,11 @@ EQUIVALENT: dict[str, str] = {
         "fills its free stack with the tensor itself, which numpy reads through __array__ as the same int64 ids; an "
         "ndarray is taken as it is either way"
     ),
+    "impl/requests.py:Request.holds_anything:negate-cmp:self.mamba is not None": (
+        "a state no reference reaches (new family, seed 35): the test differs only for an ended request that still "
+        "holds a Mamba state and neither a row nor a lock, and the reference's finish and abort free the state and "
+        "clear the field first (a finish that keeps it is caught by inv_owners_account: it no longer references it)"
+    ),
     "impl/slots.py:SlotPool._free_host:end-index:self._seen[0]": (
         "a memo's test (new family, seed 34): the owner compared with the last field of the last-seen record (its "
         "tag's bytes, never an owner) instead of the first, so every one-slot free re-encodes its owner through "

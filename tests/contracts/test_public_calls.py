@@ -32,7 +32,7 @@ from kvledger.impl.admission import Budget, admit
 from kvledger.impl.allocators import TokenAllocator
 from kvledger.impl.arguments import not_ids
 from kvledger.impl.lru import SLOT
-from kvledger.impl.mamba import MambaPool
+from kvledger.impl.mamba import MambaAlloc, MambaPool
 from kvledger.impl.memory import MemoryManager
 from kvledger.impl.owners import encode
 from kvledger.impl.radix import RadixCache
@@ -2568,3 +2568,21 @@ def test_a_node_id_check_that_takes_a_bool_for_an_int_is_caught(monkeypatch: pyt
 
     monkeypatch.setattr(RadixCache, "handles_covering", handles_covering)
     fails("full", C.cache_scenario, "inv_domain_enforced")
+
+
+@pytest.mark.parametrize("kind", ["token", "paged"])
+def test_a_mamba_call_on_a_manager_without_mamba_that_goes_on_is_caught(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Issue 19, new family, seed 35: ``free_mamba`` on a manager with no Mamba pool, its ``ComponentDisabled``
+    dropped, goes on to an untyped assertion (or another refusal). The manager prober called the Mamba calls only
+    on managers with states; it now calls them on one without too, where every such call is refused."""
+    real = MemoryManager.free_mamba
+
+    def free_mamba(self: MemoryManager, owner: Any, m: Any) -> None:
+        if self.mamba is None:
+            self._free_mamba_slots(owner, m.slots() if isinstance(m, MambaAlloc) else ())  # BUG: no refusal first
+        real(self, owner, m)
+
+    monkeypatch.setattr(MemoryManager, "free_mamba", free_mamba)
+    fails(kind, C.manager_scenario, "inv_domain_enforced")
