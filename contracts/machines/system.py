@@ -737,18 +737,22 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             before = self.sys.snapshot() if cached or saved else None
             getattr(self.sys, op)(rid)
             self._moved(rid)
-            if before is not None and saved:
-                self._saved_whole(before, rid)
-            if before is not None and cached:
-                self._end_cached(before, rid, op == "chunk")
+            if before is None:
+                return
+            after = self.sys.snapshot()
+            if saved:
+                self._saved_whole(before, after, rid)
+            if cached:
+                self._end_cached(before, after, rid, op == "chunk")
 
-        def _saved_whole(self, before: SystemSnapshot, rid: int) -> None:
+        def _saved_whole(self, before: SystemSnapshot, after: SystemSnapshot, rid: int) -> None:
             """``a turn commits what it computed`` (``spec.session.inv_turn_saved_whole``): request ``rid``, a
-            session's turn that just finished, left its session committed to every token it computed."""
+            session's turn that finished between ``before`` and ``after``, left its session committed to every token
+            it computed."""
             was = before.requests.get(rid)
             if was is None or was.session is None or was.status != "running":
                 return
-            slot = self.sys.snapshot().sessions.get(was.session)
+            slot = after.sessions.get(was.session)
             if slot is None or slot.lent_to is not None:
                 return  # NOTE: closed while the turn ran (its close then releases everything), or not saved
             computed = was.tokens[: was.kv_len]
@@ -759,11 +763,11 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                     f"{list(computed[:12])}; the session committed {slot.committed_len} {list(slot.tokens[:12])}",
                 )
 
-        def _end_cached(self, before: SystemSnapshot, rid: int, chunk: bool = False) -> None:
-            """A finish (no session) leaves the request's computed whole pages cached, and a Mamba state with them
-            when it held one (``spec.ledger.inv_end_caches``). A chunk (``chunk``) caches them too, and the request
-            runs on them: its prefix is its computed whole pages (the law ``chunk caches its prefix``)."""
-            after = self.sys.snapshot()
+        def _end_cached(self, before: SystemSnapshot, after: SystemSnapshot, rid: int, chunk: bool = False) -> None:
+            """A finish (no session) between ``before`` and ``after`` leaves the request's computed whole pages
+            cached, and a Mamba state with them when it held one (``spec.ledger.inv_end_caches``). A chunk
+            (``chunk``) caches them too, and the request runs on them: its prefix is its computed whole pages (the law
+            ``chunk caches its prefix``)."""
             found = end_cache_finding(before, after, rid, "content" in self.caps, chunk)
             if found:
                 raise _fail("chunk caches its prefix" if chunk else "inv_end_caches", found)
