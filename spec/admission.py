@@ -20,7 +20,7 @@ and live handles, so they hold for any implementation of the adder:
   policy tried its requests (what earlier admissions took is not left);
 * ``inv_reuses_cache`` — an admission reuses the cache: a request admitted
   outside a session runs on the longest prefix of its tokens but the last that
-  the match rule (``spec.prefix.matches``) allows, no shorter than the cache
+  the match rule (``spec.prefix.matches``, ``match_length``) allows, no shorter than the cache
   kept through the step offers and no longer than it held before it.
 
 >>> from kvledger.spec.ledger import new_ledger, allocate
@@ -38,8 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvledger.spec.ledger import Ledger, Slots, held_by
-from kvledger.spec.locks import Key
-from kvledger.spec.prefix import PrefixCache, matches
+from kvledger.spec.prefix import PrefixCache, match_length
 from kvledger.spec.types import HandleId, Owner
 
 
@@ -149,16 +148,6 @@ def inv_waiting_blank(kv_len: int, prefix_len: int) -> bool:
     return kv_len == 0 and prefix_len == 0
 
 
-def longest_match(s: PrefixCache, key: Key) -> int:
-    """The longest prefix of ``key`` that the match rule (``spec.prefix.matches``) lets ``s`` return, in tokens.
-
-    >>> c = PrefixCache(2, None, False, {(1, 2): (4, 5), (1, 2, 3, 4): (6, 7)})
-    >>> longest_match(c, (1, 2, 3, 4, 5)), longest_match(c, (1, 2, 3)), longest_match(c, (9,))
-    (4, 2, 0)
-    """
-    return max(i for i in range(0, len(key) + 1, max(1, s.page_size)) if matches(s, key, i))
-
-
 def kept_through(before: PrefixCache, after: PrefixCache) -> PrefixCache:
     """What the cache held through a step that cached nothing: each page, SWA-live page and Mamba state that
     ``before`` and ``after`` both hold, with the same slots (what a step evicted is gone from ``after``)."""
@@ -178,7 +167,7 @@ def reuse_bounds(before: PrefixCache, after: PrefixCache, tokens: Sequence[int])
     cache kept through the step (:func:`kept_through`; a match rule is monotone in the cache), at most the longest
     in what it held before the step (the last token is always computed: its logits sample the next one)."""
     key = tuple(tokens[: max(0, len(tokens) - 1)])
-    return longest_match(kept_through(before, after), key), longest_match(before, key)
+    return match_length(kept_through(before, after), key), match_length(before, key)
 
 
 def inv_reuses_cache(prefix_len: int, tokens: Sequence[int], before: PrefixCache, after: PrefixCache) -> bool:

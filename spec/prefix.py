@@ -145,6 +145,20 @@ def matches(s: PrefixCache, key: Key, i: int) -> bool:
     return not s.mamba or i == 0 or key[:i] in s.mamba_state
 
 
+def match_length(s: PrefixCache, key: Key) -> int:
+    """The longest ``i`` with ``matches(s, key, i)``: the length ``match_prefix`` returns. Needs no well-formed
+    cache (a law may ask it of the part two caches share); ``matches(s, key, 0)`` always holds.
+
+    >>> c = PrefixCache(2, None, False, {(1, 2): (4, 5), (1, 2, 3, 4): (6, 7)})
+    >>> match_length(c, (1, 2, 3, 4, 5)), match_length(c, (1, 2, 3)), match_length(c, (9,))
+    (4, 2, 0)
+    """
+    i = cached_len(s, key)
+    while not matches(s, key, i):
+        i -= s.page_size
+    return i
+
+
 def cached_in(s: PrefixCache, comp: Component) -> Iterable[Key]:
     """The pages ``comp`` holds: cached pages (FULL), SWA-live ones (SWA), those with a Mamba state (MAMBA)."""
     return {Component.FULL: s.full.keys(), Component.SWA: s.swa_live, Component.MAMBA: s.mamba_state.keys()}[comp]
@@ -319,9 +333,7 @@ def match_prefix(s: PrefixCache, key: Key) -> MatchResult:
     The slots and state stay the cache's: the caller may read them only while
     a handle covering ``required_coverage(key[:length], ...)`` is live.
     """
-    i = cached_len(s, key)
-    while not matches(s, key, i):
-        i -= s.page_size
+    i = match_length(s, key)
     state = s.mamba_state[key[:i]] if s.mamba and i > 0 else None
     return MatchResult(i, _slots_of(s, key, i), state)
 
