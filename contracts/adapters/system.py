@@ -61,6 +61,7 @@ SYSTEM_CAPABILITIES = frozenset(
         "session_tokens",
         "caches_on_chunk",
         "exact_eviction",
+        "finish_in_place",
     }
 )
 """Everything a system adapter may provide.
@@ -135,8 +136,15 @@ them that its own tokens but the last repeat (``spec.session.inv_resume_reuses``
 the law ``resume reuses the session``); a session's first turn, which finds it
 holding nothing, is not judged; a turn that finishes into its session leaves it
 committed to every token it computed (``spec.session.inv_turn_saved_whole``: the
-law ``a turn commits what it computed``). The SGLang adapters leave it out: their
-snapshots do not show a session's tokens. ``exact_eviction``: an allocation
+law ``a turn commits what it computed``, which also needs ``finish_in_place``). SGLang
+0.5.23's scheduler adapter shows them: the first ``kv_committed_len`` tokens of the
+last turn that ran on the session's record (SGLang prepends the session's context to
+a turn's tokens, so the law judges the turn as the engine queued it); the older
+SGLang adapters leave it out. ``finish_in_place``: ``finish`` ends a running request
+where it stands, computing nothing more, so what it computed is what the snapshot
+before the call shows. SGLang's adapters leave it out: their ``finish`` decodes until
+the oracle's EOS is sampled, and that decode computes the KV of the token sampled
+before it. ``exact_eviction``: an allocation
 evicts from the cache only what it is short, stopping at the node that makes it
 up (no watermark of slack): over an admission or a decode with no failure
 injected, on the KV pool of a model without Mamba states, the tree gives up no
@@ -378,6 +386,7 @@ SYSTEM_RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "caches_on_finish": ("inv_end_caches",),
     "prefix_cache": ("admission reuses the cache",),
     "session_tokens": ("resume reuses the session", "a turn commits what it computed"),
+    "finish_in_place": ("a turn commits what it computed",),
     "caches_on_chunk": ("chunk caches its prefix",),
     "exact_eviction": ("alloc evicts no more than it is short",),
 }

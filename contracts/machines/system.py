@@ -458,6 +458,10 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 self.sys.open_session(sid)
             rid = self.sys.add_request(tokens, sid)
             self.prompts[rid] = tokens
+            if sid is not None and self.has("session_tokens"):
+                # NOTE: the turn as the engine queued it (a session may put its context before what the client sent,
+                # as SGLang's does): ``resume reuses the session`` judges the turn the engine runs
+                self.last = self.sys.snapshot()
             self._admit(rid, sid, budget)
 
         @precondition(lambda self: self.some("waiting"))
@@ -579,7 +583,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                         raise _fail("resume is append-only", f"request {r} resumed {got.prefix_len} > {committed}")
                     if (
                         self.has("session_tokens")
-                        and prompt is not None
+                        and prompt  # NOTE: empty where the adapter cannot show a turn it has not sent yet
                         and not S.inv_resume_reuses(got.prefix_len, slot.tokens, prompt)
                     ):
                         raise _fail(
@@ -733,7 +737,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             cached = (op == "finish" and self.has("caches_on_finish")) or (
                 op == "chunk" and self.has("caches_on_chunk")
             )
-            saved = op == "finish" and self.has("session_tokens")
+            saved = op == "finish" and self.has("session_tokens") and self.has("finish_in_place")
             before = self.sys.snapshot() if cached or saved else None
             getattr(self.sys, op)(rid)
             self._moved(rid)

@@ -127,6 +127,47 @@ def test_streaming_session_resumes_what_it_committed_and_close_returns_everythin
 
 
 @needs_components
+@pytest.mark.parametrize("licensed", [True, False], ids=["session_tokens", "set_aside"])
+def test_a_resume_one_committed_token_short_fails_resume_reuses_the_session(
+    licensed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug planted in SGLang's own streaming session: the match takes one committed token fewer than the session
+    holds (a committed length counted one short at resume), then frees the tail from there as it does, so every
+    slot stays owned once. Only ``resume reuses the session`` sees it; with ``session_tokens`` set aside the same
+    program passes every other law."""
+    sys = _adapter()
+    from sglang.srt.session import streaming_session  # type: ignore[import-not-found]
+
+    match = streaming_session.StreamingSession.try_match_prefix
+
+    def one_short(self: Any, params: Any) -> Any:
+        req = params.req
+        slot = self.slots.get(req.session.session_id) if getattr(req, "session", None) is not None else None
+        record = getattr(slot, "kv", slot)  # NOTE: 0.5.23 keeps the lengths in the slot's record, 0.5.13 in the slot
+        protected = getattr(record, "cache_protected_len", getattr(slot, "cache_protected_len", 0))
+        if record is not None and record.kv_committed_len > protected:
+            record.kv_committed_len -= 1
+        return match(self, params)
+
+    monkeypatch.setattr(streaming_session.StreamingSession, "try_match_prefix", one_short)
+    if not licensed:
+        sys.capabilities = sys.capabilities - {"session_tokens"}  # type: ignore[misc]
+    state = machine_for_system(lambda: sys)()
+    state.add_request(budget=64, prompt=0, sid=1, suffix=[])
+    state.finish(pick=0)
+    state.inv_all_laws()
+    committed = state.last.sessions[1].committed_len
+    if licensed:
+        with pytest.raises(AssertionError, match=r"resume reuses the session: .* resumed session 1 on (\d+) tokens"):
+            state.add_request(budget=64, prompt=1, sid=1, suffix=[5, 6])
+        return
+    state.add_request(budget=64, prompt=1, sid=1, suffix=[5, 6])
+    state.inv_all_laws()
+    turn = state.last.requests[max(state.last.requests)]
+    assert turn.status == "running" and turn.prefix_len == committed - 1, (turn, committed)
+
+
+@needs_components
 def test_a_leaked_slot_fails_the_ledgers_and_sglangs_strict_idle_check() -> None:
     """A KV slot taken from the allocator that no request, node or session holds: both checks must see it."""
     sys = _adapter()

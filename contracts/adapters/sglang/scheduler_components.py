@@ -265,7 +265,7 @@ class SchedulerSystemAdapter:
         self.m = self._modules()
         self.config = config
         self.name = f"sglang-{self.version}/Scheduler[{config.kind}]"
-        caps = {"sessions", "retract", "abort", "evict", "idle_check", "sizes", "rows", "content"}
+        caps = {"sessions", "retract", "abort", "evict", "idle_check", "sizes", "rows", "content", "session_tokens"}
         if config.mamba:
             # NOTE: a session request that admission rejects keeps the copy-on-write Mamba slot its match took
             # (``_get_new_batch_prefill_raw`` frees it only for requests without a session) and uses it when admitted
@@ -842,7 +842,7 @@ class SchedulerSystemAdapter:
                 rid,
                 status,
                 self.req_session.get(rid),
-                seq[: kv.kv_committed_len] if status == "running" else (),
+                seq[: kv.kv_committed_len] if status == "running" else seq if status == "waiting" else (),
                 kv.kv_committed_len if status == "running" else 0,
                 self.oracle.prefix.get(req.rid, 0),
                 None if kv.req_pool_idx is None or status != "running" else int(kv.req_pool_idx),
@@ -856,6 +856,7 @@ class SchedulerSystemAdapter:
                 None if kv.req_pool_idx is None else int(kv.req_pool_idx),
                 tuple(self._row(kv)) if _holds(kv) and id(kv) not in lent else (),
                 lent.get(id(kv)),
+                () if id(kv) in lent else self._committed(sid, kv),
             )
             for sid, kv in records.items()
         }
@@ -873,6 +874,21 @@ class SchedulerSystemAdapter:
             content=self.kv.content(slots),
             page_size=self.config.page_size,
         )
+
+    def _committed(self, sid: int, kv: Any) -> tuple[int, ...]:
+        """The tokens session ``sid`` committed (its record ``kv``): the first ``kv_committed_len`` of the sequence
+        of the turn SGLang's own ``Session`` keeps as its last finished one (``req_nodes``, set by ``finish_req``;
+        0.5.23 cuts its prompt at ``committed_origin_len``, as the next turn's ``_share_token_arrays`` extends that
+        array in place); ``()`` before a turn finished into it."""
+        sess = self.s.session_controller.get(str(sid))
+        nodes = list(sess.req_nodes.values()) if sess is not None else []
+        if not nodes:
+            return ()
+        last = nodes[-1].req
+        prompt = list(last.origin_input_ids)
+        cut = getattr(sess, "committed_origin_len", None)  # NOTE: 0.5.13 copies the arrays: it keeps no such length
+        seq = [*(prompt if cut is None else prompt[:cut]), *list(last.output_ids)]
+        return tuple(int(t) for t in seq[: kv.kv_committed_len])
 
 
 def _holds(kv: Any) -> bool:
