@@ -168,6 +168,45 @@ def test_a_resume_one_committed_token_short_fails_resume_reuses_the_session(
 
 
 @needs_components
+@pytest.mark.parametrize("licensed", [True, False], ids=["prefix_cache", "set_aside"])
+@pytest.mark.parametrize("model", ["full", "paged"])
+def test_a_match_one_page_short_fails_admission_reuses_the_cache(
+    model: str, licensed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug planted in SGLang's own cache: ``UnifiedRadixCache.match_prefix`` matches a waiting request's key but
+    its last page (outside sessions; the cache's own matches, with no request, as they were), so admission runs the
+    request on a shorter prefix than the cache holds and recomputes the rest; locks, ownership and rows stay
+    consistent. Only ``admission reuses the cache`` sees it; with ``prefix_cache`` set aside the same program passes
+    every other law."""
+    sys = _adapter(MODELS[model])
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # type: ignore[import-not-found]
+
+    match, page = UnifiedRadixCache.match_prefix, MODELS[model].page_size
+
+    def page_short(self: Any, params: Any) -> Any:
+        n, req = len(params.key), params.req
+        if req is not None and not req.finished() and getattr(req, "session", None) is None and n >= 2 * page:
+            params = dataclasses.replace(params, key=params.key[: n - n % page - page])
+        return match(self, params)
+
+    monkeypatch.setattr(UnifiedRadixCache, "match_prefix", page_short)
+    if not licensed:
+        sys.capabilities = sys.capabilities - {"prefix_cache"}  # type: ignore[misc]
+    state = machine_for_system(lambda: sys)()
+    state.add_request(budget=64, prompt=0, sid=None, suffix=[5, 6, 7, 8])
+    state.finish(pick=0)
+    state.inv_all_laws()
+    if licensed:  # NOTE: the same prompt again: the cache holds all of it but the last token
+        with pytest.raises(AssertionError, match=r"admission reuses the cache: "):
+            state.add_request(budget=64, prompt=0, sid=None, suffix=[5, 6, 7, 8])
+        return
+    state.add_request(budget=64, prompt=0, sid=None, suffix=[5, 6, 7, 8])
+    state.inv_all_laws()
+    turn = state.last.requests[max(state.last.requests)]
+    assert turn.status == "running" and turn.prefix_len > 0, turn
+
+
+@needs_components
 def test_a_leaked_slot_fails_the_ledgers_and_sglangs_strict_idle_check() -> None:
     """A KV slot taken from the allocator that no request, node or session holds: both checks must see it."""
     sys = _adapter()

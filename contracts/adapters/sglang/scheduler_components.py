@@ -265,7 +265,18 @@ class SchedulerSystemAdapter:
         self.m = self._modules()
         self.config = config
         self.name = f"sglang-{self.version}/Scheduler[{config.kind}]"
-        caps = {"sessions", "retract", "abort", "evict", "idle_check", "sizes", "rows", "content", "session_tokens"}
+        caps = {
+            "sessions",
+            "retract",
+            "abort",
+            "evict",
+            "idle_check",
+            "sizes",
+            "rows",
+            "content",
+            "session_tokens",
+            "prefix_cache",
+        }
         if config.mamba:
             # NOTE: a session request that admission rejects keeps the copy-on-write Mamba slot its match took
             # (``_get_new_batch_prefill_raw`` frees it only for requests without a session) and uses it when admitted
@@ -873,6 +884,7 @@ class SchedulerSystemAdapter:
             sizes=dict(tree.sizes),
             content=self.kv.content(slots),
             page_size=self.config.page_size,
+            prefix=tree.prefix,
         )
 
     def _committed(self, sid: int, kv: Any) -> tuple[int, ...]:
