@@ -250,7 +250,7 @@ class SlotPool:
         unchanged, when that is not shown (another device, a slot out of range,
         another holder, a repeated slot): callers then run ``as_index`` and
         ``check_held`` for the precise error. ``distinct``: the caller knows
-        ``idx`` names distinct slots of this pool (``is_fresh``), so that is not checked again. ``raw``: the ids'
+        ``idx`` names distinct slots of this pool (one of its recent alloc results), so that is not checked again. ``raw``: the ids'
         int64 bytes, when the caller has them (``ids.tobytes()`` otherwise, where needed).
 
         NOTE: a gather rejects an index past the column and slots below
@@ -306,10 +306,6 @@ class SlotPool:
             return True
         self._mark_owned(ids, code)
         return True
-
-    def is_fresh(self, raw: bytes | bytearray) -> bool:
-        """Whether ``raw`` (int64 slot ids as bytes) is one of this pool's recent ``alloc`` results: distinct slots."""
-        return self._fresh.find(raw) is not None
 
     def _positions(self, k: int) -> torch.Tensor:
         """``0, 1, ..., k - 1`` (int64): a view of a kept ``arange`` when it is long enough."""
@@ -432,7 +428,7 @@ class SlotPool:
 
     def alloc_ids(self, n: int, owner: Owner, *, remember: bool = True) -> Ids:
         """``alloc`` on a CPU pool, the slot ids as a new host array (``Ids``). ``remember``: keep the result
-        as a known-distinct sequence (``is_fresh``); an allocator that remembers what it hands out itself does not.
+        as a known-distinct sequence (``RecentAllocs``); an allocator that remembers what it hands out itself does not.
         """
         ids = self._pop_ids(n, owner, remember)[0]
         if 0 < n <= HANDED_MAX:

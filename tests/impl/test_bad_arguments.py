@@ -660,7 +660,6 @@ UNCHECKED = {
     "SlotPool.claim": "returns False for anything it does not show (then callers validate)",
     "SlotPool.as_index": "the index validation itself (tested through every free/transfer)",
     "SlotPool.check_alloc": "the size validation itself (tested through every alloc)",
-    "SlotPool.is_fresh": "a query on bytes; False for anything unknown",
     "PagedAllocator.whole_pages": "a query; None for anything that is not shown to be whole pages",
     "PagedAllocator.pages_of": "the paged index validation itself (tested through free/transfer)",
     "MemoryManager.event": "the provenance log (an op name and a label)",

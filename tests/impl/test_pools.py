@@ -14,7 +14,7 @@ from kvledger.impl.allocators import PagedAllocator, SWATokenAllocator, TokenAll
 from kvledger.impl.integrity import fingerprint
 from kvledger.impl.mamba import MambaPool
 from kvledger.impl.req_to_token import ReqToTokenPool
-from kvledger.impl.slots import host_bytes
+from kvledger.impl.slots import SlotPool, host_bytes
 from kvledger.spec.errors import (
     DoubleFree,
     IntegrityError,
@@ -204,14 +204,19 @@ def test_torch_fingerprint_equals_spec_fingerprint(pairs: list[tuple[int, int]])
     assert fingerprint(tokens, positions).tolist() == [spec_fingerprint(t, p) for t, p in pairs]
 
 
+def remembered(pool: SlotPool, t: torch.Tensor) -> bool:
+    """Whether ``t``'s slot ids are one of ``pool``'s recent alloc results (its memo of known-distinct sequences)."""
+    return pool._fresh.find(host_bytes(t)) is not None
+
+
 def test_claim_checks_owner_and_distinctness_and_changes_nothing_when_it_fails() -> None:
     a = TokenAllocator(16)
     pool = a.pool
     x = a.alloc(4, R1)
-    assert pool.is_fresh(host_bytes(x))  # an alloc result is remembered as a known-distinct sequence
+    assert remembered(pool, x)  # an alloc result is remembered as a known-distinct sequence
     before = pool.owner_tag.clone()
     repeated = torch.cat((x[:3], x[:1]))
-    assert not pool.is_fresh(host_bytes(repeated))
+    assert not remembered(pool, repeated)
     assert not pool.claim(repeated, R1, 99)  # a slot named twice
     assert not pool.claim(x, R2, 99, distinct=True)  # a known-distinct sequence still needs its holder
     assert not pool.claim(torch.tensor([0, 1]), R1, 99)  # slot 0 is reserved padding
@@ -422,13 +427,13 @@ def test_long_alloc_results_are_remembered_as_distinct() -> None:
     n = HANDED_MAX + 8
     kv = TokenAllocator((FRESH_LONG + 2) * n)
     x = kv.alloc(n, R1)
-    assert kv.pool.is_fresh(host_bytes(x))
+    assert remembered(kv.pool, x)
     forged = x.clone()
     forged[0] = int(x[1])  # the same last ids, one slot named twice
-    assert not kv.pool.is_fresh(host_bytes(forged))
+    assert not remembered(kv.pool, forged)
     cache = RadixCache(kv)
     assert cache.insert(list(range(n)), x, R1).prefix_len == 0
     assert kv.pool.owner_of(int(x[0])) == cache.match_prefix(list(range(n))).last_node.owner
     olds = [kv.alloc(HANDED_MAX + 1, R2) for _ in range(FRESH_LONG)]
-    assert all(kv.pool.is_fresh(host_bytes(o)) for o in olds)
-    assert not kv.pool.is_fresh(host_bytes(x))  # forgotten: only the last FRESH_LONG long results are kept
+    assert all(remembered(kv.pool, o) for o in olds)
+    assert not remembered(kv.pool, x)  # forgotten: only the last FRESH_LONG long results are kept

@@ -869,7 +869,6 @@ INTERNAL = {
     "SlotPool.claim": "a conservative pre-check: False for anything it does not show",
     "SlotPool.as_index": "the index validation itself (attacked through every free/transfer)",
     "SlotPool.check_alloc": "the size validation itself (attacked through every alloc)",
-    "SlotPool.is_fresh": "a query on bytes: False for anything unknown",
     "SlotPool.code_of": "encode, memoised (attacked through every owner)",
     "SlotPool.held_by": "encode then a scan (attacked through every owner)",
     "SlotPool.free_all_of": "encode then a scan (attacked through every owner)",
