@@ -250,8 +250,8 @@ class SlotPool:
         unchanged, when that is not shown (another device, a slot out of range,
         another holder, a repeated slot): callers then run ``as_index`` and
         ``check_held`` for the precise error. ``distinct``: the caller knows
-        ``idx`` names distinct slots of this pool (one of its recent alloc results), so that is not checked again. ``raw``: the ids'
-        int64 bytes, when the caller has them (``ids.tobytes()`` otherwise, where needed).
+        ``idx`` names distinct slots of this pool (one of its recent alloc results), so that is not checked
+        again. ``raw``: the ids' int64 bytes, when the caller has them (``ids.tobytes()`` otherwise, where needed).
 
         NOTE: a gather rejects an index past the column and slots below
         ``base`` carry the reserved tag, so with no negative index "all tagged

@@ -112,10 +112,13 @@ the chunk it cached (0.5.9: a prefix of 0, a lock over 9 tokens, after one
 chunk). ``caches_on_finish``: a request that finishes (not into its session)
 leaves its computed whole pages in the tree, and, holding a Mamba state with its
 computed KV whole pages, a Mamba state with them (``spec.ledger.inv_end_caches``:
-the law ``inv_end_caches``); the ledgers' ``kv`` unit is the tree's page. The
-SGLang adapters leave it out: a Mamba cache with a ping-pong track buffer caches
-the state of the last track point, and nothing where the request passed none,
-which the snapshot does not show. ``caches_on_chunk`` (with ``chunk``): a chunk
+the law ``inv_end_caches``); the ledgers' ``kv`` unit is the tree's page.
+SGLang's components scheduler adapters (0.5.13, 0.5.23), whose Mamba runs
+without the extra (ping-pong) buffer, declare it (their snapshot's ``content``
+then covers the tree's slots too); the 0.5.9 to 0.5.12 adapter leaves it out:
+a Mamba cache with a ping-pong track buffer caches the state of the last track
+point, and nothing where the request passed none, which the snapshot does not
+show. ``caches_on_chunk`` (with ``chunk``): a chunk
 of a request outside a session caches its computed whole pages as a finish does
 (no Mamba state), and the request runs on them: its ``prefix_len`` is then its
 computed tokens of whole pages (the law ``chunk caches its prefix``). The SGLang

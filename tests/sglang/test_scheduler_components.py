@@ -207,6 +207,52 @@ def test_a_match_one_page_short_fails_admission_reuses_the_cache(
 
 
 @needs_components
+@pytest.mark.parametrize("licensed", [True, False], ids=["caches_on_finish", "set_aside"])
+def test_a_finish_that_takes_the_no_insert_path_fails_inv_end_caches(
+    licensed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug planted in SGLang's own release path: a request that finishes (outside a session) takes the path
+    that frees its KV without caching it, which SGLang has for requests it must not cache (0.5.23:
+    ``req.skip_radix_cache_insert``, set as ``claim_kv_row`` is asked; 0.5.13: ``cache_finished_req(is_insert=
+    False)``). Its prompt was cached at prefill, so only its decoded tokens are lost, and every slot goes back to
+    the free list. Only ``inv_end_caches`` sees it; with ``caches_on_finish`` set aside the same program passes
+    every other law."""
+    sys = _adapter()
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # type: ignore[import-not-found]
+
+    if TESTED is EARLY_COMPONENTS:
+        cache_finished = UnifiedRadixCache.cache_finished_req
+
+        def no_insert(self: Any, req: Any, is_insert: bool = True, **kwargs: Any) -> Any:
+            keep = is_insert and getattr(req, "session", None) is not None
+            return cache_finished(self, req, is_insert=keep, **kwargs)
+
+        monkeypatch.setattr(UnifiedRadixCache, "cache_finished_req", no_insert)
+    else:
+        claim = UnifiedRadixCache.claim_kv_row
+
+        def skipping(self: Any, req: Any) -> Any:
+            if req.finished() and getattr(req, "session", None) is None:
+                req.skip_radix_cache_insert = True
+            return claim(self, req)
+
+        monkeypatch.setattr(UnifiedRadixCache, "claim_kv_row", skipping)
+    if not licensed:
+        sys.capabilities = sys.capabilities - {"caches_on_finish"}  # type: ignore[misc]
+    state = machine_for_system(lambda: sys)()
+    state.add_request(budget=64, prompt=0, sid=None, suffix=[5, 6, 7, 8])
+    state.extend(pick=0, n=3, ahead=0)
+    state.inv_all_laws()
+    if licensed:
+        with pytest.raises(AssertionError, match=r"inv_end_caches: request 1 finished with 11 tokens computed"):
+            state.finish(pick=0)
+        return
+    state.finish(pick=0)
+    state.inv_all_laws()
+    assert [v.status for v in state.last.requests.values()] == ["finished"]
+
+
+@needs_components
 def test_a_leaked_slot_fails_the_ledgers_and_sglangs_strict_idle_check() -> None:
     """A KV slot taken from the allocator that no request, node or session holds: both checks must see it."""
     sys = _adapter()

@@ -276,6 +276,7 @@ class SchedulerSystemAdapter:
             "content",
             "session_tokens",
             "prefix_cache",
+            "caches_on_finish",  # NOTE: without Mamba's extra (ping-pong) buffer a finish caches its state too
         }
         if config.mamba:
             # NOTE: a session request that admission rejects keeps the copy-on-write Mamba slot its match took
@@ -882,7 +883,7 @@ class SchedulerSystemAdapter:
             rows=rows,
             locks=None,
             sizes=dict(tree.sizes),
-            content=self.kv.content(slots),
+            content={**tree.content, **self.kv.content(slots)},
             page_size=self.config.page_size,
             prefix=tree.prefix,
         )
