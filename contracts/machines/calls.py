@@ -263,6 +263,16 @@ def _as(tokens: list[int], how: str) -> object:
     return tokens if how == "list" else tuple(tokens)
 
 
+def bad_token(x: object) -> str | None:
+    """The culprit a refusal of token ids ``x`` must name (``inv_names_culprit``): ``token id N`` where ``N`` is
+    the one id of ``x`` outside ``[0, VALUE_END)``; ``None`` where there are none, or several (any may be named), or
+    ``x`` is no sequence of ints."""
+    if not isinstance(x, tuple | list) or not all(type(t) is int for t in x):
+        return None
+    bad = {t for t in x if not 0 <= t < VALUE_END}
+    return f"token id {bad.pop()}" if len(bad) == 1 else None
+
+
 def fits_dtype(values: Sequence[int] | torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether every one of ``values`` (ints, or an integer tensor) is a value of integer ``dtype``."""
     if not len(values):
@@ -2117,6 +2127,7 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
         sampled_from(bad_tokens) | JUNK_SCALARS,
         lambda x: is_token_ids(x) and 0 < len(x) <= mm.rows.max_context_len,
         edges=bad_tokens,
+        culprit=bad_token,
     )
     slots = list(mm.sessions.slots.values())
     stray: list[object] = [SessionSlot(MAX_IDENT), *(copy(x) for x in slots), 1, None, "s"]  # NOTE: not its own
@@ -2157,6 +2168,7 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
                     tokens.junk({}),
                     is_token_ids,
                     edges=bad_tokens[1:],
+                    culprit=bad_token,
                 ),
                 "ahead": _arg(
                     st.integers(0, 1),

@@ -2174,9 +2174,37 @@ def test_a_token_id_just_past_its_range_is_caught(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(memory_module, "check_tokens", off_by_one)
     # NOTE: add_request takes the id (outside its domain, accepted); extend takes it and fails later, at the KV write
-    # (a refusal that changed the state): either law names the call
-    law = r"(inv_domain_enforced: |rejected call leaves state unchanged: a rejected call, )"
+    # (a refusal that changed the state, or that names another culprit than the id): each law names the call
+    law = r"(inv_domain_enforced: |rejected call leaves state unchanged: a rejected call, |inv_names_culprit: )"
     with pytest.raises(AssertionError, match=rf"{law}MemoryManager\.{call}\("):
+        judged()
+
+
+@pytest.mark.parametrize("call", ["add_request", "extend"])
+def test_a_refusal_that_names_another_token_id_is_caught(monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    """A refusal of token ids with one bad id names that id (``inv_names_culprit``, ``calls.bad_token``): a check
+    that refuses the right call, typed, but names the smallest id instead of the one past the range (seed 40's
+    ``max(ids)`` -> ``min(ids)`` in the message) misleads its reader, and the sweep of that argument says so."""
+    from kvledger.impl import memory as memory_module
+    from kvledger.impl.arguments import check_tokens
+    from kvledger.spec.errors import InvalidArgument
+
+    scenario, method, name = _token_call(call)
+    judged = _judge_catalogue(scenario, method, name)
+    judged()
+
+    def misnamed(op: str, where: str, tokens: object, **kw: Any) -> tuple[int, ...]:
+        got = check_tokens(op, where, tokens, **kw)
+        if got and max(got) >= C.VALUE_END:
+            raise InvalidArgument(op, where, (), f"token id {min(got)} outside [0, {C.VALUE_END})")  # BUG: min
+        return got
+
+    monkeypatch.setattr(
+        memory_module,
+        "check_tokens",
+        lambda op, where, tokens, **kw: misnamed(op, where, tokens, **{**kw, "hi": C.VALUE_END + 1}),
+    )
+    with pytest.raises(AssertionError, match=rf"inv_names_culprit: MemoryManager\.{call}\(.*token id {C.VALUE_END}"):
         judged()
 
 
