@@ -115,10 +115,10 @@ computed KV whole pages, a Mamba state with them (``spec.ledger.inv_end_caches``
 the law ``inv_end_caches``); the ledgers' ``kv`` unit is the tree's page.
 SGLang's components scheduler adapters (0.5.13, 0.5.23), whose Mamba runs
 without the extra (ping-pong) buffer, declare it (their snapshot's ``content``
-then covers the tree's slots too); the 0.5.9 to 0.5.12 adapter leaves it out:
-a Mamba cache with a ping-pong track buffer caches the state of the last track
-point, and nothing where the request passed none, which the snapshot does not
-show. ``caches_on_chunk`` (with ``chunk``): a chunk
+then covers the tree's slots too), and so does the 0.5.9 to 0.5.12 adapter
+(which drives Mamba without that buffer too). An adapter of a Mamba cache with a
+ping-pong track buffer would leave it out: such a cache keeps the state of the
+last track point, and nothing where the request passed none. ``caches_on_chunk`` (with ``chunk``): a chunk
 of a request outside a session caches its computed whole pages as a finish does
 (no Mamba state), and the request runs on them: its ``prefix_len`` is then its
 computed tokens of whole pages (the law ``chunk caches its prefix``). The SGLang
@@ -136,7 +136,7 @@ allocates, and a request it admits finishes in that step only by length (a
 page evicted by one admission and cached again, with the same slots, by a
 request that finished in the same step would look kept through it; none was
 seen in some 3,700 checks over both releases and every kind). The 0.5.9 to
-0.5.12 scheduler adapter leaves it out. ``session_tokens``: each session's
+0.5.12 scheduler adapter declares it too. ``session_tokens``: each session's
 ``SessionView.tokens`` are the tokens it committed, and a turn resumes on all of
 them that its own tokens but the last repeat (``spec.session.inv_resume_reuses``:
 the law ``resume reuses the session``); a session's first turn, which finds it

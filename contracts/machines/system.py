@@ -885,12 +885,14 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
 
         @invariant()
         def inv_all_laws(self) -> None:
+            # NOTE: the engine's idle check first: an engine's check may run its loop's next (empty) iteration, which
+            # ends what had ended; the laws then read the state the verdict is of, and the next step starts from it
+            verdict = self.sys.idle_check() if self.has("idle_check") else None
             before, snap = self.last, self.sys.snapshot()
             self.last = snap
             kv = snap.ledgers.get("kv")
             if kv is not None and kv.capacity:
                 self.pressure = max(self.pressure, 1 - len(kv.free) / kv.capacity)
-            verdict = self.sys.idle_check() if self.has("idle_check") else None
             culprit = getattr(self.sys, "provenance", None)
             check_snapshot(snap, verdict, self.caps, culprit)
             if (

@@ -191,3 +191,105 @@ def test_what_is_not_driven_is_refused_by_name() -> None:
         scheduler_factory(SystemConfig(window=4))
     with pytest.raises(NotExpressible, match="page size 1 only"):
         scheduler_factory(SystemConfig(mamba=True, ping_pong=0, page_size=4))
+
+
+def _planted(config: SystemConfig, monkeypatch: pytest.MonkeyPatch, cap: str, licensed: bool) -> object:
+    """A machine on a fresh adapter, with ``cap`` kept (``licensed``) or set aside."""
+    from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
+    from kvledger.contracts.machines.system import machine_for_system
+
+    a = scheduler_factory(config)
+    assert cap in a.capabilities
+    if not licensed:
+        monkeypatch.setattr(a, "capabilities", a.capabilities - {cap})
+    state = machine_for_system(lambda: a)()
+    state.inv_all_laws()
+    return state
+
+
+@pytest.mark.parametrize("licensed", [True, False], ids=["prefix_cache", "set_aside"])
+def test_a_match_one_token_short_fails_admission_reuses_the_cache(
+    licensed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug planted in SGLang's own ``RadixCache.match_prefix``: a waiting request's key is matched but its last
+    token, so it runs on a shorter prefix than the cache holds; everything stays owned and locked as it should.
+    Only ``admission reuses the cache`` sees it; with the capability set aside the program passes every law."""
+    state = _planted(SystemConfig(), monkeypatch, "prefix_cache", licensed)
+    import dataclasses
+
+    from sglang.srt.managers.schedule_batch import Req  # type: ignore[import-not-found]
+    from sglang.srt.mem_cache.radix_cache import RadixCache  # type: ignore[import-not-found]
+
+    match, init, admitting = RadixCache.match_prefix, Req.init_next_round_input, []
+
+    def matching(self: object, *args: object, **kwargs: object) -> object:
+        admitting.append(self)  # NOTE: the admission's own match (0.5.9 passes no request to a tree without Mamba)
+        try:
+            return init(self, *args, **kwargs)
+        finally:
+            admitting.pop()
+
+    def short(self: object, params: object) -> object:
+        n = len(params.key)  # type: ignore[attr-defined]
+        if admitting and n > 1:
+            params = dataclasses.replace(params, key=params.key[: n - 1])  # type: ignore[type-var, attr-defined]
+        return match(self, params)
+
+    monkeypatch.setattr(Req, "init_next_round_input", matching)
+    monkeypatch.setattr(RadixCache, "match_prefix", short)
+    state.add_request(budget=64, prompt=0, sid=None, suffix=[5, 6, 7, 8])  # type: ignore[attr-defined]
+    state.finish(pick=0)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    if licensed:
+        with pytest.raises(AssertionError, match=r"admission reuses the cache: request 2 \(8 tokens"):
+            state.add_request(budget=64, prompt=0, sid=None, suffix=[5, 6, 7, 8])  # type: ignore[attr-defined]
+        return
+    state.add_request(budget=64, prompt=0, sid=None, suffix=[5, 6, 7, 8])  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("licensed", [True, False], ids=["caches_on_finish", "set_aside"])
+def test_a_finish_that_does_not_insert_fails_inv_end_caches(licensed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug planted in SGLang's own ``RadixCache.cache_finished_req``: a finished request outside a session takes
+    the path that frees its KV without caching it (``is_insert=False``, which SGLang has for requests it must not
+    cache). Its prompt was cached after prefill, so only its decoded tokens are lost; every slot goes back to the
+    free list. Only ``inv_end_caches`` sees it; with the capability set aside the program passes every law."""
+    state = _planted(SystemConfig(), monkeypatch, "caches_on_finish", licensed)
+    from sglang.srt.mem_cache.radix_cache import RadixCache  # type: ignore[import-not-found]
+
+    cache_finished = RadixCache.cache_finished_req
+
+    def no_insert(self: object, req: object, is_insert: bool = True, **kwargs: object) -> object:
+        keep = is_insert and getattr(req, "session", None) is not None
+        return cache_finished(self, req, is_insert=keep, **kwargs)
+
+    monkeypatch.setattr(RadixCache, "cache_finished_req", no_insert)
+    state.add_request(budget=64, prompt=0, sid=None, suffix=[5, 6, 7, 8])  # type: ignore[attr-defined]
+    state.extend(pick=0, n=3, ahead=0)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    if licensed:
+        with pytest.raises(AssertionError, match=r"inv_end_caches: request 1 finished with 11 tokens computed"):
+            state.finish(pick=0)  # type: ignore[attr-defined]
+        return
+    state.finish(pick=0)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+
+
+def test_finding_0_5_11_a_first_turn_aborted_while_it_runs_leaks_its_mamba_state() -> None:
+    """Found by the system machine on 0.5.11's Mamba kind (80 programs at seed 1, then cut to its two steps): a
+    streaming session's first turn is admitted and aborted while it runs. 0.5.11 (and 0.5.12) free its KV but keep
+    its Mamba state, named by no structure (SGLang's own strict idle check agrees: ``leaked_mamba_pages``); 0.5.13
+    and 0.5.23 pass the same program (``test_scheduler_components.py``). 0.5.10 meets B3 on it first (its idle
+    check and the ledgers disagree); 0.5.9 has no streaming sessions (the turn is an ordinary request, and passes)."""
+    state = _machine(MAMBA)
+    state.add_request(budget=64, prompt=0, sid=1, suffix=[])  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    state.abort(pick=0)  # type: ignore[attr-defined]
+    if VERSION in ("0.5.11", "0.5.12"):
+        with pytest.raises(AssertionError, match=r"inv_owners_account: pool 'mamba': req:1 holds \[\d\] but refer"):
+            state.inv_all_laws()  # type: ignore[attr-defined]
+    elif VERSION == "0.5.10":
+        with pytest.raises(AssertionError, match=r"leak checker agrees with the ledgers"):
+            state.inv_all_laws()  # type: ignore[attr-defined]
+    else:
+        state.inv_all_laws()  # type: ignore[attr-defined]

@@ -253,6 +253,20 @@ def test_a_finish_that_takes_the_no_insert_path_fails_inv_end_caches(
 
 
 @needs_components
+def test_a_first_turn_aborted_while_it_runs_gives_its_mamba_state_back() -> None:
+    """The program of 0.5.11's finding (``test_finding_0_5_11_a_first_turn_aborted_while_it_runs_leaks_its_mamba_state``
+    in ``test_scheduler.py``): a streaming session's first turn aborted while it runs, on the Mamba kind. 0.5.13 and
+    0.5.23 give its state back; every law holds, SGLang's own strict idle check included."""
+    state = machine_for_system(lambda: _adapter(MODELS["mamba"]))()
+    state.add_request(budget=64, prompt=0, sid=1, suffix=[])
+    state.inv_all_laws()
+    assert [v.status for v in state.last.requests.values()] == ["running"]
+    state.abort(pick=0)
+    state.inv_all_laws()
+    assert [v.status for v in state.last.requests.values()] == ["aborted"]
+
+
+@needs_components
 def test_a_leaked_slot_fails_the_ledgers_and_sglangs_strict_idle_check() -> None:
     """A KV slot taken from the allocator that no request, node or session holds: both checks must see it."""
     sys = _adapter()

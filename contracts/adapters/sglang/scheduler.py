@@ -76,6 +76,7 @@ from kvledger.contracts.adapters.system import (
 )
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.locks import LockState
+from kvledger.spec.prefix import PrefixCache
 from kvledger.spec.types import Component, HandleId, Owner, request, session
 
 log = logging.getLogger(__name__)
@@ -279,7 +280,7 @@ class SchedulerAdapter:
         self.sched = self._build()
         self.engine_class = f"{type(self.sched).__mro__[1].__module__}.{type(self.sched).__mro__[1].__qualname__}"
         self.name = f"sglang-{self.version}/Scheduler+{self.cache_class}"
-        caps = {"retract", "abort", "evict", "idle_check", "sizes", "rows"}
+        caps = {"retract", "abort", "evict", "idle_check", "sizes", "rows", "caches_on_finish", "prefix_cache"}
         # NOTE: a streaming-session slot keeps its first request's lock on the tree (released at close); the
         # protocol gives sessions no lock handle, so with streaming sessions (0.5.10+) the lock laws would
         # blame the session's lock on nobody: locks are reported only where no session can hold one.
@@ -463,8 +464,8 @@ class SchedulerAdapter:
         if batch and batch.forward_mode.is_extend():
             for req in batch.reqs:  # NOTE: what admission matched (the cache or the session), before the prefill
                 rid = self.by_name.get(req.rid)
-                if rid is None or rid in self.prefix_lens:
-                    continue
+                if rid is None:
+                    continue  # NOTE: a retracted request admitted again matched again: its latest match counts
                 resumed = type(req.last_node).__name__ == "_VirtualNode"  # the session layer's match
                 # NOTE: a session request's prefix_len is what it resumed from its session; when the session held
                 # nothing yet it matched the radix tree like any request, and resumed nothing.
@@ -694,7 +695,10 @@ class SchedulerAdapter:
             return None
         if hasattr(type(self.sched), "on_idle") and not self.sched.is_fully_idle():
             # NOTE: 0.5.11+ on_idle checks only when fully idle, which the loop's next (empty) iteration makes
-            # true: the finished requests leave the running and last batches there.
+            # true: the finished requests leave the running and last batches there. With a request waiting that
+            # iteration could admit it, outside any ``admit``: the check then gives no verdict instead
+            if any(st == "waiting" for st in self._statuses().values()):
+                return None
             self._step()
             if not self.sched.is_fully_idle():
                 return None
@@ -763,6 +767,7 @@ class SchedulerAdapter:
             locks=self.locks() if "locks" in self.capabilities else None,
             sizes=self.sizes(),
             page_size=self.ps,
+            prefix=self.prefix() if "prefix_cache" in self.capabilities else None,
         )
 
     # ------------------------------------------------------------ abstraction
@@ -944,6 +949,13 @@ class SchedulerAdapter:
         extra = view.mamba_tree()[2] if self.config.mamba else {}
         state: LockState = view._locks(end, extra)
         return state
+
+    def prefix(self) -> PrefixCache:
+        """The radix cache's content in spec terms, through the cache adapters' own abstraction."""
+        view = self._tree_view()
+        full = view._base_snapshot()[0]
+        states = view.mamba_tree()[0] if self.config.mamba else {}
+        return PrefixCache(self.ps, None, self.config.mamba, full, frozenset(), states)  # type: ignore[arg-type]
 
     def sizes(self) -> dict[Component, tuple[int, int]]:
         t = getattr(self.sched.tree_cache, "inner", self.sched.tree_cache)
