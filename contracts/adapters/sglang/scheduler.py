@@ -955,7 +955,7 @@ class SchedulerAdapter:
         view = self._tree_view()
         full = view._base_snapshot()[0]
         states = view.mamba_tree()[0] if self.config.mamba else {}
-        return PrefixCache(self.ps, None, self.config.mamba, full, frozenset(), states)  # type: ignore[arg-type]
+        return PrefixCache(self.ps, None, self.config.mamba, full, frozenset(), states)
 
     def sizes(self) -> dict[Component, tuple[int, int]]:
         t = getattr(self.sched.tree_cache, "inner", self.sched.tree_cache)
