@@ -56,6 +56,14 @@ def _adapter(config: SystemConfig = MODELS["full"]) -> SystemAdapter:
     return load_system_factory(f"sglang-{HAVE}-system")(config)
 
 
+def _checked(sys: SystemAdapter, cap: str, licensed: bool) -> Any:
+    """The system machine on ``sys``, with capability ``cap`` kept (``licensed``) or set aside."""
+    assert cap in sys.capabilities
+    if not licensed:
+        sys.capabilities = sys.capabilities - {cap}  # type: ignore[misc]
+    return machine_for_system(lambda: sys)()
+
+
 def _laws(sys: SystemAdapter) -> None:
     check_snapshot(sys.snapshot(), sys.idle_check(), sys.capabilities)
 
@@ -150,9 +158,7 @@ def test_a_resume_one_committed_token_short_fails_resume_reuses_the_session(
         return match(self, params)
 
     monkeypatch.setattr(streaming_session.StreamingSession, "try_match_prefix", one_short)
-    if not licensed:
-        sys.capabilities = sys.capabilities - {"session_tokens"}  # type: ignore[misc]
-    state = machine_for_system(lambda: sys)()
+    state = _checked(sys, "session_tokens", licensed)
     state.add_request(budget=64, prompt=0, sid=1, suffix=[])
     state.finish(pick=0)
     state.inv_all_laws()
@@ -190,9 +196,7 @@ def test_a_match_one_page_short_fails_admission_reuses_the_cache(
         return match(self, params)
 
     monkeypatch.setattr(UnifiedRadixCache, "match_prefix", page_short)
-    if not licensed:
-        sys.capabilities = sys.capabilities - {"prefix_cache"}  # type: ignore[misc]
-    state = machine_for_system(lambda: sys)()
+    state = _checked(sys, "prefix_cache", licensed)
     state.add_request(budget=64, prompt=0, sid=None, suffix=[5, 6, 7, 8])
     state.finish(pick=0)
     state.inv_all_laws()
@@ -237,9 +241,7 @@ def test_a_finish_that_takes_the_no_insert_path_fails_inv_end_caches(
             return claim(self, req)
 
         monkeypatch.setattr(UnifiedRadixCache, "claim_kv_row", skipping)
-    if not licensed:
-        sys.capabilities = sys.capabilities - {"caches_on_finish"}  # type: ignore[misc]
-    state = machine_for_system(lambda: sys)()
+    state = _checked(sys, "caches_on_finish", licensed)
     state.add_request(budget=64, prompt=0, sid=None, suffix=[5, 6, 7, 8])
     state.extend(pick=0, n=3, ahead=0)
     state.inv_all_laws()
