@@ -758,16 +758,17 @@ class SchedulerAdapter:
                 continue
             sessions[sid] = SessionView(sid, int(slot.kv_committed_len), n, row, names, None)
             rows[row] = RowView(session(sid), names, int(slot.cache_protected_len))
+        locks, prefix = self._tree_state()
         return SystemSnapshot(
             ledgers=ledgers,
             references=refs,
             requests=requests,
             sessions=sessions,
             rows=rows,
-            locks=self.locks() if "locks" in self.capabilities else None,
+            locks=locks,
             sizes=self.sizes(),
             page_size=self.ps,
-            prefix=self.prefix() if "prefix_cache" in self.capabilities else None,
+            prefix=prefix,
         )
 
     # ------------------------------------------------------------ abstraction
@@ -943,19 +944,18 @@ class SchedulerAdapter:
         view = self._tree_view()
         return {o: hid for o, (hid, _) in self._lockers().items() if HandleId(hid) in view.locks}
 
-    def locks(self) -> LockState:
+    def _tree_state(self) -> tuple[LockState | None, PrefixCache | None]:
+        """The tree's lock state (capability ``locks``) and its content in spec terms (``prefix_cache``), through the
+        cache adapters' own abstraction, from one walk of the tree; ``None`` for what the adapter does not show."""
+        want_locks, want_prefix = "locks" in self.capabilities, "prefix_cache" in self.capabilities
+        if not (want_locks or want_prefix):
+            return None, None
         view = self._tree_view()
-        _, end, _ = view._base_snapshot()
-        extra = view.mamba_tree()[2] if self.config.mamba else {}
-        state: LockState = view._locks(end, extra)
-        return state
-
-    def prefix(self) -> PrefixCache:
-        """The radix cache's content in spec terms, through the cache adapters' own abstraction."""
-        view = self._tree_view()
-        full = view._base_snapshot()[0]
-        states = view.mamba_tree()[0] if self.config.mamba else {}
-        return PrefixCache(self.ps, None, self.config.mamba, full, frozenset(), states)
+        full, end, _ = view._base_snapshot()
+        states, _, mamba_ref, _ = view.mamba_tree() if self.config.mamba else ({}, {}, {}, {})
+        locks: LockState | None = view._locks(end, mamba_ref) if want_locks else None
+        prefix = PrefixCache(self.ps, None, self.config.mamba, full, frozenset(), states) if want_prefix else None
+        return locks, prefix
 
     def sizes(self) -> dict[Component, tuple[int, int]]:
         t = getattr(self.sched.tree_cache, "inner", self.sched.tree_cache)
