@@ -293,3 +293,25 @@ def test_finding_0_5_11_a_first_turn_aborted_while_it_runs_leaks_its_mamba_state
             state.inv_all_laws()  # type: ignore[attr-defined]
     else:
         state.inv_all_laws()  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(VERSION not in ("0.5.11", "0.5.12"), reason="the session exemption of B2's fix came in 0.5.11")
+@pytest.mark.parametrize("licensed", [True, False], ids=["reservations", "set_aside"])
+def test_a_rejected_session_turn_keeps_its_mamba_slot_as_a_reservation(
+    licensed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From 0.5.11 the scheduler frees a rejected request's copy-on-write Mamba slot only outside a session (a
+    session's slot has its own lifecycle), as 0.5.13 and 0.5.23 do, so the adapter declares ``reservations`` for
+    Mamba there. The program is the one ``kvledger check --suite system --adapter sglang-0.5.11-system --model mamba
+    --seed 1`` met first without the licence (4 steps)."""
+    state = _planted(MAMBA, monkeypatch, "reservations", licensed)
+    state.arrive(budget=64, edge=None, prompt=0, step=False, suffix=[])  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    state.repeat_sequence(branch=None, finish=False, pick=0, sid=None)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    if licensed:
+        state.repeat_sequence(branch=None, finish=False, pick=0, sid=1)  # type: ignore[attr-defined]
+        state.inv_all_laws()  # type: ignore[attr-defined]
+        return
+    with pytest.raises(AssertionError, match=r"admission rolls back: rejected request 3 keeps \{'mamba'"):
+        state.repeat_sequence(branch=None, finish=False, pick=0, sid=1)  # type: ignore[attr-defined]

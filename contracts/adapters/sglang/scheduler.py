@@ -285,6 +285,10 @@ class SchedulerAdapter:
         # protocol gives sessions no lock handle, so with streaming sessions (0.5.10+) the lock laws would
         # blame the session's lock on nobody: locks are reported only where no session can hold one.
         caps |= {"sessions"} if self.streaming else {"locks"}
+        if config.mamba and self.version not in ("0.5.9", "0.5.10"):
+            # NOTE: from 0.5.11 a session request that admission rejects keeps the copy-on-write Mamba slot its match
+            # took (``get_new_batch_prefill`` frees it only for requests without a session, as 0.5.13 and 0.5.23 do)
+            caps.add("reservations")
         self.capabilities = frozenset(caps)
 
     # ------------------------------------------------------------ construction
