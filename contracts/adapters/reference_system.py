@@ -15,6 +15,7 @@ from kvledger.contracts.abstraction import ledger_of
 from kvledger.contracts.adapters.reference import snapshot_of
 from kvledger.contracts.adapters.system import (
     SYSTEM_CAPABILITIES,
+    SYSTEM_LICENCES,
     IdleVerdict,
     RequestView,
     RowView,
@@ -161,7 +162,7 @@ class ReferenceSystemAdapter:
     engine_class = "kvledger.impl.memory.MemoryManager"
     # NOTE: the reference expresses everything the protocol names; 'reservations' is a licence, not a feature
     # (the reference rolls every rejected attempt back, so it is held to the strict law)
-    capabilities = SYSTEM_CAPABILITIES - {"reservations"}
+    capabilities = SYSTEM_CAPABILITIES - SYSTEM_LICENCES
 
     def __init__(self, config: SystemConfig = DEFAULT, manager: MemoryManager | None = None) -> None:
         """A fresh reference manager for ``config``, or ``manager`` as it is (its config read off it)."""

@@ -60,6 +60,7 @@ SYSTEM_CAPABILITIES = frozenset(
         "prefix_cache",
         "session_tokens",
         "caches_on_chunk",
+        "chunk_prompts_only",
         "exact_eviction",
         "finish_in_place",
     }
@@ -123,7 +124,12 @@ of a request outside a session caches its computed whole pages as a finish does
 (no Mamba state), and the request runs on them: its ``prefix_len`` is then its
 computed tokens of whole pages (the law ``chunk caches its prefix``). The SGLang
 adapters leave it out (they report the match at admission as ``prefix_len``, see
-``prefix_locked``). ``prefix_cache``: the snapshot's ``prefix`` is
+``prefix_locked``), except the 0.5.9 to 0.5.12 scheduler adapter with chunked prefill on
+(``sglang-V-system-chunked``), which reports a chunked request's prefix as the stash that step cached.
+``chunk_prompts_only`` (with ``chunk``): a licence, as ``reservations`` is: the engine chunks a prompt only
+while it prefills it (SGLang's chunked prefill, at admission), so ``chunk`` of a request whose prompt is
+prefilled is refused with a ``KVLedgerError`` that changes nothing (``rejected call leaves state unchanged``);
+without it a refused chunk is a finding. ``prefix_cache``: the snapshot's ``prefix`` is
 the radix cache's content in spec terms (``spec.prefix.PrefixCache``), and an
 admission step caches nothing (it matches, locks, allocates and evicts), so a
 request admitted outside a session runs on the longest prefix of its tokens but
@@ -159,6 +165,10 @@ more than the step took beyond what was free (``spec.ledger.inv_evicts_only_shor
 the law ``alloc evicts no more than it is short``). SGLang's scheduler keeps
 headroom of its own and leaves it out.
 """
+SYSTEM_LICENCES = frozenset({"reservations", "chunk_prompts_only"})
+"""The capabilities that license an engine's behaviour instead of offering a view or a move: declaring one lets
+through what would otherwise be a finding, so an adapter declares it only for an engine that behaves so (the
+reference implementation declares none)."""
 
 
 @dataclass(frozen=True)
@@ -413,6 +423,10 @@ SYSTEM_ALIASES: dict[str, str] = {
     "sglang-system": "kvledger.contracts.adapters.sglang.system_factory:installed_system_factory",
     **{
         f"sglang-{v}-system": "kvledger.contracts.adapters.sglang.scheduler:scheduler_factory"
+        for v in ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
+    },
+    **{
+        f"sglang-{v}-system-chunked": "kvledger.contracts.adapters.sglang.scheduler:chunked_scheduler_factory"
         for v in ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
     },
     "sglang-0.5.13-system": "kvledger.contracts.adapters.sglang.scheduler_components_early:early_components_factory",

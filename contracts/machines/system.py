@@ -739,7 +739,18 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             )
             saved = op == "finish" and self.has("session_tokens") and self.has("finish_in_place")
             before = self.sys.snapshot() if cached or saved else None
-            getattr(self.sys, op)(rid)
+            try:
+                getattr(self.sys, op)(rid)
+            except KVLedgerError as err:
+                if op != "chunk" or not self.has("chunk_prompts_only"):
+                    raise
+                # NOTE: an engine that chunks prompts only refuses a request whose prompt is prefilled: nothing may
+                # change (a snapshot, as above: a kept program makes several moves in one step)
+                self.refusals += 1
+                was, now = self.last, self.sys.snapshot()
+                if now.ledgers != was.ledgers or now.requests.get(rid) != was.requests.get(rid):
+                    raise _fail("rejected call leaves state unchanged", f"chunk of request {rid}: {err}") from err
+                return
             self._moved(rid)
             if before is None:
                 return

@@ -315,3 +315,104 @@ def test_a_rejected_session_turn_keeps_its_mamba_slot_as_a_reservation(
         return
     with pytest.raises(AssertionError, match=r"admission rolls back: rejected request 3 keeps \{'mamba'"):
         state.repeat_sequence(branch=None, finish=False, pick=0, sid=1)  # type: ignore[attr-defined]
+
+
+def test_chunked_prefill_is_driven() -> None:
+    """``sglang-V-system-chunked``: SGLang's chunked prefill on; a prompt longer than a chunk is admitted with its
+    first chunk, each ``chunk`` step caches the chunk before it and prefills the next, and a request whose prompt is
+    prefilled (or is still being prefilled, for ``extend``) is refused with a typed error that changes nothing."""
+    from kvledger.contracts.adapters.sglang.common import SchedulerError
+    from kvledger.contracts.adapters.sglang.scheduler import chunked_scheduler_factory
+    from kvledger.spec.types import OwnerKind, request
+
+    a = chunked_scheduler_factory(SystemConfig())
+    assert a.chunk_tokens == 4 and {"chunk", "chunk_prompts_only", "caches_on_chunk"} <= a.capabilities
+    assert "prefix_cache" not in a.capabilities
+    rid = a.add_request(tuple(range(10, 21)))  # 11 tokens: chunks of 4, 4 and 3
+    assert a.admit(64).admitted == (rid,)
+
+    def tree(snap: object) -> int:
+        kv = snap.ledgers["kv"]  # type: ignore[attr-defined]
+        return sum(len(u) for o, u in kv.held.items() if o.kind is OwnerKind.NODE)
+
+    snap = a.snapshot()
+    r = snap.requests[rid]
+    assert (r.status, r.kv_len, r.prefix_len, tree(snap)) == ("running", 4, 0, 0)
+    with pytest.raises(SchedulerError, match=r"extend of request 1 by 1: its prompt is still being prefilled"):
+        a.extend(rid, 1)
+    assert a.snapshot() == snap
+    a.chunk(rid)
+    snap = a.snapshot()
+    r = snap.requests[rid]
+    assert (r.kv_len, r.prefix_len, tree(snap)) == (8, 4, 4)  # the first chunk cached, the request runs on it
+    assert len(snap.ledgers["kv"].held[request(rid)]) == 4
+    a.chunk(rid)  # the last chunk: prefilled, the prompt cached, a first token decoded
+    snap = a.snapshot()
+    assert (snap.requests[rid].kv_len, tree(snap)) == (11, 11)
+    with pytest.raises(SchedulerError, match=r"chunk of request 1 \(running\): SGLang chunks a prompt only"):
+        a.chunk(rid)
+    assert a.snapshot() == snap
+    assert a.finish(rid).finished == (rid,)
+    verdict = a.idle_check()
+    assert verdict is not None and verdict.ok, verdict
+
+
+def test_the_checker_runs_chunked_prefill_without_a_finding() -> None:
+    """``kvledger check --suite system --adapter sglang-0.5.9-system-chunked`` on the full and paged kinds (60
+    programs each) holds, with the chunk's law checked (not among the skipped)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvledger.contracts.cli import app
+
+    if VERSION != "0.5.9":
+        pytest.skip("0.5.10 ships B4 and 0.5.11+ the close leak: the machine stops there first")
+    for model in ("full", "paged"):
+        args = ["check", "--suite", "system", "--adapter", "sglang-0.5.9-system-chunked", "--model", model]
+        result = CliRunner().invoke(app, [*args, "--examples", "60", "--seed", "5", "--json"])
+        assert result.exit_code == 0, result.output
+        payload = json.loads(result.stdout[result.stdout.index("{") :])
+        (r,) = payload["results"]
+        assert r["violation"] is None and "chunk caches its prefix" not in r["skipped"], r
+
+
+@pytest.mark.parametrize("licensed", [True, False], ids=["caches_on_chunk", "set_aside"])
+def test_a_stash_a_page_short_fails_chunk_caches_its_prefix(licensed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug planted in SGLang's own ``RadixCache.cache_unfinished_req``: stashing a chunked request
+    (``chunked=True``), it caches the chunk's whole pages but the last, and the request runs on that shorter
+    prefix, so its next chunk computes that page again into fresh slots written over the row entries that named
+    the old ones. ``chunk caches its prefix`` names the cause at the chunk; set aside, the orphaned slots are
+    found by ``inv_owners_account`` in the same step."""
+    from kvledger.contracts.adapters.sglang.scheduler import chunked_scheduler_factory
+    from kvledger.contracts.machines.system import machine_for_system
+
+    a = chunked_scheduler_factory(SystemConfig(page_size=2))
+    if not licensed:
+        monkeypatch.setattr(a, "capabilities", a.capabilities - {"caches_on_chunk"})
+    state = machine_for_system(lambda: a)()
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    from sglang.srt.mem_cache.radix_cache import RadixCache  # type: ignore[import-not-found]
+
+    stash = RadixCache.cache_unfinished_req
+
+    def short(self: object, req: object, chunked: bool = False, **kwargs: object) -> object:
+        if not chunked:
+            return stash(self, req, chunked=chunked, **kwargs)
+        fill = req.fill_ids  # type: ignore[attr-defined]
+        req.fill_ids = fill[: len(fill) - len(fill) % 2 - 2]  # type: ignore[attr-defined]
+        try:
+            return stash(self, req, chunked=chunked, **kwargs)
+        finally:
+            req.fill_ids = fill  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(RadixCache, "cache_unfinished_req", short)
+    state.add_long_request(prompt=0, sid=None, suffix=[1] * 12, whole_row=False)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    if licensed:
+        with pytest.raises(AssertionError, match=r"chunk caches its prefix: request 1 was chunked with 4 tokens"):
+            state.chunk(pick=0)  # type: ignore[attr-defined]
+        return
+    state.chunk(pick=0)  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match=r"inv_owners_account: pool 'kv': req:1"):
+        state.inv_all_laws()  # type: ignore[attr-defined]

@@ -42,6 +42,7 @@ from hypothesis import settings as Settings
 from kvledger.contracts.adapters.protocol import CacheAdapter, Unsupported, skipped_rules
 from kvledger.contracts.machines.cache import RULES, machine_for_cache
 from kvledger.contracts.machines.runner import CheckResult, run_machine
+from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.lru import SENTINEL, LruState
 from kvledger.spec.prefix import fingerprint
@@ -62,6 +63,10 @@ def retraction_forced(scheduler_module: Any) -> Iterator[None]:
         yield
     finally:
         scheduler_module.TEST_RETRACT, scheduler_module.TEST_RETRACT_INTERVAL = saved
+
+
+class SchedulerError(KVLedgerError):
+    """The scheduler refused or could not do what the protocol asked (names the operation and the request)."""
 
 
 class NotExpressible(Unsupported, NotImplementedError):

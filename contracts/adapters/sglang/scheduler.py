@@ -60,6 +60,7 @@ from kvledger.contracts.adapters.sglang.common import (
     MAMBA,
     NodeIds,
     NotExpressible,
+    SchedulerError,
     hybrid_rows,
     node_owner,
     retraction_forced,
@@ -255,7 +256,7 @@ class SchedulerAdapter:
 
     capabilities: frozenset[str] = frozenset()
 
-    def __init__(self, config: SystemConfig) -> None:
+    def __init__(self, config: SystemConfig, chunk_tokens: int | None = None) -> None:
         if config.mamba and config.ping_pong > 0:
             # NOTE: the extra-buffer mode needs the server's Mamba scheduling strategy set consistently with the
             # pool; not yet wired (a lone request then leaves its track buffers counted as leaked).
@@ -268,6 +269,8 @@ class SchedulerAdapter:
         self.version, self.sg = _sglang()
         self.config = config
         self.ps = config.page_size
+        self.chunk_tokens = chunk_tokens
+        """SGLang's ``chunked_prefill_size`` (``None``: chunked prefill off, every prompt prefilled in one pass)."""
         self.defaulted_flags: list[str] = []
         self.ids = NodeIds()
         self.reqs: dict[int, _Req] = {}
@@ -289,6 +292,11 @@ class SchedulerAdapter:
             # NOTE: from 0.5.11 a session request that admission rejects keeps the copy-on-write Mamba slot its match
             # took (``get_new_batch_prefill`` frees it only for requests without a session, as 0.5.13 and 0.5.23 do)
             caps.add("reservations")
+        if chunk_tokens is not None:
+            # NOTE: a step stashes the chunked request's last chunk in the tree (``cache_unfinished_req``) before it
+            # matches anything, so a request admitted in that step may reuse pages no snapshot showed cached before
+            # the step: ``admission reuses the cache`` would read that as a prefix longer than the cache offered
+            caps = (caps - {"prefix_cache"}) | {"chunk", "chunk_prompts_only", "caches_on_chunk"}
         self.capabilities = frozenset(caps)
 
     # ------------------------------------------------------------ construction
@@ -347,7 +355,7 @@ class SchedulerAdapter:
             attention_backend="torch_native",
             page_size=self.ps,
             disable_overlap_schedule=True,
-            chunked_prefill_size=-1,
+            chunked_prefill_size=self.chunk_tokens if self.chunk_tokens is not None else -1,
             schedule_policy="fcfs",
             max_running_requests=self.config.rows,
         )
@@ -398,7 +406,7 @@ class SchedulerAdapter:
         s.spec_algorithm = sg.scheduler.SpeculativeAlgorithm.from_string(None)
         s.disaggregation_mode = sg.scheduler.DisaggregationMode.NULL
         s.dllm_config = None
-        s.chunked_prefill_size = None
+        s.chunked_prefill_size = self.chunk_tokens
         s.chunked_req = None
         s.is_mixed_chunk = False
         s.schedule_policy = "fcfs"
@@ -463,13 +471,22 @@ class SchedulerAdapter:
         """One iteration of ``event_loop_normal`` (no receive); ``False`` when it found no batch (an idle step)."""
         s = self.sched
         self._flush()
+        queued = {id(x) for x in s.waiting_queue}
         batch = s.get_next_batch_to_run()
         s.cur_batch = batch
         if batch and batch.forward_mode.is_extend():
             for req in batch.reqs:  # NOTE: what admission matched (the cache or the session), before the prefill
                 rid = self.by_name.get(req.rid)
                 if rid is None:
-                    continue  # NOTE: a retracted request admitted again matched again: its latest match counts
+                    continue
+                if id(req) not in queued:
+                    # NOTE: a chunked request's next chunk: the step began by caching the chunk before it
+                    # (``stash_chunked_request``), and the request runs on that, ``cache_protected_len`` tokens (the
+                    # tree's whole pages, locked). A session's turn keeps what it resumed
+                    if self.reqs[rid].session is None:
+                        self.prefix_lens[rid] = int(req.cache_protected_len)
+                    continue
+                # NOTE: a retracted request admitted again matched again: its latest match counts
                 resumed = type(req.last_node).__name__ == "_VirtualNode"  # the session layer's match
                 # NOTE: a session request's prefix_len is what it resumed from its session; when the session held
                 # nothing yet it matched the radix tree like any request, and resumed nothing.
@@ -597,9 +614,28 @@ class SchedulerAdapter:
         self._step()
         return self._outcome(before, [r for r, st in before.items() if st == "waiting"])
 
+    def _mid_prefill(self, r: _Req) -> bool:
+        """``r`` is SGLang's chunked request: admitted, with chunks of its prompt still to prefill."""
+        return r.sg is not None and self.sched.chunked_req is r.sg
+
+    def _chunk_steps(self) -> int:
+        """At most how many steps chunked prefill may take before every request now known has prefilled its prompt:
+        each step prefills one chunk of one request before anything decodes (0 with chunked prefill off)."""
+        if not self.chunk_tokens:
+            return 0
+        left = 0
+        for r in self.reqs.values():
+            req = r.sg
+            if req is None or self._status(r) not in ("waiting", "running"):
+                continue
+            todo = len(req.origin_input_ids) + len(req.output_ids) - int(req.kv_committed_len)
+            left += -(-max(0, todo) // self.chunk_tokens)
+        return left
+
     def _steps_until(self, done: Callable[[], bool], limit: int) -> StepResult:
         before = self._statuses()
         tried = [r for r, st in before.items() if st == "waiting"]
+        limit += self._chunk_steps()  # NOTE: while a request is chunked, each step prefills its next chunk
         for _ in range(limit):
             if done():
                 break
@@ -612,6 +648,11 @@ class SchedulerAdapter:
         r = self.reqs[rid]
         if self._status(r) != "running":
             return self._outcome(self._statuses())
+        if self._mid_prefill(r):
+            raise SchedulerError(
+                f"extend of request {rid} by {n}: its prompt is still being prefilled in chunks "
+                f"({int(r.sg.kv_committed_len)} of {len(r.sg.origin_input_ids)} tokens computed); it decodes after"
+            )
         target = len(r.sg.output_ids) + n
         return self._steps_until(lambda: self._status(r) != "running" or len(r.sg.output_ids) >= target, n + 2)
 
@@ -710,7 +751,21 @@ class SchedulerAdapter:
         return IdleVerdict(ok, None, message)
 
     def chunk(self, rid: int) -> StepResult:
-        raise NotExpressible(f"SGLang {self.version} scheduler adapter: chunked prefill is not driven (no chunk)")
+        """The scheduler's next step while request ``rid`` is chunked: the step caches the chunk it computed
+        (``stash_chunked_request`` → ``cache_unfinished_req``) and prefills the next (``add_chunked_req``; waiting
+        requests may join it in what is left of the budget). A request not being chunked is refused
+        (``SchedulerError``, no step taken): SGLang chunks prompts only, at admission (``chunk_prompts_only``)."""
+        if self.chunk_tokens is None:
+            raise NotExpressible(f"SGLang {self.version} scheduler adapter: chunked prefill is off (no chunk)")
+        r = self.reqs[rid]
+        if not self._mid_prefill(r):
+            raise SchedulerError(
+                f"chunk of request {rid} ({self._status(r)}): SGLang chunks a prompt only while it prefills it, at "
+                f"admission; this one is not being chunked"
+            )
+        before = self._statuses()
+        self._step()
+        return self._outcome(before)
 
     def inject_failure(self) -> None:
         raise NotExpressible(f"SGLang {self.version} scheduler adapter: no allocation failure injection")
@@ -1030,3 +1085,19 @@ def scheduler_factory(config: SystemConfig) -> SchedulerAdapter:
     if config.mamba and config.ping_pong > 0:
         config = dataclasses.replace(config, ping_pong=0)
     return SchedulerAdapter(config)
+
+
+CHUNK_PAGES = 2
+"""Chunked prefill's chunk, in pages (at least ``MIN_CHUNK`` tokens): small enough that most prompts of a checked
+program (up to ``SystemConfig.max_context`` tokens) take several chunks."""
+MIN_CHUNK = 4
+
+
+def chunked_scheduler_factory(config: SystemConfig) -> SchedulerAdapter:
+    """:func:`scheduler_factory` with SGLang's chunked prefill on (``chunked_prefill_size``: ``CHUNK_PAGES`` pages,
+    at least ``MIN_CHUNK`` tokens): a prompt longer than a chunk is admitted with its first chunk and prefilled over
+    the next steps (the protocol's ``chunk``), each chunk cached in the tree before the next runs."""
+    if config.mamba and config.ping_pong > 0:
+        config = dataclasses.replace(config, ping_pong=0)
+    pages = max(CHUNK_PAGES, -(-MIN_CHUNK // config.page_size))
+    return SchedulerAdapter(config, chunk_tokens=pages * config.page_size)

@@ -74,13 +74,19 @@ from typing import Any
 import torch
 
 from kvledger.contracts.adapters.protocol import CacheConfig
-from kvledger.contracts.adapters.sglang.common import FULL, MAMBA, SWA, KVBuffer, retraction_forced
+from kvledger.contracts.adapters.sglang.common import (
+    FULL,
+    MAMBA,
+    SWA,
+    KVBuffer,
+    SchedulerError,
+    retraction_forced,
+)
 from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, TestedRange
 from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
 from kvledger.contracts.adapters.system import IdleVerdict, RequestView, RowView, SessionView, StepResult, SystemConfig
 from kvledger.contracts.adapters.system import SystemSnapshot as SystemSnap
-from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.types import Component, Owner, request, session
 
@@ -91,10 +97,6 @@ log = logging.getLogger(__name__)
 EOS = 2
 """The token the oracle emits for a request asked to finish (the model config's ``hf_eos_token_id``)."""
 STRICT = "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"
-
-
-class SchedulerError(KVLedgerError):
-    """The scheduler refused or could not do what the protocol asked (names the operation and the request)."""
 
 
 class _NoOp:

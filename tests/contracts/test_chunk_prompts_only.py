@@ -1,0 +1,73 @@
+"""The ``chunk_prompts_only`` licence: an engine that chunks a prompt only while it prefills it (SGLang) refuses
+``chunk`` of a request that has decoded, changing nothing; without the licence a refused chunk is a finding, and
+with it a refusal that changed something is one."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvledger.contracts.adapters.reference_system import ReferenceSystemAdapter
+from kvledger.contracts.adapters.system import SYSTEM_CAPABILITIES, SYSTEM_LICENCES, StepResult
+from kvledger.contracts.machines.suites import SYSTEM_CONFIGS
+from kvledger.contracts.machines.system import machine_for_system
+from kvledger.spec.errors import InvalidArgument
+
+
+class PromptsOnly(ReferenceSystemAdapter):
+    """The reference, refusing to chunk a request that has decoded (its prompt is prefilled)."""
+
+    capabilities = SYSTEM_CAPABILITIES - (SYSTEM_LICENCES - {"chunk_prompts_only"})
+    touch = False
+    """Before refusing, the chunk extends the request by a token (the broken variant: a refusal that changed it)."""
+
+    def __init__(self) -> None:
+        super().__init__(SYSTEM_CONFIGS["full"])
+        self.decoded: set[int] = set()
+
+    def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
+        result = super().extend(rid, n, ahead)
+        self.decoded.add(rid)
+        return result
+
+    def chunk(self, rid: int) -> StepResult:
+        if rid in self.decoded:
+            if self.touch:
+                super().extend(rid, 1)
+            raise InvalidArgument("chunk", f"request {rid}", (), "its prompt is prefilled: nothing to chunk")
+        return super().chunk(rid)
+
+
+def _chunk_after_decode(make: type[PromptsOnly]) -> object:
+    state = machine_for_system(make)()
+    state.add_request(prompt=0, suffix=[5, 6, 7], sid=None, budget=64)  # type: ignore[attr-defined]
+    state.extend(pick=0, n=1, ahead=0)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    state.chunk(pick=0)  # type: ignore[attr-defined]
+    return state
+
+
+def test_the_reference_declares_no_licence() -> None:
+    assert not ReferenceSystemAdapter.capabilities & SYSTEM_LICENCES
+    assert "chunk_prompts_only" in SYSTEM_LICENCES <= SYSTEM_CAPABILITIES
+
+
+def test_a_licensed_refusal_that_changes_nothing_holds() -> None:
+    state = _chunk_after_decode(PromptsOnly)
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    assert state.refusals == 1  # type: ignore[attr-defined]
+
+
+def test_a_licensed_refusal_that_changed_the_request_is_caught() -> None:
+    class Touching(PromptsOnly):
+        touch = True
+
+    with pytest.raises(AssertionError, match=r"rejected call leaves state unchanged: chunk of request 1"):
+        _chunk_after_decode(Touching)
+
+
+def test_without_the_licence_a_refused_chunk_is_a_finding() -> None:
+    class Unlicensed(PromptsOnly):
+        capabilities = PromptsOnly.capabilities - {"chunk_prompts_only"}
+
+    with pytest.raises(InvalidArgument, match="its prompt is prefilled"):
+        _chunk_after_decode(Unlicensed)
