@@ -76,6 +76,10 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/slots.py:SlotPool.check_alloc:const+1:0": (
+        "a fast path's guard (new family, seed 44, 2026-11-30): ``n < 0`` made ``n < 1`` sends an alloc of 0 slots "
+        "through ``check_int``, which accepts 0 and returns it: the same size, the same owner check, the same answer"
+    ),
     "impl/radix.py:RadixCache._check_insert:end-index:torch.nonzero(mixed)[0]": (
         "which true culprit a message names (new family, seed 42, 2026-11-30): with two or more pages only partly "
         "the cache's slots, the SlotConflict names the last such page instead of the first; the same call is "
