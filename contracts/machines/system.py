@@ -251,7 +251,12 @@ def check_snapshot(
 
 
 def end_cache_finding(
-    before: SystemSnapshot, after: SystemSnapshot, rid: int, content: bool, chunk: bool = False
+    before: SystemSnapshot,
+    after: SystemSnapshot,
+    rid: int,
+    content: bool,
+    chunk: bool = False,
+    in_place: bool = True,
 ) -> str:
     """``inv_end_caches`` for request ``rid``, which ended between ``before`` (running) and ``after`` (a finish, not
     a save into its session): the tree's nodes hold its computed whole pages and, when it held a Mamba state with
@@ -259,7 +264,11 @@ def end_cache_finding(
     shows the KV its slots hold), the tree holds the KV of each of those positions and the Mamba state sits at a
     node that holds the last one (``spec.ledger.inv_end_caches_content``; ledger unit ``u`` of ``"kv"`` is token
     slots ``u * page_size`` to ``u * page_size + page_size - 1``). With ``chunk``, ``rid`` was chunked (it runs
-    on): its computed whole pages, no state (a chunk caches KV only). What is wrong, or ""."""
+    on): its computed whole pages, no state (a chunk caches KV only). Without ``in_place`` (an engine whose finish
+    computes more tokens first: SGLang decodes until EOS) the state belongs past ``before``'s last computed position,
+    where no snapshot shows the tokens: it must then sit on the request's path at or past that position, which
+    ``after.prefix`` shows (``mamba_state``'s keys), and is not placed where no snapshot shows the cache's
+    prefixes. What is wrong, or ""."""
     was = before.requests.get(rid)
     if was is None or was.session is not None:
         return ""
@@ -285,6 +294,16 @@ def end_cache_finding(
     whole = was.kv_len - was.kv_len % ps
     owed = [fingerprint(t, i) for i, t in enumerate(was.tokens[:whole])]
     state_at = owed[-1] if held_state and owed and whole == was.kv_len else None
+    if state_at is not None and not in_place:
+        state_at = None
+        computed = tuple(was.tokens[:whole])
+        cached = after.prefix.mamba_state if after.prefix is not None and after.prefix.mamba else None
+        if cached is not None and not any(len(k) >= whole and k[:whole] == computed for k in cached):
+            return (
+                f"{said} (page {ps}), and no Mamba state in the tree sits on its path at or past its last computed "
+                f"position {whole - 1} (the cache keeps states after {sorted(len(k) for k in cached)} tokens of "
+                "other prefixes)"
+            )
     if L.inv_end_caches_content(node_kv, node_states, owed, state_at):
         return ""
     missing = next((i for i, v in enumerate(owed) if all(v not in c for c in node_kv.values())), None)
@@ -738,16 +757,17 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 op == "chunk" and self.has("caches_on_chunk")
             )
             saved = op == "finish" and self.has("session_tokens") and self.has("finish_in_place")
-            before = self.sys.snapshot() if cached or saved else None
+            refusable = op == "chunk" and self.has("chunk_prompts_only")
+            before = self.sys.snapshot() if cached or saved or refusable else None
             try:
                 getattr(self.sys, op)(rid)
             except KVLedgerError as err:
-                if op != "chunk" or not self.has("chunk_prompts_only"):
+                if not refusable or before is None:
                     raise
                 # NOTE: an engine that chunks prompts only refuses a request whose prompt is prefilled: nothing may
-                # change (a snapshot, as above: a kept program makes several moves in one step)
+                # change
                 self.refusals += 1
-                was, now = self.last, self.sys.snapshot()
+                was, now = before, self.sys.snapshot()
                 if now.ledgers != was.ledgers or now.requests.get(rid) != was.requests.get(rid):
                     raise _fail("rejected call leaves state unchanged", f"chunk of request {rid}: {err}") from err
                 return
@@ -783,7 +803,9 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             cached, and a Mamba state with them when it held one (``spec.ledger.inv_end_caches``). A chunk
             (``chunk``) caches them too, and the request runs on them: its prefix is its computed whole pages (the law
             ``chunk caches its prefix``)."""
-            found = end_cache_finding(before, after, rid, "content" in self.caps, chunk)
+            found = end_cache_finding(
+                before, after, rid, "content" in self.caps, chunk, in_place=self.has("finish_in_place")
+            )
             if found:
                 raise _fail("chunk caches its prefix" if chunk else "inv_end_caches", found)
             was, now = before.requests.get(rid), after.requests.get(rid)

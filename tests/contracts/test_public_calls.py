@@ -656,6 +656,7 @@ def test_a_finish_that_caches_a_one_token_prefix_without_its_state_is_caught(mon
         return before, system_snapshot_of(mm), req.rid
 
     assert end_cache_finding(*run(False), content=True) == ""
+    assert end_cache_finding(*run(False), content=True, in_place=False) == ""
     real = MemoryManager._cache_into_tree
     monkeypatch.setattr(
         MemoryManager,
@@ -667,6 +668,11 @@ def test_a_finish_that_caches_a_one_token_prefix_without_its_state_is_caught(mon
     assert end_cache_finding(before, after, rid, content=False) == ""
     assert "no tree node that holds a Mamba state holds the KV of its last position 0" in end_cache_finding(
         before, after, rid, content=True
+    )
+    # an engine whose finish computes more first (``finish_in_place`` absent): the state may sit further along the
+    # request's path, but on it; the cache's prefixes show it is on another
+    assert "no Mamba state in the tree sits on its path at or past its last computed position 0" in (
+        end_cache_finding(before, after, rid, content=True, in_place=False)
     )
     msg = fails("mamba", C.manager_scenario, "inv_end_caches")
     assert "finish" in msg, msg
