@@ -421,6 +421,7 @@ SystemAdapterFactory = Callable[[SystemConfig], SystemAdapter]
 SYSTEM_ALIASES: dict[str, str] = {
     "reference": "kvledger.contracts.adapters.reference_system:ReferenceSystemAdapter",
     "sglang-system": "kvledger.contracts.adapters.sglang.system_factory:installed_system_factory",
+    "sglang-system-chunked": "kvledger.contracts.adapters.sglang.system_factory:installed_chunked_factory",
     **{
         f"sglang-{v}-system": "kvledger.contracts.adapters.sglang.scheduler:scheduler_factory"
         for v in ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
@@ -431,6 +432,9 @@ SYSTEM_ALIASES: dict[str, str] = {
     },
     "sglang-0.5.13-system": "kvledger.contracts.adapters.sglang.scheduler_components_early:early_components_factory",
     "sglang-0.5.23-system": "kvledger.contracts.adapters.sglang.scheduler_components:scheduler_system_factory",
+    "sglang-0.5.13-system-chunked": "kvledger.contracts.adapters.sglang.scheduler_components_early:"
+    "early_chunked_factory",
+    "sglang-0.5.23-system-chunked": "kvledger.contracts.adapters.sglang.scheduler_components:chunked_system_factory",
     "vllm": "kvledger.contracts.adapters.vllm.adapter:vllm_factory",
     "vllm-hybrid": "kvledger.contracts.adapters.vllm.adapter:vllm_hybrid_factory",
 }

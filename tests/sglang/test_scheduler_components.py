@@ -538,3 +538,79 @@ def test_other_releases_are_refused_with_the_tested_range(tested: TestedRange) -
 
     with pytest.raises(SGLangVersionError, match=re.escape(tested.describe())):
         load_system_factory(RELEASES[tested])(MODELS["full"])
+
+
+def _chunked(config: SystemConfig = MODELS["full"]) -> SystemAdapter:
+    """The installed release's adapter with chunked prefill on (``sglang-<release>-system-chunked``)."""
+    return load_system_factory(f"sglang-{HAVE}-system-chunked")(config)
+
+
+@needs_components
+def test_chunked_prefill_is_driven() -> None:
+    """A prompt longer than a chunk (4 tokens) is admitted with its first chunk; each ``chunk`` is SGLang's next
+    step, which caches the chunk before it; ``extend`` mid-prefill and ``chunk`` of a prefilled request are refused
+    with a typed error that changes nothing."""
+    from kvledger.contracts.adapters.sglang.common import SchedulerError
+
+    a = _chunked()
+    assert {"chunk", "chunk_prompts_only", "caches_on_chunk"} <= a.capabilities
+    assert type(load_system_factory("sglang-system-chunked")(MODELS["full"])) is type(a)
+    assert "prefix_cache" not in a.capabilities
+    rid = a.add_request(tuple(range(10, 21)))
+    assert a.admit(64).admitted == (rid,)
+
+    def cached(snap: Any) -> int:
+        return sum(len(u) for o, u in snap.ledgers["kv"].held.items() if o.kind is OwnerKind.NODE)
+
+    snap = a.snapshot()
+    assert (snap.requests[rid].kv_len, snap.requests[rid].prefix_len, cached(snap)) == (4, 0, 0)
+    with pytest.raises(SchedulerError, match=r"extend of request 1 by 1: its prompt is still being prefilled"):
+        a.extend(rid, 1)
+    assert a.snapshot() == snap
+    a.chunk(rid)
+    snap = a.snapshot()
+    assert (snap.requests[rid].kv_len, snap.requests[rid].prefix_len, cached(snap)) == (8, 4, 4)
+    _laws(a)
+    a.chunk(rid)
+    snap = a.snapshot()
+    assert snap.requests[rid].kv_len == 11
+    with pytest.raises(SchedulerError, match=r"chunk of request 1 \(running\): SGLang chunks a prompt only"):
+        a.chunk(rid)
+    assert a.snapshot() == snap
+    assert a.finish(rid).finished == (rid,)
+    _laws(a)
+
+
+@needs_components
+def test_a_finish_whose_state_lands_past_a_node_boundary_is_not_a_finding() -> None:
+    """Found by the chunked adapter on 0.5.23's Mamba kind (seed 1, 12 steps): two requests decode the same tokens;
+    the tree already splits their path after their 7th token (an earlier aborted twin cached it, its state since
+    evicted). SGLang's finish decodes one more token first and caches the state after 8 tokens, at the node past
+    that boundary: rightly. ``inv_end_caches`` used to demand it at the node holding the 7th (the last computed when
+    the finish began); an engine without ``finish_in_place`` may put it further along the request's path."""
+    state = machine_for_system(lambda: _chunked(MODELS["mamba"]))()
+    state.inv_all_laws()
+    state.arrive(budget=64, edge=None, prompt=0, step=False, suffix=[1])
+    state.inv_all_laws()
+    state.repeat_sequence(branch=None, finish=True, pick=0, sid=None)
+    state.inv_all_laws()
+    state.retract(pick=0)
+    state.inv_all_laws()
+    from kvledger.spec.types import Component
+
+    state.evict(comp=Component.MAMBA, n=1)
+    state.inv_all_laws()
+    state.repeat_sequence(branch=None, finish=False, pick=0, sid=None)
+    state.inv_all_laws()
+    state.abort(pick=0)
+    state.inv_all_laws()
+    state.chunk(pick=0)
+    state.inv_all_laws()
+    state.abort(pick=0)
+    state.inv_all_laws()
+    state.repeat_sequence(branch=None, finish=True, pick=0, sid=None)
+    state.inv_all_laws()
+    state.extend(ahead=0, n=2, pick=0)
+    state.inv_all_laws()
+    state.finish(pick=0)
+    state.inv_all_laws()

@@ -40,6 +40,7 @@ import torch
 from hypothesis import settings as Settings
 
 from kvledger.contracts.adapters.protocol import CacheAdapter, Unsupported, skipped_rules
+from kvledger.contracts.adapters.system import SystemConfig
 from kvledger.contracts.machines.cache import RULES, machine_for_cache
 from kvledger.contracts.machines.runner import CheckResult, run_machine
 from kvledger.spec.errors import KVLedgerError
@@ -63,6 +64,18 @@ def retraction_forced(scheduler_module: Any) -> Iterator[None]:
         yield
     finally:
         scheduler_module.TEST_RETRACT, scheduler_module.TEST_RETRACT_INTERVAL = saved
+
+
+CHUNK_PAGES = 2
+"""Chunked prefill's chunk, in pages (at least ``MIN_CHUNK`` tokens): small enough that most prompts of a checked
+program (up to ``SystemConfig.max_context`` tokens) take several chunks."""
+MIN_CHUNK = 4
+
+
+def chunk_size(config: SystemConfig) -> int:
+    """The chunk the chunked adapters prefill in (``chunked_prefill_size``): ``CHUNK_PAGES`` pages, at least
+    ``MIN_CHUNK`` tokens."""
+    return max(CHUNK_PAGES, -(-MIN_CHUNK // config.page_size)) * config.page_size
 
 
 class SchedulerError(KVLedgerError):

@@ -61,6 +61,7 @@ from kvledger.contracts.adapters.sglang.common import (
     NodeIds,
     NotExpressible,
     SchedulerError,
+    chunk_size,
     hybrid_rows,
     node_owner,
     retraction_forced,
@@ -1087,17 +1088,10 @@ def scheduler_factory(config: SystemConfig) -> SchedulerAdapter:
     return SchedulerAdapter(config)
 
 
-CHUNK_PAGES = 2
-"""Chunked prefill's chunk, in pages (at least ``MIN_CHUNK`` tokens): small enough that most prompts of a checked
-program (up to ``SystemConfig.max_context`` tokens) take several chunks."""
-MIN_CHUNK = 4
-
-
 def chunked_scheduler_factory(config: SystemConfig) -> SchedulerAdapter:
     """:func:`scheduler_factory` with SGLang's chunked prefill on (``chunked_prefill_size``: ``CHUNK_PAGES`` pages,
     at least ``MIN_CHUNK`` tokens): a prompt longer than a chunk is admitted with its first chunk and prefilled over
     the next steps (the protocol's ``chunk``), each chunk cached in the tree before the next runs."""
     if config.mamba and config.ping_pong > 0:
         config = dataclasses.replace(config, ping_pong=0)
-    pages = max(CHUNK_PAGES, -(-MIN_CHUNK // config.page_size))
-    return SchedulerAdapter(config, chunk_tokens=pages * config.page_size)
+    return SchedulerAdapter(config, chunk_tokens=chunk_size(config))

@@ -80,6 +80,7 @@ from kvledger.contracts.adapters.sglang.common import (
     SWA,
     KVBuffer,
     SchedulerError,
+    chunk_size,
     retraction_forced,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, TestedRange
@@ -256,7 +257,7 @@ class SchedulerSystemAdapter:
     VIEW: type[UnifiedAdapter] = UnifiedAdapter
     """The cache adapter whose abstraction reads this release's ``UnifiedRadixCache`` (``observing``)."""
 
-    def __init__(self, config: SystemConfig) -> None:
+    def __init__(self, config: SystemConfig, chunk_tokens: int | None = None) -> None:
         if (config.window is not None or config.mamba) and config.page_size != 1:
             raise SchedulerError(
                 f"SGLang scheduler adapter: {config.kind}: SWA and Mamba are wired at page size 1 only "
@@ -266,6 +267,8 @@ class SchedulerSystemAdapter:
         self.version, self.sg = self._import()
         self.m = self._modules()
         self.config = config
+        self.chunk_tokens = chunk_tokens
+        """SGLang's ``chunked_prefill_size`` (``None``: chunked prefill off, every prompt prefilled in one pass)."""
         self.name = f"sglang-{self.version}/Scheduler[{config.kind}]"
         caps = {
             "sessions",
@@ -284,6 +287,10 @@ class SchedulerSystemAdapter:
             # NOTE: a session request that admission rejects keeps the copy-on-write Mamba slot its match took
             # (``_get_new_batch_prefill_raw`` frees it only for requests without a session) and uses it when admitted
             caps.add("reservations")
+        if chunk_tokens is not None:
+            # NOTE: as in the 0.5.9 to 0.5.12 adapter: a step stashes the chunked request's last chunk in the tree
+            # before it matches anything, so ``admission reuses the cache`` would misread a request admitted then
+            caps = (caps - {"prefix_cache"}) | {"chunk", "chunk_prompts_only", "caches_on_chunk"}
         self.capabilities = frozenset(caps)
         self.cache_config = CacheConfig(
             page_size=config.page_size,
@@ -403,7 +410,7 @@ class SchedulerSystemAdapter:
             draft_worker=None,
             decode_offload_manager=None,
             disaggregation_mode=m.DisaggregationMode.NULL,
-            chunked_prefill_size=None,
+            chunked_prefill_size=self.chunk_tokens,
             prefill_decode_interval=0,
             _prefill_decode_interval_remaining=0,
             prefill_decode_interval_min_bs=0,
@@ -671,9 +678,26 @@ class SchedulerSystemAdapter:
             self.s.max_prefill_tokens = 64
         return self._result(before)
 
+    def _mid_prefill(self, rid: int) -> bool:
+        """Request ``rid`` is SGLang's chunked request: admitted, with chunks of its prompt still to prefill."""
+        req = self.reqs.get(rid)
+        return req is not None and getattr(self.s, "chunked_req", None) is req
+
+    def _chunk_steps(self) -> int:
+        """At most how many steps chunked prefill may take before every request now known has prefilled its prompt
+        (each step prefills one chunk before anything decodes; 0 with chunked prefill off)."""
+        if not self.chunk_tokens:
+            return 0
+        left = 0
+        for rid, req in self.reqs.items():
+            if self._status(rid) in ("waiting", "running"):
+                todo = len(req.origin_input_ids) + len(req.output_ids) - int(self._kv(req).kv_committed_len)
+                left += -(-max(0, todo) // self.chunk_tokens)
+        return left
+
     def _decode_until(self, rid: int, done: Any, what: str) -> StepResult:
         before = self._statuses()
-        for _ in range(4):
+        for _ in range(4 + self._chunk_steps()):
             # NOTE: a request the engine retracted or ended on the way is a step's outcome, not a refusal
             if done() or self._status(rid) != "running":
                 break
@@ -685,6 +709,11 @@ class SchedulerSystemAdapter:
 
     def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
         req = self.reqs[rid]
+        if self._mid_prefill(rid):
+            raise SchedulerError(
+                f"extend of request {rid} by {n}: its prompt is still being prefilled in chunks "
+                f"({int(self._kv(req).kv_committed_len)} of {len(req.origin_input_ids)} tokens computed)"
+            )
         results = []
         for _ in range(n):
             if self._status(rid) != "running":
@@ -704,7 +733,19 @@ class SchedulerSystemAdapter:
             self.oracle.finishing.discard(req.rid)
 
     def chunk(self, rid: int) -> StepResult:
-        raise SchedulerError(f"chunk of request {rid}: chunked prefill is off in this adapter")
+        """The scheduler's next step while request ``rid`` is chunked: it caches the chunk before
+        (``stash_chunked_request``) and prefills the next; a request not being chunked is refused
+        (``chunk_prompts_only``: SGLang chunks a prompt only while it prefills it)."""
+        if self.chunk_tokens is None:
+            raise SchedulerError(f"chunk of request {rid}: chunked prefill is off in this adapter")
+        if not self._mid_prefill(rid):
+            raise SchedulerError(
+                f"chunk of request {rid} ({self._status(rid)}): SGLang chunks a prompt only while it prefills it, at "
+                "admission; this one is not being chunked"
+            )
+        before = self._statuses()
+        self._step()
+        return self._result(before)
 
     def retract(self, rid: int) -> StepResult:
         before = self._statuses()
@@ -935,3 +976,9 @@ def _merge(results: list[StepResult]) -> StepResult:
 def scheduler_system_factory(config: SystemConfig) -> SchedulerSystemAdapter:
     """SGLang's real scheduler (0.5.23) over a ``UnifiedRadixCache`` of the kind ``config`` names."""
     return SchedulerSystemAdapter(config)
+
+
+def chunked_system_factory(config: SystemConfig) -> SchedulerSystemAdapter:
+    """:func:`scheduler_system_factory` with SGLang's chunked prefill on (``chunk_size`` of the 0.5.9 to 0.5.12
+    adapter's :func:`~kvledger.contracts.adapters.sglang.scheduler.chunked_scheduler_factory`)."""
+    return SchedulerSystemAdapter(config, chunk_tokens=chunk_size(config))

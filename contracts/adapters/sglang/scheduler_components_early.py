@@ -39,6 +39,7 @@ import importlib
 from types import SimpleNamespace
 from typing import Any
 
+from kvledger.contracts.adapters.sglang.common import chunk_size
 from kvledger.contracts.adapters.sglang.cpu_import import EARLY_COMPONENTS, TestedRange
 from kvledger.contracts.adapters.sglang.scheduler import _patch_page_kernels
 from kvledger.contracts.adapters.sglang.scheduler_components import SchedulerSystemAdapter, _FakeWorker
@@ -149,3 +150,8 @@ class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
 def early_components_factory(config: SystemConfig) -> EarlyComponentsSchedulerAdapter:
     """SGLang 0.5.13's real scheduler over a ``UnifiedRadixCache`` of the kind ``config`` names."""
     return EarlyComponentsSchedulerAdapter(config)
+
+
+def early_chunked_factory(config: SystemConfig) -> EarlyComponentsSchedulerAdapter:
+    """:func:`early_components_factory` with SGLang's chunked prefill on (``chunk_size``)."""
+    return EarlyComponentsSchedulerAdapter(config, chunk_tokens=chunk_size(config))

@@ -17,21 +17,36 @@ COMPONENTS = ("0.5.23",)
 
 def installed_system_factory(config: SystemConfig) -> SystemAdapter:
     """The real scheduler of the installed SGLang, for ``config``; an untested release is refused by name."""
+    return _installed(config, chunked=False)
+
+
+def installed_chunked_factory(config: SystemConfig) -> SystemAdapter:
+    """``--adapter sglang-system-chunked``: :func:`installed_system_factory` with SGLang's chunked prefill on."""
+    return _installed(config, chunked=True)
+
+
+def _installed(config: SystemConfig, chunked: bool) -> SystemAdapter:
     try:
         release = version("sglang")
     except PackageNotFoundError as err:
         raise ValueError("sglang-system: SGLang is not installed (build a venv with .ci/sglang_env)") from err
     if release in MIXINS:
-        from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
+        from kvledger.contracts.adapters.sglang.scheduler import chunked_scheduler_factory, scheduler_factory
 
-        return scheduler_factory(config)
+        return chunked_scheduler_factory(config) if chunked else scheduler_factory(config)
     if release in EARLY_COMPONENTS:
-        from kvledger.contracts.adapters.sglang.scheduler_components_early import early_components_factory
+        from kvledger.contracts.adapters.sglang.scheduler_components_early import (
+            early_chunked_factory,
+            early_components_factory,
+        )
 
-        return early_components_factory(config)
+        return early_chunked_factory(config) if chunked else early_components_factory(config)
     if release in COMPONENTS:
-        from kvledger.contracts.adapters.sglang.scheduler_components import scheduler_system_factory
+        from kvledger.contracts.adapters.sglang.scheduler_components import (
+            chunked_system_factory,
+            scheduler_system_factory,
+        )
 
-        return scheduler_system_factory(config)
+        return chunked_system_factory(config) if chunked else scheduler_system_factory(config)
     driven = ", ".join(MIXINS + EARLY_COMPONENTS + COMPONENTS)
     raise Unsupported(f"sglang-system: SGLang {release} is not a driven release (driven: {driven})")
