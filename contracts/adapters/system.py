@@ -122,10 +122,9 @@ ping-pong track buffer would leave it out: such a cache keeps the state of the
 last track point, and nothing where the request passed none. ``caches_on_chunk`` (with ``chunk``): a chunk
 of a request outside a session caches its computed whole pages as a finish does
 (no Mamba state), and the request runs on them: its ``prefix_len`` is then its
-computed tokens of whole pages (the law ``chunk caches its prefix``). The SGLang
-adapters leave it out (they report the match at admission as ``prefix_len``, see
-``prefix_locked``), except the 0.5.9 to 0.5.12 scheduler adapter with chunked prefill on
-(``sglang-V-system-chunked``), which reports a chunked request's prefix as the stash that step cached.
+computed tokens of whole pages (the law ``chunk caches its prefix``). SGLang's
+scheduler adapters with chunked prefill on (``sglang-V-system-chunked``, every driven
+release) declare it: a chunked request's prefix is what the step's stash cached.
 ``chunk_prompts_only`` (with ``chunk``): a licence, as ``reservations`` is: the engine chunks a prompt only
 while it prefills it (SGLang's chunked prefill, at admission), so ``chunk`` of a request whose prompt is
 prefilled is refused with a ``KVLedgerError`` that changes nothing (``rejected call leaves state unchanged``);

@@ -416,3 +416,28 @@ def test_a_stash_a_page_short_fails_chunk_caches_its_prefix(licensed: bool, monk
     state.chunk(pick=0)  # type: ignore[attr-defined]
     with pytest.raises(AssertionError, match=r"inv_owners_account: pool 'kv': req:1"):
         state.inv_all_laws()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("model", ["full", "paged", "mamba"])
+def test_a_request_aborted_mid_prefill_ends_and_gives_everything_back(model: str) -> None:
+    """Abort while a prompt is being prefilled in chunks: SGLang marks the request (``to_finish``) and it ends once
+    its chunks have run; on the way and after it, every law holds and the engine's strict idle check passes."""
+    from kvledger.contracts.adapters.sglang.scheduler import chunked_scheduler_factory
+    from kvledger.contracts.machines.suites import SYSTEM_CONFIGS
+    from kvledger.contracts.machines.system import machine_for_system
+
+    config = SYSTEM_CONFIGS[model]
+    a = chunked_scheduler_factory(config)
+    state = machine_for_system(lambda: a)()
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    state.add_long_request(prompt=0, sid=None, suffix=[1] * 14, whole_row=False)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    assert a.sched.chunked_req is a.reqs[1].sg
+    state.abort(pick=0)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    for _ in range(4):
+        state.chunk(pick=0)  # type: ignore[attr-defined]
+        state.inv_all_laws()  # type: ignore[attr-defined]
+    assert a.snapshot().requests[1].status == "aborted"
+    verdict = a.idle_check()
+    assert verdict is not None and verdict.ok, verdict

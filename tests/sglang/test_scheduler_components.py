@@ -614,3 +614,26 @@ def test_a_finish_whose_state_lands_past_a_node_boundary_is_not_a_finding() -> N
     state.inv_all_laws()
     state.finish(pick=0)
     state.inv_all_laws()
+
+
+@needs_components
+@pytest.mark.parametrize("model", ["full", "paged", "mamba"])
+def test_a_request_aborted_mid_prefill_ends_and_gives_everything_back(model: str) -> None:
+    """Abort while a prompt is being prefilled in chunks (0.5.13 lets its chunks run first, 0.5.23 ends it at once
+    through ``_pending_chunked_abort_req``): every law holds on the way and after, and the strict idle check passes."""
+    a = _chunked(MODELS[model])
+    state = machine_for_system(lambda: a)()
+    state.inv_all_laws()
+    state.add_long_request(prompt=0, sid=None, suffix=[1] * 14, whole_row=False)
+    state.inv_all_laws()
+    assert a._mid_prefill(1)  # type: ignore[attr-defined]
+    state.abort(pick=0)
+    state.inv_all_laws()
+    for _ in range(4):
+        if a.snapshot().requests[1].status != "running":
+            break
+        state.chunk(pick=0)
+        state.inv_all_laws()
+    assert a.snapshot().requests[1].status == "aborted"
+    verdict = a.idle_check()
+    assert verdict is not None and verdict.ok, verdict

@@ -10,6 +10,9 @@ real ``PrefillAdder``, ``SchedulePolicy("fcfs")``, ``ScheduleBatch``
 ``handle_generate_request(TokenizedGenerateReqInput)``, sessions through
 ``open_session`` / ``close_session``, aborts through ``abort_request``;
 retraction is SGLang's own test hook (``TEST_RETRACT`` on for one iteration).
+With chunked prefill on (:func:`chunked_scheduler_factory`, the ``sglang-V-system-chunked`` aliases), a
+prompt longer than a chunk is admitted as SGLang's ``chunked_req`` and the protocol's ``chunk`` is the
+scheduler's next step (the stash of the chunk computed, then the next chunk).
 The idle leak check is the engine's own, in strict mode
 (``SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=1``): ``check_memory`` in 0.5.9
 and 0.5.10, ``_check_all_pools(get_pool_stats())`` from 0.5.11.

@@ -55,7 +55,8 @@ what each session holds from ``tree_cache.session_records()``.
 
 Not expressible here (capabilities absent, laws reported skipped):
 ``targeted_admission`` (the policy picks from the waiting queue),
-``speculative`` (no draft worker), ``chunk`` (chunked prefill is off),
+``speculative`` (no draft worker), ``chunk`` (chunked prefill is off; on in the
+``-chunked`` twins, :func:`chunked_system_factory`),
 ``locks`` (the scheduler's tree locks live in its requests, not in handles
 the adapter holds), ``inject_failure``.
 """
