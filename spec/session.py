@@ -18,7 +18,8 @@ ping-pong track buffers) of the last request. The laws:
 * **resumption reuses** — a turn resumes on every committed token its own tokens
   but the last repeat, no fewer (``inv_resume_reuses``): a resume that keeps
   less recomputes KV the session holds; and a turn that ends into its session
-  commits every token it computed (``inv_turn_saved_whole``).
+  commits every token it computed (``inv_turn_saved_whole``; ``inv_turn_saved_past`` where the finish
+  computes more first).
 
 >>> s = save(new_session(1), row=3, kv=(10, 11, 12, 13, 14, 15), committed_len=5, mamba=frozenset({2}))
 >>> plan = resume(s, prefix_len=3, page_size=2)
@@ -111,6 +112,19 @@ def inv_turn_saved_whole(computed: Sequence[int], committed: Sequence[int]) -> b
     (True, False)
     """
     return tuple(committed) == tuple(computed)
+
+
+def inv_turn_saved_past(computed: Sequence[int], committed: Sequence[int]) -> bool:
+    """``inv_turn_saved_whole`` for an engine whose finish computes more tokens first (SGLang decodes until the EOS
+    is sampled, computing the KV of the token before it): the session's committed tokens begin with every token the
+    turn had computed when its finish began, no fewer and none changed.
+
+    >>> inv_turn_saved_past((1, 2, 3), (1, 2, 3, 4)), inv_turn_saved_past((1, 2, 3), (1, 2))
+    (True, False)
+    >>> inv_turn_saved_past((1, 2, 3), (1, 5, 3, 4))
+    False
+    """
+    return tuple(committed[: len(computed)]) == tuple(computed)
 
 
 def inv_kv_needs_row(s: SessionSlot) -> bool:

@@ -147,7 +147,9 @@ them that its own tokens but the last repeat (``spec.session.inv_resume_reuses``
 the law ``resume reuses the session``); a session's first turn, which finds it
 holding nothing, is not judged; a turn that finishes into its session leaves it
 committed to every token it computed (``spec.session.inv_turn_saved_whole``: the
-law ``a turn commits what it computed``, which also needs ``finish_in_place``).
+law ``a turn commits what it computed``; without ``finish_in_place`` it is read as
+``spec.session.inv_turn_saved_past``: committed to every token computed when the finish began, and perhaps
+more).
 SGLang's components scheduler adapters (0.5.13, 0.5.23) show them: the first
 ``kv_committed_len`` tokens of the turn SGLang's ``Session`` keeps as its last
 finished one (SGLang prepends the session's context to a turn's tokens, so the
@@ -156,7 +158,8 @@ leaves it out. ``finish_in_place``: ``finish`` ends a running request
 where it stands, computing nothing more, so what it computed is what the snapshot
 before the call shows. SGLang's adapters leave it out: their ``finish`` decodes until
 the oracle's EOS is sampled, and that decode computes the KV of the token sampled
-before it. ``exact_eviction``: an allocation
+before it; ``a turn commits what it computed`` and ``inv_end_caches``' Mamba state are then read
+in their forms for a finish that computes more. ``exact_eviction``: an allocation
 evicts from the cache only what it is short, stopping at the node that makes it
 up (no watermark of slack): over an admission or a decode with no failure
 injected, on the KV pool of a model without Mamba states, the tree gives up no
@@ -402,7 +405,6 @@ SYSTEM_RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "caches_on_finish": ("inv_end_caches",),
     "prefix_cache": ("admission reuses the cache",),
     "session_tokens": ("resume reuses the session", "a turn commits what it computed"),
-    "finish_in_place": ("a turn commits what it computed",),
     "caches_on_chunk": ("chunk caches its prefix",),
     "exact_eviction": ("alloc evicts no more than it is short",),
 }

@@ -756,7 +756,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             cached = (op == "finish" and self.has("caches_on_finish")) or (
                 op == "chunk" and self.has("caches_on_chunk")
             )
-            saved = op == "finish" and self.has("session_tokens") and self.has("finish_in_place")
+            saved = op == "finish" and self.has("session_tokens")
             refusable = op == "chunk" and self.has("chunk_prompts_only")
             before = self.sys.snapshot() if cached or saved or refusable else None
             try:
@@ -783,7 +783,8 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
         def _saved_whole(self, before: SystemSnapshot, after: SystemSnapshot, rid: int) -> None:
             """``a turn commits what it computed`` (``spec.session.inv_turn_saved_whole``): request ``rid``, a
             session's turn that finished between ``before`` and ``after``, left its session committed to every token
-            it computed."""
+            it computed; without ``finish_in_place`` (the finish computes more first, tokens no snapshot shows),
+            committed to those and perhaps more (``spec.session.inv_turn_saved_past``)."""
             was = before.requests.get(rid)
             if was is None or was.session is None or was.status != "running":
                 return
@@ -791,11 +792,15 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             if slot is None or slot.lent_to is not None:
                 return  # NOTE: closed while the turn ran (its close then releases everything), or not saved
             computed = was.tokens[: was.kv_len]
-            if not S.inv_turn_saved_whole(computed, slot.tokens):
+            in_place = self.has("finish_in_place")
+            law = S.inv_turn_saved_whole if in_place else S.inv_turn_saved_past
+            if not law(computed, slot.tokens):
+                more = "" if in_place else " (and what its finish computed after them)"
                 raise _fail(
                     "a turn commits what it computed",
                     f"request {rid}, a turn of session {was.session}, finished with {was.kv_len} tokens computed "
-                    f"{list(computed[:12])}; the session committed {slot.committed_len} {list(slot.tokens[:12])}",
+                    f"{list(computed[:12])}{more}; the session committed {slot.committed_len} "
+                    f"{list(slot.tokens[:12])}",
                 )
 
         def _end_cached(self, before: SystemSnapshot, after: SystemSnapshot, rid: int, chunk: bool = False) -> None:

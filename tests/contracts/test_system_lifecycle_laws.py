@@ -481,6 +481,36 @@ def test_a_save_that_commits_less_than_the_turn_computed_is_caught(monkeypatch: 
     assert result.violation is not None and result.violation.rule == "a turn commits what it computed", result.violation
 
 
+@pytest.mark.parametrize("model", ["full", "mamba"])
+def test_without_finish_in_place_a_save_short_of_the_computed_is_still_caught(
+    monkeypatch: pytest.MonkeyPatch, model: str
+) -> None:
+    """An engine whose finish computes more first (no ``finish_in_place``) is held to the weaker reading
+    (``inv_turn_saved_past``): the committed tokens begin with what the turn had computed. The reference computes
+    nothing more, so the save one token short above is still caught, and the message says which reading."""
+    from kvledger.contracts.machines.suites import SYSTEM_CONFIGS
+    from kvledger.contracts.machines.system import machine_for_system
+    from kvledger.impl.session import Sessions
+
+    real = Sessions.save
+
+    def save(self: Sessions, req: Any) -> None:
+        real(self, req)
+        slot = self.slots[req.session]
+        if slot.committed_len:
+            slot.committed_len, slot.tokens = slot.committed_len - 1, slot.tokens[:-1]  # BUG: one token short
+
+    class NotInPlace(ReferenceSystemAdapter):
+        capabilities = ReferenceSystemAdapter.capabilities - {"finish_in_place"}
+
+    monkeypatch.setattr(Sessions, "save", save)
+    machine = machine_for_system(lambda: NotInPlace(SYSTEM_CONFIGS[model]))
+    result = run_machine("system", model, machine, [], FIND, seed=1)
+    v = result.violation
+    assert v is not None and v.rule == "a turn commits what it computed", v
+    assert "(and what its finish computed after them)" in v.message, v.message
+
+
 @pytest.mark.parametrize("model", ["full", "paged"])
 def test_an_alloc_that_evicts_more_than_it_is_short_is_caught(monkeypatch: pytest.MonkeyPatch, model: str) -> None:
     """``alloc evicts no more than it is short``: making room for twice the shortfall frees cached prefixes for

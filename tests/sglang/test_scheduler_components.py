@@ -637,3 +637,42 @@ def test_a_request_aborted_mid_prefill_ends_and_gives_everything_back(model: str
     assert a.snapshot().requests[1].status == "aborted"
     verdict = a.idle_check()
     assert verdict is not None and verdict.ok, verdict
+
+
+@needs_components
+@pytest.mark.parametrize("licensed", [True, False], ids=["session_tokens", "set_aside"])
+def test_a_save_that_commits_the_prompt_only_fails_a_turn_commits_what_it_computed(
+    licensed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug planted in SGLang's own streaming session: a finished turn is saved with only its prompt committed
+    (``kv_committed_len`` cut back to the prompt after ``try_cache_finished_req``; the slots stay the session's, so
+    nothing leaks and the next turn frees the tail as it does). SGLang's finish decodes one more token first (the
+    adapters leave out ``finish_in_place``), so the law is read in its form for that (``inv_turn_saved_past``):
+    the turn had computed its prompt and three decoded tokens, and the session committed fewer. With
+    ``session_tokens`` set aside the same program passes every law."""
+    sys = _adapter()
+    from sglang.srt.session import streaming_session  # type: ignore[import-not-found]
+
+    save = streaming_session.StreamingSession.try_cache_finished_req
+
+    def prompt_only(self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+        saved = save(self, req, *args, **kwargs)
+        slot = self.slots.get(req.session.session_id) if saved else None
+        record = getattr(slot, "kv", slot)  # NOTE: 0.5.23 keeps the lengths in the slot's record, 0.5.13 in the slot
+        if record is not None:
+            record.kv_committed_len = min(record.kv_committed_len, len(req.origin_input_ids))
+        return saved
+
+    monkeypatch.setattr(streaming_session.StreamingSession, "try_cache_finished_req", prompt_only)
+    state = _checked(sys, "session_tokens", licensed)
+    state.add_request(budget=64, prompt=0, sid=1, suffix=[])
+    state.extend(pick=0, n=3, ahead=0)
+    state.inv_all_laws()
+    if licensed:
+        with pytest.raises(AssertionError, match=r"a turn commits what it computed: request 1, a turn of session 1"):
+            state.finish(pick=0)
+        return
+    state.finish(pick=0)
+    state.inv_all_laws()
+    state.add_request(budget=64, prompt=1, sid=1, suffix=[5, 6])
+    state.inv_all_laws()
