@@ -7,6 +7,8 @@ the bug and passes in the first release that fixed it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kvledger.contracts.adapters.sglang.cpu_import import installed_version_or_none
@@ -193,28 +195,16 @@ def test_what_is_not_driven_is_refused_by_name() -> None:
         scheduler_factory(SystemConfig(mamba=True, ping_pong=0, page_size=4))
 
 
-def _planted(config: SystemConfig, monkeypatch: pytest.MonkeyPatch, cap: str, licensed: bool) -> object:
-    """A machine on a fresh adapter, with ``cap`` kept (``licensed``) or set aside."""
-    from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
-    from kvledger.contracts.machines.system import machine_for_system
-
-    a = scheduler_factory(config)
-    assert cap in a.capabilities
-    if not licensed:
-        monkeypatch.setattr(a, "capabilities", a.capabilities - {cap})
-    state = machine_for_system(lambda: a)()
-    state.inv_all_laws()
-    return state
-
-
 @pytest.mark.parametrize("licensed", [True, False], ids=["prefix_cache", "set_aside"])
 def test_a_match_one_token_short_fails_admission_reuses_the_cache(
-    licensed: bool, monkeypatch: pytest.MonkeyPatch
+    licensed: bool, licensed_machine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bug planted in SGLang's own ``RadixCache.match_prefix``: a waiting request's key is matched but its last
     token, so it runs on a shorter prefix than the cache holds; everything stays owned and locked as it should.
     Only ``admission reuses the cache`` sees it; with the capability set aside the program passes every law."""
-    state = _planted(SystemConfig(), monkeypatch, "prefix_cache", licensed)
+    from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
+
+    state = licensed_machine(scheduler_factory(SystemConfig()), "prefix_cache", licensed)
     import dataclasses
 
     from sglang.srt.managers.schedule_batch import Req  # type: ignore[import-not-found]
@@ -249,12 +239,16 @@ def test_a_match_one_token_short_fails_admission_reuses_the_cache(
 
 
 @pytest.mark.parametrize("licensed", [True, False], ids=["caches_on_finish", "set_aside"])
-def test_a_finish_that_does_not_insert_fails_inv_end_caches(licensed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_finish_that_does_not_insert_fails_inv_end_caches(
+    licensed: bool, licensed_machine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A bug planted in SGLang's own ``RadixCache.cache_finished_req``: a finished request outside a session takes
     the path that frees its KV without caching it (``is_insert=False``, which SGLang has for requests it must not
     cache). Its prompt was cached after prefill, so only its decoded tokens are lost; every slot goes back to the
     free list. Only ``inv_end_caches`` sees it; with the capability set aside the program passes every law."""
-    state = _planted(SystemConfig(), monkeypatch, "caches_on_finish", licensed)
+    from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
+
+    state = licensed_machine(scheduler_factory(SystemConfig()), "caches_on_finish", licensed)
     from sglang.srt.mem_cache.radix_cache import RadixCache  # type: ignore[import-not-found]
 
     cache_finished = RadixCache.cache_finished_req
@@ -298,13 +292,15 @@ def test_finding_0_5_11_a_first_turn_aborted_while_it_runs_leaks_its_mamba_state
 @pytest.mark.skipif(VERSION not in ("0.5.11", "0.5.12"), reason="the session exemption of B2's fix came in 0.5.11")
 @pytest.mark.parametrize("licensed", [True, False], ids=["reservations", "set_aside"])
 def test_a_rejected_session_turn_keeps_its_mamba_slot_as_a_reservation(
-    licensed: bool, monkeypatch: pytest.MonkeyPatch
+    licensed: bool, licensed_machine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """From 0.5.11 the scheduler frees a rejected request's copy-on-write Mamba slot only outside a session (a
     session's slot has its own lifecycle), as 0.5.13 and 0.5.23 do, so the adapter declares ``reservations`` for
     Mamba there. The program is the one ``kvledger check --suite system --adapter sglang-0.5.11-system --model mamba
     --seed 1`` met first without the licence (4 steps)."""
-    state = _planted(MAMBA, monkeypatch, "reservations", licensed)
+    from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
+
+    state = licensed_machine(scheduler_factory(MAMBA), "reservations", licensed)
     state.arrive(budget=64, edge=None, prompt=0, step=False, suffix=[])  # type: ignore[attr-defined]
     state.inv_all_laws()  # type: ignore[attr-defined]
     state.repeat_sequence(branch=None, finish=False, pick=0, sid=None)  # type: ignore[attr-defined]
@@ -378,20 +374,17 @@ def test_the_checker_runs_chunked_prefill_without_a_finding() -> None:
 
 
 @pytest.mark.parametrize("licensed", [True, False], ids=["caches_on_chunk", "set_aside"])
-def test_a_stash_a_page_short_fails_chunk_caches_its_prefix(licensed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stash_a_page_short_fails_chunk_caches_its_prefix(
+    licensed: bool, licensed_machine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A bug planted in SGLang's own ``RadixCache.cache_unfinished_req``: stashing a chunked request
     (``chunked=True``), it caches the chunk's whole pages but the last, and the request runs on that shorter
     prefix, so its next chunk computes that page again into fresh slots written over the row entries that named
     the old ones. ``chunk caches its prefix`` names the cause at the chunk; set aside, the orphaned slots are
     found by ``inv_owners_account`` in the same step."""
     from kvledger.contracts.adapters.sglang.scheduler import chunked_scheduler_factory
-    from kvledger.contracts.machines.system import machine_for_system
 
-    a = chunked_scheduler_factory(SystemConfig(page_size=2))
-    if not licensed:
-        monkeypatch.setattr(a, "capabilities", a.capabilities - {"caches_on_chunk"})
-    state = machine_for_system(lambda: a)()
-    state.inv_all_laws()  # type: ignore[attr-defined]
+    state = licensed_machine(chunked_scheduler_factory(SystemConfig(page_size=2)), "caches_on_chunk", licensed)
     from sglang.srt.mem_cache.radix_cache import RadixCache  # type: ignore[import-not-found]
 
     stash = RadixCache.cache_unfinished_req

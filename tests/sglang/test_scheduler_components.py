@@ -56,14 +56,6 @@ def _adapter(config: SystemConfig = MODELS["full"]) -> SystemAdapter:
     return load_system_factory(f"sglang-{HAVE}-system")(config)
 
 
-def _checked(sys: SystemAdapter, cap: str, licensed: bool) -> Any:
-    """The system machine on ``sys``, with capability ``cap`` kept (``licensed``) or set aside."""
-    assert cap in sys.capabilities
-    if not licensed:
-        sys.capabilities = sys.capabilities - {cap}  # type: ignore[misc]
-    return machine_for_system(lambda: sys)()
-
-
 def _laws(sys: SystemAdapter) -> None:
     check_snapshot(sys.snapshot(), sys.idle_check(), sys.capabilities)
 
@@ -137,7 +129,7 @@ def test_streaming_session_resumes_what_it_committed_and_close_returns_everythin
 @needs_components
 @pytest.mark.parametrize("licensed", [True, False], ids=["session_tokens", "set_aside"])
 def test_a_resume_one_committed_token_short_fails_resume_reuses_the_session(
-    licensed: bool, monkeypatch: pytest.MonkeyPatch
+    licensed: bool, licensed_machine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bug planted in SGLang's own streaming session: the match takes one committed token fewer than the session
     holds (a committed length counted one short at resume), then frees the tail from there as it does, so every
@@ -158,7 +150,7 @@ def test_a_resume_one_committed_token_short_fails_resume_reuses_the_session(
         return match(self, params)
 
     monkeypatch.setattr(streaming_session.StreamingSession, "try_match_prefix", one_short)
-    state = _checked(sys, "session_tokens", licensed)
+    state = licensed_machine(sys, "session_tokens", licensed)
     state.add_request(budget=64, prompt=0, sid=1, suffix=[])
     state.finish(pick=0)
     state.inv_all_laws()
@@ -177,7 +169,7 @@ def test_a_resume_one_committed_token_short_fails_resume_reuses_the_session(
 @pytest.mark.parametrize("licensed", [True, False], ids=["prefix_cache", "set_aside"])
 @pytest.mark.parametrize("model", ["full", "paged"])
 def test_a_match_one_page_short_fails_admission_reuses_the_cache(
-    model: str, licensed: bool, monkeypatch: pytest.MonkeyPatch
+    model: str, licensed: bool, licensed_machine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bug planted in SGLang's own cache: ``UnifiedRadixCache.match_prefix`` matches a waiting request's key but
     its last page (outside sessions; the cache's own matches, with no request, as they were), so admission runs the
@@ -196,7 +188,7 @@ def test_a_match_one_page_short_fails_admission_reuses_the_cache(
         return match(self, params)
 
     monkeypatch.setattr(UnifiedRadixCache, "match_prefix", page_short)
-    state = _checked(sys, "prefix_cache", licensed)
+    state = licensed_machine(sys, "prefix_cache", licensed)
     state.add_request(budget=64, prompt=0, sid=None, suffix=[5, 6, 7, 8])
     state.finish(pick=0)
     state.inv_all_laws()
@@ -213,7 +205,7 @@ def test_a_match_one_page_short_fails_admission_reuses_the_cache(
 @needs_components
 @pytest.mark.parametrize("licensed", [True, False], ids=["caches_on_finish", "set_aside"])
 def test_a_finish_that_takes_the_no_insert_path_fails_inv_end_caches(
-    licensed: bool, monkeypatch: pytest.MonkeyPatch
+    licensed: bool, licensed_machine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bug planted in SGLang's own release path: a request that finishes (outside a session) takes the path
     that frees its KV without caching it, which SGLang has for requests it must not cache (0.5.23:
@@ -241,7 +233,7 @@ def test_a_finish_that_takes_the_no_insert_path_fails_inv_end_caches(
             return claim(self, req)
 
         monkeypatch.setattr(UnifiedRadixCache, "claim_kv_row", skipping)
-    state = _checked(sys, "caches_on_finish", licensed)
+    state = licensed_machine(sys, "caches_on_finish", licensed)
     state.add_request(budget=64, prompt=0, sid=None, suffix=[5, 6, 7, 8])
     state.extend(pick=0, n=3, ahead=0)
     state.inv_all_laws()
@@ -642,7 +634,7 @@ def test_a_request_aborted_mid_prefill_ends_and_gives_everything_back(model: str
 @needs_components
 @pytest.mark.parametrize("licensed", [True, False], ids=["session_tokens", "set_aside"])
 def test_a_save_that_commits_the_prompt_only_fails_a_turn_commits_what_it_computed(
-    licensed: bool, monkeypatch: pytest.MonkeyPatch
+    licensed: bool, licensed_machine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bug planted in SGLang's own streaming session: a finished turn is saved with only its prompt committed
     (``kv_committed_len`` cut back to the prompt after ``try_cache_finished_req``; the slots stay the session's, so
@@ -664,7 +656,7 @@ def test_a_save_that_commits_the_prompt_only_fails_a_turn_commits_what_it_comput
         return saved
 
     monkeypatch.setattr(streaming_session.StreamingSession, "try_cache_finished_req", prompt_only)
-    state = _checked(sys, "session_tokens", licensed)
+    state = licensed_machine(sys, "session_tokens", licensed)
     state.add_request(budget=64, prompt=0, sid=1, suffix=[])
     state.extend(pick=0, n=3, ahead=0)
     state.inv_all_laws()
