@@ -41,6 +41,9 @@ I64 = np.dtype(np.int64)
 _FREE0: Ids = np.array(FREE_TAG, dtype=I64)
 """``FREE_TAG`` as a 0-d array: numpy's fancy assignment takes one faster than a Python int."""
 Seen: TypeAlias = "tuple[object, int, Ids, bytes]"
+_NOBODY = object()
+"""The owner a pool's memo of the last owner seen (``_seen``) starts from: no value a caller can pass (it was
+``None``, so a first call naming ``None`` as its owner passed for it, with the free tag as its code)."""
 """A pool's last owner seen: the owner, its tag, the tag as a 0-d array and as int64 bytes."""
 Tokens: TypeAlias = "array[int]"
 """Token ids or token slot ids kept on the host by the radix tree: an ``array("q")``."""
@@ -111,7 +114,7 @@ class SlotPool:
         # and where they start when they are a run of slots (else -1)
         self._handed: dict[int, tuple[torch.Tensor, Ids, bytes, int]] = {}
         # the last owner encoded, its tag, the tag as a 0-d array (numpy assigns one fastest) and as bytes
-        self._seen: Seen = (None, FREE_TAG, _FREE0, _tag_bytes(FREE_TAG, 1))
+        self._seen: Seen = (_NOBODY, FREE_TAG, _FREE0, _tag_bytes(FREE_TAG, 1))
         # the last owner's tag bytes freed by ``free`` of an alloc result, a count ``k`` and ``k`` copies of them
         self._held_k: tuple[bytes, int, bytes] = (b"", 0, b"")
         # NOTE: the last alloc (CPU only) while no tag was written since: its ids' bytes, its ids and its owner.

@@ -1185,16 +1185,23 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
         @rule(chunk=chunks, owner=owner_or_junk(), how=sampled_from(["alloc", "free", "give", "take"]))
         def bad_owner(self, chunk: Chunk, owner: object, how: str) -> None:
             """A call naming an owner drawn from anywhere (no Owner, a node without a component, a request with
-            one, a bool or negative id): outside ``spec.domains.is_owner`` it is refused, and changes nothing."""
+            one, a bool or negative id): outside ``spec.domains.is_owner`` it is refused, and changes nothing. The
+            same call is also the first a fresh pool of this kind ever gets (its slots all free): what a pool
+            remembers of the last owner it saw starts from some value, and a junk owner must not pass for it."""
             if D.is_owner(owner):
                 return
-            calls: dict[str, Callable[[], object]] = {
-                "alloc": lambda: _alloc(self.pool, 1, owner),  # type: ignore[arg-type]
-                "free": lambda: _free(self.pool, chunk.idx, owner),  # type: ignore[arg-type]
-                "give": lambda: _transfer(self.pool, chunk.idx, chunk.owner, owner),  # type: ignore[arg-type]
-                "take": lambda: _transfer(self.pool, chunk.idx, owner, chunk.owner),  # type: ignore[arg-type]
-            }
-            self._expect_outside(f"{how} with owner {owner!r}", calls[how])
+            fresh = kind.make(device)
+
+            def calls(pool: AnyPool) -> dict[str, Callable[[], object]]:
+                return {
+                    "alloc": lambda: _alloc(pool, 1, owner),  # type: ignore[arg-type]
+                    "free": lambda: _free(pool, chunk.idx, owner),  # type: ignore[arg-type]
+                    "give": lambda: _transfer(pool, chunk.idx, chunk.owner, owner),  # type: ignore[arg-type]
+                    "take": lambda: _transfer(pool, chunk.idx, owner, chunk.owner),  # type: ignore[arg-type]
+                }
+
+            self._expect_outside(f"{how} with owner {owner!r}", calls(self.pool)[how])
+            self._expect_outside(f"{how} with owner {owner!r}, a fresh pool's first call", calls(fresh)[how], fresh)
 
         @rule(chunk=chunks, bad=id_or_junk(16), how=st.integers(0, 3))
         def bad_id(self, chunk: Chunk, bad: object, how: int) -> None:
@@ -1231,9 +1238,14 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
             first = next(iter(pools_of(pool).values()))
             return [("owner_of", lambda x: first.owner_of(x))]  # type: ignore[arg-type]
 
-        def _expect_outside(self, what: str, call: Callable[[], object]) -> BaseException | None:
-            before = abstract(self.pool)
-            contents = _contents(self.pool)
+        def _expect_outside(
+            self, what: str, call: Callable[[], object], pool: AnyPool | None = None
+        ) -> BaseException | None:
+            """``call`` (``what``) lies outside its domain: refused with a typed error that is no verdict on stored
+            data, naming its culprit, ``pool`` (this machine's unless given) unchanged."""
+            pool = self.pool if pool is None else pool
+            before = abstract(pool)
+            contents = _contents(pool)
             err = raised(call)
             self._domain(what, False, err)
             if not D.inv_malformed_refused(err):
@@ -1245,8 +1257,8 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 raise AssertionError(f"inv_names_culprit: {what}: {type(err).__name__} names no slot: {err}")
             if isinstance(err, KVLedgerError):
                 holder_named(err, before)
-            assert abstract(self.pool) == before, f"rejected call leaves state unchanged: {what} changed the pool"
-            assert _same(_contents(self.pool), contents), f"rejected call leaves state unchanged: {what} changed data"
+            assert abstract(pool) == before, f"rejected call leaves state unchanged: {what} changed the pool"
+            assert _same(_contents(pool), contents), f"rejected call leaves state unchanged: {what} changed data"
             return err
 
         def _public_calls(self, data: st.DataObject, make: Callable[[str, Draw], Scenario]) -> None:
