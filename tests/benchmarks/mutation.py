@@ -76,6 +76,15 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/slots.py:_tag_bytes:const+1:1": (
+        "a speed memo (new family, seed 46, 2026-11-30): with ``1 < n`` made ``2 < n`` the memo of tag runs is not "
+        "looked up for two copies; the same bytes are made again (and stored): the same answer"
+    ),
+    "impl/slots.py:SlotPool._pop_ids:end-index:seen[0]": (
+        "a speed memo (new family, seed 46, 2026-11-30): the last owner seen compared with the memo's tag bytes "
+        "(``seen[-1]``) instead of its owner is never the same object, so every pop encodes (and checks) the owner "
+        "again: the same tag, the same refusals, only the memo unused"
+    ),
     "impl/slots.py:SlotPool.check_alloc:const+1:0": (
         "a fast path's guard (new family, seed 44, 2026-11-30): ``n < 0`` made ``n < 1`` sends an alloc of 0 slots "
         "through ``check_int``, which accepts 0 and returns it: the same size, the same owner check, the same answer"
