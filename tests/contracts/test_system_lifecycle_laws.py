@@ -462,10 +462,8 @@ def test_an_extend_that_takes_more_than_it_asked_is_caught(monkeypatch: pytest.M
     assert "more asked ahead (page" in result.violation.message
 
 
-@pytest.mark.parametrize("model", ["full", "paged", "mamba"])
-def test_a_save_that_commits_less_than_the_turn_computed_is_caught(monkeypatch: pytest.MonkeyPatch, model: str) -> None:
-    """``a turn commits what it computed``: a save that leaves the last computed token uncommitted keeps the slots
-    with the session (its row names them) and the next turn resumes on what was committed: only this law sees it."""
+def _save_one_token_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant a save into a session that leaves the turn's last computed token uncommitted."""
     from kvledger.impl.session import Sessions
 
     real = Sessions.save
@@ -477,6 +475,13 @@ def test_a_save_that_commits_less_than_the_turn_computed_is_caught(monkeypatch: 
             slot.committed_len, slot.tokens = slot.committed_len - 1, slot.tokens[:-1]  # BUG: one token short
 
     monkeypatch.setattr(Sessions, "save", save)
+
+
+@pytest.mark.parametrize("model", ["full", "paged", "mamba"])
+def test_a_save_that_commits_less_than_the_turn_computed_is_caught(monkeypatch: pytest.MonkeyPatch, model: str) -> None:
+    """``a turn commits what it computed``: a save that leaves the last computed token uncommitted keeps the slots
+    with the session (its row names them) and the next turn resumes on what was committed: only this law sees it."""
+    _save_one_token_short(monkeypatch)
     result = run(model)
     assert result.violation is not None and result.violation.rule == "a turn commits what it computed", result.violation
 
@@ -490,20 +495,11 @@ def test_without_finish_in_place_a_save_short_of_the_computed_is_still_caught(
     nothing more, so the save one token short above is still caught, and the message says which reading."""
     from kvledger.contracts.machines.suites import SYSTEM_CONFIGS
     from kvledger.contracts.machines.system import machine_for_system
-    from kvledger.impl.session import Sessions
-
-    real = Sessions.save
-
-    def save(self: Sessions, req: Any) -> None:
-        real(self, req)
-        slot = self.slots[req.session]
-        if slot.committed_len:
-            slot.committed_len, slot.tokens = slot.committed_len - 1, slot.tokens[:-1]  # BUG: one token short
 
     class NotInPlace(ReferenceSystemAdapter):
         capabilities = ReferenceSystemAdapter.capabilities - {"finish_in_place"}
 
-    monkeypatch.setattr(Sessions, "save", save)
+    _save_one_token_short(monkeypatch)
     machine = machine_for_system(lambda: NotInPlace(SYSTEM_CONFIGS[model]))
     result = run_machine("system", model, machine, [], FIND, seed=1)
     v = result.violation
