@@ -41,10 +41,10 @@ I64 = np.dtype(np.int64)
 _FREE0: Ids = np.array(FREE_TAG, dtype=I64)
 """``FREE_TAG`` as a 0-d array: numpy's fancy assignment takes one faster than a Python int."""
 Seen: TypeAlias = "tuple[object, int, Ids, bytes]"
+"""A pool's last owner seen: the owner, its tag, the tag as a 0-d array and as int64 bytes."""
 _NOBODY = object()
 """The owner a pool's memo of the last owner seen (``_seen``) starts from: no value a caller can pass (it was
 ``None``, so a first call naming ``None`` as its owner passed for it, with the free tag as its code)."""
-"""A pool's last owner seen: the owner, its tag, the tag as a 0-d array and as int64 bytes."""
 Tokens: TypeAlias = "array[int]"
 """Token ids or token slot ids kept on the host by the radix tree: an ``array("q")``."""
 Last: TypeAlias = "tuple[bytes, Ids, object]"

@@ -114,17 +114,18 @@ def inv_turn_saved_whole(computed: Sequence[int], committed: Sequence[int]) -> b
     return tuple(committed) == tuple(computed)
 
 
-def inv_turn_saved_past(computed: Sequence[int], committed: Sequence[int]) -> bool:
+def inv_turn_saved_past(computed: Sequence[int], committed: Sequence[int], reach: int) -> bool:
     """``inv_turn_saved_whole`` for an engine whose finish computes more tokens first (SGLang decodes until the EOS
     is sampled, computing the KV of the token before it): the session's committed tokens begin with every token the
-    turn had computed when its finish began, no fewer and none changed.
+    turn had computed when its finish began, no fewer and none changed, and are no more than ``reach`` (the most
+    the finish can have computed).
 
-    >>> inv_turn_saved_past((1, 2, 3), (1, 2, 3, 4)), inv_turn_saved_past((1, 2, 3), (1, 2))
+    >>> inv_turn_saved_past((1, 2, 3), (1, 2, 3, 4), 4), inv_turn_saved_past((1, 2, 3), (1, 2), 4)
     (True, False)
-    >>> inv_turn_saved_past((1, 2, 3), (1, 5, 3, 4))
-    False
+    >>> inv_turn_saved_past((1, 2, 3), (1, 5, 3, 4), 4), inv_turn_saved_past((1, 2, 3), (1, 2, 3, 4, 5), 4)
+    (False, False)
     """
-    return tuple(committed[: len(computed)]) == tuple(computed)
+    return tuple(committed[: len(computed)]) == tuple(computed) and len(committed) <= reach
 
 
 def inv_kv_needs_row(s: SessionSlot) -> bool:

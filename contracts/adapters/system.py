@@ -108,9 +108,11 @@ its ``prefix_len`` tokens (``spec.locks.inv_lock_covers_prefix``: the law
 ``inv_lock_covers_prefix``); an admission that locks its match and then
 recomputes it, or a chunk that moves the lock without the prefix, breaks it.
 The SGLang scheduler adapters leave it out: they report the match at admission
-as ``prefix_len``, while a chunk of a long prompt moves the request's lock to
-the chunk it cached (0.5.9: a prefix of 0, a lock over 9 tokens, after one
-chunk). ``caches_on_finish``: a request that finishes (not into its session)
+as ``prefix_len``, while SGLang caches a prompt once it is prefilled and moves the
+request's lock onto it (``cache_unfinished_req`` after the prefill: 0.5.9, a
+prefix of 0 and a lock over 9 tokens after one prefill); their chunked twins
+follow each chunk's stash in ``prefix_len``, but the last chunk's prefill moves
+the lock again. ``caches_on_finish``: a request that finishes (not into its session)
 leaves its computed whole pages in the tree, and, holding a Mamba state with its
 computed KV whole pages, a Mamba state with them (``spec.ledger.inv_end_caches``:
 the law ``inv_end_caches``); the ledgers' ``kv`` unit is the tree's page.
@@ -350,7 +352,9 @@ class SystemAdapter(Protocol):
         ...
 
     def chunk(self, rid: int) -> StepResult:
-        """Chunked prefill: cache the request's computed prefix and keep running on it."""
+        """Chunked prefill: cache the request's computed prefix and keep running on it. With ``chunk_prompts_only``
+        (an engine that chunks a prompt only while it prefills it), a request whose prompt is computed may be refused
+        with a ``KVLedgerError`` that changes nothing."""
         ...
 
     def retract(self, rid: int) -> StepResult:

@@ -49,7 +49,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvledger.contracts.adapters.reference_system import ReferenceSystemAdapter
 from kvledger.contracts.adapters.reference_system import build_manager as _build_reference
-from kvledger.contracts.adapters.system import IdleVerdict, StepResult, SystemAdapter, SystemConfig, SystemSnapshot
+from kvledger.contracts.adapters.system import (
+    IdleVerdict,
+    RequestView,
+    StepResult,
+    SystemAdapter,
+    SystemConfig,
+    SystemSnapshot,
+)
 from kvledger.contracts.machines.shared_laws import SHARED_RULES, check_refused, check_shared_laws, check_transition
 from kvledger.contracts.machines.stable import sampled_from
 from kvledger.impl.memory import MemoryManager
@@ -257,6 +264,7 @@ def end_cache_finding(
     content: bool,
     chunk: bool = False,
     in_place: bool = True,
+    reach: int | None = None,
 ) -> str:
     """``inv_end_caches`` for request ``rid``, which ended between ``before`` (running) and ``after`` (a finish, not
     a save into its session): the tree's nodes hold its computed whole pages and, when it held a Mamba state with
@@ -266,9 +274,10 @@ def end_cache_finding(
     slots ``u * page_size`` to ``u * page_size + page_size - 1``). With ``chunk``, ``rid`` was chunked (it runs
     on): its computed whole pages, no state (a chunk caches KV only). Without ``in_place`` (an engine whose finish
     computes more tokens first: SGLang decodes until EOS) the state belongs past ``before``'s last computed position,
-    where no snapshot shows the tokens: it must then sit on the request's path at or past that position, which
-    ``after.prefix`` shows (``mamba_state``'s keys), and is not placed where no snapshot shows the cache's
-    prefixes. What is wrong, or ""."""
+    where no snapshot shows the tokens: it must then sit on the request's path at or past that position and after
+    no more than ``reach`` tokens (the most the finish can have computed: ``finish_reach``), which ``after.prefix``
+    shows (``mamba_state``'s keys), and is not placed where no snapshot shows the cache's prefixes. What is wrong,
+    or ""."""
     was = before.requests.get(rid)
     if was is None or was.session is not None:
         return ""
@@ -298,11 +307,12 @@ def end_cache_finding(
         state_at = None
         computed = tuple(was.tokens[:whole])
         cached = after.prefix.mamba_state if after.prefix is not None and after.prefix.mamba else None
-        if cached is not None and not any(len(k) >= whole and k[:whole] == computed for k in cached):
+        most = len(was.tokens) + 1 if reach is None else reach
+        if cached is not None and not any(whole <= len(k) <= most and k[:whole] == computed for k in cached):
             return (
                 f"{said} (page {ps}), and no Mamba state in the tree sits on its path at or past its last computed "
-                f"position {whole - 1} (the cache keeps states after {sorted(len(k) for k in cached)} tokens of "
-                "other prefixes)"
+                f"position {whole - 1}, within the {most} tokens its finish can have computed (the cache keeps "
+                f"states after {sorted(len(k) for k in cached)} tokens)"
             )
     if L.inv_end_caches_content(node_kv, node_states, owed, state_at):
         return ""
@@ -313,6 +323,13 @@ def end_cache_finding(
         f"{said} (page {ps}), and no tree node that holds a Mamba state holds the KV of its last position "
         f"{whole - 1} (the states sit at nodes {sorted(node_states)}: other prefixes)"
     )
+
+
+def finish_reach(was: RequestView, queued: int) -> int:
+    """The most tokens request ``was`` (running) can have computed when a ``finish`` that computes more first ends
+    it: the rest of its prompt (``queued``: the longest sequence a snapshot showed it with while it waited) and
+    the tokens shown, then one sampled token (``finish`` makes the next token the engine samples its EOS)."""
+    return max(was.kv_len, len(was.tokens), queued) + 1
 
 
 def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> type[RuleBasedStateMachine]:
@@ -330,6 +347,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             self.caps = frozenset(self.sys.capabilities)
             self.last = self.sys.snapshot()
             self.prompts: dict[int, tuple[int, ...]] = {}
+            self.queued: dict[int, int] = {}  # rid -> the longest sequence a snapshot showed it with while waiting
             self.failure_pending = False  # NOTE: one injected failure at a time: they must not pile up
             self.off: frozenset[str] = frozenset()  # swarm: the features this example switched off
             self.unspent = 0  # injected failures that may not have met an allocation yet
@@ -481,7 +499,16 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 # NOTE: the turn as the engine queued it (a session may put its context before what the client sent,
                 # as SGLang's does): ``resume reuses the session`` judges the turn the engine runs
                 self.last = self.sys.snapshot()
+                self._note_queued(self.last)
             self._admit(rid, sid, budget)
+
+        def _note_queued(self, snap: SystemSnapshot) -> None:
+            for r in snap.requests.values():
+                if r.status == "waiting" and len(r.tokens) > self.queued.get(r.rid, 0):
+                    self.queued[r.rid] = len(r.tokens)
+
+        def _reach(self, was: RequestView) -> int:
+            return finish_reach(was, max(self.queued.get(was.rid, 0), len(self.prompts.get(was.rid, ()))))
 
         @precondition(lambda self: self.some("waiting"))
         @rule(pick=st.integers(0, 7), budget=BUDGETS, batch=st.booleans(), edge=st.none() | st.integers(-1, 1))
@@ -762,13 +789,15 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             try:
                 getattr(self.sys, op)(rid)
             except KVLedgerError as err:
-                if not refusable or before is None:
+                # NOTE: an engine that chunks prompts only may refuse a request whose prompt is prefilled (its
+                # computed tokens reach every token it was queued with), and nothing may change; a request still
+                # short of its prompt could be chunked: refusing it is a finding, as without the licence
+                was = before.requests.get(rid) if before is not None else None
+                queued = max(self.queued.get(rid, 0), len(self.prompts.get(rid, ())))
+                if not refusable or before is None or was is None or was.kv_len < queued:
                     raise
-                # NOTE: an engine that chunks prompts only refuses a request whose prompt is prefilled: nothing may
-                # change
-                self.refusals += 1
-                was, now = before, self.sys.snapshot()
-                if now.ledgers != was.ledgers or now.requests.get(rid) != was.requests.get(rid):
+                now = self.sys.snapshot()
+                if now != before:
                     raise _fail("rejected call leaves state unchanged", f"chunk of request {rid}: {err}") from err
                 return
             self._moved(rid)
@@ -793,9 +822,14 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 return  # NOTE: closed while the turn ran (its close then releases everything), or not saved
             computed = was.tokens[: was.kv_len]
             in_place = self.has("finish_in_place")
-            law = S.inv_turn_saved_whole if in_place else S.inv_turn_saved_past
-            if not law(computed, slot.tokens):
-                more = "" if in_place else " (and what its finish computed after them)"
+            reach = self._reach(was)
+            ok = (
+                S.inv_turn_saved_whole(computed, slot.tokens)
+                if in_place
+                else S.inv_turn_saved_past(computed, slot.tokens, reach)
+            )
+            if not ok:
+                more = "" if in_place else f" (and what its finish computed after them, at most {reach} in all)"
                 raise _fail(
                     "a turn commits what it computed",
                     f"request {rid}, a turn of session {was.session}, finished with {was.kv_len} tokens computed "
@@ -808,8 +842,15 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             cached, and a Mamba state with them when it held one (``spec.ledger.inv_end_caches``). A chunk
             (``chunk``) caches them too, and the request runs on them: its prefix is its computed whole pages (the law
             ``chunk caches its prefix``)."""
+            was = before.requests.get(rid)
             found = end_cache_finding(
-                before, after, rid, "content" in self.caps, chunk, in_place=self.has("finish_in_place")
+                before,
+                after,
+                rid,
+                "content" in self.caps,
+                chunk,
+                in_place=self.has("finish_in_place"),
+                reach=self._reach(was) if was is not None else None,
             )
             if found:
                 raise _fail("chunk caches its prefix" if chunk else "inv_end_caches", found)
@@ -928,6 +969,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             verdict = self.sys.idle_check() if self.has("idle_check") else None
             before, snap = self.last, self.sys.snapshot()
             self.last = snap
+            self._note_queued(snap)
             kv = snap.ledgers.get("kv")
             if kv is not None and kv.capacity:
                 self.pressure = max(self.pressure, 1 - len(kv.free) / kv.capacity)

@@ -23,6 +23,7 @@ class PromptsOnly(ReferenceSystemAdapter):
     def __init__(self) -> None:
         super().__init__(SYSTEM_CONFIGS["full"])
         self.decoded: set[int] = set()
+        self.refused = 0
 
     def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
         result = super().extend(rid, n, ahead)
@@ -33,6 +34,7 @@ class PromptsOnly(ReferenceSystemAdapter):
         if rid in self.decoded:
             if self.touch:
                 super().extend(rid, 1)
+            self.refused += 1
             raise InvalidArgument("chunk", f"request {rid}", (), "its prompt is prefilled: nothing to chunk")
         return super().chunk(rid)
 
@@ -54,7 +56,24 @@ def test_the_reference_declares_no_licence() -> None:
 def test_a_licensed_refusal_that_changes_nothing_holds() -> None:
     state = _chunk_after_decode(PromptsOnly)
     state.inv_all_laws()  # type: ignore[attr-defined]
-    assert state.refusals == 1  # type: ignore[attr-defined]
+    assert state.sys.refused == 1  # type: ignore[attr-defined]
+    assert state.refusals == 0  # type: ignore[attr-defined]  # NOTE: no pool pressure: not what the search targets
+
+
+def test_a_licensed_refusal_of_a_request_short_of_its_prompt_is_a_finding() -> None:
+    """The licence covers a request whose prompt is computed; one still short of it could be chunked."""
+
+    class Early(PromptsOnly):
+        def chunk(self, rid: int) -> StepResult:
+            raise InvalidArgument("chunk", f"request {rid}", (), "refused before its prompt was computed")
+
+    state = machine_for_system(Early)()
+    state.add_request(prompt=0, suffix=[5, 6, 7], sid=None, budget=64)  # type: ignore[attr-defined]
+    running = [r for r in state.last.requests.values() if r.status == "running"]  # type: ignore[attr-defined]
+    assert running and running[0].kv_len >= len(state.prompts[running[0].rid])  # type: ignore[attr-defined]
+    state.queued[running[0].rid] = running[0].kv_len + 1  # type: ignore[attr-defined]  # as if queued one longer
+    with pytest.raises(InvalidArgument, match="refused before its prompt was computed"):
+        state.chunk(pick=0)  # type: ignore[attr-defined]
 
 
 def test_a_licensed_refusal_that_changed_the_request_is_caught() -> None:

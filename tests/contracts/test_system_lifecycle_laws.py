@@ -504,7 +504,7 @@ def test_without_finish_in_place_a_save_short_of_the_computed_is_still_caught(
     result = run_machine("system", model, machine, [], FIND, seed=1)
     v = result.violation
     assert v is not None and v.rule == "a turn commits what it computed", v
-    assert "(and what its finish computed after them)" in v.message, v.message
+    assert "(and what its finish computed after them, at most" in v.message, v.message
 
 
 @pytest.mark.parametrize("model", ["full", "paged"])

@@ -164,7 +164,8 @@ def test_a_turn_saved_whole_commits_exactly_what_it_computed() -> None:
     assert not S.inv_turn_saved_whole((1, 2), (1, 2, 3))  # a token the turn never computed
     assert not S.inv_turn_saved_whole((1, 2, 3), (1, 4, 3))
     # a finish that computes more first: the committed tokens begin with the computed ones
-    assert S.inv_turn_saved_past((1, 2, 3), (1, 2, 3)) and S.inv_turn_saved_past((1, 2, 3), [1, 2, 3, 9])
-    assert not S.inv_turn_saved_past((1, 2, 3), (1, 2))  # fewer than it had computed
-    assert not S.inv_turn_saved_past((1, 2, 3), (1, 4, 3, 9))  # a computed token changed
-    assert S.inv_turn_saved_past((), (7,))
+    assert S.inv_turn_saved_past((1, 2, 3), (1, 2, 3), 4) and S.inv_turn_saved_past((1, 2, 3), [1, 2, 3, 9], 4)
+    assert not S.inv_turn_saved_past((1, 2, 3), (1, 2), 4)  # fewer than it had computed
+    assert not S.inv_turn_saved_past((1, 2, 3), (1, 4, 3, 9), 4)  # a computed token changed
+    assert not S.inv_turn_saved_past((1, 2, 3), (1, 2, 3, 9, 9), 4)  # more than the finish can have computed
+    assert S.inv_turn_saved_past((), (7,), 1)

@@ -476,6 +476,7 @@ class SchedulerAdapter:
         s = self.sched
         self._flush()
         queued = {id(x) for x in s.waiting_queue}
+        chunked = s.chunked_req
         batch = s.get_next_batch_to_run()
         s.cur_batch = batch
         if batch and batch.forward_mode.is_extend():
@@ -483,12 +484,14 @@ class SchedulerAdapter:
                 rid = self.by_name.get(req.rid)
                 if rid is None:
                     continue
-                if id(req) not in queued:
+                if req is chunked and chunked is not None:
                     # NOTE: a chunked request's next chunk: the step began by caching the chunk before it
                     # (``stash_chunked_request``), and the request runs on that, ``cache_protected_len`` tokens (the
                     # tree's whole pages, locked). A session's turn keeps what it resumed
                     if self.reqs[rid].session is None:
                         self.prefix_lens[rid] = int(req.cache_protected_len)
+                    continue
+                if id(req) not in queued:
                     continue
                 # NOTE: a retracted request admitted again matched again: its latest match counts
                 resumed = type(req.last_node).__name__ == "_VirtualNode"  # the session layer's match
@@ -633,7 +636,7 @@ class SchedulerAdapter:
             if req is None or self._status(r) not in ("waiting", "running"):
                 continue
             todo = len(req.origin_input_ids) + len(req.output_ids) - int(req.kv_committed_len)
-            left += -(-max(0, todo) // self.chunk_tokens)
+            left += -(-max(0, todo) // self.chunk_tokens) + 1  # NOTE: a first chunk cut to a step's leftover budget
         return left
 
     def _steps_until(self, done: Callable[[], bool], limit: int) -> StepResult:

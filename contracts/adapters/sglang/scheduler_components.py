@@ -693,7 +693,7 @@ class SchedulerSystemAdapter:
         for rid, req in self.reqs.items():
             if self._status(rid) in ("waiting", "running"):
                 todo = len(req.origin_input_ids) + len(req.output_ids) - int(self._kv(req).kv_committed_len)
-                left += -(-max(0, todo) // self.chunk_tokens)
+                left += -(-max(0, todo) // self.chunk_tokens) + 1  # NOTE: a first chunk cut to a leftover budget
         return left
 
     def _decode_until(self, rid: int, done: Any, what: str) -> StepResult:
