@@ -76,6 +76,12 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/slots.py:SlotPool.claim:negate-cmp:idx.dtype == I64": (
+        "a fast path's guard (new family, seed 47, 2026-11-30): host ids of int64 then answer False ('not shown', "
+        "which the contract allows at any time: every caller then runs the checked path, with the same tags and "
+        "refusals), and host ids of another integer dtype, which no caller passes, are read by value as the same "
+        "slots"
+    ),
     "impl/slots.py:_tag_bytes:const+1:1": (
         "a speed memo (new family, seed 46, 2026-11-30): with ``1 < n`` made ``2 < n`` the memo of tag runs is not "
         "looked up for two copies; the same bytes are made again (and stored): the same answer"
