@@ -507,8 +507,12 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 if r.status == "waiting" and len(r.tokens) > self.queued.get(r.rid, 0):
                     self.queued[r.rid] = len(r.tokens)
 
+        def _queued_len(self, rid: int) -> int:
+            """The longest sequence request ``rid`` was shown with while it waited, or its prompt."""
+            return max(self.queued.get(rid, 0), len(self.prompts.get(rid, ())))
+
         def _reach(self, was: RequestView) -> int:
-            return finish_reach(was, max(self.queued.get(was.rid, 0), len(self.prompts.get(was.rid, ()))))
+            return finish_reach(was, self._queued_len(was.rid))
 
         @precondition(lambda self: self.some("waiting"))
         @rule(pick=st.integers(0, 7), budget=BUDGETS, batch=st.booleans(), edge=st.none() | st.integers(-1, 1))
@@ -774,8 +778,14 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 )
 
         def end_or_chunk(self, pick: int, op: str) -> None:
-            """``op`` (finish, chunk, retract or abort) on the ``pick``-th running request (kept programs call it)."""
+            """``op`` (finish, chunk, retract or abort) on the ``pick``-th running request (kept programs call it).
+
+            An engine that chunks prompts only (``chunk_prompts_only``) is asked to chunk the ``pick``-th request
+            still short of what it was queued with, where there is one (the others it refuses)."""
             rid = self._running(pick)
+            if op == "chunk" and self.has("chunk_prompts_only"):
+                short = [r for r in self.ids("running") if self.last.requests[r].kv_len < self._queued_len(r)]
+                rid = short[pick % len(short)] if short else rid
             if rid is None or (op != "finish" and not self.has(op)):
                 return
             # NOTE: a snapshot, not ``self.last``: a kept program or ``repeat_sequence`` makes several moves in one
@@ -793,8 +803,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
                 # computed tokens reach every token it was queued with), and nothing may change; a request still
                 # short of its prompt could be chunked: refusing it is a finding, as without the licence
                 was = before.requests.get(rid) if before is not None else None
-                queued = max(self.queued.get(rid, 0), len(self.prompts.get(rid, ())))
-                if not refusable or before is None or was is None or was.kv_len < queued:
+                if not refusable or before is None or was is None or was.kv_len < self._queued_len(rid):
                     raise
                 now = self.sys.snapshot()
                 if now != before:

@@ -90,3 +90,30 @@ def test_without_the_licence_a_refused_chunk_is_a_finding() -> None:
 
     with pytest.raises(InvalidArgument, match="its prompt is prefilled"):
         _chunk_after_decode(Unlicensed)
+
+
+def test_the_chunk_goes_to_a_request_short_of_its_prompt() -> None:
+    """Under the licence the machine asks to chunk a running request still short of what it was queued with, where
+    there is one (the others the engine would refuse); without one, any running request."""
+
+    class Recording(PromptsOnly):
+        def __init__(self) -> None:
+            super().__init__()
+            self.chunked: list[int] = []
+
+        def chunk(self, rid: int) -> StepResult:
+            self.chunked.append(rid)
+            return super().chunk(rid)
+
+    state = machine_for_system(Recording)()
+    state.add_request(prompt=0, suffix=[5, 6, 7], sid=None, budget=64)  # type: ignore[attr-defined]
+    state.add_request(prompt=1, suffix=[8], sid=None, budget=64)  # type: ignore[attr-defined]
+    state.inv_all_laws()  # type: ignore[attr-defined]
+    running = [r.rid for r in state.last.requests.values() if r.status == "running"]  # type: ignore[attr-defined]
+    assert len(running) == 2, running
+    short = running[1]
+    state.queued[short] = state.last.requests[short].kv_len + 1  # type: ignore[attr-defined]  # as if queued longer
+    for pick in range(3):
+        state.chunk(pick=pick)  # type: ignore[attr-defined]
+        state.queued[short] = state.last.requests[short].kv_len + 1  # type: ignore[attr-defined]
+    assert state.sys.chunked == [short] * 3  # type: ignore[attr-defined]
