@@ -863,7 +863,7 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             )
             if found:
                 raise _fail("chunk caches its prefix" if chunk else "inv_end_caches", found)
-            was, now = before.requests.get(rid), after.requests.get(rid)
+            now = after.requests.get(rid)
             if chunk and was is not None and was.session is None and now is not None and now.status == "running":
                 whole = was.kv_len - was.kv_len % max(1, after.page_size)
                 if now.prefix_len != max(whole, was.prefix_len):

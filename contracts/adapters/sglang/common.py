@@ -82,6 +82,42 @@ class SchedulerError(KVLedgerError):
     """The scheduler refused or could not do what the protocol asked (names the operation and the request)."""
 
 
+CHUNKED_CAPABILITIES = frozenset({"chunk", "chunk_prompts_only", "caches_on_chunk"})
+"""What a scheduler adapter with chunked prefill on declares besides its own capabilities, less ``prefix_cache``: a
+step stashes the chunked request's last chunk in the tree before it matches anything, so a request admitted in that
+step may reuse pages no snapshot showed cached before it (``admission reuses the cache`` would misread it)."""
+
+
+def chunked_capabilities(caps: set[str], chunk_tokens: int | None) -> frozenset[str]:
+    """``caps``, as a scheduler adapter with chunked prefill on (``chunk_tokens``) declares them."""
+    return frozenset(caps) if chunk_tokens is None else (frozenset(caps) - {"prefix_cache"}) | CHUNKED_CAPABILITIES
+
+
+def chunk_steps(chunk_tokens: int | None, todo: Iterable[int]) -> int:
+    """At most how many steps chunked prefill may take before requests with ``todo`` tokens each still to compute
+    have prefilled them: one chunk a step before anything decodes, and one more each for a first chunk cut to a
+    step's leftover budget (0 with chunked prefill off)."""
+    if not chunk_tokens:
+        return 0
+    return sum(-(-max(0, t) // chunk_tokens) + 1 for t in todo)
+
+
+def not_chunked(rid: int, status: str) -> SchedulerError:
+    """The refusal of ``chunk`` for request ``rid``, which is not being chunked (``chunk_prompts_only``)."""
+    return SchedulerError(
+        f"chunk of request {rid} ({status}): SGLang chunks a prompt only while it prefills it, at admission; this one "
+        "is not being chunked"
+    )
+
+
+def still_prefilling(rid: int, n: int, computed: int, prompt: int) -> SchedulerError:
+    """The refusal of ``extend`` by ``n`` for request ``rid``, ``computed`` of its ``prompt`` tokens prefilled."""
+    return SchedulerError(
+        f"extend of request {rid} by {n}: its prompt is still being prefilled in chunks ({computed} of {prompt} "
+        "tokens computed); it decodes after"
+    )
+
+
 class NotExpressible(Unsupported, NotImplementedError):
     """The protocol asked for something SGLang's API cannot do (a factory: a model kind it cannot build)."""
 

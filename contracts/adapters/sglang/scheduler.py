@@ -63,11 +63,14 @@ from kvledger.contracts.adapters.sglang.common import (
     MAMBA,
     NodeIds,
     NotExpressible,
-    SchedulerError,
     chunk_size,
+    chunk_steps,
+    chunked_capabilities,
     hybrid_rows,
     node_owner,
+    not_chunked,
     retraction_forced,
+    still_prefilling,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import SCHEDULER, import_sglang
 from kvledger.contracts.adapters.system import (
@@ -296,12 +299,7 @@ class SchedulerAdapter:
             # NOTE: from 0.5.11 a session request that admission rejects keeps the copy-on-write Mamba slot its match
             # took (``get_new_batch_prefill`` frees it only for requests without a session, as 0.5.13 and 0.5.23 do)
             caps.add("reservations")
-        if chunk_tokens is not None:
-            # NOTE: a step stashes the chunked request's last chunk in the tree (``cache_unfinished_req``) before it
-            # matches anything, so a request admitted in that step may reuse pages no snapshot showed cached before
-            # the step: ``admission reuses the cache`` would read that as a prefix longer than the cache offered
-            caps = (caps - {"prefix_cache"}) | {"chunk", "chunk_prompts_only", "caches_on_chunk"}
-        self.capabilities = frozenset(caps)
+        self.capabilities = chunked_capabilities(caps, chunk_tokens)
 
     # ------------------------------------------------------------ construction
 
@@ -626,18 +624,10 @@ class SchedulerAdapter:
         return r.sg is not None and self.sched.chunked_req is r.sg
 
     def _chunk_steps(self) -> int:
-        """At most how many steps chunked prefill may take before every request now known has prefilled its prompt:
-        each step prefills one chunk of one request before anything decodes (0 with chunked prefill off)."""
-        if not self.chunk_tokens:
-            return 0
-        left = 0
-        for r in self.reqs.values():
-            req = r.sg
-            if req is None or self._status(r) not in ("waiting", "running"):
-                continue
-            todo = len(req.origin_input_ids) + len(req.output_ids) - int(req.kv_committed_len)
-            left += -(-max(0, todo) // self.chunk_tokens) + 1  # NOTE: a first chunk cut to a step's leftover budget
-        return left
+        """``chunk_steps`` for every live request known to the engine."""
+        live = [r.sg for r in self.reqs.values() if r.sg is not None and self._status(r) in ("waiting", "running")]
+        todo = (len(q.origin_input_ids) + len(q.output_ids) - int(q.kv_committed_len) for q in live)
+        return chunk_steps(self.chunk_tokens, todo)
 
     def _steps_until(self, done: Callable[[], bool], limit: int) -> StepResult:
         before = self._statuses()
@@ -656,10 +646,7 @@ class SchedulerAdapter:
         if self._status(r) != "running":
             return self._outcome(self._statuses())
         if self._mid_prefill(r):
-            raise SchedulerError(
-                f"extend of request {rid} by {n}: its prompt is still being prefilled in chunks "
-                f"({int(r.sg.kv_committed_len)} of {len(r.sg.origin_input_ids)} tokens computed); it decodes after"
-            )
+            raise still_prefilling(rid, n, int(r.sg.kv_committed_len), len(r.sg.origin_input_ids))
         target = len(r.sg.output_ids) + n
         return self._steps_until(lambda: self._status(r) != "running" or len(r.sg.output_ids) >= target, n + 2)
 
@@ -766,10 +753,7 @@ class SchedulerAdapter:
             raise NotExpressible(f"SGLang {self.version} scheduler adapter: chunked prefill is off (no chunk)")
         r = self.reqs[rid]
         if not self._mid_prefill(r):
-            raise SchedulerError(
-                f"chunk of request {rid} ({self._status(r)}): SGLang chunks a prompt only while it prefills it, at "
-                f"admission; this one is not being chunked"
-            )
+            raise not_chunked(rid, self._status(r))
         before = self._statuses()
         self._step()
         return self._outcome(before)

@@ -82,7 +82,11 @@ from kvledger.contracts.adapters.sglang.common import (
     KVBuffer,
     SchedulerError,
     chunk_size,
+    chunk_steps,
+    chunked_capabilities,
+    not_chunked,
     retraction_forced,
+    still_prefilling,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, TestedRange
 from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang
@@ -288,11 +292,7 @@ class SchedulerSystemAdapter:
             # NOTE: a session request that admission rejects keeps the copy-on-write Mamba slot its match took
             # (``_get_new_batch_prefill_raw`` frees it only for requests without a session) and uses it when admitted
             caps.add("reservations")
-        if chunk_tokens is not None:
-            # NOTE: as in the 0.5.9 to 0.5.12 adapter: a step stashes the chunked request's last chunk in the tree
-            # before it matches anything, so ``admission reuses the cache`` would misread a request admitted then
-            caps = (caps - {"prefix_cache"}) | {"chunk", "chunk_prompts_only", "caches_on_chunk"}
-        self.capabilities = frozenset(caps)
+        self.capabilities = chunked_capabilities(caps, chunk_tokens)
         self.cache_config = CacheConfig(
             page_size=config.page_size,
             window=config.window,
@@ -685,16 +685,10 @@ class SchedulerSystemAdapter:
         return req is not None and getattr(self.s, "chunked_req", None) is req
 
     def _chunk_steps(self) -> int:
-        """At most how many steps chunked prefill may take before every request now known has prefilled its prompt
-        (each step prefills one chunk before anything decodes; 0 with chunked prefill off)."""
-        if not self.chunk_tokens:
-            return 0
-        left = 0
-        for rid, req in self.reqs.items():
-            if self._status(rid) in ("waiting", "running"):
-                todo = len(req.origin_input_ids) + len(req.output_ids) - int(self._kv(req).kv_committed_len)
-                left += -(-max(0, todo) // self.chunk_tokens) + 1  # NOTE: a first chunk cut to a leftover budget
-        return left
+        """``chunk_steps`` for every live request sent to the engine."""
+        live = [q for rid, q in self.reqs.items() if self._status(rid) in ("waiting", "running")]
+        todo = (len(q.origin_input_ids) + len(q.output_ids) - int(self._kv(q).kv_committed_len) for q in live)
+        return chunk_steps(self.chunk_tokens, todo)
 
     def _decode_until(self, rid: int, done: Any, what: str) -> StepResult:
         before = self._statuses()
@@ -711,10 +705,7 @@ class SchedulerSystemAdapter:
     def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
         req = self.reqs[rid]
         if self._mid_prefill(rid):
-            raise SchedulerError(
-                f"extend of request {rid} by {n}: its prompt is still being prefilled in chunks "
-                f"({int(self._kv(req).kv_committed_len)} of {len(req.origin_input_ids)} tokens computed)"
-            )
+            raise still_prefilling(rid, n, int(self._kv(req).kv_committed_len), len(req.origin_input_ids))
         results = []
         for _ in range(n):
             if self._status(rid) != "running":
@@ -740,10 +731,7 @@ class SchedulerSystemAdapter:
         if self.chunk_tokens is None:
             raise SchedulerError(f"chunk of request {rid}: chunked prefill is off in this adapter")
         if not self._mid_prefill(rid):
-            raise SchedulerError(
-                f"chunk of request {rid} ({self._status(rid)}): SGLang chunks a prompt only while it prefills it, at "
-                "admission; this one is not being chunked"
-            )
+            raise not_chunked(rid, self._status(rid))
         before = self._statuses()
         self._step()
         return self._result(before)
