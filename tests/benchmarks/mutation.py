@@ -76,6 +76,14 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/memory.py:MemoryManager.finish:swap-args:max(req.own_from, aligned)": (
+        "``max`` of two ints is symmetric (new family, seed 49, 2026-11-30): the same value either way"
+    ),
+    "impl/slots.py:SlotPool.free:end-index:held[0]": (
+        "a speed memo (new family, seed 49, 2026-11-30): ``free``'s memo of ``k`` copies of the owner's tag bytes "
+        "is tested by its last item (the ``k`` copies, the tag bytes themselves only for ``k == 1``) instead of its "
+        "first: it is made again more often, with the same bytes, and every free reads the tags against them alike"
+    ),
     "impl/slots.py:SlotPool.claim:negate-cmp:idx.dtype == I64": (
         "a fast path's guard (new family, seed 47, 2026-11-30): host ids of int64 then answer False ('not shown', "
         "which the contract allows at any time: every caller then runs the checked path, with the same tags and "
