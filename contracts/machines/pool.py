@@ -1115,7 +1115,9 @@ def machine_for(kind: PoolKind, device: str = "cpu") -> type[RuleBasedStateMachi
                 return chunk
             live = pool.translate(chunk.idx)
             if bool((live == 0).any()):
-                self._expect_rejected(lambda: pool.free_swa(chunk.idx, chunk.owner), InvalidArgument)
+                # NOTE: the refusal names the culprits, and only them: the full slots that have no SWA slot left
+                culprits = {int(s) for s, w in zip(chunk.idx.tolist(), live.tolist(), strict=True) if w == 0}
+                self._expect_rejected(lambda: pool.free_swa(chunk.idx, chunk.owner), InvalidArgument, culprits)
                 return chunk
             swa = frozenset(live.tolist())
             pool.free_swa(chunk.idx, chunk.owner)
