@@ -258,7 +258,12 @@ ALIASES: dict[str, str] = {
     "sglang-0.5.13-mamba": "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory",
     "sglang-0.5.11": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
     "sglang-0.5.12": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
-    "sglang-0.5.13": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
+    **{
+        f"sglang-{v}": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory"
+        for v in ("0.5.13", "0.5.14", "0.5.15", "0.5.16")
+    },
+    "sglang-0.5.22": "kvledger.contracts.adapters.sglang.unified:unified_python_factory",
+    "sglang-0.5.22-rust": "kvledger.contracts.adapters.sglang.unified:unified_rust_factory",
 }
 """Short names for ``kvledger check --adapter``.
 
@@ -270,8 +275,10 @@ checks every kind; ``--model swa`` checks one. ``sglang-0.5.9``: 0.5.9's
 ``RadixCache`` (full attention); ``sglang-0.5.9-mamba``: its ``MambaRadixCache``;
 ``sglang-0.5.10`` and ``sglang-0.5.10-mamba`` the same in 0.5.10, ``sglang-0.5.11-mamba`` to
 ``sglang-0.5.13-mamba`` the ``MambaRadixCache`` those releases still ship beside the unified one.
-``sglang-0.5.11``, ``sglang-0.5.12``, ``sglang-0.5.13``: the installed release's first
-``UnifiedRadixCache`` (components on the cache; every kind, as ``sglang`` does).
+``sglang-0.5.11`` to ``sglang-0.5.16``: the installed release's first
+``UnifiedRadixCache`` (components on the cache; every kind, as ``sglang`` does). ``sglang-0.5.22`` (and
+``-rust``): 0.5.22's, read as 0.5.23's. 0.5.17 to 0.5.21 (a tree core, but the older lock and match API) have no
+cache-level adapter; their schedulers are driven (``--suite system --adapter sglang-system``).
 """
 
 AdapterFactory = Callable[[CacheConfig], CacheAdapter]

@@ -423,6 +423,13 @@ def skipped_system_rules(capabilities: frozenset[str]) -> list[str]:
 
 SystemAdapterFactory = Callable[[SystemConfig], SystemAdapter]
 
+EARLY_COMPONENT_RELEASES = ("0.5.13", "0.5.14", "0.5.15", "0.5.16")
+"""SGLang releases whose scheduler is assembled from components over the first ``UnifiedRadixCache`` (nodes on the
+cache): ``scheduler_components_early``."""
+COMPONENT_RELEASES = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+"""SGLang releases whose scheduler is assembled from components over a ``UnifiedRadixCache`` on a tree core:
+``scheduler_components``."""
+
 SYSTEM_ALIASES: dict[str, str] = {
     "reference": "kvledger.contracts.adapters.reference_system:ReferenceSystemAdapter",
     "sglang-system": "kvledger.contracts.adapters.sglang.system_factory:installed_system_factory",
@@ -435,11 +442,23 @@ SYSTEM_ALIASES: dict[str, str] = {
         f"sglang-{v}-system-chunked": "kvledger.contracts.adapters.sglang.scheduler:chunked_scheduler_factory"
         for v in ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
     },
-    "sglang-0.5.13-system": "kvledger.contracts.adapters.sglang.scheduler_components_early:early_components_factory",
-    "sglang-0.5.23-system": "kvledger.contracts.adapters.sglang.scheduler_components:scheduler_system_factory",
-    "sglang-0.5.13-system-chunked": "kvledger.contracts.adapters.sglang.scheduler_components_early:"
-    "early_chunked_factory",
-    "sglang-0.5.23-system-chunked": "kvledger.contracts.adapters.sglang.scheduler_components:chunked_system_factory",
+    **{
+        f"sglang-{v}-system": "kvledger.contracts.adapters.sglang.scheduler_components_early:early_components_factory"
+        for v in EARLY_COMPONENT_RELEASES
+    },
+    **{
+        f"sglang-{v}-system-chunked": "kvledger.contracts.adapters.sglang.scheduler_components_early:"
+        "early_chunked_factory"
+        for v in EARLY_COMPONENT_RELEASES
+    },
+    **{
+        f"sglang-{v}-system": "kvledger.contracts.adapters.sglang.scheduler_components:scheduler_system_factory"
+        for v in COMPONENT_RELEASES
+    },
+    **{
+        f"sglang-{v}-system-chunked": "kvledger.contracts.adapters.sglang.scheduler_components:chunked_system_factory"
+        for v in COMPONENT_RELEASES
+    },
     "vllm": "kvledger.contracts.adapters.vllm.adapter:vllm_factory",
     "vllm-hybrid": "kvledger.contracts.adapters.vllm.adapter:vllm_hybrid_factory",
 }

@@ -18,8 +18,10 @@ from kvledger.contracts.adapters.sglang.cpu_import import (
 def test_tested_ranges_name_their_versions() -> None:
     assert LEGACY.contains("0.5.9") and LEGACY.contains("0.5.13") and not LEGACY.contains("0.5.14")
     assert not LEGACY.contains("0.5.8")
-    assert UNIFIED.contains("0.5.23") and not UNIFIED.contains("0.5.24")
-    assert UNIFIED.describe() == "SGLang 0.5.23"
+    assert UNIFIED.contains("0.5.22") and UNIFIED.contains("0.5.23") and not UNIFIED.contains("0.5.24")
+    assert not UNIFIED.contains("0.5.21")
+    assert UNIFIED.describe() == "SGLang 0.5.22 to 0.5.23"
+    assert TestedRange("x", "0.5.23", "0.5.23", ()).describe() == "SGLang 0.5.23"
     assert TestedRange("x", "0.5.9", "0.5.23", ()).describe() == "SGLang 0.5.9 to 0.5.23"
 
 

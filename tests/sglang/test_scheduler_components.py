@@ -1,7 +1,7 @@
-"""SGLang's real scheduler (0.5.13 and 0.5.23, assembled from components) checked by the system machine on every kind.
+"""SGLang's real scheduler (0.5.13 to 0.5.23, assembled from components) checked by the system machine on every kind.
 
 Each test runs against the installed release through its alias (``sglang-<release>-system``):
-0.5.23's adapter (``scheduler_components``) or 0.5.13's (``scheduler_components_early``).
+0.5.17 to 0.5.23's adapter (``scheduler_components``) or 0.5.13 to 0.5.16's (``scheduler_components_early``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,12 @@ TESTED = next((r for r in RELEASES if HAVE is not None and r.contains(HAVE)), No
 needs_components = pytest.mark.skipif(
     TESTED is None, reason=f"needs {' or '.join(r.describe() for r in RELEASES)}; {HAVE} is installed"
 )
+planted_for = pytest.mark.skipif(
+    HAVE not in ("0.5.13", "0.5.23"),
+    reason=f"plants its bug in 0.5.13's or 0.5.23's own code (its names and fields move in between); {HAVE} installed",
+)
+"""A test that plants a bug in SGLang's own functions, or states one release's outcome: written for 0.5.13 and 0.5.23;
+the releases between run the machine, the scheduler's own steps and the findings that hold on every release."""
 register_profiles()
 CI = settings(settings.get_profile("ci"), max_examples=25, stateful_step_count=20)
 """Fewer, shorter programs than the ``ci`` profile: every step runs SGLang's scheduler (about 0.3 s each here)."""
@@ -49,6 +55,11 @@ MODELS = {
 }
 """Full attention, paged KV (page size 2), FULL+MAMBA, FULL+SWA+MAMBA (the unified cache's three components)."""
 NOT_EXPRESSIBLE = {"chunk (rule)", "inject_allocation_failure (rule)", "inv_lock_ref_counts_handles"}
+
+
+def _before(have: str | None, release: str) -> bool:
+    """Whether SGLang ``have`` is an earlier release than ``release``."""
+    return have is not None and TestedRange("", "0.0.0", release, ()).contains(have) and have != release
 
 
 def _adapter(config: SystemConfig = MODELS["full"]) -> SystemAdapter:
@@ -127,6 +138,7 @@ def test_streaming_session_resumes_what_it_committed_and_close_returns_everythin
 
 
 @needs_components
+@planted_for
 @pytest.mark.parametrize("licensed", [True, False], ids=["session_tokens", "set_aside"])
 def test_a_resume_one_committed_token_short_fails_resume_reuses_the_session(
     licensed: bool, licensed_machine: Any, monkeypatch: pytest.MonkeyPatch
@@ -166,6 +178,7 @@ def test_a_resume_one_committed_token_short_fails_resume_reuses_the_session(
 
 
 @needs_components
+@planted_for
 @pytest.mark.parametrize("licensed", [True, False], ids=["prefix_cache", "set_aside"])
 @pytest.mark.parametrize("model", ["full", "paged"])
 def test_a_match_one_page_short_fails_admission_reuses_the_cache(
@@ -203,6 +216,7 @@ def test_a_match_one_page_short_fails_admission_reuses_the_cache(
 
 
 @needs_components
+@planted_for
 @pytest.mark.parametrize("licensed", [True, False], ids=["caches_on_finish", "set_aside"])
 def test_a_finish_that_takes_the_no_insert_path_fails_inv_end_caches(
     licensed: bool, licensed_machine: Any, monkeypatch: pytest.MonkeyPatch
@@ -346,7 +360,7 @@ def _impatient_turns(model: str) -> Any:
     return state
 
 
-@pytest.mark.skipif(TESTED is not COMPONENTS, reason=f"0.5.23's outcome; {HAVE} is installed")
+@pytest.mark.skipif(HAVE != "0.5.23", reason=f"0.5.23's outcome; {HAVE} is installed")
 @pytest.mark.parametrize("model", ["full", "mamba"])
 def test_finding_a_second_streaming_turn_in_flight_crashes_the_scheduler(model: str) -> None:
     """Found by the system machine (shrunk to five steps): SGLang 0.5.23's own assertion fails in the scheduler.
@@ -364,7 +378,7 @@ def test_finding_a_second_streaming_turn_in_flight_crashes_the_scheduler(model: 
         state.end_or_chunk(op="finish", pick=0)
 
 
-@pytest.mark.skipif(TESTED is not EARLY_COMPONENTS, reason=f"0.5.13's outcome; {HAVE} is installed")
+@pytest.mark.skipif(HAVE != "0.5.13", reason=f"0.5.13's outcome; {HAVE} is installed")
 def test_finding_0_5_13_an_aborted_turn_clears_the_guard_and_a_third_turn_crashes_the_scheduler() -> None:
     """The same program on 0.5.13 (Mamba): the same assertion, one step later.
 
@@ -387,7 +401,7 @@ def test_finding_0_5_13_an_aborted_turn_clears_the_guard_and_a_third_turn_crashe
         state.admit(pick=0, budget=64)
 
 
-@pytest.mark.skipif(TESTED is not EARLY_COMPONENTS, reason=f"0.5.13's outcome; {HAVE} is installed")
+@pytest.mark.skipif(HAVE != "0.5.13", reason=f"0.5.13's outcome; {HAVE} is installed")
 def test_finding_0_5_13_a_third_turn_beside_the_first_leaks_the_first_turns_row() -> None:
     """The same program on 0.5.13 (full attention): the third turn runs beside the first, and KV leaks.
 
@@ -424,7 +438,8 @@ def test_a_session_closed_after_its_waiting_turn_is_aborted_releases_its_memory(
     ``release_kv_cache`` with no finish reason: the streaming session takes it for a successful finish
     and records the never-finished turn as the session's last request, and the deferred close waits for
     it for good. Either way the session's row, KV (and Mamba state) are kept with no turn running
-    (``inv_released_on_close``), which SGLang's own idle check does not see.
+    (``inv_released_on_close``), which SGLang's own idle check does not see. Measured on the releases between:
+    without Mamba the leak stays to 0.5.21 (0.5.14, 0.5.16, 0.5.17, 0.5.19, 0.5.21 run) and is gone in 0.5.22.
     """
     state = machine_for_system(lambda: _adapter(MODELS[model]))()
     state.inv_all_laws()
@@ -435,7 +450,7 @@ def test_a_session_closed_after_its_waiting_turn_is_aborted_releases_its_memory(
     state.add_request(budget=64, prompt=0, sid=1, suffix=[])
     state.inv_all_laws()
     assert [(v.status, v.session) for v in state.last.requests.values()][-1] == ("waiting", 1)
-    if TESTED is EARLY_COMPONENTS or model == "mamba":
+    if _before(HAVE, "0.5.22") or model == "mamba":
         with pytest.raises(AssertionError, match=r"inv_released_on_close: session 1 was closed with no turn running"):
             state.close_session(sid=1)
         return
@@ -477,6 +492,36 @@ def test_finding_a_session_whose_retracted_turn_is_aborted_keeps_its_memory(mode
     assert [v.status for v in state.last.requests.values()] == ["aborted", "aborted"]
     with pytest.raises(AssertionError, match=r"inv_released_on_close: session 2 was closed with no turn running"):
         state.close_session(sid=2)
+
+
+@needs_components
+def test_finding_a_mamba_pool_with_every_state_held_crashes_the_scheduler() -> None:
+    """Found by the system machine (``--model mamba --seed 2``: 19 programs, shrunk to five steps) on every
+    release driven through this adapter, 0.5.13 to 0.5.23: SGLang's own assertion ``Can not alloc mamba cache``
+    fails inside the scheduler's step, which in a server ends the scheduler process.
+
+    Six Mamba slots: a running request holds its state, the tree caches states at two prompts (locked while
+    requests run on them), a finished streaming turn leaves its session's state, and a second request starts on a
+    cached prefix. A new request then needs one more state: before 0.5.22 for the copy its prefill donates to the
+    tree (``prepare_for_caching_req`` after the prefill, ``cache_unfinished_req``), from 0.5.22 for the
+    copy-on-write of the state its match found (admission). The pool has no free slot and eviction finds no
+    unlocked state, and SGLang asserts where it could refuse or skip: admission reserves no slot for either copy.
+    The same crash is reported upstream from production (sgl-project/sglang pull requests 33773, 36770 and 40128,
+    open, none in 0.5.23).
+    """
+    state = machine_for_system(lambda: _adapter(MODELS["mamba"]))()
+    state.swarm(off=frozenset())
+    state.inv_all_laws()
+    state.add_request(budget=64, prompt=3, sid=None, suffix=[])
+    state.inv_all_laws()
+    state.repeat_sequence(branch=0, finish=True, pick=0, sid=2)
+    state.inv_all_laws()
+    state.repeat_sequence(branch=None, finish=False, pick=0, sid=None)
+    state.inv_all_laws()
+    held = state.last.ledgers["mamba"]
+    assert len(held.free) <= 2, "the Mamba pool is nearly full before the last request"
+    with pytest.raises(AssertionError, match="Can not alloc mamba cache"):
+        state.add_request(budget=64, prompt=0, sid=1, suffix=[])
 
 
 @needs_components
@@ -639,6 +684,7 @@ def test_a_request_aborted_mid_prefill_ends_and_gives_everything_back(model: str
 
 
 @needs_components
+@planted_for
 @pytest.mark.parametrize("licensed", [True, False], ids=["session_tokens", "set_aside"])
 def test_a_save_that_commits_the_prompt_only_fails_a_turn_commits_what_it_computed(
     licensed: bool, licensed_machine: Any, monkeypatch: pytest.MonkeyPatch

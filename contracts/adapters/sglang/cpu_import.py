@@ -130,28 +130,28 @@ SCHEDULER = TestedRange(
 
 UNIFIED = TestedRange(
     "unified (UnifiedRadixCache)",
-    "0.5.23",
+    "0.5.22",
     "0.5.23",
     ("sgl_kernel.*", "tvm_ffi.*", "sglang.srt.utils.hf_transformers_utils", "sglang.srt.utils.hf_transformers.*"),
 )
 """0.5.23: ``UnifiedRadixCache`` with its Python and Rust tree cores."""
 
 EARLY_UNIFIED = TestedRange(
-    "unified, components on the cache (UnifiedRadixCache, 0.5.11 to 0.5.13)",
+    "unified, components on the cache (UnifiedRadixCache, 0.5.11 to 0.5.16)",
     "0.5.11",
-    "0.5.13",
+    "0.5.16",
     tuple(dict.fromkeys((*SCHEDULER.stubs, *UNIFIED.stubs))),
     pre_stubs=SCHEDULER.pre_stubs,
 )
 """0.5.11 to 0.5.13: the first ``UnifiedRadixCache``, its nodes, LRU lists and locks on the cache itself."""
 
-COMPONENTS = TestedRange("scheduler components (Scheduler, UnifiedRadixCache)", "0.5.23", "0.5.23", UNIFIED.stubs)
+COMPONENTS = TestedRange("scheduler components (Scheduler, UnifiedRadixCache)", "0.5.17", "0.5.23", UNIFIED.stubs)
 """0.5.23: the scheduler assembled from components over a ``UnifiedRadixCache`` (its Python core)."""
 
 EARLY_COMPONENTS = TestedRange(
-    "scheduler components, cache components on the cache (Scheduler, UnifiedRadixCache, 0.5.13)",
+    "scheduler components, cache components on the cache (Scheduler, UnifiedRadixCache, 0.5.13 to 0.5.16)",
     "0.5.13",
-    "0.5.13",
+    "0.5.16",
     EARLY_UNIFIED.stubs,
     pre_stubs=EARLY_UNIFIED.pre_stubs,
 )
@@ -205,6 +205,13 @@ class _Placeholder(type):
         value = _placeholder(cls.__module__, f"{cls.__qualname__}.{name}")
         setattr(cls, name, value)
         return value
+
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """Any value, in a pydantic model's field typed with this name (0.5.16 to 0.5.20 type fields of their
+        request models with ``xgrammar`` classes); no value of it is ever made."""
+        from pydantic_core import core_schema
+
+        return core_schema.any_schema()
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         raise StubbedGPUModule(
@@ -348,27 +355,34 @@ def _stub(name: str) -> None:
     _stubbed.append(base)
 
 
-ON_DEMAND = ("torchvision",)
-"""Stubbed only when ``import sglang`` fails for want of them: from 0.5.10 ``sglang.srt.utils.common`` imports
-``torchvision.io`` at module level (torchvision pulls a CUDA torch and is never installed)."""
+ON_DEMAND = ("torchvision", "xgrammar")
+"""Stubbed only when an import of SGLang's fails for want of them: from 0.5.10 ``sglang.srt.utils.common`` imports
+``torchvision.io`` at module level (torchvision pulls a CUDA torch and is never installed); 0.5.16 to 0.5.20's
+function-call parser (which ``server_args`` imports) imports ``xgrammar``, a grammar engine with CUDA kernels."""
 
 
-def import_sglang_package() -> types.ModuleType:
-    """``import sglang``, stubbing a package of :data:`ON_DEMAND` (whole) when, and only when, the import needs it.
+def import_on_demand(module: str) -> types.ModuleType:
+    """``import module``, stubbing a package of :data:`ON_DEMAND` (whole) when, and only when, the import needs it.
 
-    NOTE: a release whose import does not fail keeps the real behaviour of code that probes for the package.
+    NOTE: a release whose import does not fail keeps the real behaviour of code that probes for the package (0.5.21
+    on guard their ``xgrammar`` import, and take the path without it).
     """
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
     for _ in range(len(ON_DEMAND) + 1):
         try:
-            return importlib.import_module("sglang")
+            return importlib.import_module(module)
         except ModuleNotFoundError as err:
             missing = (err.name or "").partition(".")[0]
             if missing not in ON_DEMAND or missing in _finder.packages:
                 raise
             _stub(missing + ".*")
-    return importlib.import_module("sglang")
+    return importlib.import_module(module)
+
+
+def import_sglang_package() -> types.ModuleType:
+    """``import sglang`` (:func:`import_on_demand`)."""
+    return import_on_demand("sglang")
 
 
 def import_sglang(tested: TestedRange, modules: Sequence[str] = ()) -> str:
@@ -398,5 +412,5 @@ def import_sglang(tested: TestedRange, modules: Sequence[str] = ()) -> str:
     for name in tested.stubs:
         _stub(name)
     for name in modules:
-        importlib.import_module(name)
+        import_on_demand(name)
     return version

@@ -63,6 +63,8 @@ the adapter holds), ``inject_failure``.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import logging
 import os
 import time
@@ -89,7 +91,8 @@ from kvledger.contracts.adapters.sglang.common import (
     still_prefilling,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, TestedRange
-from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang
+from kvledger.contracts.adapters.sglang.scheduler import _patch_page_kernels
+from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang, new_cache
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
 from kvledger.contracts.adapters.system import IdleVerdict, RequestView, RowView, SessionView, StepResult, SystemConfig
 from kvledger.contracts.adapters.system import SystemSnapshot as SystemSnap
@@ -305,7 +308,8 @@ class SchedulerSystemAdapter:
         self.pools = UnifiedPools(self.cache_config, self.sg)
         ct = self.sg.ComponentType
         comps = (ct.FULL, *([ct.SWA] if config.window is not None else []), *([ct.MAMBA] if config.mamba else []))
-        params = self.sg.params.CacheInitParams(
+        self.cache = new_cache(
+            self.sg,
             disable=False,
             req_to_token_pool=self.pools.req_pool,
             token_to_kv_pool_allocator=self.pools.allocator,
@@ -314,12 +318,13 @@ class SchedulerSystemAdapter:
             tree_components=comps,
             **self._cache_extra(),
         )
-        self.cache = self.sg.unified.UnifiedRadixCache(params)
         self.view = self.VIEW.observing(self.cache, self.pools, self.cache_config, self.kv, self.TESTED)
         self.oracle = _Oracle(self.kv)
         self.hooks: dict[str, int] = {}
         self.outputs: list[Any] = []
         self.reqs: dict[int, Any] = {}
+        self._split: dict[int, SplitKv] = {}  # NOTE: the split view of each object read (0.5.16 to 0.5.18), kept
+        self._split_release: bool | None = None
         self.req_session: dict[int, int] = {}
         self.aborted: set[int] = set()
         # NOTE: a session's next turn, held (as a streaming client holds it) until the session's previous turn ends
@@ -489,7 +494,20 @@ class SchedulerSystemAdapter:
     # ------------------------------------------------------------ what differs by release (0.5.23 here)
 
     def _import(self) -> tuple[str, SimpleNamespace]:
-        """Import the memory manager of a release in :attr:`TESTED` (the cache adapter's import)."""
+        """Import the memory manager of a release in :attr:`TESTED` (:meth:`_import_cache`) and ready it for one
+        process on CPU."""
+        got = self._import_cache()
+        cpu_page_kernels()
+        ps = importlib.import_module("sglang.srt.distributed.parallel_state")
+        if getattr(ps, "_TP", None) is None:
+            # NOTE: the one-process tensor-parallel group (rank 0 of 1): an aborted request asks for its rank to log
+            ps._TP = SimpleNamespace(rank_in_group=0, world_size=1)  # type: ignore[attr-defined]
+        # NOTE: the loop logs every test retraction and session open/close at WARNING/INFO: keep runs readable
+        logging.getLogger("sglang").setLevel(logging.ERROR)
+        return got
+
+    def _import_cache(self) -> tuple[str, SimpleNamespace]:
+        """The cache adapter's import of the memory manager."""
         return _sglang(self.TESTED)
 
     def _modules(self) -> SimpleNamespace:
@@ -502,12 +520,23 @@ class SchedulerSystemAdapter:
     def _publish(self, args: Any) -> Any:
         """Publish the server args where the release's components read them; the schedule settings."""
         m = self.m
-        m.rc.publish(args, role="scheduler", ranks=m.rc.SpawnRanks(world_rank=0))
+        # NOTE: 0.5.21 on name the process's ranks; one process, rank 0 (before, ``publish`` takes no ranks)
+        ranks = {"ranks": m.rc.SpawnRanks(world_rank=0)} if hasattr(m.rc, "SpawnRanks") else {}
+        m.rc.publish(args, role="scheduler", **ranks)
         return m.rc.get_schedule()
 
+    def _ranked(self) -> bool:
+        """Whether this release's runtime context names the process's ranks (0.5.21 on)."""
+        return hasattr(getattr(self.m, "rc", None), "SpawnRanks")
+
     def _release_attrs(self) -> dict[str, Any]:
-        """Scheduler attributes only this release's loop reads."""
-        return {}
+        """Scheduler attributes only this release's loop reads: before 0.5.21 (no ranks in the runtime context) the
+        process's ``ParallelState``, its tensor-parallel group (none: one process) and the weight updater's offload
+        tags (read by ``init_dp_attn_adapter``)."""
+        if self._ranked():
+            return {}
+        state = importlib.import_module("sglang.srt.distributed.parallel_state_wrapper").ParallelState
+        return {"ps": one_process(state), "tp_group": None, "weight_updater": SimpleNamespace(offload_tags=set())}
 
     def _future_map(self, s: Any) -> Any:
         """The scheduler's ``FutureMap`` (the components read it; it relays decode input ids)."""
@@ -516,7 +545,11 @@ class SchedulerSystemAdapter:
         )
 
     def _attach(self, s: Any, worker: _FakeWorker) -> None:
-        """What the scheduler's ``__init__`` builds after its components: the DP-attention adapter."""
+        """What the scheduler's ``__init__`` builds after its components: the DP-attention adapter (before 0.5.21
+        SGLang's own ``init_dp_attn_adapter``, rank 0 of 1: no tensor-parallel group)."""
+        if not self._ranked():
+            s.init_dp_attn_adapter()
+            return
         s.dp_attn_adapter = self.m.DPAttn(
             model_runner=worker.model_runner,
             req_to_token_pool=self.pools.req_pool,
@@ -537,12 +570,64 @@ class SchedulerSystemAdapter:
         return plan.batch_to_run
 
     def _kv(self, req: Any) -> Any:
-        """Where a request keeps its KV fields (``req_pool_idx``, lengths, ``mamba_pool_idx``): its ``ReqKvInfo``."""
-        return req.kv
+        """Where a request (or a session's slot) keeps its KV fields (``req_pool_idx``, lengths,
+        ``mamba_pool_idx``), as one object with those fields, the same object each time.
+
+        By release: on the ``Req`` itself (to 0.5.15); on the ``Req`` but for ``kv_allocated_len`` (and SWA's
+        evicted length), which a ``ReqKvInfo`` at ``req.kv`` holds (0.5.16 to 0.5.18: read through
+        :class:`SplitKv`); all in ``req.kv`` (0.5.19 on)."""
+        kv = getattr(req, "kv", None)
+        if kv is None and not self._kv_split():
+            return req
+        if not self._kv_split():
+            return kv
+        got = self._split.get(id(req))
+        if got is None or got.owner is not req:
+            got = self._split[id(req)] = SplitKv(req)
+        return got
+
+    def _kv_split(self) -> bool:
+        """Whether this release's ``ReqKvInfo`` holds only some of a request's KV fields (0.5.16 to 0.5.18)."""
+        if self._split_release is None:
+            info = getattr(importlib.import_module("sglang.srt.managers.schedule_batch"), "ReqKvInfo", None)
+            fields = {f.name for f in dataclasses.fields(info)} if info is not None else set()
+            self._split_release = bool(fields) and "req_pool_idx" not in fields
+        return self._split_release
+
+    def _copied_sessions(self) -> bool:
+        """Whether a session's slot keeps its own copy of the KV fields, copied to and from its turn (to 0.5.18),
+        rather than one ``ReqKvInfo`` lent to the turn (0.5.19 on)."""
+        slot = importlib.import_module("sglang.srt.session.streaming_session").SessionSlot
+        return "req_pool_idx" in {f.name for f in dataclasses.fields(slot)}
 
     def _records(self) -> dict[int, Any]:
-        """Each session's KV record by session id: the ``ReqKvInfo`` the session owns (lent to its running turn)."""
-        return {int(sid): kv for sid, kv in self.cache.session_records().items()}
+        """Each session's KV record by session id: the ``ReqKvInfo`` the session owns (lent to its running turn);
+        to 0.5.18 the session's slot, or the turn it was copied to while that turn holds its row."""
+        if self._copied_sessions():
+            return self._copied_records()
+        records = getattr(self.cache, "session_records", None)
+        if records is None:  # NOTE: before 0.5.22 the cache has no such query: its session's slots hold the records
+            return {int(sid): slot.kv for sid, slot in self.cache.session.slots.items()}
+        return {int(sid): kv for sid, kv in records().items()}
+
+    def _copied_records(self) -> dict[int, Any]:
+        records: dict[int, Any] = {}
+        for sid_name, slot in self.cache.session.slots.items():
+            sid = int(sid_name)
+            borrower = None
+            if slot.req_pool_idx is not None:
+                borrower = next(
+                    (
+                        req
+                        for rid, req in self.reqs.items()
+                        if self.req_session.get(rid) == sid
+                        and req.req_pool_idx == slot.req_pool_idx
+                        and self._status(rid) in ("waiting", "running")
+                    ),
+                    None,
+                )
+            records[sid] = self._kv(slot if borrower is None else borrower)
+        return records
 
     def _noop(self, name: str) -> _NoOp:
         return _NoOp(name, self.hooks)
@@ -816,7 +901,19 @@ class SchedulerSystemAdapter:
         """The KV record of each request that holds a row of its own (a session's record is the session's)."""
         named = {id(kv) for kv in records.values()}
         kvs = {rid: self._kv(req) for rid, req in self.reqs.items()}
-        return {rid: kv for rid, kv in kvs.items() if _holds(kv) and id(kv) not in named}
+        live = {rid: kv for rid, kv in kvs.items() if _holds(kv) and id(kv) not in named}
+        if not self._copied_sessions():
+            return live
+        slots = self.cache.session.slots
+
+        def stale_copy(rid: int, kv: Any) -> bool:
+            """An ended turn's copy of its session's row (the slot holds the row now)."""
+            sid = self.req_session.get(rid)
+            slot = None if sid is None else slots.get(str(sid))
+            ended = self._status(rid) not in ("waiting", "running")
+            return ended and slot is not None and slot.req_pool_idx == kv.req_pool_idx
+
+        return {rid: kv for rid, kv in live.items() if not stale_copy(rid, kv)}
 
     def _row(self, kv: Any) -> list[int]:
         row = self.pools.req_pool.req_to_token[kv.req_pool_idx]
@@ -934,6 +1031,38 @@ class SchedulerSystemAdapter:
         cut = getattr(sess, "committed_origin_len", None)  # NOTE: 0.5.13 copies the arrays: it keeps no such length
         seq = [*(prompt if cut is None else prompt[:cut]), *list(last.output_ids)]
         return tuple(int(t) for t in seq[: kv.kv_committed_len])
+
+
+class SplitKv:
+    """A request's (or a session slot's) KV fields where 0.5.16 to 0.5.18 split them: ``kv_allocated_len`` (and
+    SWA's evicted length) in the ``ReqKvInfo`` at ``owner.kv`` (``None`` until a row is allocated: nothing
+    allocated), the rest on ``owner`` itself."""
+
+    IN_INFO = ("kv_allocated_len", "swa_evicted_seqlen")
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.IN_INFO:
+            info = self.owner.kv
+            return 0 if info is None else getattr(info, name)
+        return getattr(self.owner, name)
+
+
+def one_process(parallel_state: Any) -> Any:
+    """SGLang's ``ParallelState`` of one process: every group of size 1, every rank and the GPU id 0. Read from its
+    fields (0.5.16 adds ``dcp_size``)."""
+    fields = [f.name for f in dataclasses.fields(parallel_state)]
+    return parallel_state(**{k: 1 if k.endswith("_size") else 0 for k in fields})
+
+
+def cpu_page_kernels() -> None:
+    """Before 0.5.22 the paged allocator launches two Triton kernels (0.5.22 on has a CPU path): run them on CPU as
+    the mixin-era adapter does (SGLang's own ``alloc_extend_naive``; ``alloc_decode_kernel`` transcribed)."""
+    paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
+    if not hasattr(paged, "alloc_decode_naive"):
+        _patch_page_kernels(paged)
 
 
 def _holds(kv: Any) -> bool:

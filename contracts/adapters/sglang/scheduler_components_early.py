@@ -36,13 +36,13 @@ things elsewhere:
 from __future__ import annotations
 
 import importlib
+import inspect
 from types import SimpleNamespace
 from typing import Any
 
 from kvledger.contracts.adapters.sglang.common import chunk_size
 from kvledger.contracts.adapters.sglang.cpu_import import EARLY_COMPONENTS, TestedRange
-from kvledger.contracts.adapters.sglang.scheduler import _patch_page_kernels
-from kvledger.contracts.adapters.sglang.scheduler_components import SchedulerSystemAdapter, _FakeWorker
+from kvledger.contracts.adapters.sglang.scheduler_components import SchedulerSystemAdapter
 from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter
 from kvledger.contracts.adapters.sglang.unified_early import EarlyUnifiedAdapter, _sglang
 from kvledger.contracts.adapters.system import SystemConfig
@@ -56,16 +56,8 @@ class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
     TESTED: TestedRange = EARLY_COMPONENTS
     VIEW: type[UnifiedAdapter] = EarlyUnifiedAdapter
 
-    def _import(self) -> tuple[str, SimpleNamespace]:
-        got = _sglang(self.TESTED)
-        # NOTE: 0.5.13's paged allocator launches two Triton kernels (0.5.23's has a CPU path): run them on CPU
-        # as the mixin-era adapter does (SGLang's own alloc_extend_naive; alloc_decode_kernel transcribed)
-        _patch_page_kernels(importlib.import_module("sglang.srt.mem_cache.allocator.paged"))
-        ps = importlib.import_module("sglang.srt.distributed.parallel_state")
-        if getattr(ps, "_TP", None) is None:
-            # NOTE: the one-process tensor-parallel group (rank 0 of 1): an aborted request asks for its rank to log
-            ps._TP = SimpleNamespace(rank_in_group=0, world_size=1)  # type: ignore[attr-defined]
-        return got
+    def _import_cache(self) -> tuple[str, SimpleNamespace]:
+        return _sglang(self.TESTED)  # NOTE: the early cache adapter's import
 
     def _modules(self) -> SimpleNamespace:
         def mod(name: str) -> Any:
@@ -78,7 +70,6 @@ class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
             DisaggregationMode=mod("disaggregation.utils").DisaggregationMode,
             DPAttn=mod("managers.scheduler_components.dp_attn").SchedulerDPAttnAdapter,
             GenerationBatchResult=mod("managers.utils").GenerationBatchResult,
-            ParallelState=mod("distributed.parallel_state_wrapper").ParallelState,
             SamplingParams=mod("sampling.sampling_params").SamplingParams,
             ServerArgs=mod("server_args").ServerArgs,
             SpeculativeAlgorithm=mod("speculative.spec_info").SpeculativeAlgorithm,
@@ -92,59 +83,16 @@ class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
         self.m.server_args.set_global_server_args_for_scheduler(args)
         return args  # NOTE: the schedule settings are the server args' own fields
 
-    def _release_attrs(self) -> dict[str, Any]:
-        one = {f"{k}_size": 1 for k in ("tp", "pp", "dp", "attn_tp", "attn_cp", "attn_dp", "moe_ep", "moe_dp")}
-        ranks = {f"{k}_rank": 0 for k in ("tp", "pp", "dp", "attn_tp", "attn_cp", "attn_dp", "moe_ep", "moe_dp")}
-        return {
-            "ps": self.m.ParallelState(**one, **ranks, gpu_id=0),
-            "tp_group": None,  # NOTE: read by init_dp_attn_adapter; one process, no group
-            "weight_updater": SimpleNamespace(offload_tags=set()),  # NOTE: its offload tags, read by the same
-        }
-
     def _future_map(self, s: Any) -> Any:
         return s.spec_algorithm.create_future_map("cpu", self.pools.req_pool, needs_cpu_seq_lens=False)
 
-    def _attach(self, s: Any, worker: _FakeWorker) -> None:
-        s.init_dp_attn_adapter()  # NOTE: 0.5.13's own init (rank 0 of 1: no tensor-parallel group)
-
     def _next_batch(self) -> Any:
         s = self.s
+        if "running_batch" in inspect.signature(s.get_next_batch_to_run).parameters:
+            return super()._next_batch()  # NOTE: 0.5.16 on: the running batch goes in, a plan comes out
         batch = s.get_next_batch_to_run()
         s.cur_batch = batch
         return batch
-
-    def _kv(self, req: Any) -> Any:
-        return req  # NOTE: 0.5.13's Req keeps its KV fields itself
-
-    def _live(self, records: dict[int, Any]) -> dict[int, Any]:
-        slots = self.cache.session.slots
-
-        def stale_copy(rid: int, kv: Any) -> bool:
-            sid = self.req_session.get(rid)
-            slot = None if sid is None else slots.get(str(sid))
-            ended = self._status(rid) not in ("waiting", "running")
-            return ended and slot is not None and slot.req_pool_idx == kv.req_pool_idx
-
-        return {rid: kv for rid, kv in super()._live(records).items() if not stale_copy(rid, kv)}
-
-    def _records(self) -> dict[int, Any]:
-        records: dict[int, Any] = {}
-        for sid_name, slot in self.cache.session.slots.items():
-            sid = int(sid_name)
-            borrower = None
-            if slot.req_pool_idx is not None:
-                borrower = next(
-                    (
-                        req
-                        for rid, req in self.reqs.items()
-                        if self.req_session.get(rid) == sid
-                        and req.req_pool_idx == slot.req_pool_idx
-                        and self._status(rid) in ("waiting", "running")
-                    ),
-                    None,
-                )
-            records[sid] = slot if borrower is None else borrower
-        return records
 
 
 def early_components_factory(config: SystemConfig) -> EarlyComponentsSchedulerAdapter:

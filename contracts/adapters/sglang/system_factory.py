@@ -5,14 +5,15 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from kvledger.contracts.adapters.protocol import Unsupported
-from kvledger.contracts.adapters.system import SystemAdapter, SystemConfig
+from kvledger.contracts.adapters.system import COMPONENT_RELEASES, EARLY_COMPONENT_RELEASES, SystemAdapter, SystemConfig
 
 MIXINS = ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
 """Releases whose scheduler is assembled from mixins (``scheduler.py``)."""
-EARLY_COMPONENTS = ("0.5.13",)
-"""The first release whose scheduler is assembled from components (``scheduler_components_early.py``)."""
-COMPONENTS = ("0.5.23",)
-"""Releases whose scheduler is assembled from components and driven (``scheduler_components.py``)."""
+EARLY_COMPONENTS = EARLY_COMPONENT_RELEASES
+"""The releases whose scheduler is assembled from components over the first unified cache
+(``scheduler_components_early.py``)."""
+COMPONENTS = COMPONENT_RELEASES
+"""Releases whose scheduler is assembled from components over a cache on a tree core (``scheduler_components.py``)."""
 
 
 def installed_system_factory(config: SystemConfig) -> SystemAdapter:

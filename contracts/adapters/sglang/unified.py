@@ -83,8 +83,11 @@ SWA-live; only the revival path goes unchecked.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from array import array
 from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -117,7 +120,8 @@ MODULES = (
     "sglang.srt.mem_cache.swa_memory_pool",
     "sglang.srt.mem_cache.memory_pool",
     "sglang.srt.mem_cache.cache_init_params",
-    "sglang.test.unified_allocator_fixtures",
+    "sglang.srt.runtime_context",
+    "sglang.srt.server_args",
 )
 CORES = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}
 _context_ready = False
@@ -135,12 +139,10 @@ def _sglang(tested: TestedRange = UNIFIED) -> tuple[str, SimpleNamespace]:
     import sglang.srt.mem_cache.radix_cache as radix  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.swa_memory_pool as swa_pool  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.unified_radix_cache as unified  # type: ignore[import-not-found]
-    import sglang.test.unified_allocator_fixtures as fixtures  # type: ignore[import-not-found]
     from sglang.srt.mem_cache.unified_cache.components import ComponentType  # type: ignore[import-not-found]
 
     if not _context_ready:
-        # NOTE: publishes CPU server args (Mamba's chunk size among them) as SGLang's own tests do.
-        fixtures.setup_allocator_context()
+        _publish_cpu_args()
         _context_ready = True
     return version, SimpleNamespace(
         allocator=allocator,
@@ -153,6 +155,54 @@ def _sglang(tested: TestedRange = UNIFIED) -> tuple[str, SimpleNamespace]:
         unified=unified,
         ComponentType=ComponentType,
     )
+
+
+CORE_VARIABLE = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
+"""Where 0.5.17 to 0.5.20 read the tree core a ``UnifiedRadixCache`` is built on."""
+
+
+@contextmanager
+def _environ(name: str, value: str | None) -> Iterator[None]:
+    """``os.environ[name] = value`` inside the block (nothing when ``value`` is ``None``), as it was after."""
+    if value is None:
+        yield
+        return
+    was = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if was is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = was
+
+
+def new_cache(sg: SimpleNamespace, tree_core_backend: str | None = None, **params: Any) -> Any:
+    """SGLang's ``UnifiedRadixCache(CacheInitParams(**params))`` on the tree core ``tree_core_backend`` (``None``:
+    the release's default, or its only one).
+
+    NOTE: 0.5.17 to 0.5.20 have no ``CacheInitParams.tree_core_backend``; their cache reads its tree core from
+    ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` when it is built, which is set for that moment only."""
+    fields = {f.name for f in dataclasses.fields(sg.params.CacheInitParams)}
+    core = tree_core_backend if "tree_core_backend" not in fields else None
+    if core is None and tree_core_backend is not None:
+        params["tree_core_backend"] = tree_core_backend
+    with _environ(CORE_VARIABLE, core):
+        return sg.unified.UnifiedRadixCache(sg.params.CacheInitParams(**params))
+
+
+def _publish_cpu_args() -> None:
+    """Publish CPU server args (Mamba's chunk size set, so no model is resolved through Hugging Face) as SGLang's
+    own allocator tests do (0.5.22 and later: ``sglang.test.unified_allocator_fixtures.setup_allocator_context``;
+    releases before have ``runtime_context`` but not the fixture)."""
+    from sglang.srt.runtime_context import publish, reset_context  # type: ignore[import-not-found]
+    from sglang.srt.server_args import ServerArgs  # type: ignore[import-not-found]
+
+    reset_context()
+    args = ServerArgs(model_path="dummy", device="cpu")
+    args._mamba_cache_chunk_size = 64
+    publish(args, role="tokenizer")
 
 
 @dataclass(eq=False)
@@ -192,7 +242,8 @@ class UnifiedAdapter:
 
     def _new_cache(self, **extra: Any) -> Any:
         """A ``UnifiedRadixCache`` with this config's components over this adapter's pools."""
-        params = self.sg.params.CacheInitParams(
+        return new_cache(
+            self.sg,
             disable=False,
             req_to_token_pool=self.pools.req_pool,
             token_to_kv_pool_allocator=self.allocator,
@@ -201,7 +252,6 @@ class UnifiedAdapter:
             tree_components=tuple(self.ct[c] for c in self.comps),
             **extra,
         )
-        return self.sg.unified.UnifiedRadixCache(params)
 
     @classmethod
     def observing(
