@@ -47,7 +47,7 @@ def _make(cfg: CacheConfig, aside: frozenset[str] = frozenset()) -> CacheAdapter
 
 
 def test_aliases_name_the_release_range() -> None:
-    for release in ("0.5.11", "0.5.12", "0.5.13"):
+    for release in ("0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16"):
         assert ALIASES[f"sglang-{release}"].endswith("unified_early:early_unified_factory")
     a = load_factory(f"sglang-{INSTALLED}")(CacheConfig(window=2, mamba=True))
     assert isinstance(a, CacheAdapter) and a.version == INSTALLED

@@ -30,6 +30,9 @@ with the helpers here:
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -299,3 +302,16 @@ def check(make: Callable[[], CacheAdapter], settings: Settings, model: str = "",
     result = run_machine("cache", model or probe.config.kind, machine_for_cache(make), list(RULES), settings, seed)
     result.skipped = list(skipped)
     return Run(result, probe.name, probe.version, skipped)
+
+
+def one_process_run() -> None:
+    """Ready an imported SGLang scheduler for one process on CPU: before 0.5.21 (no ranks in the runtime context)
+    the tensor-parallel group of rank 0 of 1 (an aborted request asks for its rank to log); and SGLang's log at
+    ERROR (the loop logs every test retraction and session open or close at WARNING or INFO: runs stay readable)."""
+    ranked = importlib.util.find_spec("sglang.srt.runtime_context") is not None and hasattr(
+        importlib.import_module("sglang.srt.runtime_context"), "SpawnRanks"
+    )
+    ps = importlib.import_module("sglang.srt.distributed.parallel_state")
+    if not ranked and getattr(ps, "_TP", None) is None:
+        ps._TP = SimpleNamespace(rank_in_group=0, world_size=1)  # type: ignore[attr-defined]
+    logging.getLogger("sglang").setLevel(logging.ERROR)

@@ -134,7 +134,8 @@ UNIFIED = TestedRange(
     "0.5.23",
     ("sgl_kernel.*", "tvm_ffi.*", "sglang.srt.utils.hf_transformers_utils", "sglang.srt.utils.hf_transformers.*"),
 )
-"""0.5.23: ``UnifiedRadixCache`` with its Python and Rust tree cores."""
+"""0.5.22 and 0.5.23: ``UnifiedRadixCache`` with its Python and Rust tree cores (0.5.17 to 0.5.21 have a tree
+core too, but an older lock and match API: their caches are checked through their schedulers)."""
 
 EARLY_UNIFIED = TestedRange(
     "unified, components on the cache (UnifiedRadixCache, 0.5.11 to 0.5.16)",
@@ -143,10 +144,11 @@ EARLY_UNIFIED = TestedRange(
     tuple(dict.fromkeys((*SCHEDULER.stubs, *UNIFIED.stubs))),
     pre_stubs=SCHEDULER.pre_stubs,
 )
-"""0.5.11 to 0.5.13: the first ``UnifiedRadixCache``, its nodes, LRU lists and locks on the cache itself."""
+"""0.5.11 to 0.5.16: the first ``UnifiedRadixCache``, its nodes, LRU lists and locks on the cache itself."""
 
 COMPONENTS = TestedRange("scheduler components (Scheduler, UnifiedRadixCache)", "0.5.17", "0.5.23", UNIFIED.stubs)
-"""0.5.23: the scheduler assembled from components over a ``UnifiedRadixCache`` (its Python core)."""
+"""0.5.17 to 0.5.23: the scheduler assembled from components over a ``UnifiedRadixCache`` on a tree core (its
+Python one)."""
 
 EARLY_COMPONENTS = TestedRange(
     "scheduler components, cache components on the cache (Scheduler, UnifiedRadixCache, 0.5.13 to 0.5.16)",
@@ -155,8 +157,9 @@ EARLY_COMPONENTS = TestedRange(
     EARLY_UNIFIED.stubs,
     pre_stubs=EARLY_UNIFIED.pre_stubs,
 )
-"""0.5.13: the first scheduler assembled from components, over the first ``UnifiedRadixCache`` (nodes on the
-cache, sessions in its embedded ``StreamingSession``, KV fields on the ``Req`` itself)."""
+"""0.5.13 to 0.5.16: the first schedulers assembled from components, over the first ``UnifiedRadixCache`` (nodes on
+the cache, sessions in its embedded ``StreamingSession``; KV fields on the ``Req`` itself, from 0.5.16 split with a
+``ReqKvInfo``)."""
 
 
 _stubbed: list[str] = []
@@ -209,6 +212,7 @@ class _Placeholder(type):
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
         """Any value, in a pydantic model's field typed with this name (0.5.16 to 0.5.20 type fields of their
         request models with ``xgrammar`` classes); no value of it is ever made."""
+        # NOTE: called by pydantic only, so pydantic_core is there whenever this runs (SGLang's venvs have it)
         from pydantic_core import core_schema
 
         return core_schema.any_schema()
@@ -365,7 +369,8 @@ def import_on_demand(module: str) -> types.ModuleType:
     """``import module``, stubbing a package of :data:`ON_DEMAND` (whole) when, and only when, the import needs it.
 
     NOTE: a release whose import does not fail keeps the real behaviour of code that probes for the package (0.5.21
-    on guard their ``xgrammar`` import, and take the path without it).
+    on defer their function-call parser's ``xgrammar`` import). A module imported before the stub saw the package
+    missing (and took its path without it); one imported after sees the stub.
     """
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)

@@ -69,6 +69,7 @@ from kvledger.contracts.adapters.sglang.common import (
     hybrid_rows,
     node_owner,
     not_chunked,
+    one_process_run,
     retraction_forced,
     still_prefilling,
 )
@@ -186,12 +187,7 @@ def _sglang() -> tuple[str, SimpleNamespace]:
     names["base"] = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
     names["envs"] = importlib.import_module("sglang.srt.environ").envs
     _patch_page_kernels(names["allocator"])
-    ps = importlib.import_module("sglang.srt.distributed.parallel_state")
-    if getattr(ps, "_TP", None) is None:
-        # NOTE: the one-process tensor-parallel group (rank 0 of 1): an aborted request asks for its rank to log.
-        ps._TP = SimpleNamespace(rank_in_group=0, world_size=1)  # type: ignore[attr-defined]
-    # NOTE: the loop logs every test retraction and session open/close at WARNING/INFO: keep runs readable.
-    logging.getLogger("sglang").setLevel(logging.ERROR)
+    one_process_run()
     return version, SimpleNamespace(**names)
 
 

@@ -1,9 +1,10 @@
-"""SGLang's real scheduler (0.5.23; assembled from components) behind the ``SystemAdapter`` protocol.
+"""SGLang's real scheduler (0.5.17 to 0.5.23; assembled from components) behind the ``SystemAdapter`` protocol.
 
-What differs by release is read through a few hooks (``_import``, ``_modules``, ``_cache_extra``,
-``_publish``, ``_release_attrs``, ``_future_map``, ``_attach``, ``_next_batch``, ``_kv``,
-``_records``); 0.5.13 supplies its own in
-:mod:`~kvledger.contracts.adapters.sglang.scheduler_components_early`.
+What differs by release is read from the installed code, not from a version table (the tree core's choice, the
+process's ranks, ``get_next_batch_to_run``'s signature, where a request's KV fields live: see ``_kv``, and whether
+a session's record is copied or lent: ``_records``); 0.5.13 to 0.5.16's cache and module layout come from
+:mod:`~kvledger.contracts.adapters.sglang.scheduler_components_early` (``_import_cache``, ``_modules``,
+``_cache_extra``, ``_publish``, ``_future_map``, ``_next_batch``).
 
 What runs for real (SGLang's own code, on CPU):
 
@@ -49,9 +50,9 @@ set, so ``SchedulerInvariantChecker`` raises on a leak; its verdict is what
 The snapshot reuses the 0.5.23 cache adapter's abstraction
 (:meth:`~kvledger.contracts.adapters.sglang.unified.UnifiedAdapter.observing`):
 tree holdings per node and component, free lists and size counters; what
-each request holds is read from its ``ReqKvInfo`` (``req_to_token`` row
-positions ``[cache_protected_len, kv_allocated_len)``, ``mamba_pool_idx``),
-what each session holds from ``tree_cache.session_records()``.
+each request holds is read from its KV fields (``req_to_token`` row
+positions ``[cache_protected_len, kv_allocated_len)``, ``mamba_pool_idx``: in its ``ReqKvInfo`` from 0.5.19),
+what each session holds from its record (``tree_cache.session_records()`` from 0.5.22).
 
 Not expressible here (capabilities absent, laws reported skipped):
 ``targeted_admission`` (the policy picks from the waiting queue),
@@ -87,12 +88,13 @@ from kvledger.contracts.adapters.sglang.common import (
     chunk_steps,
     chunked_capabilities,
     not_chunked,
+    one_process_run,
     retraction_forced,
     still_prefilling,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, TestedRange
 from kvledger.contracts.adapters.sglang.scheduler import _patch_page_kernels
-from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang, new_cache
+from kvledger.contracts.adapters.sglang.unified import CORES, UnifiedAdapter, _sglang, new_cache
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
 from kvledger.contracts.adapters.system import IdleVerdict, RequestView, RowView, SessionView, StepResult, SystemConfig
 from kvledger.contracts.adapters.system import SystemSnapshot as SystemSnap
@@ -318,13 +320,19 @@ class SchedulerSystemAdapter:
             tree_components=comps,
             **self._cache_extra(),
         )
+        core = getattr(self.cache, "tree_core", None)
+        if core is not None and type(core).__name__ != CORES["python"]:
+            raise RuntimeError(f"SGLang built a {type(core).__name__} where the Python tree core was asked for")
         self.view = self.VIEW.observing(self.cache, self.pools, self.cache_config, self.kv, self.TESTED)
         self.oracle = _Oracle(self.kv)
         self.hooks: dict[str, int] = {}
         self.outputs: list[Any] = []
         self.reqs: dict[int, Any] = {}
-        self._split: dict[int, SplitKv] = {}  # NOTE: the split view of each object read (0.5.16 to 0.5.18), kept
+        # NOTE: the split view of each object read (0.5.16 to 0.5.18), one per object: it keeps its object alive,
+        # so an id is never reused while it is here (``self.reqs`` keeps the requests alive anyway)
+        self._split: dict[int, SplitKv] = {}
         self._split_release: bool | None = None
+        self._copied: bool | None = None
         self.req_session: dict[int, int] = {}
         self.aborted: set[int] = set()
         # NOTE: a session's next turn, held (as a streaming client holds it) until the session's previous turn ends
@@ -498,12 +506,7 @@ class SchedulerSystemAdapter:
         process on CPU."""
         got = self._import_cache()
         cpu_page_kernels()
-        ps = importlib.import_module("sglang.srt.distributed.parallel_state")
-        if getattr(ps, "_TP", None) is None:
-            # NOTE: the one-process tensor-parallel group (rank 0 of 1): an aborted request asks for its rank to log
-            ps._TP = SimpleNamespace(rank_in_group=0, world_size=1)  # type: ignore[attr-defined]
-        # NOTE: the loop logs every test retraction and session open/close at WARNING/INFO: keep runs readable
-        logging.getLogger("sglang").setLevel(logging.ERROR)
+        one_process_run()
         return got
 
     def _import_cache(self) -> tuple[str, SimpleNamespace]:
@@ -521,7 +524,7 @@ class SchedulerSystemAdapter:
         """Publish the server args where the release's components read them; the schedule settings."""
         m = self.m
         # NOTE: 0.5.21 on name the process's ranks; one process, rank 0 (before, ``publish`` takes no ranks)
-        ranks = {"ranks": m.rc.SpawnRanks(world_rank=0)} if hasattr(m.rc, "SpawnRanks") else {}
+        ranks = {"ranks": m.rc.SpawnRanks(world_rank=0)} if self._ranked() else {}
         m.rc.publish(args, role="scheduler", **ranks)
         return m.rc.get_schedule()
 
@@ -577,12 +580,10 @@ class SchedulerSystemAdapter:
         evicted length), which a ``ReqKvInfo`` at ``req.kv`` holds (0.5.16 to 0.5.18: read through
         :class:`SplitKv`); all in ``req.kv`` (0.5.19 on)."""
         kv = getattr(req, "kv", None)
-        if kv is None and not self._kv_split():
-            return req
         if not self._kv_split():
-            return kv
+            return req if kv is None else kv
         got = self._split.get(id(req))
-        if got is None or got.owner is not req:
+        if got is None:
             got = self._split[id(req)] = SplitKv(req)
         return got
 
@@ -597,8 +598,10 @@ class SchedulerSystemAdapter:
     def _copied_sessions(self) -> bool:
         """Whether a session's slot keeps its own copy of the KV fields, copied to and from its turn (to 0.5.18),
         rather than one ``ReqKvInfo`` lent to the turn (0.5.19 on)."""
-        slot = importlib.import_module("sglang.srt.session.streaming_session").SessionSlot
-        return "req_pool_idx" in {f.name for f in dataclasses.fields(slot)}
+        if self._copied is None:
+            slot = importlib.import_module("sglang.srt.session.streaming_session").SessionSlot
+            self._copied = "req_pool_idx" in {f.name for f in dataclasses.fields(slot)}
+        return self._copied
 
     def _records(self) -> dict[int, Any]:
         """Each session's KV record by session id: the ``ReqKvInfo`` the session owns (lent to its running turn);
@@ -1092,7 +1095,7 @@ def _merge(results: list[StepResult]) -> StepResult:
 
 
 def scheduler_system_factory(config: SystemConfig) -> SchedulerSystemAdapter:
-    """SGLang's real scheduler (0.5.23) over a ``UnifiedRadixCache`` of the kind ``config`` names."""
+    """SGLang's real scheduler (0.5.17 to 0.5.23) over a ``UnifiedRadixCache`` of the kind ``config`` names."""
     return SchedulerSystemAdapter(config)
 
 

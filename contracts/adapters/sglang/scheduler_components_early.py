@@ -1,8 +1,10 @@
-"""SGLang 0.5.13's real scheduler (the first one assembled from components) behind the ``SystemAdapter`` protocol.
+"""SGLang 0.5.13 to 0.5.16's real scheduler (the first ones assembled from components) behind the ``SystemAdapter``
+protocol.
 
-Factory: :func:`early_components_factory` (alias ``sglang-0.5.13-system``;
-``sglang-system`` picks it when 0.5.13 is installed). What runs and what is
-replaced is what :mod:`~kvledger.contracts.adapters.sglang.scheduler_components`
+Factory: :func:`early_components_factory` (aliases ``sglang-0.5.13-system`` to ``sglang-0.5.16-system``;
+``sglang-system`` picks it when one of them is installed). Written for 0.5.13; what 0.5.16 changes (the running
+batch passed to ``get_next_batch_to_run``, ``kv_allocated_len`` moved to a ``ReqKvInfo``) the base class reads.
+What runs and what is replaced is what :mod:`~kvledger.contracts.adapters.sglang.scheduler_components`
 says for 0.5.23: the same component ``init_*`` methods, the same loop body, the
 same fake worker and no-op hooks. This module supplies only where 0.5.13 keeps
 things elsewhere:
@@ -76,7 +78,7 @@ class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
         )
 
     def _cache_extra(self) -> dict[str, Any]:
-        return {}  # NOTE: no tree core to choose before 0.5.23
+        return {}  # NOTE: no tree core before 0.5.17
 
     def _publish(self, args: Any) -> Any:
         # NOTE: 0.5.13's components read the global server args (pp_max_micro_batch_size, the Mamba chunk size)
@@ -96,7 +98,7 @@ class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
 
 
 def early_components_factory(config: SystemConfig) -> EarlyComponentsSchedulerAdapter:
-    """SGLang 0.5.13's real scheduler over a ``UnifiedRadixCache`` of the kind ``config`` names."""
+    """SGLang 0.5.13 to 0.5.16's real scheduler over a ``UnifiedRadixCache`` of the kind ``config`` names."""
     return EarlyComponentsSchedulerAdapter(config)
 
 

@@ -173,7 +173,7 @@ def _environ(name: str, value: str | None) -> Iterator[None]:
         yield
     finally:
         if was is None:
-            del os.environ[name]
+            os.environ.pop(name, None)
         else:
             os.environ[name] = was
 

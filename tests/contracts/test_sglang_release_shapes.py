@@ -1,0 +1,151 @@
+"""How the SGLang adapters read what moved between releases, checked without SGLang (fakes of its shapes).
+
+The adapters drive every release from 0.5.9 to 0.5.23 by reading the installed code (a field, a signature, an
+attribute), not a version table; these tests pin each reading on fakes, so the main venv (no SGLang) checks them,
+and the release lists stay one list wherever they are named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pydantic
+import pytest
+
+from kvledger.contracts.adapters.protocol import ALIASES
+from kvledger.contracts.adapters.sglang import system_factory
+from kvledger.contracts.adapters.sglang.cpu_import import (
+    COMPONENTS,
+    EARLY_COMPONENTS,
+    EARLY_UNIFIED,
+    SCHEDULER,
+    StubbedGPUModule,
+    _placeholder,
+)
+from kvledger.contracts.adapters.sglang.scheduler_components import SplitKv, one_process
+from kvledger.contracts.adapters.sglang.unified import CORE_VARIABLE, _environ, new_cache
+from kvledger.contracts.adapters.system import COMPONENT_RELEASES, EARLY_COMPONENT_RELEASES, SYSTEM_ALIASES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_environ_sets_for_the_block_and_restores_what_was_there() -> None:
+    name = "KVLEDGER_TEST_ENVIRON"
+    os.environ.pop(name, None)
+    with _environ(name, "python"):
+        assert os.environ[name] == "python"
+    assert name not in os.environ
+    os.environ[name] = "rust"
+    try:
+        with pytest.raises(RuntimeError), _environ(name, "python"):
+            assert os.environ[name] == "python"
+            raise RuntimeError("the block fails")
+        assert os.environ[name] == "rust"
+        with _environ(name, None):  # NOTE: nothing asked: nothing set
+            assert os.environ[name] == "rust"
+        with _environ(name, "python"):
+            del os.environ[name]  # NOTE: the block removed it: restoring must not fail
+        assert os.environ[name] == "rust"
+    finally:
+        os.environ.pop(name, None)
+
+
+def _fake_sglang(with_field: bool) -> tuple[SimpleNamespace, list[tuple[dict[str, Any], str | None]]]:
+    """A release's ``CacheInitParams`` (with or without ``tree_core_backend``) and a cache that records what it
+    was built with and the tree-core variable at that moment."""
+    built: list[tuple[dict[str, Any], str | None]] = []
+    fields: list[Any] = [("page_size", int)]
+    if with_field:
+        fields.append(("tree_core_backend", str, dataclasses.field(default="python")))
+    params = dataclasses.make_dataclass("CacheInitParams", fields)
+
+    class UnifiedRadixCache:
+        def __init__(self, p: Any) -> None:
+            built.append((dataclasses.asdict(p), os.environ.get(CORE_VARIABLE)))
+
+    return SimpleNamespace(
+        params=SimpleNamespace(CacheInitParams=params), unified=SimpleNamespace(UnifiedRadixCache=UnifiedRadixCache)
+    ), built
+
+
+def test_the_tree_core_goes_in_the_params_field_where_there_is_one_else_in_the_variable() -> None:
+    os.environ.pop(CORE_VARIABLE, None)
+    later, built = _fake_sglang(with_field=True)  # NOTE: 0.5.21 on
+    new_cache(later, "rust", page_size=1)
+    assert built == [({"page_size": 1, "tree_core_backend": "rust"}, None)]
+    earlier, built = _fake_sglang(with_field=False)  # NOTE: 0.5.17 to 0.5.20
+    new_cache(earlier, "rust", page_size=2)
+    assert built == [({"page_size": 2}, "rust")]
+    assert CORE_VARIABLE not in os.environ, "the variable is set while the cache is built only"
+    new_cache(earlier, None, page_size=1)  # NOTE: no core asked: the release's default, nothing set
+    assert built[-1] == ({"page_size": 1}, None)
+
+
+def test_split_kv_fields_read_the_info_for_its_fields_and_the_owner_for_the_rest() -> None:
+    owner = SimpleNamespace(req_pool_idx=3, kv_committed_len=5, kv=None)  # NOTE: 0.5.16 to 0.5.18, not allocated
+    view = SplitKv(owner)
+    assert (view.req_pool_idx, view.kv_committed_len, view.kv_allocated_len) == (3, 5, 0)
+    owner.kv = SimpleNamespace(kv_allocated_len=8, swa_evicted_seqlen=2)
+    assert (view.kv_allocated_len, view.swa_evicted_seqlen, view.req_pool_idx) == (8, 2, 3)
+    with pytest.raises(AttributeError):
+        _ = view.mamba_pool_idx  # NOTE: a field the owner lacks is no field, not a default
+
+
+def test_one_process_state_is_read_from_the_release_fields() -> None:
+    fields = ["tp_rank", "tp_size", "dp_rank", "dp_size", "dcp_size", "gpu_id"]  # NOTE: 0.5.16 adds dcp_size
+    state = dataclasses.make_dataclass("ParallelState", [(f, int) for f in fields])
+    got = one_process(state)
+    assert dataclasses.asdict(got) == {
+        "tp_rank": 0,
+        "tp_size": 1,
+        "dp_rank": 0,
+        "dp_size": 1,
+        "dcp_size": 1,
+        "gpu_id": 0,
+    }
+
+
+def test_a_stubbed_class_types_a_pydantic_field_and_still_refuses_to_run() -> None:
+    tag = _placeholder("xgrammar", "StructuralTag")
+    model = pydantic.create_model("Request", tag=(tag | None, None))
+    assert model(tag=None).tag is None
+    assert model(tag="anything").tag == "anything"  # NOTE: any value: no value of the stub is ever made
+    with pytest.raises(StubbedGPUModule):
+        tag()
+
+
+def _known_in_sglang_env() -> tuple[str, ...]:
+    text = (ROOT / ".ci" / "sglang_env").read_text()
+    found = re.search(r"^KNOWN=\(([^)]*)\)", text, re.M)
+    assert found is not None, ".ci/sglang_env names no KNOWN releases"
+    return tuple(found.group(1).split())
+
+
+def test_every_driven_release_is_one_list() -> None:
+    driven = (*system_factory.MIXINS, *EARLY_COMPONENT_RELEASES, *COMPONENT_RELEASES)
+    assert _known_in_sglang_env() == driven
+    assert all(SCHEDULER.contains(v) for v in system_factory.MIXINS)
+    assert all(EARLY_COMPONENTS.contains(v) for v in EARLY_COMPONENT_RELEASES)
+    assert all(COMPONENTS.contains(v) for v in COMPONENT_RELEASES)
+    assert not any(COMPONENTS.contains(v) for v in EARLY_COMPONENT_RELEASES)
+    assert (EARLY_COMPONENTS.lowest, EARLY_COMPONENTS.highest) == (
+        EARLY_COMPONENT_RELEASES[0],
+        EARLY_COMPONENT_RELEASES[-1],
+    )
+    assert (COMPONENTS.lowest, COMPONENTS.highest) == (COMPONENT_RELEASES[0], COMPONENT_RELEASES[-1])
+    assert all(
+        f"sglang-{v}-system" in SYSTEM_ALIASES and f"sglang-{v}-system-chunked" in SYSTEM_ALIASES for v in driven
+    )
+    early_cache = [v for v in driven if EARLY_UNIFIED.contains(v)]
+    assert all(f"sglang-{v}" in ALIASES for v in early_cache)
+    spec = importlib.util.spec_from_file_location("engine_envs", ROOT / "tests" / "test_engine_envs.py")
+    assert spec is not None and spec.loader is not None
+    envs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(envs)
+    assert driven == envs.SGLANG, "tests/test_engine_envs.py looks for the venvs of every driven release"
