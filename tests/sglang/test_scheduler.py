@@ -7,6 +7,7 @@ the bug and passes in the first release that fixed it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -437,20 +438,12 @@ def test_a_request_aborted_mid_prefill_ends_and_gives_everything_back(model: str
 
 
 @pytest.mark.skipif(VERSION not in ("0.5.11", "0.5.12"), reason=f"0.5.11's and 0.5.12's outcome; have {VERSION}")
-def test_finding_a_mamba_pool_with_every_state_held_crashes_the_scheduler() -> None:
+def test_finding_a_mamba_pool_with_every_state_held_crashes_the_scheduler(
+    crash_on_a_full_mamba_pool: Callable[[Any], None],
+) -> None:
     """The components adapters' finding (``test_scheduler_components.py``, found on 0.5.13 to 0.5.21), here on the
     mixin-era schedulers: the same five steps end in SGLang's own assertion ``Can not alloc mamba cache``, in the
     copy of the running state a prefill donates to the tree (``cache_unfinished_req``) with every Mamba slot
     held. 0.5.10 runs the same program through (its ``MambaRadixCache`` caches no unfinished request's state); 0.5.9
     ends it with B2 first."""
-    state: Any = _machine(SystemConfig(mamba=True))
-    state.swarm(off=frozenset())
-    state.add_request(budget=64, prompt=3, sid=None, suffix=[])
-    state.inv_all_laws()
-    state.repeat_sequence(branch=0, finish=True, pick=0, sid=2)
-    state.inv_all_laws()
-    state.repeat_sequence(branch=None, finish=False, pick=0, sid=None)
-    state.inv_all_laws()
-    assert len(state.last.ledgers["mamba"].free) <= 2, "the Mamba pool is nearly full before the last request"
-    with pytest.raises(AssertionError, match="Can not alloc mamba cache"):
-        state.add_request(budget=64, prompt=0, sid=1, suffix=[])
+    crash_on_a_full_mamba_pool(_machine(SystemConfig(mamba=True)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -495,7 +496,9 @@ def test_finding_a_session_whose_retracted_turn_is_aborted_keeps_its_memory(mode
 
 
 @needs_components
-def test_finding_a_mamba_pool_with_every_state_held_crashes_the_scheduler() -> None:
+def test_finding_a_mamba_pool_with_every_state_held_crashes_the_scheduler(
+    crash_on_a_full_mamba_pool: Callable[[Any], None],
+) -> None:
     """Found by the system machine (``--model mamba --seed 2``: 19 programs, shrunk to five steps) on every
     release driven through this adapter, 0.5.13 to 0.5.23: SGLang's own assertion ``Can not alloc mamba cache``
     fails inside the scheduler's step, which in a server ends the scheduler process.
@@ -509,19 +512,7 @@ def test_finding_a_mamba_pool_with_every_state_held_crashes_the_scheduler() -> N
     The same crash is reported upstream from production (sgl-project/sglang pull requests 33773, 36770 and 40128,
     open, none in 0.5.23).
     """
-    state = machine_for_system(lambda: _adapter(MODELS["mamba"]))()
-    state.swarm(off=frozenset())
-    state.inv_all_laws()
-    state.add_request(budget=64, prompt=3, sid=None, suffix=[])
-    state.inv_all_laws()
-    state.repeat_sequence(branch=0, finish=True, pick=0, sid=2)
-    state.inv_all_laws()
-    state.repeat_sequence(branch=None, finish=False, pick=0, sid=None)
-    state.inv_all_laws()
-    held = state.last.ledgers["mamba"]
-    assert len(held.free) <= 2, "the Mamba pool is nearly full before the last request"
-    with pytest.raises(AssertionError, match="Can not alloc mamba cache"):
-        state.add_request(budget=64, prompt=0, sid=1, suffix=[])
+    crash_on_a_full_mamba_pool(machine_for_system(lambda: _adapter(MODELS["mamba"]))())
 
 
 @needs_components
