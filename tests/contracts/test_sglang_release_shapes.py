@@ -87,6 +87,22 @@ def test_the_tree_core_goes_in_the_params_field_where_there_is_one_else_in_the_v
     assert built[-1] == ({"page_size": 1}, None)
 
 
+def test_a_cache_built_on_another_tree_core_than_asked_is_refused() -> None:
+    sg, built = _fake_sglang(with_field=True)
+    falls_back = type("UnifiedTreeCore", (), {})  # NOTE: SGLang's Python core, whatever was asked
+
+    class Cache(sg.unified.UnifiedRadixCache):  # type: ignore[name-defined,misc]
+        def __init__(self, p: Any) -> None:
+            super().__init__(p)
+            self.tree_core = falls_back()
+
+    sg.unified.UnifiedRadixCache = Cache
+    assert isinstance(new_cache(sg, "python", page_size=1), Cache)
+    with pytest.raises(RuntimeError, match=r"built a UnifiedTreeCore where the rust tree core .* was asked for"):
+        new_cache(sg, "rust", page_size=1)
+    assert len(built) == 2
+
+
 def test_split_kv_fields_read_the_info_for_its_fields_and_the_owner_for_the_rest() -> None:
     owner = SimpleNamespace(req_pool_idx=3, kv_committed_len=5, kv=None)  # NOTE: 0.5.16 to 0.5.18, not allocated
     view = SplitKv(owner)

@@ -65,6 +65,7 @@ the adapter holds), ``inject_failure``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
 import os
@@ -94,7 +95,7 @@ from kvledger.contracts.adapters.sglang.common import (
 )
 from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, TestedRange
 from kvledger.contracts.adapters.sglang.scheduler import _patch_page_kernels
-from kvledger.contracts.adapters.sglang.unified import CORES, UnifiedAdapter, _sglang, new_cache
+from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang, new_cache
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
 from kvledger.contracts.adapters.system import IdleVerdict, RequestView, RowView, SessionView, StepResult, SystemConfig
 from kvledger.contracts.adapters.system import SystemSnapshot as SystemSnap
@@ -320,9 +321,6 @@ class SchedulerSystemAdapter:
             tree_components=comps,
             **self._cache_extra(),
         )
-        core = getattr(self.cache, "tree_core", None)
-        if core is not None and type(core).__name__ != CORES["python"]:
-            raise RuntimeError(f"SGLang built a {type(core).__name__} where the Python tree core was asked for")
         self.view = self.VIEW.observing(self.cache, self.pools, self.cache_config, self.kv, self.TESTED)
         self.oracle = _Oracle(self.kv)
         self.hooks: dict[str, int] = {}
@@ -331,8 +329,6 @@ class SchedulerSystemAdapter:
         # NOTE: the split view of each object read (0.5.16 to 0.5.18), one per object: it keeps its object alive,
         # so an id is never reused while it is here (``self.reqs`` keeps the requests alive anyway)
         self._split: dict[int, SplitKv] = {}
-        self._split_release: bool | None = None
-        self._copied: bool | None = None
         self.req_session: dict[int, int] = {}
         self.aborted: set[int] = set()
         # NOTE: a session's next turn, held (as a streaming client holds it) until the session's previous turn ends
@@ -580,33 +576,31 @@ class SchedulerSystemAdapter:
         evicted length), which a ``ReqKvInfo`` at ``req.kv`` holds (0.5.16 to 0.5.18: read through
         :class:`SplitKv`); all in ``req.kv`` (0.5.19 on)."""
         kv = getattr(req, "kv", None)
-        if not self._kv_split():
+        if not self._kv_split:
             return req if kv is None else kv
         got = self._split.get(id(req))
         if got is None:
             got = self._split[id(req)] = SplitKv(req)
         return got
 
+    @functools.cached_property
     def _kv_split(self) -> bool:
         """Whether this release's ``ReqKvInfo`` holds only some of a request's KV fields (0.5.16 to 0.5.18)."""
-        if self._split_release is None:
-            info = getattr(importlib.import_module("sglang.srt.managers.schedule_batch"), "ReqKvInfo", None)
-            fields = {f.name for f in dataclasses.fields(info)} if info is not None else set()
-            self._split_release = bool(fields) and "req_pool_idx" not in fields
-        return self._split_release
+        info = getattr(importlib.import_module("sglang.srt.managers.schedule_batch"), "ReqKvInfo", None)
+        fields = {f.name for f in dataclasses.fields(info)} if info is not None else set()
+        return bool(fields) and "req_pool_idx" not in fields
 
+    @functools.cached_property
     def _copied_sessions(self) -> bool:
         """Whether a session's slot keeps its own copy of the KV fields, copied to and from its turn (to 0.5.18),
         rather than one ``ReqKvInfo`` lent to the turn (0.5.19 on)."""
-        if self._copied is None:
-            slot = importlib.import_module("sglang.srt.session.streaming_session").SessionSlot
-            self._copied = "req_pool_idx" in {f.name for f in dataclasses.fields(slot)}
-        return self._copied
+        slot = importlib.import_module("sglang.srt.session.streaming_session").SessionSlot
+        return "req_pool_idx" in {f.name for f in dataclasses.fields(slot)}
 
     def _records(self) -> dict[int, Any]:
         """Each session's KV record by session id: the ``ReqKvInfo`` the session owns (lent to its running turn);
         to 0.5.18 the session's slot, or the turn it was copied to while that turn holds its row."""
-        if self._copied_sessions():
+        if self._copied_sessions:
             return self._copied_records()
         records = getattr(self.cache, "session_records", None)
         if records is None:  # NOTE: before 0.5.22 the cache has no such query: its session's slots hold the records
@@ -905,7 +899,7 @@ class SchedulerSystemAdapter:
         named = {id(kv) for kv in records.values()}
         kvs = {rid: self._kv(req) for rid, req in self.reqs.items()}
         live = {rid: kv for rid, kv in kvs.items() if _holds(kv) and id(kv) not in named}
-        if not self._copied_sessions():
+        if not self._copied_sessions:
             return live
         slots = self.cache.session.slots
 

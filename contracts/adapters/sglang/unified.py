@@ -183,13 +183,22 @@ def new_cache(sg: SimpleNamespace, tree_core_backend: str | None = None, **param
     the release's default, or its only one).
 
     NOTE: 0.5.17 to 0.5.20 have no ``CacheInitParams.tree_core_backend``; their cache reads its tree core from
-    ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` when it is built, which is set for that moment only."""
+    ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` when it is built, which is set for that moment only. A cache built on
+    another core than the one asked for (SGLang falling back silently) is refused: every reading of it assumes the
+    core asked for."""
     fields = {f.name for f in dataclasses.fields(sg.params.CacheInitParams)}
     core = tree_core_backend if "tree_core_backend" not in fields else None
     if core is None and tree_core_backend is not None:
         params["tree_core_backend"] = tree_core_backend
     with _environ(CORE_VARIABLE, core):
-        return sg.unified.UnifiedRadixCache(sg.params.CacheInitParams(**params))
+        cache = sg.unified.UnifiedRadixCache(sg.params.CacheInitParams(**params))
+    built = getattr(cache, "tree_core", None)
+    if tree_core_backend is not None and built is not None and type(built).__name__ != CORES[tree_core_backend]:
+        raise RuntimeError(
+            f"SGLang built a {type(built).__name__} where the {tree_core_backend} tree core "
+            f"({CORES[tree_core_backend]}) was asked for"
+        )
+    return cache
 
 
 def _publish_cpu_args() -> None:
@@ -236,9 +245,6 @@ class UnifiedAdapter:
     def __init__(self, config: CacheConfig, core: str) -> None:
         self._setup(config, core, None, KVBuffer())
         self.cache = self._new_cache(tree_core_backend=core)
-        got = type(self.cache.tree_core).__name__
-        if got != CORES[core]:
-            raise RuntimeError(f"SGLang built a {got} where the {core} tree core ({CORES[core]}) was asked for")
 
     def _new_cache(self, **extra: Any) -> Any:
         """A ``UnifiedRadixCache`` with this config's components over this adapter's pools."""
