@@ -598,3 +598,41 @@ def test_a_public_call_step_sweeps_two_calls_of_its_object(data: st.DataObject) 
     sweepable = {m.what for m in scenario.methods if any(a.edges is not None for a in m.args.values())}
     assert len(scenario.swept) == min(2, len(sweepable)), scenario.swept
     state.teardown()
+
+
+@pytest.mark.parametrize("named", ["the slots that have one", "the first culprit only", "a culprit and an innocent"])
+def test_a_refused_swa_free_must_name_exactly_the_slots_without_an_swa_slot(
+    monkeypatch: pytest.MonkeyPatch, named: str
+) -> None:
+    """A second ``free_swa`` of the same full slots is refused (their SWA slots are gone). The refusal must name the
+    culprits, the full slots with no SWA slot left, and only them (issue 19, new family, seed 50: the refusal named
+    the slots that still had one, none here): a refusal that names fewer or other slots sends its reader elsewhere."""
+    from kvledger.impl.allocators import SWATokenAllocator
+
+    state = machine_for(KINDS["swa"])()
+    chunk = state.allocate(owner=OWNERS[0], n=3)
+    state.free_swa(chunk)
+    state.free_swa(chunk)  # NOTE: the reference is refused naming all three: none has an SWA slot left
+
+    real = SWATokenAllocator.free_swa
+
+    def free_swa(self: SWATokenAllocator, indices: torch.Tensor, owner: Owner) -> None:
+        try:
+            real(self, indices, owner)
+        except InvalidArgument as err:  # BUG: the refusal names other slots than the culprits
+            idx = indices.tolist()
+            swa = self.full_to_swa[indices].tolist()
+            innocent = next(s for s in range(self.full.pool.base, self.full.pool.base + 64) if s not in idx)
+            bad = {
+                "the slots that have one": [s for s, w in zip(idx, swa, strict=True) if w != 0],
+                "the first culprit only": sorted(err.slots)[:1],
+                "a culprit and an innocent": [sorted(err.slots)[0], innocent],
+            }[named]
+            raise InvalidArgument(err.operation, err.pool, bad, err.detail) from None
+
+    monkeypatch.setattr(SWATokenAllocator, "free_swa", free_swa)
+    state = machine_for(KINDS["swa"])()
+    chunk = state.allocate(owner=OWNERS[0], n=3)
+    state.free_swa(chunk)
+    with pytest.raises(AssertionError, match=r"inv_names_culprit: InvalidArgument names slots \[.*\], the culprits"):
+        state.free_swa(chunk)
