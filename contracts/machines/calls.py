@@ -1606,6 +1606,71 @@ def _handed_over(cache: RadixCache) -> str:
     return ""
 
 
+ALIAS_WIDTHS = ("i", "h", "b")
+"""The narrower integer ``array`` typecodes ``_aliased_keys`` reads a key's int64 bytes in (``q``'s width is the
+key's own; an unsigned code reads these small ids' bytes as its signed twin does)."""
+
+
+def _aliased_keys(cache: RadixCache) -> str:
+    """A key is its ids, whatever width holds them: a call with an ``array`` of a narrower integer typecode whose
+    bytes are those of the key last matched (ids ``[t0, 0, t1, 0, ...]`` in an ``array("i")`` after a match of
+    ``[t0, t1, ...]``) is the call with those ids as int64. An implementation that remembers a key by its bytes
+    (a walk memo, a cache of converted keys) and takes another width's bytes for them reads another key.
+
+    Per width (``ALIAS_WIDTHS``), a cached key is chosen (the longest, or its first page, whichever leaves room for
+    as many slots as its alias has ids), and the alias is given right after a match of that key, once in its
+    narrower typecode and once as the same ids in an ``array("q")``, each on its own deep copy of ``cache``: a
+    match of it; and, by a fresh owner holding as many slots as it has ids, an insert of it, then a match. Both
+    forms must be answered alike (the match's length and slots; the insert's refusal type, or its ``prefix_len``
+    and duplicates) and end in the same state. What differed, or ""."""
+    leaves = [n for n in cache.nodes() if n is not cache.root and not n.children]
+    if not leaves:
+        return ""
+    longest = cache.prefix(max(leaves, key=lambda x: x.end)).tolist()
+    for code in ALIAS_WIDTHS:
+        width = 8 // array(code).itemsize
+        room = cache.kv.available_size()
+        head = next((k for k in (longest, longest[: cache.page_size]) if 0 < len(k) * width <= room), None)
+        if head is None:
+            continue
+        alias = array(code, array("q", head).tobytes())
+        mine, theirs = (_alias_answers(cache, head, key) for key in (alias, array("q", list(alias))))
+        if mine != theirs:
+            how = "" if mine[-1] == theirs[-1] else "; and the cache ends in another state"
+            return (
+                f"a key of ids {list(alias)} in an array({code!r}) (the bytes of {head}, the key just matched) is "
+                f"answered {mine[:-1]}, the same ids as int64 {theirs[:-1]} (match; insert, match after){how}"
+            )
+    return ""
+
+
+def _alias_answers(cache: RadixCache, head: list[int], key: array[int]) -> tuple[object, object, object, object]:
+    """``_aliased_keys``' calls of ``key``, each right after a match of ``head`` on its own deep copy of ``cache``:
+    (a match's answer; an insert's by a fresh owner of as many slots as ``key`` has ids; a match's after that
+    insert; the state then)."""
+
+    def matched(dup: RadixCache) -> object:
+        try:
+            m = dup.match_prefix(key)
+        except Exception as err:  # NOTE: typed or not, the answer is what is compared
+            return type(err).__name__
+        return (m.length, m.indices.tolist())
+
+    first = deepcopy(cache)
+    first.match_prefix(array("q", head))
+    alone = matched(first)
+    dup = deepcopy(cache)
+    dup.match_prefix(array("q", head))
+    slots = dup.kv.alloc(len(key), request(97))
+    try:
+        res = dup.insert(key, slots, request(97))
+    except Exception as err:  # NOTE: as above
+        inserted: object = type(err).__name__
+    else:
+        inserted = (res.prefix_len, res.dup_indices.tolist(), res.dup_mamba)
+    return alone, inserted, matched(dup), _cache_fingerprint(dup)
+
+
 def _recomputed_sizes(cache: RadixCache, what: str) -> str:
     """``recompute_sizes()`` (the counters recomputed from the tree) equals ``sizes()`` (the maintained ones); what
     went wrong, or ""."""
@@ -1693,6 +1758,7 @@ def cache_audit(cache: RadixCache) -> str:
         or _recomputed_sizes(cache, "the cache")
         or _fresh_self_checks(cache)
         or _fixed_views(cache)
+        or _aliased_keys(cache)
     )
     if broken:
         raise AssertionError(f"{law}: {broken}")

@@ -9,6 +9,7 @@ import inspect
 import json
 import os
 import pkgutil
+from array import array
 from collections.abc import Callable
 from copy import copy, deepcopy
 from typing import Any
@@ -2620,3 +2621,43 @@ def test_a_mamba_call_on_a_manager_without_mamba_that_goes_on_is_caught(
 
     monkeypatch.setattr(MemoryManager, "free_mamba", free_mamba)
     fails(kind, C.manager_scenario, "inv_domain_enforced")
+
+
+@pytest.mark.parametrize("kind", ["token", "paged", "swa", "mamba"])
+def test_aliased_keys_hold_on_a_healthy_cache(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each narrower width of a cached key's bytes is read as its ids, on every kind of cache (the audit found room
+    to try at least one width), and the cache audited is left as it was."""
+    c = _locked(kind) if kind == "token" else _cached(kind)
+    before = C._cache_fingerprint(c)
+    tried: list[object] = []
+    real = C._alias_answers
+    monkeypatch.setattr(C, "_alias_answers", lambda *a: tried.append(a[2].typecode) or real(*a))
+    assert C._aliased_keys(c) == ""
+    assert C._cache_fingerprint(c) == before
+    assert "i" in tried and "q" in tried, tried
+
+
+@pytest.mark.parametrize("kind", ["token", "paged"])
+def test_an_insert_that_reads_a_narrower_key_by_its_bytes_fails_the_audit(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Issue 19, new family, seed 40: ``insert``'s test for an ``array("q")`` key negated, so a key of another
+    typecode is taken by its raw bytes, and where those equal the bytes of the key last matched the insert reads
+    that key (half as many ids) instead of its own. The audit gives a key of those very bytes right after the match."""
+    from kvledger.impl import radix
+
+    real = radix.RadixCache.insert
+
+    def insert(self: RadixCache, key: Any, value: Any, owner: Any, *, mamba_slot: Any = None) -> Any:
+        memo = self._walked
+        if type(key) is array and key.typecode != "q" and memo is not None and memo.raw == key.tobytes():
+            key = memo.key  # BUG: the bytes of another width read as the last match's int64 key
+        return real(self, key, value, owner, mamba_slot=mamba_slot)
+
+    c = _locked() if kind == "token" else _cached(kind)
+    assert C._aliased_keys(c) == ""
+    monkeypatch.setattr(radix.RadixCache, "insert", insert)
+    with pytest.raises(
+        AssertionError, match=r"self-checks agree with the state: a key of ids \[.*\] in an array\('i'\)"
+    ):
+        C.cache_audit(c)
