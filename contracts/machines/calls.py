@@ -596,6 +596,12 @@ def forged_handles(live: Sequence[LockHandle]) -> list[LockHandle]:
     return out
 
 
+def _disabled(_x: object, _d: Drawn) -> type[KVLedgerError]:
+    """The refusal of any call on a component the object has not (``spec``: ``ComponentDisabled``), whatever the
+    argument."""
+    return ComponentDisabled
+
+
 def _cache_methods(c: _Cache) -> tuple[Method, ...]:
     cache, ps = c.cache, c.cache.page_size
     forged = forged_handles(c.live)
@@ -725,7 +731,7 @@ def _cache_methods(c: _Cache) -> tuple[Method, ...]:
                             sampled_from(c.matches or c.stale_matches),
                             lambda _x: False,
                             edges=[*c.matches, *c.stale_matches],
-                            refusal=lambda _x, _d: ComponentDisabled,
+                            refusal=_disabled,
                         ),
                         "owner": _arg(just(request(92)), owner_or_junk(), D.is_owner),
                     },
@@ -2312,7 +2318,8 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
                 # run on freed memory), and nothing changes
                 "sid": _arg(
                     sampled_from(idle) if idle else None,
-                    sampled_from([3, -1, True, 1.5, None, MAX_IDENT + 1, *in_use]),
+                    # NOTE: any id or junk (the probes' own), a session never opened, one in use
+                    id_or_junk(MAX_IDENT + 1) | sampled_from([3, *in_use]),
                     lambda x: type(x) is int and x in mm.sessions.slots and x not in in_use,
                     edges=(3, *id_edges(MAX_IDENT + 1), *in_use),
                 )
@@ -2346,17 +2353,13 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
     else:
         # NOTE: a manager without Mamba holds no state to give or take back: every such call is refused, whatever
         # its arguments, ComponentDisabled (as a cache without Mamba refuses a copy-on-write)
-
-        def disabled(_x: object, _d: Drawn) -> type[KVLedgerError]:
-            return ComponentDisabled
-
         methods.append(
             Method(
                 "alloc_mamba",
                 mm.alloc_mamba,
                 {
                     "owner": _arg(
-                        None, owner_or_junk(), lambda _x: False, edges=(request(96), *OWNER_EDGES), refusal=disabled
+                        None, owner_or_junk(), lambda _x: False, edges=(request(96), *OWNER_EDGES), refusal=_disabled
                     )
                 },
             )
@@ -2366,7 +2369,7 @@ def _manager_methods(mm: MemoryManager) -> tuple[Method, ...]:
                 "free_mamba",
                 lambda owner, m: mm.free_mamba(owner, m),
                 {
-                    "m": _arg(None, sampled_from([MambaAlloc(0, (1,)), 1, None]), lambda _x: False, refusal=disabled),
+                    "m": _arg(None, sampled_from([MambaAlloc(0, (1,)), 1, None]), lambda _x: False, refusal=_disabled),
                     "owner": _arg(just(request(96)), owner_or_junk(), D.is_owner, edges=OWNER_EDGES),
                 },
             )
