@@ -262,6 +262,14 @@ ALIASES: dict[str, str] = {
         f"sglang-{v}": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory"
         for v in ("0.5.13", "0.5.14", "0.5.15", "0.5.16")
     },
+    **{
+        f"sglang-{v}": "kvledger.contracts.adapters.sglang.unified_inc_lock:inc_lock_python_factory"
+        for v in ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21")
+    },
+    **{
+        f"sglang-{v}-rust": "kvledger.contracts.adapters.sglang.unified_inc_lock:inc_lock_rust_factory"
+        for v in ("0.5.19", "0.5.20", "0.5.21")
+    },
     "sglang-0.5.22": "kvledger.contracts.adapters.sglang.unified:unified_python_factory",
     "sglang-0.5.22-rust": "kvledger.contracts.adapters.sglang.unified:unified_rust_factory",
 }
@@ -277,8 +285,9 @@ checks every kind; ``--model swa`` checks one. ``sglang-0.5.9``: 0.5.9's
 ``sglang-0.5.13-mamba`` the ``MambaRadixCache`` those releases still ship beside the unified one.
 ``sglang-0.5.11`` to ``sglang-0.5.16``: the installed release's first
 ``UnifiedRadixCache`` (components on the cache; every kind, as ``sglang`` does). ``sglang-0.5.22`` (and
-``-rust``): 0.5.22's, read as 0.5.23's. 0.5.17 to 0.5.21 (a tree core, but the older lock and match API) have no
-cache-level adapter; their schedulers are driven (``--suite system --adapter sglang-system``).
+``-rust``): 0.5.22's, read as 0.5.23's. ``sglang-0.5.17`` to ``sglang-0.5.21`` (and ``-rust`` from 0.5.19, the
+first release with a Rust core): the installed release's cache on its tree core, locked through ``inc_lock_ref``
+(``unified_inc_lock``; every kind, except Mamba on 0.5.19's Rust core).
 """
 
 AdapterFactory = Callable[[CacheConfig], CacheAdapter]

@@ -20,16 +20,20 @@ import pytest
 
 from kvledger.contracts.adapters.protocol import ALIASES
 from kvledger.contracts.adapters.sglang import system_factory
+from kvledger.contracts.adapters.sglang.common import FULL, SWA
 from kvledger.contracts.adapters.sglang.cpu_import import (
     COMPONENTS,
     EARLY_COMPONENTS,
     EARLY_UNIFIED,
+    INC_LOCK,
     SCHEDULER,
+    UNIFIED,
     StubbedGPUModule,
     _placeholder,
 )
 from kvledger.contracts.adapters.sglang.scheduler_components import SplitKv, one_process
-from kvledger.contracts.adapters.sglang.unified import CORE_VARIABLE, _environ, new_cache
+from kvledger.contracts.adapters.sglang.unified import CORE_VARIABLE, UnifiedLock, _environ, new_cache
+from kvledger.contracts.adapters.sglang.unified_inc_lock import IncLockAdapter
 from kvledger.contracts.adapters.system import COMPONENT_RELEASES, EARLY_COMPONENT_RELEASES, SYSTEM_ALIASES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,8 +164,72 @@ def test_every_driven_release_is_one_list() -> None:
     )
     early_cache = [v for v in driven if EARLY_UNIFIED.contains(v)]
     assert all(f"sglang-{v}" in ALIASES for v in early_cache)
+    inc_lock = [v for v in driven if INC_LOCK.contains(v)]
+    assert (INC_LOCK.lowest, INC_LOCK.highest) == (inc_lock[0], inc_lock[-1])
+    assert all(ALIASES[f"sglang-{v}"].endswith("unified_inc_lock:inc_lock_python_factory") for v in inc_lock)
+    cache_ranges = (EARLY_UNIFIED, INC_LOCK, UNIFIED)
+    cached = [v for v in driven if any(r.contains(v) for r in cache_ranges)]
+    assert cached == list(driven[driven.index(EARLY_UNIFIED.lowest) :]), "every release from 0.5.11 has a cache range"
+    assert all(sum(r.contains(v) for r in cache_ranges) == 1 for v in cached), "the cache ranges do not overlap"
+    assert all(f"sglang-{v}" in ALIASES for v in cached)
+    rust = [a.removeprefix("sglang-").removesuffix("-rust") for a in ALIASES if re.fullmatch(r"sglang-[\d.]+-rust", a)]
+    assert all(INC_LOCK.contains(v) or UNIFIED.contains(v) for v in rust), "a Rust core only on a tree-core release"
     spec = importlib.util.spec_from_file_location("engine_envs", ROOT / "tests" / "test_engine_envs.py")
     assert spec is not None and spec.loader is not None
     envs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(envs)
     assert driven == envs.SGLANG, "tests/test_engine_envs.py looks for the venvs of every driven release"
+
+
+def _inc_lock_adapter() -> IncLockAdapter:
+    """An ``IncLockAdapter`` with only what its readings use: FULL and SWA, named as SGLang's ``ComponentType``."""
+    a = IncLockAdapter.__new__(IncLockAdapter)
+    a.ct = {FULL: "full", SWA: "swa"}
+    a.comps = (FULL, SWA)
+    return a
+
+
+def _held(receipt: Any) -> UnifiedLock:
+    return UnifiedLock(hid=1, tree_lock=receipt, node=None, match=None, key=())  # type: ignore[arg-type]
+
+
+def test_the_inc_lock_receipt_is_read_in_each_of_its_shapes() -> None:
+    a = _inc_lock_adapter()
+    up_to_0519 = SimpleNamespace(swa_uuid_for_lock=7, skip_lock_node_ids={})
+    at_0520 = SimpleNamespace(swa_uuid_for_lock=7, skipped_lock_components=("mamba",))
+    from_0521 = SimpleNamespace(component_lock_uuids={"swa": 7}, skipped_lock_components=("mamba",))
+    assert a._receipt(_held(up_to_0519)) == (7, frozenset())
+    assert a._receipt(_held(at_0520)) == (7, frozenset({"mamba"}))
+    assert a._receipt(_held(from_0521)) == (7, frozenset({"mamba"}))
+    a.comps = (FULL,)  # NOTE: no SWA component: no boundary, whatever the receipt carries
+    assert a._receipt(_held(from_0521))[0] is None and a._receipt(_held(up_to_0519))[0] is None
+
+
+def test_the_released_window_goes_where_the_release_takes_it() -> None:
+    a = _inc_lock_adapter()
+    up_to_0520 = SimpleNamespace(swa_evicted_seqlen=0)
+    a._mark_swa_released(up_to_0520, 3)
+    assert up_to_0520.swa_evicted_seqlen == 3
+
+    @dataclasses.dataclass
+    class From0521:
+        component_evicted_seqlens: dict[str, int] = dataclasses.field(default_factory=dict)
+
+        def set_evicted_seqlen(self, component_type: str, length: int) -> None:
+            self.component_evicted_seqlens[component_type] = length
+
+    later = From0521()
+    a._mark_swa_released(later, 3)
+    assert later.component_evicted_seqlens == {"swa": 3}
+
+
+def test_a_copy_on_write_slot_is_read_where_the_release_wrote_it() -> None:
+    a = _inc_lock_adapter()
+    req, slot_of = a._cow_request()
+    assert slot_of(req) is None
+    req.mamba_pool_idx = 5  # NOTE: 0.5.17 and 0.5.18 fill the request itself
+    assert slot_of(req) == 5
+    req, slot_of = a._cow_request()
+    assert not req.kv.holds_mamba
+    req.kv.mamba_pool_idx = 6  # NOTE: 0.5.19 on fill its ReqKvInfo
+    assert slot_of(req) == 6

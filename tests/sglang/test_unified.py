@@ -1,5 +1,10 @@
-"""SGLang 0.5.22 and 0.5.23: ``UnifiedRadixCache`` conforms on both tree cores: full attention (token and paged), +SWA,
-+Mamba."""
+"""SGLang 0.5.17 to 0.5.23: ``UnifiedRadixCache`` conforms on both tree cores: full attention (token and paged), +SWA,
++Mamba.
+
+0.5.22 and 0.5.23 are read by ``unified``, 0.5.17 to 0.5.21 (locked through ``inc_lock_ref``) by
+``unified_inc_lock``. 0.5.17 and 0.5.18 have no Rust core, and 0.5.19's cannot show its Mamba states: those cases
+are refused by the adapter and skipped here.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,24 @@ from collections.abc import Callable
 import pytest
 from hypothesis import settings
 
-from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig, set_aside
-from kvledger.contracts.adapters.sglang.cpu_import import UNIFIED, installed_version_or_none, unavailable_reason
+from kvledger.contracts.adapters.protocol import ALIASES, CacheAdapter, CacheConfig, load_factory, set_aside
+from kvledger.contracts.adapters.sglang.cpu_import import (
+    INC_LOCK,
+    UNIFIED,
+    installed_version_or_none,
+    unavailable_reason,
+)
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.suites import CACHE_MODELS
 
 HAVE = installed_version_or_none()
+TESTED = next((r for r in (UNIFIED, INC_LOCK) if HAVE is not None and r.contains(HAVE)), None)
+"""The range the installed release is read in (``None``: outside both)."""
 pytestmark = pytest.mark.skipif(
-    HAVE is None or not UNIFIED.contains(HAVE),
+    TESTED is None,
     reason=str(unavailable_reason(UNIFIED.highest))
     if HAVE is None
-    else f"needs {UNIFIED.describe()}; {HAVE} is installed",
+    else f"needs {INC_LOCK.describe()} or {UNIFIED.describe()}; {HAVE} is installed",
 )
 register_profiles()
 CI = settings.get_profile("ci")
@@ -30,9 +42,25 @@ RUST_COW_FINDING = frozenset({"mamba_cow"})
 
 
 def _factory(core: str) -> Callable[[CacheConfig], CacheAdapter]:
+    if TESTED is INC_LOCK:
+        from kvledger.contracts.adapters.sglang import unified_inc_lock as older
+
+        return older.inc_lock_python_factory if core == "python" else older.inc_lock_rust_factory
     from kvledger.contracts.adapters.sglang import unified
 
     return unified.unified_python_factory if core == "python" else unified.unified_rust_factory
+
+
+def _make(core: str, cfg: CacheConfig) -> CacheAdapter:
+    """The adapter on ``core``, or a skip where the installed release's Rust core cannot be read (see the module)."""
+    from kvledger.contracts.adapters.sglang.common import NotExpressible
+
+    try:
+        return _factory(core)(cfg)
+    except NotExpressible as refused:
+        if core == "python" or TESTED is not INC_LOCK:
+            raise
+        pytest.skip(str(refused))
 
 
 def _expected_skips(core: str, cfg: CacheConfig) -> set[str]:
@@ -50,9 +78,9 @@ def _expected_skips(core: str, cfg: CacheConfig) -> set[str]:
 def test_unified_cache_conforms(core: str, model: str) -> None:
     from kvledger.contracts.adapters.sglang.common import check
 
-    make, cfg = _factory(core), MODELS[model]
+    cfg = MODELS[model]
     aside = RUST_COW_FINDING if core == "rust" and cfg.mamba else frozenset()
-    run = check(lambda: set_aside(make(cfg), aside), CI)
+    run = check(lambda: set_aside(_make(core, cfg), aside), CI)
     assert run.result.ok, run.result.violation and run.result.violation.message
     assert run.result.examples >= 50 and run.result.steps > 500
     assert core in run.adapter and run.version == HAVE
@@ -83,7 +111,7 @@ def test_insert_frees_duplicates_itself() -> None:
 @pytest.mark.parametrize("core", ["python", "rust"])
 def test_swa_duplicates_give_back_both_slots(core: str) -> None:
     """An insert of a cached sequence frees the caller's full slots and their SWA peers (none leaks)."""
-    a = _factory(core)(CacheConfig(window=2))
+    a = _make(core, CacheConfig(window=2))
     swa = a.allocator.swa_attn_allocator  # type: ignore[attr-defined]
     first = a.alloc_kv(1, 4)
     assert first is not None
@@ -130,8 +158,9 @@ def test_a_copy_on_write_with_the_mamba_pool_full_evicts_an_unlocked_state(core:
     from kvledger.contracts.machines.cache import machine_for_cache
     from kvledger.spec.types import Component
 
-    make, cfg = _factory(core), MODELS["mamba"]
-    state = machine_for_cache(lambda: make(cfg))()
+    cfg = MODELS["mamba"]
+    _make(core, cfg)
+    state = machine_for_cache(lambda: _make(core, cfg))()
 
     def program() -> None:
         state.evict(comp=Component.FULL, n=1)
@@ -151,3 +180,22 @@ def test_a_copy_on_write_with_the_mamba_pool_full_evicts_an_unlocked_state(core:
     else:
         with pytest.raises(AssertionError, match="alloc evicts before it refuses: mamba_copy_on_write"):
             program()
+
+
+@pytest.mark.skipif(TESTED is not INC_LOCK, reason="0.5.17 to 0.5.21 only")
+def test_the_release_aliases_drive_the_installed_release() -> None:
+    """``sglang-0.5.17`` to ``sglang-0.5.21`` (``-rust`` from 0.5.19) name this adapter; the alias of the installed
+    release builds it on that release, and a Rust core the release does not ship is refused, naming what it has."""
+    from kvledger.contracts.adapters.sglang.common import NotExpressible
+    from kvledger.contracts.adapters.sglang.unified_inc_lock import tree_cores
+
+    assert ALIASES[f"sglang-{HAVE}"].endswith("unified_inc_lock:inc_lock_python_factory")
+    a = load_factory(f"sglang-{HAVE}")(CacheConfig(window=2, mamba=True))
+    assert isinstance(a, CacheAdapter) and a.version == HAVE
+    assert {"locks", "lru", "mamba_cow", "content"} <= a.capabilities
+    if "rust" in tree_cores():
+        assert load_factory(f"sglang-{HAVE}-rust")(CacheConfig(window=2)).version == HAVE
+    else:
+        assert f"sglang-{HAVE}-rust" not in ALIASES
+        with pytest.raises(NotExpressible, match="registers no rust tree core"):
+            _factory("rust")(CacheConfig())

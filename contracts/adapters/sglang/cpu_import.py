@@ -37,6 +37,7 @@ from typing import Any
 __all__ = [
     "COMPONENTS",
     "EARLY_COMPONENTS",
+    "INC_LOCK",
     "LEGACY",
     "SCHEDULER",
     "UNIFIED",
@@ -134,8 +135,14 @@ UNIFIED = TestedRange(
     "0.5.23",
     ("sgl_kernel.*", "tvm_ffi.*", "sglang.srt.utils.hf_transformers_utils", "sglang.srt.utils.hf_transformers.*"),
 )
-"""0.5.22 and 0.5.23: ``UnifiedRadixCache`` with its Python and Rust tree cores (0.5.17 to 0.5.21 have a tree
-core too, but an older lock and match API: their caches are checked through their schedulers)."""
+"""0.5.22 and 0.5.23: ``UnifiedRadixCache`` with its Python and Rust tree cores, locked through ``lock`` (a
+``TreeLock``)."""
+
+INC_LOCK = TestedRange(
+    "unified, locked through inc_lock_ref (UnifiedRadixCache, 0.5.17 to 0.5.21)", "0.5.17", "0.5.21", UNIFIED.stubs
+)
+"""0.5.17 to 0.5.21: ``UnifiedRadixCache`` on a tree core (Python; Rust from 0.5.19), with the older lock and match
+API: ``inc_lock_ref`` returns the receipt ``dec_lock_ref`` is given back, and a match carries its slots."""
 
 EARLY_UNIFIED = TestedRange(
     "unified, components on the cache (UnifiedRadixCache, 0.5.11 to 0.5.16)",
