@@ -363,3 +363,29 @@ def test_an_insert_that_refuses_the_state_cached_at_its_end_is_caught(monkeypatc
     monkeypatch.setattr(RadixCache, "insert", first_node)
     result = run("mamba")
     assert result.violation is not None and "SlotConflict" in result.violation.rule, result.violation
+
+
+@pytest.mark.parametrize("model", ["mamba", "hybrid"])
+def test_a_copy_on_write_that_refreshes_the_copied_path_as_a_match_does_holds(
+    monkeypatch: pytest.MonkeyPatch, model: str
+) -> None:
+    """SGLang makes a copy-on-write at a match (``match_prefix(cow_mamba=True)``), which refreshes the matched path;
+    the reference makes it apart and refreshes nothing. The spec allows either: a cache whose copy-on-write
+    refreshes the copied prefix's path (ancestors first, as a match does) passes every law, ``evicts_lru_first``
+    and ``inv_lru_recency`` among them (issue 19: SGLang 0.5.17 to 0.5.23's hybrid cache, a late copy-on-write)."""
+
+    def make(orig: Callable[..., int]) -> Callable[..., int]:
+        def mamba_copy_on_write(self: RadixCache, match: Any, owner: Any) -> int:
+            path, n = [], match.last_node
+            while n is not None and n is not self.root and self._nodes.get(n.id) is n:
+                path.append(n)
+                n = n.parent
+            if n is self.root:
+                self._refresh(path[::-1])  # NOTE: as a match of the copied prefix does
+            return orig(self, match, owner)
+
+        return mamba_copy_on_write
+
+    broken(monkeypatch, RadixCache, "mamba_copy_on_write", make)
+    result = run(model, settings(FIND, max_examples=300))
+    assert result.ok, result.violation and result.violation.message
