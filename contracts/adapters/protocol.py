@@ -252,10 +252,11 @@ ALIASES: dict[str, str] = {
     "sglang-0.5.9": "kvledger.contracts.adapters.sglang.legacy:radix_cache_factory",
     "sglang-0.5.9-mamba": "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory",
     "sglang-0.5.10": "kvledger.contracts.adapters.sglang.legacy:radix_cache_factory",
-    "sglang-0.5.10-mamba": "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory",
-    "sglang-0.5.11-mamba": "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory",
-    "sglang-0.5.12-mamba": "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory",
-    "sglang-0.5.13-mamba": "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory",
+    **{
+        f"sglang-0.5.{n}-mamba": "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory"
+        for n in range(10, 21)
+    },
+    **{f"sglang-0.5.{n}-radix": "kvledger.contracts.adapters.sglang.legacy:radix_cache_factory" for n in range(9, 24)},
     "sglang-0.5.11": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
     "sglang-0.5.12": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
     **{
@@ -282,7 +283,9 @@ the tree components each model kind names (``full``/``full-paged``: FULL;
 checks every kind; ``--model swa`` checks one. ``sglang-0.5.9``: 0.5.9's
 ``RadixCache`` (full attention); ``sglang-0.5.9-mamba``: its ``MambaRadixCache``;
 ``sglang-0.5.10`` and ``sglang-0.5.10-mamba`` the same in 0.5.10, ``sglang-0.5.11-mamba`` to
-``sglang-0.5.13-mamba`` the ``MambaRadixCache`` those releases still ship beside the unified one.
+``sglang-0.5.20-mamba`` the ``MambaRadixCache`` those releases still ship beside the unified one (0.5.21
+drops it), ``sglang-0.5.9-radix`` to ``sglang-0.5.23-radix`` the ``RadixCache`` every release ships (the
+plain name is the unified cache from 0.5.11 on).
 ``sglang-0.5.11`` to ``sglang-0.5.16``: the installed release's first
 ``UnifiedRadixCache`` (components on the cache; every kind, as ``sglang`` does). ``sglang-0.5.22`` (and
 ``-rust``): 0.5.22's, read as 0.5.23's. ``sglang-0.5.17`` to ``sglang-0.5.21`` (and ``-rust`` from 0.5.19, the

@@ -17,6 +17,7 @@ from typing import Any
 
 import pydantic
 import pytest
+import torch
 
 from kvledger.contracts.adapters.protocol import ALIASES
 from kvledger.contracts.adapters.sglang import system_factory
@@ -26,11 +27,14 @@ from kvledger.contracts.adapters.sglang.cpu_import import (
     EARLY_COMPONENTS,
     EARLY_UNIFIED,
     INC_LOCK,
+    LEGACY,
+    LEGACY_MAMBA,
     SCHEDULER,
     UNIFIED,
     StubbedGPUModule,
     _placeholder,
 )
+from kvledger.contracts.adapters.sglang.legacy import _publish_chunk_size, cow_request, free_pages, match_slots
 from kvledger.contracts.adapters.sglang.scheduler_components import SplitKv, one_process
 from kvledger.contracts.adapters.sglang.unified import CORE_VARIABLE, UnifiedLock, _environ, new_cache
 from kvledger.contracts.adapters.sglang.unified_inc_lock import IncLockAdapter
@@ -233,3 +237,81 @@ def test_a_copy_on_write_slot_is_read_where_the_release_wrote_it() -> None:
     assert not req.kv.holds_mamba
     req.kv.mamba_pool_idx = 6  # NOTE: 0.5.19 on fill its ReqKvInfo
     assert slot_of(req) == 6
+
+
+def test_the_legacy_caches_are_driven_on_every_release_that_ships_them() -> None:
+    driven = (*system_factory.MIXINS, *EARLY_COMPONENT_RELEASES, *COMPONENT_RELEASES)
+    radix = [v for v in driven if LEGACY.contains(v)]
+    assert radix == list(driven), "RadixCache ships in every driven release"
+    assert (LEGACY.lowest, LEGACY.highest) == (driven[0], driven[-1])
+    mamba = [v for v in driven if LEGACY_MAMBA.contains(v)]
+    assert (LEGACY_MAMBA.lowest, LEGACY_MAMBA.highest) == (mamba[0], mamba[-1]) == ("0.5.9", "0.5.20")
+    radix_factory = "kvledger.contracts.adapters.sglang.legacy:radix_cache_factory"
+    mamba_factory = "kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory"
+    assert [a for a, t in ALIASES.items() if t == mamba_factory] == [f"sglang-{v}-mamba" for v in mamba]
+    assert [a for a, t in ALIASES.items() if t == radix_factory and a.endswith("-radix")] == [
+        f"sglang-{v}-radix" for v in radix
+    ]
+    unified = (EARLY_UNIFIED, INC_LOCK, UNIFIED)
+    before_unified = [v for v in radix if not any(r.contains(v) for r in unified)]
+    assert before_unified == ["0.5.9", "0.5.10"]
+    assert all(ALIASES[f"sglang-{v}"] == radix_factory for v in before_unified), "the plain name, before 0.5.11"
+
+
+def test_the_mamba_chunk_size_is_published_as_the_release_takes_it() -> None:
+    published: list[Any] = []
+
+    class ResolvedArgs:  # NOTE: 0.5.19 on: publishing calls resolve_once, so the args must be SGLang's own
+        def __init__(self, model_path: str, device: str) -> None:
+            self.model_path, self.device = model_path, device
+
+        def resolve_once(self) -> None:
+            raise AssertionError("publishing resolves the args; the adapter only builds them")
+
+    later = SimpleNamespace(ServerArgs=ResolvedArgs, set_global_server_args_for_scheduler=published.append)
+    _publish_chunk_size(later)
+    (args,) = published
+    assert isinstance(args, ResolvedArgs) and args._mamba_cache_chunk_size == 64  # type: ignore[attr-defined]
+    assert (args.model_path, args.device) == ("dummy", "cpu")
+    earlier = SimpleNamespace(
+        ServerArgs=type("ServerArgs", (), {}), set_global_server_args_for_scheduler=published.append
+    )
+    _publish_chunk_size(earlier)  # NOTE: up to 0.5.18: any object with the field
+    assert published[-1] == SimpleNamespace(mamba_cache_chunk_size=64)
+
+
+def test_a_match_s_slots_are_read_where_the_release_keeps_them() -> None:
+    node = object()
+    up_to_0521 = SimpleNamespace(device_indices=torch.tensor([4, 5]), last_device_node=node)
+    assert match_slots(None, up_to_0521) == (4, 5)
+    paths: list[Any] = []
+
+    def path_device_indices(n: Any) -> torch.Tensor:
+        paths.append(n)
+        return torch.tensor([7, 8, 9])
+
+    cache = SimpleNamespace(path_device_indices=path_device_indices)
+    from_0522 = SimpleNamespace(device_prefix_len=2, last_device_node=node)  # NOTE: the length only
+    assert match_slots(cache, from_0522) == (7, 8) and paths == [node]
+    assert match_slots(cache, SimpleNamespace(device_prefix_len=0, last_device_node=None)) == ()
+    assert len(paths) == 1, "an empty match reads no path"
+
+
+def test_free_pages_are_read_from_the_census_where_there_is_one() -> None:
+    up_to_0519 = SimpleNamespace(free_pages=torch.tensor([3, 1]), release_pages=torch.tensor([2]))
+    assert free_pages(up_to_0519) == [3, 1, 2]
+    from_0520 = SimpleNamespace(  # NOTE: a paged allocator stages its frees; release_pages is None
+        free_pages=torch.tensor([3]), release_pages=None, get_all_free_pages=lambda: torch.tensor([3, 1, 2])
+    )
+    assert free_pages(from_0520) == [3, 1, 2]
+
+
+def test_a_legacy_copy_on_write_slot_is_read_where_the_release_wrote_it() -> None:
+    req, slot_of = cow_request()
+    assert slot_of(req) is None and req.mamba_pool_idx is None
+    req.mamba_pool_idx = torch.tensor(5)  # NOTE: up to 0.5.18 the request itself
+    assert int(slot_of(req)) == 5
+    req, slot_of = cow_request()
+    assert not req.kv.holds_mamba  # NOTE: 0.5.19 on allocate only for a request whose kv holds no state
+    req.kv.mamba_pool_idx = torch.tensor(6)  # NOTE: 0.5.19 on its ReqKvInfo
+    assert int(slot_of(req)) == 6

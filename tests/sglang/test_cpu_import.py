@@ -7,6 +7,7 @@ import pytest
 from kvledger.contracts.adapters.sglang import cpu_import
 from kvledger.contracts.adapters.sglang.cpu_import import (
     LEGACY,
+    LEGACY_MAMBA,
     UNIFIED,
     SGLangVersionError,
     StubbedGPUModule,
@@ -16,8 +17,9 @@ from kvledger.contracts.adapters.sglang.cpu_import import (
 
 
 def test_tested_ranges_name_their_versions() -> None:
-    assert LEGACY.contains("0.5.9") and LEGACY.contains("0.5.13") and not LEGACY.contains("0.5.14")
+    assert LEGACY.contains("0.5.9") and LEGACY.contains("0.5.23") and not LEGACY.contains("0.5.24")
     assert not LEGACY.contains("0.5.8")
+    assert LEGACY_MAMBA.contains("0.5.9") and LEGACY_MAMBA.contains("0.5.20") and not LEGACY_MAMBA.contains("0.5.21")
     assert UNIFIED.contains("0.5.22") and UNIFIED.contains("0.5.23") and not UNIFIED.contains("0.5.24")
     assert not UNIFIED.contains("0.5.21")
     assert UNIFIED.describe() == "SGLang 0.5.22 to 0.5.23"
@@ -36,7 +38,7 @@ def test_missing_sglang_is_a_clear_error() -> None:
 )
 def test_version_outside_the_tested_range_is_refused() -> None:
     have = installed_version_or_none()
-    other = UNIFIED if have is not None and LEGACY.contains(have) else LEGACY
+    other = UNIFIED if have is not None and LEGACY_MAMBA.contains(have) else LEGACY_MAMBA
     with pytest.raises(SGLangVersionError, match=rf"tested on \({other.describe()}\)"):
         cpu_import.import_sglang(other)
 

@@ -1,8 +1,9 @@
-"""SGLang 0.5.9 to 0.5.13: ``RadixCache`` conforms; ``MambaRadixCache``'s ``LRUList`` breaks LRU detachment (B1).
+"""SGLang 0.5.9 to 0.5.23: ``RadixCache`` conforms; ``MambaRadixCache``'s ``LRUList`` breaks LRU detachment (B1).
 
-Each test runs against the installed release (CI: 0.5.9, 0.5.10, 0.5.11 and 0.5.13); B1 shipped in
-0.5.9 to 0.5.12 and was fixed in 0.5.13, whose ``MambaRadixCache`` passes the same machine (as its
-``UnifiedRadixCache`` does, ``test_unified_early.py``).
+Each test runs against the installed release (CI: 0.5.9, 0.5.10, 0.5.11, 0.5.13, 0.5.17, 0.5.21 and 0.5.23):
+``RadixCache`` ships in every one (``LEGACY``), ``MambaRadixCache`` up to 0.5.20 (``LEGACY_MAMBA``). B1 shipped
+in 0.5.9 to 0.5.12 and was fixed in 0.5.13, whose ``MambaRadixCache`` passes the same machine (as its
+``UnifiedRadixCache`` does, ``test_unified_early.py``), and so do 0.5.14 to 0.5.20's.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import pytest
 from hypothesis import settings
 
 from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig
-from kvledger.contracts.adapters.sglang.cpu_import import LEGACY, TestedRange, installed_version_or_none
+from kvledger.contracts.adapters.sglang.cpu_import import (
+    LEGACY,
+    LEGACY_MAMBA,
+    SGLangVersionError,
+    TestedRange,
+    installed_version_or_none,
+)
 from kvledger.contracts.machines.profiles import register_profiles
 
 VERSION = installed_version_or_none()
@@ -23,6 +30,9 @@ pytestmark = pytest.mark.skipif(
 register_profiles()
 CI = settings.get_profile("ci")
 B1_SHIPPED = VERSION is not None and TestedRange("B1", "0.5.9", "0.5.12", ()).contains(VERSION)
+needs_mamba = pytest.mark.skipif(
+    VERSION is None or not LEGACY_MAMBA.contains(VERSION), reason=f"needs {LEGACY_MAMBA.describe()}; have {VERSION}"
+)
 
 
 @pytest.mark.parametrize("page_size", [1, 2])
@@ -38,6 +48,7 @@ def test_radix_cache_conforms(page_size: int) -> None:
     assert "insert without a Mamba state (rule)" not in run.skipped
 
 
+@needs_mamba
 def test_mamba_lru_list_is_caught_by_lru_detachment() -> None:
     """B1 (SGLang PR #25770), found by the general rule on SGLang's own ``LRUList``; 0.5.13 passes."""
     from kvledger.contracts.adapters.sglang.common import check
@@ -62,6 +73,7 @@ def test_mamba_lru_list_is_caught_by_lru_detachment() -> None:
     assert v.steps[-2] in cached and re.fullmatch(r"evict\(comp=Component\.FULL, n=[1-4]\)", v.steps[-1]), v.steps
 
 
+@needs_mamba
 def test_b1_program_replays_on_sglang() -> None:
     """The shrunk program, pasted: insert one sequence, evict it; the evicted node still points into the list."""
     from kvledger.contracts.adapters.sglang.legacy import mamba_radix_cache_factory
@@ -80,6 +92,7 @@ def test_b1_program_replays_on_sglang() -> None:
         state.inv_all_laws()
 
 
+@needs_mamba
 def test_a_repeated_insert_keeps_every_slot_owned() -> None:
     """The same prompt inserted twice from fresh slots: the second insert's slots are all duplicates.
 
@@ -109,3 +122,14 @@ def test_adapters_are_adapters_and_refuse_what_sglang_lacks() -> None:
         radix_cache_factory(CacheConfig(window=2))
     with pytest.raises(NotExpressible, match="page size 1 only"):
         mamba_radix_cache_factory(CacheConfig(mamba=True, page_size=2))
+
+
+@pytest.mark.skipif(
+    VERSION is None or LEGACY_MAMBA.contains(VERSION), reason=f"needs a release past {LEGACY_MAMBA.describe()}"
+)
+def test_a_release_without_mamba_radix_cache_refuses_its_adapter_by_range() -> None:
+    """0.5.21 on ship no ``mamba_radix_cache`` module: the Mamba adapter names the range it was tested on."""
+    from kvledger.contracts.adapters.sglang.legacy import mamba_radix_cache_factory
+
+    with pytest.raises(SGLangVersionError, match=re.escape(f"tested on ({LEGACY_MAMBA.describe()})")):
+        mamba_radix_cache_factory(CacheConfig(mamba=True))

@@ -39,6 +39,7 @@ __all__ = [
     "EARLY_COMPONENTS",
     "INC_LOCK",
     "LEGACY",
+    "LEGACY_MAMBA",
     "SCHEDULER",
     "UNIFIED",
     "SGLangUnavailable",
@@ -98,21 +99,33 @@ class TestedRange:
         return f"SGLang {span}"
 
 
+_CACHE_STUBS = (
+    "sgl_kernel.*",
+    "sglang.srt.utils.hf_transformers_utils",
+    "sglang.srt.layers.attention.nsa.index_buf_accessor",
+    "sglang.srt.layers.attention.nsa.quant_k_cache",
+    "sglang.srt.layers.radix_attention",
+)
+"""The GPU-only modules 0.5.9 to 0.5.20's caches and scheduler import."""
+
 LEGACY = TestedRange(
-    "legacy (RadixCache, MambaRadixCache)",
+    "legacy (RadixCache)",
     "0.5.9",
-    "0.5.13",
-    (
-        "sgl_kernel.*",
-        "sglang.srt.utils.hf_transformers_utils",
-        "sglang.srt.layers.attention.nsa.index_buf_accessor",
-        "sglang.srt.layers.attention.nsa.quant_k_cache",
-        "sglang.srt.layers.radix_attention",
-    ),
+    "0.5.23",
+    # NOTE: from 0.5.21 the caches' import chain also reaches tvm_ffi and the hf_transformers package (as UNIFIED's)
+    (*_CACHE_STUBS, "tvm_ffi.*", "sglang.srt.utils.hf_transformers.*"),
     # NOTE: from 0.5.10 utils/common.py imports torchvision.io at module level (see SCHEDULER).
     pre_stubs=("torchvision.*",),
 )
-"""0.5.9 to 0.5.13: ``RadixCache`` and ``MambaRadixCache`` as they were before (and beside) the unified rewrite.
+"""0.5.9 to 0.5.23: ``RadixCache`` as it was before (and beside) the unified rewrite; SGLang still ships it in 0.5.23.
+
+NOTE: the adapter reads what moved from the installed code (``legacy``'s docstring lists it).
+"""
+
+LEGACY_MAMBA = TestedRange(
+    "legacy Mamba (MambaRadixCache)", "0.5.9", "0.5.20", LEGACY.stubs, pre_stubs=LEGACY.pre_stubs
+)
+"""0.5.9 to 0.5.20: ``MambaRadixCache`` beside the unified cache; 0.5.21 no longer ships it.
 
 NOTE: 0.5.13's ``MambaRadixCache`` allocates Mamba slots from ``mamba_allocator``, and from 0.5.10 its
 insert frees the duplicates past ``prev_prefix_len`` itself; the adapter reads both from the installed code.
@@ -122,7 +135,7 @@ SCHEDULER = TestedRange(
     "scheduler (Scheduler, 0.5.9 to 0.5.12)",
     "0.5.9",
     "0.5.12",
-    LEGACY.stubs,
+    _CACHE_STUBS,
     # NOTE: from 0.5.10 utils/common.py imports torchvision.io at module level (from 0.5.11 sglang/__init__
     # reaches it); installing torchvision would pull a CUDA torch, and the scheduler never decodes images.
     pre_stubs=("torchvision.*",),

@@ -1,8 +1,9 @@
 """SGLang 0.5.9's radix caches behind the adapter protocol: ``RadixCache`` and ``MambaRadixCache``.
 
-Written for 0.5.9 and run on 0.5.10 to 0.5.13, whose two caches keep 0.5.9's structure (the
-installed release is named in ``version``). What moved, and how the adapter follows it, each read from
-the installed code rather than from a version number:
+Written for 0.5.9 and run on every later release that ships them: ``RadixCache`` to 0.5.23 (range ``LEGACY``),
+``MambaRadixCache`` to 0.5.20 (``LEGACY_MAMBA``; 0.5.21 drops it), both with 0.5.9's structure (the installed
+release is named in ``version``). What moved, and how the adapter follows it, each read from the installed code
+rather than from a version number:
 
 * from 0.5.10, ``MambaRadixCache.insert`` frees the duplicates past ``InsertParams.prev_prefix_len``
   itself (``cache_finished_req`` passes ``req.cache_protected_len``): the adapter passes the protected
@@ -10,7 +11,14 @@ the installed code rather than from a version number:
 * from 0.5.11 a node's child key is the key's own ``child_key``;
 * from 0.5.13 Mamba slots come from ``HybridReqToTokenPool.mamba_allocator`` (``MambaPool`` keeps only
   the state tensors), and a copy-on-write match only records its source (``mamba_cow_src_index``: the
-  forward pass copies); the slot handed out is the same.
+  forward pass copies); the slot handed out is the same;
+* from 0.5.19 publishing server args resolves them (``ServerArgs.resolve_once``): the Mamba cache gets SGLang's
+  own ``ServerArgs`` with the chunk size pre-seeded (:func:`_publish_chunk_size`), and a copy-on-write match
+  fills the request's ``kv.mamba_pool_idx`` (a ``ReqKvInfo``) instead of its own (:func:`cow_request`);
+* from 0.5.20 a paged allocator stages its frees (``staged_pages``, ``release_pages`` None): its free pages
+  are ``get_all_free_pages()`` where it has one (:func:`free_pages`);
+* from 0.5.22 a match carries its length only (``device_prefix_len``): its slots are
+  ``path_device_indices(last_device_node)`` (:func:`match_slots`).
 
 Factories (for ``kvledger check --adapter``): :func:`radix_cache_factory`
 and :func:`mamba_radix_cache_factory`; both take a
@@ -63,8 +71,9 @@ What 0.5.9 cannot express (those laws are skipped and reported):
 
 from __future__ import annotations
 
+import importlib
 import inspect
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -86,7 +95,7 @@ from kvledger.contracts.adapters.sglang.common import (
     lru_state,
     node_owner,
 )
-from kvledger.contracts.adapters.sglang.cpu_import import LEGACY, import_sglang
+from kvledger.contracts.adapters.sglang.cpu_import import LEGACY, LEGACY_MAMBA, import_sglang
 from kvledger.spec.locks import Key, LockSite, LockState
 from kvledger.spec.lru import LruState
 from kvledger.spec.prefix import PrefixCache
@@ -94,28 +103,80 @@ from kvledger.spec.types import Component, HandleId, NodeId, Owner
 
 MODULES = (
     "sglang.srt.mem_cache.radix_cache",
-    "sglang.srt.mem_cache.mamba_radix_cache",
     "sglang.srt.mem_cache.allocator",
     "sglang.srt.mem_cache.memory_pool",
     "sglang.srt.mem_cache.cache_init_params",
     "sglang.srt.server_args",
 )
+MAMBA_MODULE = "sglang.srt.mem_cache.mamba_radix_cache"
 
 
-def _sglang() -> tuple[str, SimpleNamespace]:
-    """Import 0.5.9's memory manager on CPU; the modules the adapters use, by short name."""
-    version = import_sglang(LEGACY, MODULES)
+def _sglang(mamba: bool = False) -> tuple[str, SimpleNamespace]:
+    """Import the installed release's memory manager on CPU; the modules the adapters use, by short name.
+
+    ``mamba``: also ``MambaRadixCache`` (range ``LEGACY_MAMBA``: 0.5.21 no longer ships it); else ``.mamba`` is None.
+    """
+    version = import_sglang(LEGACY_MAMBA, (*MODULES, MAMBA_MODULE)) if mamba else import_sglang(LEGACY, MODULES)
     import sglang.srt.mem_cache.allocator as allocator  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.base_prefix_cache as base  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.cache_init_params as params  # type: ignore[import-not-found]
-    import sglang.srt.mem_cache.mamba_radix_cache as mamba  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.memory_pool as pool  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.radix_cache as radix  # type: ignore[import-not-found]
     import sglang.srt.server_args as server_args  # type: ignore[import-not-found]
 
     return version, SimpleNamespace(
-        allocator=allocator, base=base, params=params, mamba=mamba, pool=pool, radix=radix, server_args=server_args
+        allocator=allocator,
+        base=base,
+        params=params,
+        mamba=importlib.import_module(MAMBA_MODULE) if mamba else None,
+        pool=pool,
+        radix=radix,
+        server_args=server_args,
     )
+
+
+def _publish_chunk_size(server_args: Any) -> None:
+    """Publish global server args that carry Mamba's cache chunk size (``match_prefix`` reads it; nothing else is read).
+
+    Up to 0.5.18 any object with the field will do. From 0.5.19 publishing resolves the args first
+    (``ServerArgs.resolve_once``), so they must be SGLang's own, with the chunk size pre-seeded
+    (``_mamba_cache_chunk_size``, as its own test fixtures do, so no model config is looked up).
+    """
+    if hasattr(server_args.ServerArgs, "resolve_once"):
+        args = server_args.ServerArgs(model_path="dummy", device="cpu")
+        args._mamba_cache_chunk_size = 64
+    else:
+        args = SimpleNamespace(mamba_cache_chunk_size=64)
+    server_args.set_global_server_args_for_scheduler(args)
+
+
+def match_slots(cache: Any, m: Any) -> tuple[int, ...]:
+    """The slots of match result ``m``: its ``device_indices`` up to 0.5.21; from 0.5.22 a match carries its
+    length only (``device_prefix_len``), and its slots are read off the path to its last node."""
+    if hasattr(m, "device_indices"):
+        return tuple(int(x) for x in m.device_indices.tolist())
+    n = int(m.device_prefix_len)
+    return tuple(int(x) for x in cache.path_device_indices(m.last_device_node)[:n].tolist()) if n else ()
+
+
+def free_pages(allocator: Any) -> list[int]:
+    """A KV allocator's free pages (slots at page size 1): ``get_all_free_pages()`` where it has one (0.5.20 on:
+    a paged allocator stages its frees in ``staged_pages`` and leaves ``release_pages`` None), else its free
+    list and the pages it holds back for release."""
+    every = getattr(allocator, "get_all_free_pages", None)
+    pages = every() if every is not None else torch.cat((allocator.free_pages, allocator.release_pages))
+    return [int(x) for x in pages.tolist()]
+
+
+def cow_request() -> tuple[Any, Callable[[Any], Any]]:
+    """A request with no Mamba slot yet, for a copy-on-write match, and where to read the slot SGLang gave it.
+
+    NOTE: up to 0.5.18 the match reads and fills the request's own ``mamba_pool_idx``, from 0.5.19 its
+    ``kv``'s (a ``ReqKvInfo``); the request carries both, SGLang fills one, the other stays None.
+    """
+    kv = SimpleNamespace(holds_mamba=False, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True)
+    req = SimpleNamespace(kv=kv, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True)
+    return req, lambda r: r.kv.mamba_pool_idx if r.kv.mamba_pool_idx is not None else r.mamba_pool_idx
 
 
 @dataclass(eq=False)
@@ -137,7 +198,7 @@ def _handle(h: Hashable) -> LegacyLock:
 
 
 class _LegacyAdapter:
-    """Shared by both 0.5.9 adapters: pools, the stand-in KV buffer, locks, the tree walk."""
+    """Shared by both adapters: pools, the stand-in KV buffer, locks, the tree walk."""
 
     name = "sglang-0.5.9"
     version = "0.5.9"
@@ -146,7 +207,7 @@ class _LegacyAdapter:
     def __init__(self, config: CacheConfig) -> None:
         if config.window is not None:
             raise NotExpressible(f"SGLang 0.5.9 {type(self).__name__}: no SWA component (config {config.kind})")
-        self.version, self.sg = _sglang()
+        self.version, self.sg = _sglang(mamba=config.mamba)
         self.name = f"sglang-{self.version}/{self.cache_class}"
         self.config = config
         self.ps = config.page_size
@@ -201,8 +262,8 @@ class _LegacyAdapter:
 
     def _raw_match(self, key: tuple[int, ...], **extra: Any) -> tuple[Match, Any]:
         m = self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=self._key(key), **extra))
-        slots = tuple(int(x) for x in m.device_indices.tolist())
         node = m.last_device_node
+        slots = match_slots(self.cache, m)
         state = self._state_of(node) if slots else None
         return Match(len(slots), slots, state), node
 
@@ -320,7 +381,7 @@ class _LegacyAdapter:
 
     def _kv_ledger(self, owners: dict[Owner, set[int]]) -> Any:
         a = self.allocator
-        free = [int(x) for x in torch.cat((a.free_pages, a.release_pages)).tolist()]
+        free = free_pages(a)
         if self.ps > 1:
             reqs = {r: {x // self.ps for x in xs} for r, xs in self.req_kv.items()}
             return ledger("kv", a.num_pages, 1, free, owners, reqs)
@@ -343,10 +404,11 @@ class _LegacyAdapter:
 
 
 class LegacyRadixAdapter(_LegacyAdapter):
-    """SGLang 0.5.9 ``RadixCache`` (full attention, token or paged) behind the adapter protocol."""
+    """SGLang 0.5.9 to 0.5.23 ``RadixCache`` (full attention, token or paged) behind the adapter protocol."""
 
     cache_class = "RadixCache"
-    # NOTE: ``lru_policy``: measured on 0.5.9 and 0.5.10, full and full-paged, 150 examples a model
+    # NOTE: ``lru_policy``: measured on 0.5.9 and 0.5.10, full and full-paged, 150 examples a model (and 0.5.11 to
+    # 0.5.23 at seeds 1 and 2, 100 each)
     capabilities = frozenset({"locks", "ledgers", "content", "sizes", "stateless_insert", "lru_policy"})
 
     def __init__(self, config: CacheConfig) -> None:
@@ -388,7 +450,7 @@ class LegacyRadixAdapter(_LegacyAdapter):
 
 
 class LegacyMambaAdapter(_LegacyAdapter):
-    """SGLang 0.5.9 ``MambaRadixCache`` (full attention + Mamba states, page size 1) with its two ``LRUList``."""
+    """SGLang 0.5.9 to 0.5.20 ``MambaRadixCache`` (full attention + Mamba states, page size 1), its two ``LRUList``."""
 
     cache_class = "MambaRadixCache"
     capabilities = frozenset({"lru", "locks", "ledgers", "content", "sizes", "mamba_cow", "mamba_content"})
@@ -405,8 +467,7 @@ class LegacyMambaAdapter(_LegacyAdapter):
             self.capabilities = self.capabilities - {"mamba_content"}
 
     def _build(self) -> Any:
-        # NOTE: match_prefix reads mamba_cache_chunk_size from the global server args; only that field is needed.
-        self.sg.server_args.set_global_server_args_for_scheduler(SimpleNamespace(mamba_cache_chunk_size=64))
+        _publish_chunk_size(self.sg.server_args)
         self.req_pool = hybrid_rows(self.sg.pool.HybridReqToTokenPool, 4, self.config.mamba_slots, 64)
         params = self.sg.params.CacheInitParams(
             disable=False,
@@ -481,10 +542,11 @@ class LegacyMambaAdapter(_LegacyAdapter):
     def mamba_cow(self, handle: Hashable, req: int) -> int | None:
         h = _handle(handle)
         key = self._key(h.key[: h.match.length])
+        request, slot_of = cow_request()
         slot = copy_on_write(
             lambda r: self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=key, cow_mamba=True, req=r)),
-            SimpleNamespace(mamba_pool_idx=None),
-            lambda r: r.mamba_pool_idx,
+            request,
+            slot_of,
         )
         if slot is not None:
             self.req_mamba.setdefault(req, set()).add(slot)
@@ -555,10 +617,11 @@ class LegacyMambaAdapter(_LegacyAdapter):
 
 
 def radix_cache_factory(config: CacheConfig) -> LegacyRadixAdapter:
-    """SGLang 0.5.9 ``RadixCache`` for ``config`` (full attention; page size 1 or more)."""
+    """The installed release's ``RadixCache`` (0.5.9 to 0.5.23) for ``config`` (full attention; page size 1 or more)."""
     return LegacyRadixAdapter(config)
 
 
 def mamba_radix_cache_factory(config: CacheConfig) -> LegacyMambaAdapter:
-    """SGLang 0.5.9 ``MambaRadixCache`` for ``config`` (full attention + Mamba, page size 1)."""
+    """The installed release's ``MambaRadixCache`` (0.5.9 to 0.5.20) for ``config`` (full attention + Mamba, page
+    size 1)."""
     return LegacyMambaAdapter(config)

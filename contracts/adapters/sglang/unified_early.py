@@ -1,8 +1,8 @@
-"""SGLang 0.5.11 to 0.5.13's ``UnifiedRadixCache`` behind the adapter protocol: full, +SWA, +Mamba.
+"""SGLang 0.5.11 to 0.5.16's ``UnifiedRadixCache`` behind the adapter protocol: full, +SWA, +Mamba.
 
 Factory (for ``kvledger check --adapter``): :func:`early_unified_factory`
-(aliases ``sglang-0.5.11``, ``sglang-0.5.12`` and ``sglang-0.5.13``: the
-installed release of that range). The first unified cache has the same
+(aliases ``sglang-0.5.11`` to ``sglang-0.5.16``: the installed release of
+that range). The first unified cache has the same
 components and the same pools as 0.5.23's (:mod:`~kvledger.contracts.adapters.sglang.unified`,
 whose mapping this adapter reuses), but keeps its tree on the cache itself:
 
@@ -139,6 +139,11 @@ class EarlyUnifiedAdapter(UnifiedAdapter):
         return self.cache.inc_lock_ref(matched), matched  # NOTE: the receipt is the IncLockRefResult
 
     def _release(self, h: UnifiedLock) -> None:
+        # NOTE: the receipt's SWA boundary only, as the scheduler releases a request's lock up to 0.5.16
+        # (``_req_inc_lock_ref`` keeps ``req.swa_uuid_for_lock`` alone; ``cache_finished_req`` passes it back).
+        # Its short-lived locks pass the whole receipt (``to_dec_params()``, from 0.5.12) and 0.5.17's requests
+        # keep ``skip_lock_node_ids`` too; a lock taken right after its match skips no node (measured on 0.5.16,
+        # swa and hybrid, seeds 1 and 2), so either release lowers the same counts here.
         params = self.sg.base.DecLockRefParams(swa_uuid_for_lock=h.tree_lock.swa_uuid_for_lock)
         self.cache.dec_lock_ref(h.node, params)
 
