@@ -315,3 +315,12 @@ def one_process_run() -> None:
     if not ranked and getattr(ps, "_TP", None) is None:
         ps._TP = SimpleNamespace(rank_in_group=0, world_size=1)  # type: ignore[attr-defined]
     logging.getLogger("sglang").setLevel(logging.ERROR)
+
+
+def match_slots(cache: Any, m: Any) -> tuple[int, ...]:
+    """The slots of match result ``m``: its ``device_indices`` up to 0.5.21; from 0.5.22 a match carries its
+    length only (``device_prefix_len``), and its slots are read off the path to its last node."""
+    if hasattr(m, "device_indices"):
+        return tuple(int(x) for x in m.device_indices.tolist())
+    n = int(m.device_prefix_len)
+    return tuple(int(x) for x in cache.path_device_indices(m.last_device_node)[:n].tolist()) if n else ()

@@ -93,6 +93,7 @@ from kvledger.contracts.adapters.sglang.common import (
     hybrid_rows,
     ledger,
     lru_state,
+    match_slots,
     node_owner,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import LEGACY, LEGACY_MAMBA, import_sglang
@@ -148,15 +149,6 @@ def _publish_chunk_size(server_args: Any) -> None:
     else:
         args = SimpleNamespace(mamba_cache_chunk_size=64)
     server_args.set_global_server_args_for_scheduler(args)
-
-
-def match_slots(cache: Any, m: Any) -> tuple[int, ...]:
-    """The slots of match result ``m``: its ``device_indices`` up to 0.5.21; from 0.5.22 a match carries its
-    length only (``device_prefix_len``), and its slots are read off the path to its last node."""
-    if hasattr(m, "device_indices"):
-        return tuple(int(x) for x in m.device_indices.tolist())
-    n = int(m.device_prefix_len)
-    return tuple(int(x) for x in cache.path_device_indices(m.last_device_node)[:n].tolist()) if n else ()
 
 
 def free_pages(allocator: Any) -> list[int]:

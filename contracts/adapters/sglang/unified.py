@@ -104,6 +104,7 @@ from kvledger.contracts.adapters.sglang.common import (
     NotExpressible,
     copy_on_write,
     lru_state,
+    match_slots,
     node_owner,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import UNIFIED, TestedRange, import_sglang
@@ -381,9 +382,9 @@ class UnifiedAdapter:
 
     def _raw_match(self, key: tuple[int, ...], **extra: Any) -> tuple[Match, Any]:
         m = self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=self._key(key), **extra))
-        n = int(m.device_prefix_len)
-        slots = tuple(int(x) for x in self.cache.path_device_indices(m.last_device_node)[:n].tolist()) if n else ()
-        return Match(n, slots, self._state_at(m.last_device_node) if n else None), m.last_device_node
+        slots = match_slots(self.cache, m)  # NOTE: carried by the match to 0.5.21, read off its path from 0.5.22
+        node = m.last_device_node
+        return Match(len(slots), slots, self._state_at(node) if slots else None), node
 
     def match_prefix(self, key: tuple[int, ...]) -> Match:
         return self._raw_match(key)[0]

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from kvledger.contracts.adapters.protocol import CacheConfig, Match
+from kvledger.contracts.adapters.protocol import CacheConfig
 from kvledger.contracts.adapters.sglang.common import FULL, MAMBA, KVBuffer
 from kvledger.contracts.adapters.sglang.cpu_import import EARLY_UNIFIED, TestedRange, import_sglang
 from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, UnifiedLock
@@ -128,12 +128,6 @@ class EarlyUnifiedAdapter(UnifiedAdapter):
             return None
         v = node.component_data[self.ct[MAMBA]].value
         return None if v is None else int(v.reshape(-1)[0])
-
-    def _raw_match(self, key: tuple[int, ...], **extra: Any) -> tuple[Match, Any]:
-        m = self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=self._key(key), **extra))
-        slots = tuple(int(x) for x in m.device_indices.tolist())
-        node = m.last_device_node
-        return Match(len(slots), slots, self._state_at(node) if slots else None), node
 
     def _acquire(self, matched: Any) -> tuple[Any, Any]:
         return self.cache.inc_lock_ref(matched), matched  # NOTE: the receipt is the IncLockRefResult

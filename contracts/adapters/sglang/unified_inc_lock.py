@@ -46,7 +46,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from kvledger.contracts.adapters.protocol import CacheConfig, Match
+from kvledger.contracts.adapters.protocol import CacheConfig
 from kvledger.contracts.adapters.sglang.common import SWA, KVBuffer, NotExpressible
 from kvledger.contracts.adapters.sglang.cpu_import import INC_LOCK, TestedRange, import_sglang
 from kvledger.contracts.adapters.sglang.unified import CORES, MODULES, UnifiedAdapter, UnifiedLock
@@ -92,12 +92,6 @@ class IncLockAdapter(UnifiedAdapter):
             params.swa_evicted_seqlen = length
 
     # ------------------------------------------------------------ match and lock
-
-    def _raw_match(self, key: tuple[int, ...], **extra: Any) -> tuple[Match, Any]:
-        m = self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=self._key(key), **extra))
-        slots = tuple(int(x) for x in m.device_indices.tolist())
-        node = m.last_device_node
-        return Match(len(slots), slots, self._state_at(node) if slots else None), node
 
     def _acquire(self, matched: Any) -> tuple[Any, Any]:
         receipt = self.cache.inc_lock_ref(matched)
