@@ -28,7 +28,7 @@ def _v(version: str) -> tuple[int, ...]:
 
 FINDINGS: dict[tuple[str, str], tuple[str, str]] = {
     ("full", "admission is a transaction"): ("0.6.6.post1", "0.7.0"),
-    ("hybrid", "sentinel_count_fixed"): ("0.10.2", "0.33.0"),  # NOTE: 0.11.2 still breaks it; see docs/vllm.md
+    ("hybrid", "sentinel_count_fixed"): ("0.9.2", "0.33.0"),  # NOTE: every hybrid release before 0.33.0; docs/vllm.md
 }
 """``(model, law) -> (first release seen breaking it, first release that passes)``, from docs/vllm.md."""
 
@@ -46,7 +46,16 @@ def _adapter(model: str):  # type: ignore[no-untyped-def]
 
 
 def _hybrid_ok() -> bool:
-    return HAVE is not None and _v(HAVE) >= _v("0.10.2")
+    """The installed release has a hybrid (full + sliding window) manager: the coordinators, 0.9 on."""
+    if unavailable_reason() is not None:
+        return False
+    from kvledger.contracts.adapters.vllm.adapter import VLLMAdapter
+
+    try:
+        VLLMAdapter(window=8)
+    except ValueError:
+        return False
+    return True
 
 
 def _laws(a, before=None):  # type: ignore[no-untyped-def]
@@ -121,7 +130,31 @@ def test_preemption_returns_everything_and_readmission_hits_the_cache() -> None:
     assert _laws(a)[0] == set()
 
 
-@pytest.mark.skipif(not _hybrid_ok(), reason="no hybrid (full + sliding window) manager before 0.10")
+def test_a_decode_step_that_does_not_fit_preempts_the_newest_running_request() -> None:
+    """As vLLM's FCFS scheduler does: the last admitted running request is preempted and the step retried."""
+    a = _adapter("full")
+    for base in (10, 30, 50, 70):
+        a.add_request(tuple(range(base, base + 10)))
+    a.admit(64)
+    assert len(a.running) >= 2
+    got = None
+    for _ in range(a.max_model_len):  # decode steps of every running request, until one does not fit
+        for rid in list(a.running):
+            newest, kv = a.running[-1], a.requests[rid].num_computed_tokens
+            got = a.extend(rid, 1)
+            if got.retracted:
+                break
+            assert a.requests[rid].num_computed_tokens == kv + 1
+        if got is not None and got.retracted:
+            break
+    assert got is not None and got.retracted[0] == newest, "four growing requests outgrow 12 blocks"
+    assert a.status[newest] == "waiting" and a.waiting[0] == got.retracted[-1]
+    if rid not in got.retracted:
+        assert a.status[rid] == "running" and a.requests[rid].num_computed_tokens == kv + 1
+    assert _laws(a)[0] == set()
+
+
+@pytest.mark.skipif(not _hybrid_ok(), reason="no hybrid (full + sliding window) manager before 0.9")
 def test_sliding_window_frees_a_request_holding_the_null_block() -> None:
     a = _adapter("hybrid")
     before = a.shared_snapshot()
@@ -143,7 +176,7 @@ def test_sliding_window_frees_a_request_holding_the_null_block() -> None:
 def test_the_machine_finds_no_unrecorded_break(model: str) -> None:
     """The search may or may not reach a recorded finding (the witnesses above pin those); it must find nothing else."""
     if model == "hybrid" and not _hybrid_ok():
-        pytest.skip("no hybrid (full + sliding window) manager before 0.10")
+        pytest.skip("no hybrid (full + sliding window) manager before 0.9")
     machine = machine_for_shared(lambda: _adapter(model))
     recorded = {law for (m, law) in FINDINGS if m == model and affected(m, law)}
     try:

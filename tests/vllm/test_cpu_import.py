@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
 
 import pytest
 
 from kvledger.contracts.adapters.vllm import cpu_import
 from kvledger.contracts.adapters.vllm.cpu_import import (
+    STUB_VERSION,
     STUBBABLE,
     TESTED,
     StubbedModule,
@@ -60,3 +62,12 @@ def test_a_stub_refuses_to_run() -> None:
     thing = sys.modules[name].Anything
     with pytest.raises(StubbedModule, match=f"{name}.Anything belongs to a module kvledger stubbed"):
         thing()
+
+
+@pytest.mark.skipif(HAVE not in TESTED, reason="needs a tested vLLM release (build one with .ci/vllm_env)")
+def test_a_stubbed_package_reports_the_stub_version() -> None:
+    """0.21.0–0.31.0 read ``version("transformers")`` at import (0.24 on refuse below 5.0.0): a stub answers."""
+    cpu_import.import_vllm()
+    packages = [name for name in cpu_import.stubbed_modules() if "." not in name]
+    assert packages
+    assert {importlib.metadata.version(name) for name in packages} == {STUB_VERSION}

@@ -9,7 +9,9 @@ release has them) and drives it at the request level:
   scheduler runs: ``get_computed_blocks`` then ``allocate_slots`` (a ``None``
   is a refusal: the request stays waiting and the scheduler stops);
 * ``extend(rid, n)`` runs ``n`` decode steps, each an ``allocate_slots`` (or
-  ``append_slots``) for one token followed by the token being appended;
+  ``append_slots``) for one token followed by the token being appended; a step
+  that does not fit preempts running requests, newest first, as the scheduler
+  does, until it fits or ``rid`` itself is preempted;
 * ``finish`` / ``abort`` call ``free``; ``retract`` preempts as the scheduler
   does (``free``, then back to waiting with nothing computed).
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -105,6 +108,8 @@ class VLLMAdapter:
         self._sampling = importlib.import_module("vllm.sampling_params")
         kvm = self._m["kv_cache_manager"].KVCacheManager
         self._init_params = set(inspect.signature(kvm.__init__).parameters)
+        if window is not None and not self._hybrid_capable():
+            raise ValueError(f"vLLM {self.version} has no hybrid (full + sliding window) KV cache manager")
         self.mgr = self._build_manager(kvm)
         self.engine_class = f"{kvm.__module__}.{kvm.__qualname__}"
         alloc = inspect.signature(self.mgr.allocate_slots).parameters
@@ -114,16 +119,17 @@ class VLLMAdapter:
         self.status: dict[int, str] = {}
         self.prefix: dict[int, int] = {}
         self.waiting: list[int] = []
+        self.running: list[int] = []
+        """Running requests in admission order (vLLM's FCFS scheduler preempts from the end)."""
         self._next = 0
         self._written: dict[int, Hashable] = {}
         self._meaning: dict[Hashable, tuple[int, ...]] = {}
-        if window is not None and not self._hybrid_capable():
-            raise ValueError(f"vLLM {self.version} has no hybrid (full + sliding window) KV cache manager")
 
     # ------------------------------------------------------------ construction
 
     def _hybrid_capable(self) -> bool:
-        return "kv_cache_config" in self._init_params
+        # NOTE: 0.8.x takes a kv_cache_config but asserts a single group; the coordinators (0.9 on) drive several.
+        return "kv_cache_config" in self._init_params and _has_module("vllm.v1.core.kv_cache_coordinator")
 
     def _spec(self, cls: Any, **values: Any) -> Any:
         names = {f.name for f in dataclasses.fields(cls)}
@@ -147,8 +153,9 @@ class VLLMAdapter:
         if self.window is not None:
             swa = self._spec(iface.SlidingWindowSpec, use_mla=False, sliding_window=self.window, **common)
             groups.append(iface.KVCacheGroupSpec(["swa"], swa))
+        # NOTE: the tensors are named `tensors` (a dict by layer) in 0.8.x, `kv_cache_tensors` (a list) later.
         config = self._spec(
-            iface.KVCacheConfig, num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+            iface.KVCacheConfig, num_blocks=self.num_blocks, kv_cache_tensors=[], tensors={}, kv_cache_groups=groups
         )
         kwargs: dict[str, Any] = {
             "kv_cache_config": config,
@@ -176,8 +183,10 @@ class VLLMAdapter:
 
     @property
     def pool(self) -> Any:
-        """The block pool object (the manager itself before ``BlockPool`` existed)."""
-        return getattr(self.mgr, "coordinator", self.mgr).block_pool if hasattr(self.mgr, "coordinator") else self.mgr
+        """The block pool object: the coordinator's (0.9 on), the manager's (0.8), or the manager itself (0.6–0.7)."""
+        pool = getattr(getattr(self.mgr, "coordinator", self.mgr), "block_pool", None)
+        # NOTE: before BlockPool (0.6.6.post1, 0.7.x) the manager's block_pool is the list of blocks.
+        return pool if hasattr(pool, "free_block_queue") else self.mgr
 
     def _blocks(self) -> list[Any]:
         pool = self.pool
@@ -317,6 +326,7 @@ class VLLMAdapter:
                 break
             self._forget_written(new)
             self.waiting.remove(rid)
+            self.running.append(rid)
             budget -= n_new
             self.status[rid] = "running"
             self.prefix[rid] = n_hit
@@ -326,19 +336,32 @@ class VLLMAdapter:
         return StepResult(admitted=tuple(admitted), rejected=tuple(rejected))
 
     def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
-        """``n`` decode steps of running request ``rid`` (a refused step leaves it running, as vLLM would preempt)."""
+        """``n`` decode steps of running request ``rid``; a step that does not fit preempts, as vLLM's scheduler does.
+
+        A refused step preempts the newest running request (:meth:`retract`) and is tried again, until it fits
+        or ``rid`` itself was preempted. So ``rid`` ends running with ``n`` more tokens computed, finished (its
+        context is full), or back to waiting; the preempted requests are in the result's ``retracted``.
+        """
         if self.status.get(rid) != "running":
             raise ValueError(f"extend: request {rid} is not running")
+        preempted: list[int] = []
         for _ in range(n):
             req = self.requests[rid]
             if req.num_tokens >= self.max_model_len:
-                return self.finish(rid)
+                return dataclasses.replace(self.finish(rid), retracted=tuple(preempted))
+            # NOTE: vLLM's Scheduler.schedule (FCFS): on a refused decode allocation it pops the last running
+            # request, preempts it and retries; when that was the request being scheduled, it stops.
             new = self._allocate(req, req.num_tokens - req.num_computed_tokens)
-            if new is None:
-                return StepResult(rejected=(rid,))
+            while new is None:
+                victim = self.running[-1]
+                self.retract(victim)
+                preempted.append(victim)
+                if victim == rid:
+                    return StepResult(retracted=tuple(preempted))
+                new = self._allocate(req, req.num_tokens - req.num_computed_tokens)
             self._forget_written(new)
             self._step_done(rid, req.num_tokens - req.num_computed_tokens)
-        return StepResult()
+        return StepResult(retracted=tuple(preempted))
 
     def _free(self, rid: int) -> None:
         req = self.requests[rid]
@@ -352,6 +375,7 @@ class VLLMAdapter:
         if self.status.get(rid) != "running":
             raise ValueError(f"finish: request {rid} is not running")
         self._free(rid)
+        self.running.remove(rid)
         self.status[rid] = "finished"
         return StepResult(finished=(rid,))
 
@@ -362,6 +386,8 @@ class VLLMAdapter:
         self._free(rid)
         if rid in self.waiting:
             self.waiting.remove(rid)
+        if rid in self.running:
+            self.running.remove(rid)
         self.status[rid] = "aborted"
         return StepResult(finished=(rid,))
 
@@ -373,6 +399,7 @@ class VLLMAdapter:
         self._learn_meanings()
         self.mgr.free(req)
         req.num_computed_tokens = 0
+        self.running.remove(rid)
         self.status[rid] = "waiting"
         self.waiting.insert(0, rid)
         return StepResult(retracted=(rid,))
@@ -399,6 +426,8 @@ class VLLMAdapter:
         utils = self._m["kv_cache_utils"]
         if hasattr(utils, "get_block_hash") and isinstance(engine_key, bytes):
             raw, gid = utils.get_block_hash(engine_key), utils.get_group_id(engine_key)
+        elif hasattr(engine_key, "block_hash") and hasattr(engine_key, "group_id"):  # 0.9.x: BlockHashWithGroupId
+            raw, gid = engine_key.block_hash, engine_key.group_id
         else:
             raw, gid = engine_key, group
         meaning = self._meaning.get(_hashable(raw))
@@ -544,6 +573,13 @@ def _params(cls: Any) -> set[str]:
         return set(inspect.signature(cls).parameters)
     except (TypeError, ValueError):
         return set()
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
 
 
 def _hashable(x: Any) -> Hashable:

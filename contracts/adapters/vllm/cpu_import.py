@@ -35,6 +35,7 @@ from typing import Any
 __all__ = [
     "CORE_MODULES",
     "STUBBABLE",
+    "STUB_VERSION",
     "TESTED",
     "StubbedModule",
     "VLLMUnavailable",
@@ -59,8 +60,39 @@ class StubbedModule(RuntimeError):
     """Code tried to *use* something from a module that was stubbed for a CPU run."""
 
 
-TESTED: tuple[str, ...] = ("0.6.6.post1", "0.7.0", "0.7.3", "0.10.2", "0.11.2", "0.33.0")
-"""The releases the vLLM adapter was run against (docs/vllm.md: one per API shape of the manager)."""
+TESTED: tuple[str, ...] = (
+    "0.6.6.post1",
+    "0.7.0",
+    "0.7.3",
+    "0.8.5.post1",
+    "0.9.2",
+    "0.10.2",
+    "0.11.2",
+    "0.12.0",
+    "0.13.0",
+    "0.14.1",
+    "0.15.1",
+    "0.16.0",
+    "0.17.1",
+    "0.18.1",
+    "0.19.1",
+    "0.20.2",
+    "0.21.0",
+    "0.22.0",
+    "0.22.1",
+    "0.23.0",
+    "0.24.0",
+    "0.25.1",
+    "0.26.0",
+    "0.27.1",
+    "0.28.0",
+    "0.29.0",
+    "0.30.0",
+    "0.31.0",
+    "0.32.0",
+    "0.33.0",
+)
+"""The releases the vLLM adapter was run against (docs/vllm.md lists each one's API shape and results)."""
 
 CORE_MODULES: tuple[str, ...] = ("vllm.v1.core.kv_cache_manager", "vllm.v1.core.kv_cache_utils", "vllm.v1.request")
 """What the adapter imports; the coordinators and the block pool come with them where the release has them."""
@@ -96,12 +128,17 @@ STUBBABLE: tuple[str, ...] = (
     "diskcache",
     "vllm.parser",
     "vllm.transformers_utils.configs",
+    "vllm.multimodal",
+    "vllm.model_executor",
+    "vllm.compilation",
 )
 """Modules (with their submodules) that may be stubbed, and only when they fail to import.
 
 Third-party packages of the serving stack, vLLM's output parsers (``vllm.parser``
-runs xgrammar at import) and its model-configuration package (which imports
-every Hugging Face model config). None of them runs in the KV cache manager.
+runs xgrammar at import), its model-configuration package (which imports
+every Hugging Face model config), and, for 0.8.x/0.9.x, its multimodal registry
+(built at import on a ``cachetools`` cache), model executor and compilation
+passes (which import ``torch._inductor``). None of them runs in the KV cache manager.
 """
 
 _stubbed: list[str] = []
@@ -217,6 +254,37 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         return None
+
+    def find_distributions(self, context: Any = None) -> list[importlib.metadata.Distribution]:
+        """A stubbed package's distribution metadata, so ``importlib.metadata.version`` answers for it.
+
+        NOTE: 0.21.0–0.31.0's ``vllm.transformers_utils.config`` reads ``version("transformers")`` at import
+        (below 5.0.0, 0.21–0.23 warn and 0.24 on raise ImportError); a stub reports :data:`STUB_VERSION`.
+        """
+        name = getattr(context, "name", None)
+        if not isinstance(name, str):
+            return []
+        wanted = name.replace("-", "_").lower()
+        return [_StubDistribution(p) for p in sorted(self.packages) if "." not in p and p.lower() == wanted]
+
+
+STUB_VERSION = "999.0.0+kvledger.stub"
+"""The version ``importlib.metadata`` reports for a stubbed package: above any minimum a release gates on at import."""
+
+
+class _StubDistribution(importlib.metadata.Distribution):
+    """The metadata of a stubbed package: its name and :data:`STUB_VERSION`, no files."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def read_text(self, filename: str) -> str | None:
+        if filename == "METADATA":
+            return f"Metadata-Version: 2.1\nName: {self._name}\nVersion: {STUB_VERSION}\n"
+        return None
+
+    def locate_file(self, path: Any) -> Any:
+        raise FileNotFoundError(f"{self._name} is a kvledger CPU stub: it has no files")
 
 
 _finder = _StubFinder()
