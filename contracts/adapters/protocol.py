@@ -257,6 +257,10 @@ ALIASES: dict[str, str] = {
         for n in range(10, 21)
     },
     **{f"sglang-0.5.{n}-radix": "kvledger.contracts.adapters.sglang.legacy:radix_cache_factory" for n in range(9, 24)},
+    **{
+        f"sglang-0.5.{n}-swa": "kvledger.contracts.adapters.sglang.legacy_swa:swa_radix_cache_factory"
+        for n in range(9, 21)
+    },
     "sglang-0.5.11": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
     "sglang-0.5.12": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
     **{
@@ -285,7 +289,8 @@ checks every kind; ``--model swa`` checks one. ``sglang-0.5.9``: 0.5.9's
 ``sglang-0.5.10`` and ``sglang-0.5.10-mamba`` the same in 0.5.10, ``sglang-0.5.11-mamba`` to
 ``sglang-0.5.20-mamba`` the ``MambaRadixCache`` those releases still ship beside the unified one (0.5.21
 drops it), ``sglang-0.5.9-radix`` to ``sglang-0.5.23-radix`` the ``RadixCache`` every release ships (the
-plain name is the unified cache from 0.5.11 on).
+plain name is the unified cache from 0.5.11 on), ``sglang-0.5.9-swa`` to ``sglang-0.5.20-swa`` the legacy
+``SWARadixCache`` (full attention + SWA, ``--model swa``; 0.5.21 drops it).
 ``sglang-0.5.11`` to ``sglang-0.5.16``: the installed release's first
 ``UnifiedRadixCache`` (components on the cache; every kind, as ``sglang`` does). ``sglang-0.5.22`` (and
 ``-rust``): 0.5.22's, read as 0.5.23's. ``sglang-0.5.17`` to ``sglang-0.5.21`` (and ``-rust`` from 0.5.19, the

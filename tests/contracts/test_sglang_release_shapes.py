@@ -29,12 +29,14 @@ from kvledger.contracts.adapters.sglang.cpu_import import (
     INC_LOCK,
     LEGACY,
     LEGACY_MAMBA,
+    LEGACY_SWA,
     SCHEDULER,
     UNIFIED,
     StubbedGPUModule,
     _placeholder,
 )
 from kvledger.contracts.adapters.sglang.legacy import _publish_chunk_size, cow_request, free_pages, match_slots
+from kvledger.contracts.adapters.sglang.legacy_swa import lock_receipt, release_args
 from kvledger.contracts.adapters.sglang.scheduler_components import SplitKv, one_process
 from kvledger.contracts.adapters.sglang.unified import CORE_VARIABLE, UnifiedLock, _environ, new_cache
 from kvledger.contracts.adapters.sglang.unified_inc_lock import IncLockAdapter
@@ -252,10 +254,34 @@ def test_the_legacy_caches_are_driven_on_every_release_that_ships_them() -> None
     assert [a for a, t in ALIASES.items() if t == radix_factory and a.endswith("-radix")] == [
         f"sglang-{v}-radix" for v in radix
     ]
+    swa = [v for v in driven if LEGACY_SWA.contains(v)]
+    assert (LEGACY_SWA.lowest, LEGACY_SWA.highest) == (swa[0], swa[-1]) == ("0.5.9", "0.5.20")
+    swa_factory = "kvledger.contracts.adapters.sglang.legacy_swa:swa_radix_cache_factory"
+    assert [a for a, t in ALIASES.items() if t == swa_factory] == [f"sglang-{v}-swa" for v in swa]
     unified = (EARLY_UNIFIED, INC_LOCK, UNIFIED)
     before_unified = [v for v in radix if not any(r.contains(v) for r in unified)]
     assert before_unified == ["0.5.9", "0.5.10"]
     assert all(ALIASES[f"sglang-{v}"] == radix_factory for v in before_unified), "the plain name, before 0.5.11"
+
+
+def test_the_swa_lock_receipt_is_read_as_the_release_gives_it() -> None:
+    """0.5.9's ``inc_lock_ref`` returns the SWA uuid itself and ``dec_lock_ref`` takes it bare; from 0.5.10 an
+    ``IncLockRefResult`` carries it and ``dec_lock_ref`` takes ``DecLockRefParams``."""
+    assert lock_receipt(None) is None and lock_receipt(7) == 7
+    assert lock_receipt(SimpleNamespace(delta=None, swa_uuid_for_lock=7)) == 7
+
+    def dec_at_059(node: object, swa_uuid_for_lock: int | None = None) -> None: ...
+
+    def dec_from_0510(node: object, params: object = None, skip_swa: bool = False) -> None: ...
+
+    @dataclasses.dataclass
+    class DecLockRefParams:
+        swa_uuid_for_lock: int | None = None
+
+    base = SimpleNamespace(DecLockRefParams=DecLockRefParams)
+    assert release_args(dec_at_059, base, 7) == (7,)
+    assert release_args(dec_from_0510, base, 7) == (DecLockRefParams(swa_uuid_for_lock=7),)
+    assert release_args(dec_from_0510, base, None) == (DecLockRefParams(),)
 
 
 def test_the_mamba_chunk_size_is_published_as_the_release_takes_it() -> None:

@@ -8,6 +8,7 @@ from kvledger.contracts.adapters.sglang import cpu_import
 from kvledger.contracts.adapters.sglang.cpu_import import (
     LEGACY,
     LEGACY_MAMBA,
+    LEGACY_SWA,
     UNIFIED,
     SGLangVersionError,
     StubbedGPUModule,
@@ -20,6 +21,7 @@ def test_tested_ranges_name_their_versions() -> None:
     assert LEGACY.contains("0.5.9") and LEGACY.contains("0.5.23") and not LEGACY.contains("0.5.24")
     assert not LEGACY.contains("0.5.8")
     assert LEGACY_MAMBA.contains("0.5.9") and LEGACY_MAMBA.contains("0.5.20") and not LEGACY_MAMBA.contains("0.5.21")
+    assert LEGACY_SWA.contains("0.5.9") and LEGACY_SWA.contains("0.5.20") and not LEGACY_SWA.contains("0.5.21")
     assert UNIFIED.contains("0.5.22") and UNIFIED.contains("0.5.23") and not UNIFIED.contains("0.5.24")
     assert not UNIFIED.contains("0.5.21")
     assert UNIFIED.describe() == "SGLang 0.5.22 to 0.5.23"

@@ -40,6 +40,7 @@ __all__ = [
     "INC_LOCK",
     "LEGACY",
     "LEGACY_MAMBA",
+    "LEGACY_SWA",
     "SCHEDULER",
     "UNIFIED",
     "SGLangUnavailable",
@@ -129,6 +130,13 @@ LEGACY_MAMBA = TestedRange(
 
 NOTE: 0.5.13's ``MambaRadixCache`` allocates Mamba slots from ``mamba_allocator``, and from 0.5.10 its
 insert frees the duplicates past ``prev_prefix_len`` itself; the adapter reads both from the installed code.
+"""
+
+LEGACY_SWA = TestedRange("legacy SWA (SWARadixCache)", "0.5.9", "0.5.20", LEGACY.stubs, pre_stubs=LEGACY.pre_stubs)
+"""0.5.9 to 0.5.20: ``SWARadixCache`` beside the unified cache; 0.5.21 no longer ships it.
+
+NOTE: its lock receipt (a bare uuid, then ``IncLockRefResult``) and where its allocator lives move; the adapter
+reads both from the installed code (``legacy_swa``'s docstring).
 """
 
 SCHEDULER = TestedRange(

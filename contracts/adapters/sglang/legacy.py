@@ -23,6 +23,8 @@ rather than from a version number:
 Factories (for ``kvledger check --adapter``): :func:`radix_cache_factory`
 and :func:`mamba_radix_cache_factory`; both take a
 :class:`~kvledger.contracts.adapters.protocol.CacheConfig` and return a fresh adapter.
+The third legacy cache, ``SWARadixCache``, is read on the same base in
+:mod:`~kvledger.contracts.adapters.sglang.legacy_swa`.
 
 How the protocol maps onto 0.5.9 (SGLang's own names):
 
@@ -181,6 +183,8 @@ class LegacyLock:
     match: Match
     key: tuple[int, ...]
     released: bool = field(default=False)
+    receipt: Any = None
+    """What ``inc_lock_ref`` returned, for ``dec_lock_ref`` (``SWARadixCache``: the SWA boundary uuid)."""
 
 
 def _handle(h: Hashable) -> LegacyLock:
@@ -197,9 +201,9 @@ class _LegacyAdapter:
     capabilities: frozenset[str] = frozenset()
 
     def __init__(self, config: CacheConfig) -> None:
-        if config.window is not None:
+        if config.window is not None and not self.takes_window:
             raise NotExpressible(f"SGLang 0.5.9 {type(self).__name__}: no SWA component (config {config.kind})")
-        self.version, self.sg = _sglang(mamba=config.mamba)
+        self.version, self.sg = self._import(config)
         self.name = f"sglang-{self.version}/{self.cache_class}"
         self.config = config
         self.ps = config.page_size
@@ -209,14 +213,22 @@ class _LegacyAdapter:
         self.req_mamba: dict[int, set[int]] = {}
         self.locks: dict[HandleId, LegacyLock] = {}
         self.next_hid = 1
-        a = self.sg.allocator
-        if self.ps > 1:
-            self.allocator = a.PagedTokenToKVPoolAllocator(config.kv_tokens, self.ps, torch.int64, "cpu", None, False)
-        else:
-            self.allocator = a.TokenToKVPoolAllocator(config.kv_tokens, torch.int64, "cpu", None, False)
+        self.allocator = self._allocator()
         self.cache = self._build()
 
     cache_class = ""
+    takes_window = False
+    """Whether the cache has an SWA component (``SWARadixCache``): a config with a window is refused otherwise."""
+
+    def _import(self, config: CacheConfig) -> tuple[str, SimpleNamespace]:
+        return _sglang(mamba=config.mamba)
+
+    def _allocator(self) -> Any:
+        """The KV allocator the cache frees into: SGLang's token allocator (paged for pages)."""
+        a = self.sg.allocator
+        if self.ps > 1:
+            return a.PagedTokenToKVPoolAllocator(self.config.kv_tokens, self.ps, torch.int64, "cpu", None, False)
+        return a.TokenToKVPoolAllocator(self.config.kv_tokens, torch.int64, "cpu", None, False)
 
     def _build(self) -> Any:
         raise NotImplementedError
@@ -267,20 +279,24 @@ class _LegacyAdapter:
 
     def lock(self, key: tuple[int, ...]) -> tuple[Match, Hashable]:
         m, node = self._raw_match(key)
-        mamba_locked = self._lock_node(node)
-        h = LegacyLock(HandleId(self.next_hid), node, mamba_locked, m, key)
+        mamba_locked, receipt = self._lock_node(node)
+        h = LegacyLock(HandleId(self.next_hid), node, mamba_locked, m, key, receipt=receipt)
         self.next_hid += 1
         self.locks[h.hid] = h
         return m, h
 
-    def _lock_node(self, node: Any) -> bool:
+    def _lock_node(self, node: Any) -> tuple[bool, Any]:
+        """``inc_lock_ref(node)``: whether it locked the node's Mamba state, and what the release must be given."""
         self.cache.inc_lock_ref(node)
-        return False
+        return False, None
+
+    def _release(self, h: LegacyLock) -> None:
+        self.cache.dec_lock_ref(h.node)
 
     def unlock(self, handle: Hashable) -> None:
         h = _handle(handle)
         # NOTE: forwarded even when already released: 0.5.9 has no way to refuse it, and the checker must see that.
-        self.cache.dec_lock_ref(h.node)
+        self._release(h)
         h.released = True
         self.locks.pop(h.hid, None)
 
@@ -386,13 +402,15 @@ class _LegacyAdapter:
             if ref != 0:
                 for k in self._pages(toks, len(n.key)):
                     lock_ref[(k, FULL)] = ref
-        handles = {}
-        for hid, h in self.locks.items():
-            cov = set(self._path_sites(h.node, end))
-            if h.mamba_locked and id(h.node) in end:
-                cov.add((end[id(h.node)], MAMBA))
-            handles[hid] = frozenset(cov)
+        handles = {hid: frozenset(self._coverage(h, end)) for hid, h in self.locks.items()}
         return LockState(handles, lock_ref, frozenset())
+
+    def _coverage(self, h: LegacyLock, end: dict[int, tuple[int, ...]]) -> set[LockSite]:
+        """What releasing ``h`` will lower: the full path to the root, and the node's Mamba state if it locked it."""
+        cov = set(self._path_sites(h.node, end))
+        if h.mamba_locked and id(h.node) in end:
+            cov.add((end[id(h.node)], MAMBA))
+        return cov
 
 
 class LegacyRadixAdapter(_LegacyAdapter):
@@ -441,7 +459,19 @@ class LegacyRadixAdapter(_LegacyAdapter):
         )
 
 
-class LegacyMambaAdapter(_LegacyAdapter):
+class _TwoListAdapter(_LegacyAdapter):
+    """A cache with a full and a second ``LRUList`` (Mamba's or SWA's), and a ``full_lock_ref`` per node."""
+
+    def _full_lock_ref(self, node: Any) -> int:
+        return int(node.full_lock_ref)
+
+    def _lru(self, lst: Any, comp: Component) -> LruState:
+        return lru_state(
+            comp, lst.head, lst.tail, lambda n: getattr(n, lst.prv), lambda n: getattr(n, lst.nxt), self.ids
+        )
+
+
+class LegacyMambaAdapter(_TwoListAdapter):
     """SGLang 0.5.9 to 0.5.20 ``MambaRadixCache`` (full attention + Mamba states, page size 1), its two ``LRUList``."""
 
     cache_class = "MambaRadixCache"
@@ -494,13 +524,10 @@ class LegacyMambaAdapter(_LegacyAdapter):
     def _state_of(self, node: Any) -> int | None:
         return None if node.mamba_value is None else int(node.mamba_value[0])
 
-    def _lock_node(self, node: Any) -> bool:
+    def _lock_node(self, node: Any) -> tuple[bool, Any]:
         has_state = node is not self.cache.root_node and node.mamba_value is not None
         self.cache.inc_lock_ref(node)
-        return has_state
-
-    def _full_lock_ref(self, node: Any) -> int:
-        return int(node.full_lock_ref)
+        return has_state, None
 
     def insert(self, req: int, key: tuple[int, ...], slots: tuple[int, ...], mamba: int | None) -> Inserted:
         if mamba is None:
@@ -601,11 +628,6 @@ class LegacyMambaAdapter(_LegacyAdapter):
             first = float(vals[0]) if vals.numel() else -1.0
             out[slot] = int(first) if vals.numel() and bool((vals == first).all()) and first.is_integer() else -1
         return out
-
-    def _lru(self, lst: Any, comp: Component) -> LruState:
-        return lru_state(
-            comp, lst.head, lst.tail, lambda n: getattr(n, lst.prv), lambda n: getattr(n, lst.nxt), self.ids
-        )
 
 
 def radix_cache_factory(config: CacheConfig) -> LegacyRadixAdapter:
