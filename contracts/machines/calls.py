@@ -1738,7 +1738,8 @@ def cache_audit(cache: RadixCache) -> str:
     evicted is refused (``_stale_match``), a key past the cut-offs for short keys matches as its head (``_long_match``),
     ``handles_covering`` answers the live handles' count before and after a lock and its release
     (``_covering_answers``), ``recompute_sizes()`` equals ``sizes()``, a cache built afresh like it passes the same
-    self-checks (``_fresh_self_checks``), a node's per-component views refuse a delete (``_fixed_views``), and
+    self-checks (``_fresh_self_checks``), a node's per-component views refuse a delete (``_fixed_views``), a key
+    in a narrower integer array is answered as the same ids in int64 (``_aliased_keys``), and
     ``node_count()`` is the number of nodes a walk from the root through
     ``children`` meets.
 

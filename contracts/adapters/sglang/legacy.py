@@ -189,7 +189,7 @@ class LegacyLock:
 
 def _handle(h: Hashable) -> LegacyLock:
     if not isinstance(h, LegacyLock):
-        raise TypeError(f"not a handle of an SGLang 0.5.9 adapter: {h!r}")
+        raise TypeError(f"not a handle of an SGLang legacy cache adapter: {h!r}")
     return h
 
 
@@ -202,7 +202,7 @@ class _LegacyAdapter:
 
     def __init__(self, config: CacheConfig) -> None:
         if config.window is not None and not self.takes_window:
-            raise NotExpressible(f"SGLang 0.5.9 {type(self).__name__}: no SWA component (config {config.kind})")
+            raise NotExpressible(f"SGLang {type(self).__name__}: no SWA component (config {config.kind})")
         self.version, self.sg = self._import(config)
         self.name = f"sglang-{self.version}/{self.cache_class}"
         self.config = config
@@ -248,13 +248,13 @@ class _LegacyAdapter:
         self.req_kv.setdefault(req, set()).difference_update(slots)
 
     def alloc_mamba(self, req: int) -> int | None:
-        raise NotExpressible("SGLang 0.5.9 RadixCache has no Mamba pool")
+        raise NotExpressible("SGLang's RadixCache has no Mamba pool")
 
     def free_mamba(self, req: int, slot: int) -> None:
-        raise NotExpressible("SGLang 0.5.9 RadixCache has no Mamba pool")
+        raise NotExpressible("SGLang's RadixCache has no Mamba pool")
 
     def write_mamba(self, slot: int, value: int) -> None:
-        raise NotExpressible("SGLang 0.5.9 RadixCache has no Mamba pool")
+        raise NotExpressible("SGLang's RadixCache has no Mamba pool")
 
     def write_kv(self, slots: tuple[int, ...], tokens: tuple[int, ...], start: int) -> None:
         self.kv.write(slots, tokens, start)
@@ -340,10 +340,10 @@ class _LegacyAdapter:
     def evict(self, component: Component, n: int) -> int:
         if component is FULL:
             return int(self.cache.evict(self.sg.base.EvictParams(num_tokens=n)).num_tokens_evicted)
-        raise NotExpressible(f"SGLang 0.5.9 {self.cache_class}: no {component.value} component")
+        raise NotExpressible(f"SGLang {self.cache_class}: no {component.value} component")
 
     def mamba_cow(self, handle: Hashable, req: int) -> int | None:
-        raise NotExpressible("SGLang 0.5.9 RadixCache has no Mamba copy-on-write")
+        raise NotExpressible("SGLang's RadixCache has no Mamba copy-on-write")
 
     # ------------------------------------------------------------ abstraction
 
@@ -423,7 +423,7 @@ class LegacyRadixAdapter(_LegacyAdapter):
 
     def __init__(self, config: CacheConfig) -> None:
         if config.mamba:
-            raise NotExpressible("SGLang 0.5.9 RadixCache has no Mamba component: use mamba_radix_cache_factory")
+            raise NotExpressible("SGLang's RadixCache has no Mamba component: use mamba_radix_cache_factory")
         super().__init__(config)
 
     def _build(self) -> Any:

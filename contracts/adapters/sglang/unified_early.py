@@ -53,7 +53,7 @@ MODULES = (
 
 
 def _sglang(tested: TestedRange = EARLY_UNIFIED) -> tuple[str, SimpleNamespace]:
-    """Import 0.5.11-0.5.13's memory manager on CPU; publish the one server argument the Mamba match reads."""
+    """Import 0.5.11 to 0.5.16's memory manager on CPU; publish the one server argument the Mamba match reads."""
     import importlib
 
     version = import_sglang(tested, MODULES)
@@ -81,7 +81,7 @@ def _sglang(tested: TestedRange = EARLY_UNIFIED) -> tuple[str, SimpleNamespace]:
 
 
 class EarlyUnifiedAdapter(UnifiedAdapter):
-    """SGLang 0.5.11-0.5.13 ``UnifiedRadixCache`` (FULL, +SWA, +MAMBA as the config says)."""
+    """SGLang 0.5.11 to 0.5.16 ``UnifiedRadixCache`` (FULL, +SWA, +MAMBA as the config says)."""
 
     name = "sglang-0.5.11"
     version = "0.5.11"
@@ -149,5 +149,5 @@ class EarlyUnifiedAdapter(UnifiedAdapter):
 
 
 def early_unified_factory(config: CacheConfig) -> EarlyUnifiedAdapter:
-    """SGLang 0.5.11-0.5.13 ``UnifiedRadixCache`` (FULL, +SWA, +MAMBA as ``config`` names)."""
+    """SGLang 0.5.11 to 0.5.16 ``UnifiedRadixCache`` (FULL, +SWA, +MAMBA as ``config`` names)."""
     return EarlyUnifiedAdapter(config)
