@@ -21,7 +21,7 @@ import torch
 
 from kvledger.contracts.adapters.protocol import ALIASES
 from kvledger.contracts.adapters.sglang import system_factory
-from kvledger.contracts.adapters.sglang.common import FULL, SWA
+from kvledger.contracts.adapters.sglang.common import FULL, SWA, cow_request, match_slots
 from kvledger.contracts.adapters.sglang.cpu_import import (
     COMPONENTS,
     EARLY_COMPONENTS,
@@ -35,7 +35,7 @@ from kvledger.contracts.adapters.sglang.cpu_import import (
     StubbedGPUModule,
     _placeholder,
 )
-from kvledger.contracts.adapters.sglang.legacy import _publish_chunk_size, cow_request, free_pages, match_slots
+from kvledger.contracts.adapters.sglang.legacy import _publish_chunk_size, free_pages
 from kvledger.contracts.adapters.sglang.legacy_swa import lock_receipt, release_args
 from kvledger.contracts.adapters.sglang.scheduler_components import SplitKv, one_process
 from kvledger.contracts.adapters.sglang.unified import CORE_VARIABLE, UnifiedLock, _environ, new_cache

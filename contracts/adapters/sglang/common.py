@@ -324,3 +324,15 @@ def match_slots(cache: Any, m: Any) -> tuple[int, ...]:
         return tuple(int(x) for x in m.device_indices.tolist())
     n = int(m.device_prefix_len)
     return tuple(int(x) for x in cache.path_device_indices(m.last_device_node)[:n].tolist()) if n else ()
+
+
+def cow_request(**extra: Any) -> tuple[Any, Callable[[Any], Any]]:
+    """A request with no Mamba slot yet, for a copy-on-write match (``extra``: more fields the release's match
+    reads), and where to read the slot SGLang gave it.
+
+    NOTE: up to 0.5.18 the match reads and fills the request's own ``mamba_pool_idx``, from 0.5.19 its
+    ``kv``'s (a ``ReqKvInfo``); the request carries both, SGLang fills one, the other stays None.
+    """
+    kv = SimpleNamespace(holds_mamba=False, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True)
+    req = SimpleNamespace(kv=kv, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True, **extra)
+    return req, lambda r: r.kv.mamba_pool_idx if r.kv.mamba_pool_idx is not None else r.mamba_pool_idx

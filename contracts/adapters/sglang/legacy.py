@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -91,6 +91,7 @@ from kvledger.contracts.adapters.sglang.common import (
     NotExpressible,
     alloc_state,
     copy_on_write,
+    cow_request,
     free_state,
     hybrid_rows,
     ledger,
@@ -160,17 +161,6 @@ def free_pages(allocator: Any) -> list[int]:
     every = getattr(allocator, "get_all_free_pages", None)
     pages = every() if every is not None else torch.cat((allocator.free_pages, allocator.release_pages))
     return [int(x) for x in pages.tolist()]
-
-
-def cow_request() -> tuple[Any, Callable[[Any], Any]]:
-    """A request with no Mamba slot yet, for a copy-on-write match, and where to read the slot SGLang gave it.
-
-    NOTE: up to 0.5.18 the match reads and fills the request's own ``mamba_pool_idx``, from 0.5.19 its
-    ``kv``'s (a ``ReqKvInfo``); the request carries both, SGLang fills one, the other stays None.
-    """
-    kv = SimpleNamespace(holds_mamba=False, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True)
-    req = SimpleNamespace(kv=kv, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True)
-    return req, lambda r: r.kv.mamba_pool_idx if r.kv.mamba_pool_idx is not None else r.mamba_pool_idx
 
 
 @dataclass(eq=False)

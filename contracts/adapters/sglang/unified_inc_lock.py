@@ -43,11 +43,10 @@ What it cannot express is what 0.5.23's cannot (see that module).
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 from kvledger.contracts.adapters.protocol import CacheConfig
-from kvledger.contracts.adapters.sglang.common import SWA, KVBuffer, NotExpressible
+from kvledger.contracts.adapters.sglang.common import SWA, KVBuffer, NotExpressible, cow_request
 from kvledger.contracts.adapters.sglang.cpu_import import INC_LOCK, TestedRange, import_sglang
 from kvledger.contracts.adapters.sglang.unified import CORES, MODULES, UnifiedAdapter, UnifiedLock
 
@@ -102,13 +101,7 @@ class IncLockAdapter(UnifiedAdapter):
         self.cache.dec_lock_ref(node_id, h.tree_lock.to_dec_params())
 
     def _cow_request(self) -> tuple[Any, Callable[[Any], Any]]:
-        # NOTE: 0.5.17 and 0.5.18 fill the request's own mamba_pool_idx, later releases its kv's; SGLang
-        # reads and fills one of the two, the other stays None.
-        kv = SimpleNamespace(holds_mamba=False, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True)
-        req = SimpleNamespace(
-            session=None, kv=kv, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True, to_finish=None
-        )
-        return req, lambda r: r.kv.mamba_pool_idx if r.kv.mamba_pool_idx is not None else r.mamba_pool_idx
+        return cow_request(session=None, to_finish=None)  # NOTE: the slot on the request (0.5.17, 0.5.18) or its kv
 
 
 def tree_cores() -> tuple[str, ...]:
