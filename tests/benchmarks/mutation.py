@@ -76,6 +76,16 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/slots.py:SlotPool._free_host:const+1:1#2": (
+        "a fast path's gate (new family, seed 55, 2026-11-30): with ``k == 2`` for ``k == 1``, one slot takes the "
+        "general path (``claim``, the same check), and two slots compare 16 bytes of tags with one tag's 8: never "
+        "equal, so the free falls back to the checked path, which frees the same slots or names the same error"
+    ),
+    "impl/slots.py:run_start:const+1:0": (
+        "a speed path (new family, seed 55, 2026-11-30): with ``at >= 1``, a descending run that starts at the "
+        "highest id ``_RUNS`` covers is not found as a run (-1); the pop then tags the same ids through a fancy "
+        "index instead of a slice, and their free reads them the same way: the same slots, tags and answers"
+    ),
     "impl/memory.py:MemoryManager.finish:swap-args:max(req.own_from, aligned)": (
         "``max`` of two ints is symmetric (new family, seed 49, 2026-11-30): the same value either way"
     ),
