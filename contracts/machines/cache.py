@@ -219,19 +219,6 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
                     if len(k) > n and k[:n] == below:
                         stamps[k] = (stamps.get(k, (0, t))[0], t)
 
-        def _may_refresh(self, key: tuple[int, ...]) -> None:
-            """A call at a new tick may have refreshed ``key``'s cached path (and did not surely use it): each of its
-            pages' ``hi`` becomes that tick, its ``lo`` stays. Kept only for a cache with capability ``lru_policy``."""
-            if not self.policy:
-                return
-            self.clock = t = self.clock + 1
-            ps, full, stamps = self.cfg.page_size, self.prefix.full, self.stamps
-            for j in range(ps, len(key) + 1, ps):
-                k = key[:j]
-                if k not in full:
-                    break
-                stamps[k] = (stamps.get(k, (0, t))[0], t)
-
         def _unlocked(self, k: tuple[int, ...], comp: Component) -> bool:
             """No live lock holds page ``k`` in ``comp`` (FULL: in any component, as a page leaves FULL only so)."""
             return all(K.lock_ref_of(self.locks, k, c) == 0 for c in ((FULL, SWA, MAMBA) if comp is FULL else (comp,)))
@@ -664,8 +651,9 @@ def machine_for_cache(make: Callable[[], CacheAdapter]) -> type[RuleBasedStateMa
             req = self._new_req()
             snap = self._before_snap()
             # NOTE: SGLang makes a copy-on-write at a match (``finalize_match_result``, inside ``match_prefix``), so
-            # it may refresh the copied prefix's path as a match does; the reference's, made apart, does not
-            self._may_refresh(held.key[: held.match.length])
+            # it may refresh the copied prefix's path as a match does; the reference's, made apart, does not: no
+            # page surely used (``covered`` 0), nothing below it (``split`` 0)
+            self._use(held.key[: held.match.length], 0, split=0)
             slot = self.a.mamba_cow(held.handle, req)
             self._apply_evictions(snap.prefix, self.a.snapshot().prefix)
             self._judge_eviction(MAMBA, None, snap)

@@ -99,7 +99,7 @@ from kvledger.contracts.adapters.sglang.common import (
     match_slots,
     node_owner,
 )
-from kvledger.contracts.adapters.sglang.cpu_import import LEGACY, LEGACY_MAMBA, import_sglang
+from kvledger.contracts.adapters.sglang.cpu_import import LEGACY, LEGACY_MAMBA, TestedRange, import_sglang
 from kvledger.spec.locks import Key, LockSite, LockState
 from kvledger.spec.lru import LruState
 from kvledger.spec.prefix import PrefixCache
@@ -115,12 +115,14 @@ MODULES = (
 MAMBA_MODULE = "sglang.srt.mem_cache.mamba_radix_cache"
 
 
-def _sglang(mamba: bool = False) -> tuple[str, SimpleNamespace]:
-    """Import the installed release's memory manager on CPU; the modules the adapters use, by short name.
+def _sglang(tested: TestedRange = LEGACY, extra: tuple[str, ...] = ()) -> tuple[str, SimpleNamespace]:
+    """Import the installed release's memory manager on CPU, checked against ``tested``; the modules the adapters
+    use, by short name.
 
-    ``mamba``: also ``MambaRadixCache`` (range ``LEGACY_MAMBA``: 0.5.21 no longer ships it); else ``.mamba`` is None.
+    ``extra``: more modules the adapter reads (imported with the rest, by the same check), such as
+    ``MAMBA_MODULE`` (range ``LEGACY_MAMBA``: 0.5.21 no longer ships it); ``.mamba`` is that module, else None.
     """
-    version = import_sglang(LEGACY_MAMBA, (*MODULES, MAMBA_MODULE)) if mamba else import_sglang(LEGACY, MODULES)
+    version = import_sglang(tested, (*MODULES, *extra))
     import sglang.srt.mem_cache.allocator as allocator  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.base_prefix_cache as base  # type: ignore[import-not-found]
     import sglang.srt.mem_cache.cache_init_params as params  # type: ignore[import-not-found]
@@ -132,7 +134,7 @@ def _sglang(mamba: bool = False) -> tuple[str, SimpleNamespace]:
         allocator=allocator,
         base=base,
         params=params,
-        mamba=importlib.import_module(MAMBA_MODULE) if mamba else None,
+        mamba=importlib.import_module(MAMBA_MODULE) if MAMBA_MODULE in extra else None,
         pool=pool,
         radix=radix,
         server_args=server_args,
@@ -211,7 +213,7 @@ class _LegacyAdapter:
     """Whether the cache has an SWA component (``SWARadixCache``): a config with a window is refused otherwise."""
 
     def _import(self, config: CacheConfig) -> tuple[str, SimpleNamespace]:
-        return _sglang(mamba=config.mamba)
+        return _sglang(LEGACY_MAMBA, (MAMBA_MODULE,)) if config.mamba else _sglang()
 
     def _allocator(self) -> Any:
         """The KV allocator the cache frees into: SGLang's token allocator (paged for pages)."""

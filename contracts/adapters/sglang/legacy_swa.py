@@ -54,8 +54,8 @@ import torch
 
 from kvledger.contracts.adapters.protocol import CacheConfig, Inserted, Snapshot
 from kvledger.contracts.adapters.sglang.common import FULL, SWA, NotExpressible, node_owner
-from kvledger.contracts.adapters.sglang.cpu_import import LEGACY_SWA, import_sglang
-from kvledger.contracts.adapters.sglang.legacy import MODULES, LegacyLock, _sglang, _TwoListAdapter
+from kvledger.contracts.adapters.sglang.cpu_import import LEGACY_SWA
+from kvledger.contracts.adapters.sglang.legacy import LegacyLock, _sglang, _TwoListAdapter
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
 from kvledger.spec.locks import Key, LockSite
 from kvledger.spec.prefix import PrefixCache
@@ -96,8 +96,7 @@ class LegacySWAAdapter(_TwoListAdapter):
         super().__init__(config)
 
     def _import(self, config: CacheConfig) -> tuple[str, SimpleNamespace]:
-        version = import_sglang(LEGACY_SWA, (*MODULES, POOL_MODULE, SWA_MODULE))
-        _, sg = _sglang()
+        version, sg = _sglang(LEGACY_SWA, (POOL_MODULE, SWA_MODULE))
         sg.swa = importlib.import_module(SWA_MODULE)
         sg.swa_pool = importlib.import_module(POOL_MODULE)
         # NOTE: the allocator moved to mem_cache.allocator.swa in 0.5.13; the cache module imports it either way
