@@ -1624,11 +1624,12 @@ def _aliased_keys(cache: RadixCache) -> str:
     (a walk memo, a cache of converted keys) and takes another width's bytes for them reads another key.
 
     Per width (``ALIAS_WIDTHS``), a cached key is chosen (the longest, or its first page, whichever leaves room for
-    as many slots as its alias has ids), and the alias is given right after a match of that key, once in its
-    narrower typecode and once as the same ids in an ``array("q")``, each on its own deep copy of ``cache``: a
-    match of it; and, by a fresh owner holding as many slots as it has ids, an insert of it, then a match. Both
-    forms must be answered alike (the match's length and slots; the insert's refusal type, or its ``prefix_len``
-    and duplicates) and end in the same state. What differed, or ""."""
+    as many slots as its alias has ids; the longest when neither does), and the alias is given right after a match
+    of that key, once in its narrower typecode and once as the same ids in an ``array("q")``, each on its own deep
+    copy of ``cache``: a match of it; and, where the pool has room for a fresh owner to hold as many slots as it
+    has ids, an insert of it by that owner, then a match (a full pool still has every width's match compared).
+    Both forms must be answered alike (the match's length and slots; the insert's refusal type, or its
+    ``prefix_len`` and duplicates) and end in the same state. What differed, or ""."""
     leaves = [n for n in cache.nodes() if n is not cache.root and not n.children]
     if not leaves:
         return ""
@@ -1636,11 +1637,12 @@ def _aliased_keys(cache: RadixCache) -> str:
     for code in ALIAS_WIDTHS:
         width = 8 // array(code).itemsize
         room = cache.kv.available_size()
-        head = next((k for k in (longest, longest[: cache.page_size]) if 0 < len(k) * width <= room), None)
-        if head is None:
-            continue
-        alias = array(code, array("q", head).tobytes())
-        mine, theirs = (_alias_answers(cache, head, key) for key in (alias, array("q", list(alias))))
+        head = next((k for k in (longest, longest[: cache.page_size]) if len(k) * width <= room), None)
+        alias = array(code, array("q", head or longest).tobytes())
+        mine, theirs = (
+            _alias_answers(cache, head or longest, key, insert=head is not None)
+            for key in (alias, array("q", list(alias)))
+        )
         if mine != theirs:
             how = "" if mine[-1] == theirs[-1] else "; and the cache ends in another state"
             return (
@@ -1650,10 +1652,13 @@ def _aliased_keys(cache: RadixCache) -> str:
     return ""
 
 
-def _alias_answers(cache: RadixCache, head: list[int], key: array[int]) -> tuple[object, object, object, object]:
+def _alias_answers(
+    cache: RadixCache, head: list[int], key: array[int], *, insert: bool
+) -> tuple[object, object, object, object]:
     """``_aliased_keys``' calls of ``key``, each right after a match of ``head`` on its own deep copy of ``cache``:
     (a match's answer; an insert's by a fresh owner of as many slots as ``key`` has ids; a match's after that
-    insert; the state then)."""
+    insert; the state then), the insert and the match after it ``None`` without ``insert`` (the state is then
+    the first copy's, after its match)."""
 
     def matched(dup: RadixCache) -> object:
         try:
@@ -1665,6 +1670,8 @@ def _alias_answers(cache: RadixCache, head: list[int], key: array[int]) -> tuple
     first = deepcopy(cache)
     first.match_prefix(array("q", head))
     alone = matched(first)
+    if not insert:
+        return alone, None, None, _cache_fingerprint(first)
     dup = deepcopy(cache)
     dup.match_prefix(array("q", head))
     slots = dup.kv.alloc(len(key), request(97))

@@ -2631,10 +2631,39 @@ def test_aliased_keys_hold_on_a_healthy_cache(kind: str, monkeypatch: pytest.Mon
     before = C._cache_fingerprint(c)
     tried: list[object] = []
     real = C._alias_answers
-    monkeypatch.setattr(C, "_alias_answers", lambda *a: tried.append(a[2].typecode) or real(*a))
+    monkeypatch.setattr(C, "_alias_answers", lambda *a, **k: tried.append(a[2].typecode) or real(*a, **k))
     assert C._aliased_keys(c) == ""
     assert C._cache_fingerprint(c) == before
     assert "i" in tried and "q" in tried, tried
+
+
+@pytest.mark.parametrize("kind", ["token", "paged"])
+def test_a_full_pool_still_has_every_width_matched(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no free slot for an insert, each narrower width is still given to ``match_prefix`` (no width skipped),
+    and a match that reads a narrower key's bytes as the key just matched fails the audit there."""
+    c = _locked() if kind == "token" else _cached(kind)
+    c.kv.alloc(c.kv.available_size(), request(55))
+    assert c.kv.available_size() == 0
+    calls: list[tuple[str, bool]] = []
+    real = C._alias_answers
+    monkeypatch.setattr(
+        C, "_alias_answers", lambda *a, **k: calls.append((a[2].typecode, k["insert"])) or real(*a, **k)
+    )
+    assert C._aliased_keys(c) == ""
+    assert {code for code, _ in calls} == {*C.ALIAS_WIDTHS, "q"} and not any(ins for _, ins in calls), calls
+
+    from kvledger.impl import radix
+
+    match = radix.RadixCache.match_prefix
+
+    def reads_bytes(self: RadixCache, key: Any) -> Any:
+        memo = self._walked
+        if type(key) is array and key.typecode != "q" and memo is not None and memo.raw == key.tobytes():
+            key = memo.key  # BUG: the bytes of another width read as the last match's int64 key
+        return match(self, key)
+
+    monkeypatch.setattr(radix.RadixCache, "match_prefix", reads_bytes)
+    assert "in an array('i')" in C._aliased_keys(c)
 
 
 @pytest.mark.parametrize("kind", ["token", "paged"])
