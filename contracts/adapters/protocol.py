@@ -261,6 +261,10 @@ ALIASES: dict[str, str] = {
         f"sglang-0.5.{n}-swa": "kvledger.contracts.adapters.sglang.legacy_swa:swa_radix_cache_factory"
         for n in range(9, 21)
     },
+    **{
+        f"sglang-0.5.{n}-cpp": "kvledger.contracts.adapters.sglang.legacy_cpp:radix_cache_cpp_factory"
+        for n in range(9, 21)
+    },
     "sglang-0.5.11": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
     "sglang-0.5.12": "kvledger.contracts.adapters.sglang.unified_early:early_unified_factory",
     **{
@@ -290,7 +294,8 @@ checks every kind; ``--model swa`` checks one. ``sglang-0.5.9``: 0.5.9's
 ``sglang-0.5.20-mamba`` the ``MambaRadixCache`` those releases still ship beside the unified one (0.5.21
 drops it), ``sglang-0.5.9-radix`` to ``sglang-0.5.23-radix`` the ``RadixCache`` every release ships (the
 plain name is the unified cache from 0.5.11 on), ``sglang-0.5.9-swa`` to ``sglang-0.5.20-swa`` the legacy
-``SWARadixCache`` (full attention + SWA, ``--model swa``; 0.5.21 drops it).
+``SWARadixCache`` (full attention + SWA, ``--model swa``; 0.5.21 drops it), ``sglang-0.5.9-cpp`` to
+``sglang-0.5.20-cpp`` the C++ tree's ``RadixCacheCpp`` (full attention; 0.5.21 drops it).
 ``sglang-0.5.11`` to ``sglang-0.5.16``: the installed release's first
 ``UnifiedRadixCache`` (components on the cache; every kind, as ``sglang`` does). ``sglang-0.5.22`` (and
 ``-rust``): 0.5.22's, read as 0.5.23's. ``sglang-0.5.17`` to ``sglang-0.5.21`` (and ``-rust`` from 0.5.19, the

@@ -4,6 +4,9 @@ Factories (``config -> CacheAdapter``, for ``kvledger check --adapter package.mo
 
 * ``kvledger.contracts.adapters.sglang.legacy:radix_cache_factory`` — SGLang 0.5.9 ``RadixCache``;
 * ``kvledger.contracts.adapters.sglang.legacy:mamba_radix_cache_factory`` — SGLang 0.5.9 ``MambaRadixCache``;
+* ``kvledger.contracts.adapters.sglang.legacy_swa:swa_radix_cache_factory`` — SGLang 0.5.9 ``SWARadixCache``;
+* ``kvledger.contracts.adapters.sglang.legacy_cpp:radix_cache_cpp_factory`` — SGLang 0.5.9 ``RadixCacheCpp`` (the C++
+  tree);
 * ``kvledger.contracts.adapters.sglang.unified:unified_python_factory`` — SGLang 0.5.23 ``UnifiedRadixCache``,
   Python core;
 * ``kvledger.contracts.adapters.sglang.unified:unified_rust_factory`` — SGLang 0.5.23 ``UnifiedRadixCache``, Rust core.

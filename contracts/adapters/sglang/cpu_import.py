@@ -39,6 +39,7 @@ __all__ = [
     "EARLY_COMPONENTS",
     "INC_LOCK",
     "LEGACY",
+    "LEGACY_CPP",
     "LEGACY_MAMBA",
     "LEGACY_SWA",
     "SCHEDULER",
@@ -130,6 +131,14 @@ LEGACY_MAMBA = TestedRange(
 
 NOTE: 0.5.13's ``MambaRadixCache`` allocates Mamba slots from ``mamba_allocator``, and from 0.5.10 its
 insert frees the duplicates past ``prev_prefix_len`` itself; the adapter reads both from the installed code.
+"""
+
+LEGACY_CPP = TestedRange("legacy C++ tree (RadixCacheCpp)", "0.5.9", "0.5.20", LEGACY.stubs, pre_stubs=LEGACY.pre_stubs)
+"""0.5.9 to 0.5.20: ``RadixCacheCpp`` over the C++ ``RadixTree`` (the same C++ sources in every one); 0.5.21 no
+longer ships it.
+
+NOTE: where it reads its host-cache settings moves (``server_args``, then ``runtime_context`` from 0.5.19); the
+adapter reads that from the installed code (``legacy_cpp``'s docstring).
 """
 
 LEGACY_SWA = TestedRange("legacy SWA (SWARadixCache)", "0.5.9", "0.5.20", LEGACY.stubs, pre_stubs=LEGACY.pre_stubs)

@@ -1,0 +1,251 @@
+"""SGLang's C++ radix tree (``RadixCacheCpp``, 0.5.9 to 0.5.20) behind the adapter protocol.
+
+``--enable-cache-cpp``'s cache: ``RadixCacheCpp`` is a thin Python class over ``radix_tree_cpp.RadixTree``, a C++
+tree SGLang compiles on import (``torch.utils.cpp_extension.load``, a C++20 compiler and ninja; about 30 s once,
+then cached under ``~/.cache/torch_extensions``). The C++ sources are the same in every release of the range
+(``LEGACY_CPP``; 0.5.21 no longer ships them); the Python class around them moves (server args read through
+``runtime_context.get_memory()`` from 0.5.19, lock results from 0.5.10), and the adapter follows it.
+
+The tree keeps its nodes in C++: Python sees a node only as its id (``NodeHandle``, what ``match_prefix`` returns
+as ``last_device_node``). The abstraction function reads the whole tree from ``RadixTree.debug_print`` (written to
+``std::clog``: the adapter captures file descriptor 2 around the call, with ``SGLANG_RADIX_CPP_DEBUG_LIMIT`` raised
+so every key is printed): each node's id, depth, lock count, own tokens and device indices, in depth-first order,
+so a node's parent is the last node printed one level up. ``debug_print`` checks the tree's own bookkeeping as it
+goes (parents, the id map, the evictable size) and raises when it disagrees: that error is a finding, and the
+adapter lets it through.
+
+How the protocol maps onto it (SGLang's own names), as :mod:`~kvledger.contracts.adapters.sglang.legacy` maps
+``RadixCache``:
+
+* ``alloc_kv`` / ``free_kv``: ``TokenToKVPoolAllocator`` (``PagedTokenToKVPoolAllocator`` for pages) on CPU.
+* ``match_prefix``: ``match_prefix(MatchPrefixParams(key=RadixKey(...)))`` (it splits a node a match ends inside
+  and stamps the nodes it walks whole with the time, as in SGLang).
+* ``lock``: ``match_prefix`` then ``inc_lock_ref(last_device_node)``; the handle keeps the node id for
+  ``dec_lock_ref``, and covers the matched key's pages (the C++ lock counts every node from there to the root).
+* ``insert``: ``_insert(RadixKey, value)``, the call ``cache_finished_req`` and ``cache_unfinished_req`` make; it
+  returns how many leading tokens were cached before and **leaves the duplicates to the caller**: as
+  ``cache_finished_req`` does, the adapter reports ``value[protected:prefix_len]`` as duplicates (``protected``:
+  the leading offered slots that are the tree's own, read from the dump before the insert).
+* ``evict``: ``evict(EvictParams(num_tokens=n))`` (a heap of unlocked leaves by last access; the freed slots go back
+  to the allocator).
+* ``snapshot``: the dump's nodes (keys, device indices, lock counts), the allocator's free pages, the tree's
+  ``evictable_size`` and ``protected_size``.
+
+What it cannot express (skipped and reported): an LRU list (eviction is a heap of leaves by access time; the order
+is checked as the ``lru_policy`` laws state it); SWA and Mamba (no such component); ``rejects_double_unlock``
+(a lock is a node id: a second release lowers the counts again, and C++ refuses only at zero).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from kvledger.contracts.adapters.protocol import CacheConfig, Inserted, Match, Snapshot
+from kvledger.contracts.adapters.sglang.common import FULL, NotExpressible, node_owner
+from kvledger.contracts.adapters.sglang.cpu_import import LEGACY_CPP
+from kvledger.contracts.adapters.sglang.legacy import LegacyLock, _LegacyAdapter, _sglang
+from kvledger.spec.locks import Key, LockSite, LockState
+from kvledger.spec.prefix import PrefixCache
+from kvledger.spec.types import NodeId, Owner
+
+CPP_MODULE = "sglang.srt.mem_cache.radix_cache_cpp"
+DEBUG_LIMIT = "SGLANG_RADIX_CPP_DEBUG_LIMIT"
+"""The C++ tree's limit on the keys ``debug_print`` prints (read once per process, at its first call)."""
+
+_NODE = re.compile(r"^\s*(\d+) \[depth = (\d+)\] \[len = (\d+)\] (.*)\[rc = (\d+)\] \[hit = \d+\]$")
+_KEYS = re.compile(r"^Node (\d+): key = \[([^\]]*)\] device_indices = (\[\[N/A\]\]|\[[^\]]*\])")
+
+
+@dataclass(frozen=True)
+class CppNode:
+    """One node of the C++ tree as ``debug_print`` shows it."""
+
+    nid: int
+    parent: int
+    tokens: tuple[int, ...]
+    """The node's own tokens (its edge), not the path's."""
+    slots: tuple[int, ...]
+    lock_ref: int
+    placement: str
+    """``[gpu]`` for a node on the device (the only placement without a host cache)."""
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",")) if text.strip() else ()
+
+
+def parse_dump(text: str) -> dict[int, CppNode]:
+    """The nodes of a ``debug_print`` dump (the root, id 0, left out), by id. A line neither form reads, a node
+    without its key line, or a depth with no node above it is a malformed dump (``ValueError``)."""
+    order: list[tuple[int, int, int, int, str]] = []
+    keys: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    for line in text.splitlines():
+        if m := _NODE.match(line):
+            nid, depth, length, placement, rc = m.groups()
+            order.append((int(nid), int(depth), int(length), int(rc), placement.strip()))
+        elif m := _KEYS.match(line):
+            nid, toks, slots = m.groups()
+            keys[int(nid)] = (_ints(toks), () if slots == "[[N/A]]" else _ints(slots[1:-1]))
+        elif line.strip() and not line.startswith(("Evictable size", "Protected size", "Total size", "0 [root]")):
+            raise ValueError(f"RadixTree.debug_print: a line the adapter cannot read: {line!r}")
+    above = [0]  # NOTE: the last node printed at each depth (preorder: a node's parent is the last one a level up)
+    nodes: dict[int, CppNode] = {}
+    for nid, depth, length, rc, placement in order:
+        if not 1 <= depth <= len(above):
+            raise ValueError(f"RadixTree.debug_print: node {nid} at depth {depth} below no printed node")
+        del above[depth:]
+        if nid not in keys:
+            raise ValueError(f"RadixTree.debug_print: node {nid} has no key line (is {DEBUG_LIMIT} too low?)")
+        toks, slots = keys[nid]
+        if len(toks) != length:
+            raise ValueError(f"RadixTree.debug_print: node {nid} has len {length} but {len(toks)} tokens")
+        nodes[nid] = CppNode(nid, above[-1], toks, slots, rc, placement)
+        above.append(nid)
+    return nodes
+
+
+def dump(tree: Any) -> str:
+    """What ``tree.debug_print()`` writes to ``std::clog`` (file descriptor 2, captured around the call)."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)
+        try:
+            tree.debug_print()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        return out.read().decode()
+
+
+def _server_args(module: Any) -> Any:
+    """What ``RadixCacheCpp`` reads its host-cache settings from: from 0.5.19 the published ``runtime_context``
+    (published here, as the unified adapters do; the argument is then unused), before that its ``server_args``."""
+    if hasattr(module, "get_memory"):
+        from kvledger.contracts.adapters.sglang.unified import _publish_cpu_args
+
+        _publish_cpu_args()
+    return SimpleNamespace(hicache_write_policy="write_through", enable_hierarchical_cache=False)
+
+
+class LegacyCppAdapter(_LegacyAdapter):
+    """SGLang 0.5.9 to 0.5.20 ``RadixCacheCpp`` (the C++ tree; full attention, token or paged)."""
+
+    cache_class = "RadixCacheCpp"
+    capabilities = frozenset({"locks", "ledgers", "content", "sizes", "stateless_insert", "lru_policy"})
+
+    def __init__(self, config: CacheConfig) -> None:
+        if config.mamba:
+            raise NotExpressible("SGLang's RadixCacheCpp has no Mamba component")
+        os.environ.setdefault(DEBUG_LIMIT, str(1 << 40))
+        super().__init__(config)
+
+    def _import(self, config: CacheConfig) -> tuple[str, SimpleNamespace]:
+        version, sg = _sglang(LEGACY_CPP, (CPP_MODULE,))
+        sg.cpp = importlib.import_module(CPP_MODULE)
+        return version, sg
+
+    def _build(self) -> Any:
+        params = self.sg.params.CacheInitParams(
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.allocator, page_size=self.ps
+        )
+        return self.sg.cpp.RadixCacheCpp(params, _server_args(self.sg.cpp))
+
+    # ------------------------------------------------------------ the tree, read from its dump
+
+    def nodes(self) -> dict[int, CppNode]:
+        """The tree's nodes (root left out), read from a fresh dump."""
+        return parse_dump(dump(self.cache.tree))
+
+    def _paths(self, nodes: dict[int, CppNode]) -> dict[int, tuple[int, ...]]:
+        """Each node's tokens from the root to its end."""
+        paths: dict[int, tuple[int, ...]] = {0: ()}
+        for n in nodes.values():  # NOTE: preorder: a parent comes before its children
+            paths[n.nid] = paths[n.parent] + n.tokens
+        return paths
+
+    def _tree_slots(self, key: tuple[int, ...]) -> list[int]:
+        """The tree's slots along ``key`` as far as it is cached, read from a dump (no call that moves the tree)."""
+        out: list[int] = []
+        children: dict[int, list[CppNode]] = {}
+        for node in self.nodes().values():
+            children.setdefault(node.parent, []).append(node)
+        at, rest = 0, key
+        while rest:
+            child = next((c for c in children.get(at, []) if c.tokens[: self.ps] == rest[: self.ps]), None)
+            if child is None:
+                break
+            same = 0
+            while same < min(len(child.tokens), len(rest)) and child.tokens[same] == rest[same]:
+                same += 1
+            same -= same % self.ps
+            out.extend(child.slots[:same])
+            if same < len(child.tokens):
+                break
+            at, rest = child.nid, rest[same:]
+        return out
+
+    # ------------------------------------------------------------ operations
+
+    def _raw_match(self, key: tuple[int, ...], **extra: Any) -> tuple[Match, Any]:
+        m = self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=self._key(key), **extra))
+        slots = tuple(int(x) for x in m.device_indices.tolist())
+        return Match(len(slots), slots, None), m.last_device_node
+
+    def insert(self, req: int, key: tuple[int, ...], slots: tuple[int, ...], mamba: int | None) -> Inserted:
+        if mamba is not None:
+            raise NotExpressible("SGLang's RadixCacheCpp has no Mamba component")
+        protected = self._protected_len(key, slots)
+        prefix_len = int(self.cache._insert(self._key(key), torch.tensor(slots, dtype=torch.int64)))
+        dups = slots[protected:prefix_len]
+        self.req_kv.setdefault(req, set()).difference_update(set(slots) - set(dups))
+        return Inserted(prefix_len, dups, None)
+
+    # ------------------------------------------------------------ abstraction
+
+    def _coverage(self, h: LegacyLock, end: dict[int, tuple[int, ...]]) -> set[LockSite]:
+        """The matched key's pages: the C++ lock counts the node and every node above it."""
+        return {(h.key[: i + self.ps], FULL) for i in range(0, h.match.length, self.ps)}
+
+    def snapshot(self) -> Snapshot:
+        nodes = self.nodes()
+        paths = self._paths(nodes)
+        full: dict[Key, tuple[int, ...]] = {}
+        owners: dict[Owner, set[int]] = {}
+        lock_ref: dict[LockSite, int] = {}
+        grain = self.ps if self.ps > 1 else 1
+        for n in nodes.values():
+            toks = paths[n.nid]
+            pages = self._pages(toks, len(n.tokens))
+            for i, k in enumerate(pages):
+                full[k] = n.slots[i * self.ps : (i + 1) * self.ps]
+                if n.lock_ref:
+                    lock_ref[(k, FULL)] = n.lock_ref
+            owners.setdefault(node_owner(NodeId(n.nid), FULL), set()).update(x // grain for x in n.slots)
+        prefix = PrefixCache(self.ps, None, False, full, frozenset(), {})  # type: ignore[arg-type]
+        handles = {hid: frozenset(self._coverage(h, {})) for hid, h in self.locks.items()}
+        slots = [x for xs in full.values() for x in xs]
+        return Snapshot(
+            prefix,
+            LockState(handles, lock_ref, frozenset()),
+            {},
+            {"kv": self._kv_ledger(owners)},
+            self.kv.content(slots),
+            {FULL: (int(self.cache.evictable_size()), int(self.cache.protected_size()))},
+            {},
+        )
+
+
+def radix_cache_cpp_factory(config: CacheConfig) -> LegacyCppAdapter:
+    """The installed release's ``RadixCacheCpp`` (0.5.9 to 0.5.20) for ``config`` (full attention; any page size)."""
+    return LegacyCppAdapter(config)
