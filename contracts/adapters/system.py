@@ -443,6 +443,14 @@ SYSTEM_ALIASES: dict[str, str] = {
         for v in ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
     },
     **{
+        f"sglang-{v}-system-cpp": "kvledger.contracts.adapters.sglang.scheduler:scheduler_cpp_factory"
+        for v in ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
+    },
+    **{
+        f"sglang-{v}-system-chunked-cpp": "kvledger.contracts.adapters.sglang.scheduler:chunked_scheduler_cpp_factory"
+        for v in ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
+    },
+    **{
         f"sglang-{v}-system": "kvledger.contracts.adapters.sglang.scheduler_components_early:early_components_factory"
         for v in EARLY_COMPONENT_RELEASES
     },

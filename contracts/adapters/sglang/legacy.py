@@ -365,6 +365,17 @@ class _LegacyAdapter:
     def _full_lock_ref(self, node: Any) -> int:
         return int(node.lock_ref)
 
+    def lockable(self, last: Any) -> bool:
+        """Whether a request's ``last_node`` holds a lock on the tree (a node below the root, not the session
+        layer's stand-in)."""
+        return last is not None and last is not self.cache.root_node and hasattr(last, "children")
+
+    def node_values(self) -> Iterator[tuple[NodeId, list[int], list[int] | None]]:
+        """Each node's id, KV slots and Mamba state (``None`` where it holds none)."""
+        for n, _ in self._nodes():
+            mamba = getattr(n, "mamba_value", None)
+            yield self.ids(n), n.value.tolist(), None if mamba is None else mamba.tolist()
+
     def _base_snapshot(self) -> tuple[dict[Key, tuple[int, ...]], dict[int, tuple[int, ...]], dict[Owner, set[int]]]:
         full: dict[Key, tuple[int, ...]] = {}
         end: dict[int, tuple[int, ...]] = {}

@@ -21,7 +21,8 @@ How the protocol maps onto it (SGLang's own names), as :mod:`~kvledger.contracts
 * ``match_prefix``: ``match_prefix(MatchPrefixParams(key=RadixKey(...)))`` (it splits a node a match ends inside
   and stamps the nodes it walks whole with the time, as in SGLang).
 * ``lock``: ``match_prefix`` then ``inc_lock_ref(last_device_node)``; the handle keeps the node id for
-  ``dec_lock_ref``, and covers the matched key's pages (the C++ lock counts every node from there to the root).
+  ``dec_lock_ref``, and covers the pages from the root to that node, the matched key's (the C++ lock counts every node
+  from there to the root).
 * ``insert``: ``_insert(RadixKey, value)``, the call ``cache_finished_req`` and ``cache_unfinished_req`` make; it
   returns how many leading tokens were cached before and **leaves the duplicates to the caller**: as
   ``cache_finished_req`` does, the adapter reports ``value[protected:prefix_len]`` as duplicates (``protected``:
@@ -43,6 +44,7 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -213,31 +215,49 @@ class LegacyCppAdapter(_LegacyAdapter):
 
     # ------------------------------------------------------------ abstraction
 
-    def _coverage(self, h: LegacyLock, end: dict[int, tuple[int, ...]]) -> set[LockSite]:
-        """The matched key's pages: the C++ lock counts the node and every node above it."""
-        return {(h.key[: i + self.ps], FULL) for i in range(0, h.match.length, self.ps)}
+    def lockable(self, last: Any) -> bool:
+        """A request's ``last_node`` is a node id; the root (0) and the session layer's stand-in hold no lock."""
+        return isinstance(last, int) and last != 0
 
-    def snapshot(self) -> Snapshot:
+    def node_values(self) -> Iterator[tuple[NodeId, list[int], list[int] | None]]:
+        for n in self.nodes().values():
+            yield NodeId(n.nid), list(n.slots), None
+
+    def _base_snapshot(self) -> tuple[dict[Key, tuple[int, ...]], dict[int, tuple[int, ...]], dict[Owner, set[int]]]:
+        """The cached pages with their slots, each node's tokens from the root (by node id), the slots each node
+        holds (by ledger owner), from one dump; the dump's lock counts are kept for :meth:`_locks`."""
         nodes = self.nodes()
-        paths = self._paths(nodes)
+        end = self._paths(nodes)
         full: dict[Key, tuple[int, ...]] = {}
         owners: dict[Owner, set[int]] = {}
-        lock_ref: dict[LockSite, int] = {}
         grain = self.ps if self.ps > 1 else 1
+        self._lock_refs: dict[LockSite, int] = {}
         for n in nodes.values():
-            toks = paths[n.nid]
-            pages = self._pages(toks, len(n.tokens))
-            for i, k in enumerate(pages):
+            for i, k in enumerate(self._pages(end[n.nid], len(n.tokens))):
                 full[k] = n.slots[i * self.ps : (i + 1) * self.ps]
                 if n.lock_ref:
-                    lock_ref[(k, FULL)] = n.lock_ref
+                    self._lock_refs[(k, FULL)] = n.lock_ref
             owners.setdefault(node_owner(NodeId(n.nid), FULL), set()).update(x // grain for x in n.slots)
+        return full, end, owners
+
+    def _locks(self, end: dict[int, tuple[int, ...]], extra: dict[LockSite, int]) -> LockState:
+        """The lock counts of the dump :meth:`_base_snapshot` read, and each handle's coverage."""
+        handles = {hid: frozenset(self._coverage(h, end)) for hid, h in self.locks.items()}
+        return LockState(handles, {**extra, **self._lock_refs}, frozenset())
+
+    def _coverage(self, h: LegacyLock, end: dict[int, tuple[int, ...]]) -> set[LockSite]:
+        """The pages from the root to the handle's node: the C++ lock counts the node and every node above it
+        (a node that left the tree covers nothing cached)."""
+        toks = end.get(h.node, ())
+        return {(toks[: i + self.ps], FULL) for i in range(0, len(toks), self.ps)}
+
+    def snapshot(self) -> Snapshot:
+        full, end, owners = self._base_snapshot()
         prefix = PrefixCache(self.ps, None, False, full, frozenset(), {})  # type: ignore[arg-type]
-        handles = {hid: frozenset(self._coverage(h, {})) for hid, h in self.locks.items()}
         slots = [x for xs in full.values() for x in xs]
         return Snapshot(
             prefix,
-            LockState(handles, lock_ref, frozenset()),
+            self._locks(end, {}),
             {},
             {"kv": self._kv_ledger(owners)},
             self.kv.content(slots),

@@ -74,6 +74,7 @@ from kvledger.contracts.adapters.sglang.common import (
     still_prefilling,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import SCHEDULER, import_sglang
+from kvledger.contracts.adapters.sglang.legacy_cpp import CPP_MODULE, DEBUG_LIMIT
 from kvledger.contracts.adapters.system import (
     IdleVerdict,
     RequestView,
@@ -259,7 +260,11 @@ class SchedulerAdapter:
 
     capabilities: frozenset[str] = frozenset()
 
-    def __init__(self, config: SystemConfig, chunk_tokens: int | None = None) -> None:
+    def __init__(self, config: SystemConfig, chunk_tokens: int | None = None, *, cpp: bool = False) -> None:
+        self.cpp = cpp
+        """Whether the tree is SGLang's C++ one (``RadixCacheCpp``, ``SGLANG_EXPERIMENTAL_CPP_RADIX_TREE``)."""
+        if cpp and config.mamba:
+            raise NotExpressible("SGLang's RadixCacheCpp has no Mamba component")
         if config.mamba and config.ping_pong > 0:
             # NOTE: the extra-buffer mode needs the server's Mamba scheduling strategy set consistently with the
             # pool; not yet wired (a lone request then leaves its track buffers counted as leaked).
@@ -323,7 +328,12 @@ class SchedulerAdapter:
         params = sg.cache_init_params.CacheInitParams(
             disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=alloc, page_size=self.ps
         )
-        if self.config.mamba:
+        if self.cpp:
+            import importlib
+
+            os.environ.setdefault(DEBUG_LIMIT, str(1 << 40))
+            tree = importlib.import_module(CPP_MODULE).RadixCacheCpp(params, server_args=self.sched_args)
+        elif self.config.mamba:
             if self.ps != 1:
                 raise NotExpressible(f"SGLang {self.version} MambaRadixCache: page size 1 only without extra buffer")
             tree = sg.mamba_radix_cache.MambaRadixCache(params)
@@ -377,7 +387,7 @@ class SchedulerAdapter:
         s: Any = object.__new__(cls)
         sa = self._server_args()
         sg.server_args.set_global_server_args_for_scheduler(sa)
-        s.server_args = sa
+        s.server_args = self.sched_args = sa
         rows, alloc = self._pools()
         self.row_base = min(int(x) for x in rows.free_slots)
         s.req_to_token_pool, s.token_to_kv_pool_allocator = rows, alloc
@@ -483,7 +493,7 @@ class SchedulerAdapter:
                     # (``stash_chunked_request``), and the request runs on that, ``cache_protected_len`` tokens (the
                     # tree's whole pages, locked). A session's turn keeps what it resumed
                     if self.reqs[rid].session is None:
-                        self.prefix_lens[rid] = int(req.cache_protected_len)
+                        self.prefix_lens[rid] = self._protected(req)
                     continue
                 if id(req) not in queued:
                     continue
@@ -785,9 +795,7 @@ class SchedulerAdapter:
             )
             if row is not None:
                 n = int(req.kv_allocated_len)
-                rows[row] = RowView(
-                    request(rid), tuple(int(x) for x in table[row, :n].tolist()), int(req.cache_protected_len)
-                )
+                rows[row] = RowView(request(rid), tuple(int(x) for x in table[row, :n].tolist()), self._protected(req))
         sessions: dict[int, SessionView] = {}
         lent = self._lent()
         slots = self._slots()
@@ -803,7 +811,7 @@ class SchedulerAdapter:
                 sessions[sid] = SessionView(sid, int(slot.kv_committed_len), n, row, (), lent[sid])
                 continue
             sessions[sid] = SessionView(sid, int(slot.kv_committed_len), n, row, names, None)
-            rows[row] = RowView(session(sid), names, int(slot.cache_protected_len))
+            rows[row] = RowView(session(sid), names, self._protected(slot))
         locks, prefix = self._tree_state()
         return SystemSnapshot(
             ledgers=ledgers,
@@ -849,6 +857,15 @@ class SchedulerAdapter:
         """Session -> the running request its slot's memory is lent to (the slot keeps naming it while lent)."""
         return {sid: rid for rid, (sid, st) in self._restored().items() if st == "running"}
 
+    def _protected(self, req: Any) -> int:
+        """How many leading tokens of ``req``'s row the tree holds (the rest of the row is the request's own): SGLang's
+        ``cache_protected_len``, which the Python trees keep. ``RadixCacheCpp`` never updates it after the match
+        that set it (``cache_unfinished_req`` moves ``prefix_indices`` and the lock onto the prefilled prompt, and
+        frees from ``len(prefix_indices)``, page-aligned): on the C++ tree that is the boundary."""
+        if self.cpp and getattr(req, "prefix_indices", None) is not None:
+            return len(req.prefix_indices) // self.ps * self.ps
+        return int(req.cache_protected_len)
+
     def references(self) -> dict[str, dict[Owner, set[int]]]:
         """Per pool, what each owner's own structures name (pages for paged KV)."""
         s = self.sched
@@ -884,7 +901,7 @@ class SchedulerAdapter:
             if req.req_pool_idx is not None:
                 row = int(req.req_pool_idx)
                 add("req_to_token", owner, [row])
-                add("kv", owner, row_range(row, int(req.cache_protected_len), int(req.kv_allocated_len)), page)
+                add("kv", owner, row_range(row, self._protected(req), int(req.kv_allocated_len)), page)
             if self.config.mamba:
                 add("mamba", owner, mamba_of(req))
         for sid_str, slot in self._slots().items():
@@ -895,15 +912,14 @@ class SchedulerAdapter:
             if slot.req_pool_idx is not None:
                 row = int(slot.req_pool_idx)
                 add("req_to_token", owner, [row])
-                add("kv", owner, row_range(row, int(slot.cache_protected_len), int(slot.kv_allocated_len)), page)
+                add("kv", owner, row_range(row, self._protected(slot), int(slot.kv_allocated_len)), page)
             if self.config.mamba:
                 add("mamba", owner, mamba_of(slot))
         view = self._tree_view()
-        for n, _ in view._nodes():
-            nid = self.ids(n)
-            add("kv", node_owner(nid, FULL), n.value.tolist(), page)
-            if self.config.mamba and n.mamba_value is not None:
-                add("mamba", node_owner(nid, MAMBA), n.mamba_value.tolist())
+        for nid, kv, mamba in view.node_values():
+            add("kv", node_owner(nid, FULL), kv, page)
+            if self.config.mamba and mamba is not None:
+                add("mamba", node_owner(nid, MAMBA), mamba)
         return refs
 
     def _free(self) -> dict[str, tuple[int, int, list[int]]]:
@@ -945,9 +961,12 @@ class SchedulerAdapter:
 
     def _tree_view(self) -> Any:
         """The cache adapters' own abstraction of the radix tree, over the scheduler's tree cache."""
-        from kvledger.contracts.adapters.sglang import legacy
+        from kvledger.contracts.adapters.sglang import legacy, legacy_cpp
 
-        cls = legacy.LegacyMambaAdapter if self.config.mamba else legacy.LegacyRadixAdapter
+        if self.cpp:
+            cls: type[Any] = legacy_cpp.LegacyCppAdapter
+        else:
+            cls = legacy.LegacyMambaAdapter if self.config.mamba else legacy.LegacyRadixAdapter
         view = object.__new__(cls)
         view.cache = getattr(self.sched.tree_cache, "inner", self.sched.tree_cache)
         view.ps = self.ps
@@ -960,11 +979,10 @@ class SchedulerAdapter:
         """One handle per lock a live request or session slot holds on its ``last_node``."""
         from kvledger.contracts.adapters.sglang.legacy import LegacyLock
 
-        root = view.cache.root_node
         out: dict[HandleId, Any] = {}
 
         def add(hid: int, last: Any) -> None:
-            if last is None or last is root or not hasattr(last, "children"):
+            if not view.lockable(last):
                 return
             mamba = self.config.mamba and getattr(last, "mamba_value", None) is not None
             out[HandleId(hid)] = LegacyLock(HandleId(hid), last, mamba, None, ())  # type: ignore[arg-type]
@@ -1081,3 +1099,15 @@ def chunked_scheduler_factory(config: SystemConfig) -> SchedulerAdapter:
     if config.mamba and config.ping_pong > 0:
         config = dataclasses.replace(config, ping_pong=0)
     return SchedulerAdapter(config, chunk_tokens=chunk_size(config))
+
+
+def scheduler_cpp_factory(config: SystemConfig) -> SchedulerAdapter:
+    """:func:`scheduler_factory` on SGLang's C++ radix tree (``RadixCacheCpp``, as
+    ``SGLANG_EXPERIMENTAL_CPP_RADIX_TREE=1`` builds it; full attention only), read through its ``debug_print``
+    dump (:mod:`~kvledger.contracts.adapters.sglang.legacy_cpp`)."""
+    return SchedulerAdapter(config, cpp=True)
+
+
+def chunked_scheduler_cpp_factory(config: SystemConfig) -> SchedulerAdapter:
+    """:func:`chunked_scheduler_factory` on SGLang's C++ radix tree (:func:`scheduler_cpp_factory`)."""
+    return SchedulerAdapter(config, chunk_tokens=chunk_size(config), cpp=True)
