@@ -54,19 +54,25 @@ def test_radix_cache_conforms(page_size: int) -> None:
     assert "insert without a Mamba state (rule)" not in run.skipped
 
 
-@needs_mamba
-def test_mamba_lru_list_is_caught_by_lru_detachment() -> None:
-    """B1 (SGLang PR #25770), found by the general rule on SGLang's own ``LRUList``; 0.5.13 passes."""
+@pytest.mark.parametrize("cache", [pytest.param("mamba", marks=needs_mamba), pytest.param("swa", marks=needs_swa)])
+def test_b1_lru_list_is_caught_by_lru_detachment(cache: str) -> None:
+    """B1 (SGLang PR #25770), found by the general rule on SGLang's own ``LRUList``: ``MambaRadixCache``'s, and
+    ``SWARadixCache``'s (``swa_radix_cache.LRUList``); 0.5.13 passes both."""
     from kvledger.contracts.adapters.sglang.common import check
     from kvledger.contracts.adapters.sglang.legacy import mamba_radix_cache_factory
+    from kvledger.contracts.adapters.sglang.legacy_swa import swa_radix_cache_factory
 
-    run = check(lambda: mamba_radix_cache_factory(CacheConfig(mamba=True)), CI)
+    if cache == "swa":
+        run = check(lambda: swa_radix_cache_factory(SWA), CI)
+        assert "double_dec_lock_ref (rule)" in run.skipped and "inv_lock_ref_counts_handles" not in run.skipped
+    else:
+        run = check(lambda: mamba_radix_cache_factory(CacheConfig(mamba=True)), CI)
+        assert "insert without a Mamba state (rule)" in run.skipped
+    assert "inv_lru_detached" not in run.skipped and "inv_slots_conserved" not in run.skipped
     v = run.result.violation
-    assert "insert without a Mamba state (rule)" in run.skipped
     if not B1_SHIPPED:
         assert v is None, v.message
         assert run.result.examples >= 50 and run.result.steps > 500
-        assert "inv_lru_detached" not in run.skipped and "inv_slots_conserved" not in run.skipped
         return
     assert v is not None and v.rule == "inv_lru_detached", v
     assert "nodes outside it keep links" in v.message
@@ -144,24 +150,6 @@ def test_a_release_without_mamba_radix_cache_refuses_its_adapter_by_range() -> N
 
     with pytest.raises(SGLangVersionError, match=re.escape(f"tested on ({LEGACY_MAMBA.describe()})")):
         mamba_radix_cache_factory(CacheConfig(mamba=True))
-
-
-@needs_swa
-def test_swa_lru_list_is_caught_by_lru_detachment() -> None:
-    """B1 in ``SWALRUList._remove_node`` (``swa_radix_cache.LRUList``), found by the same rule; 0.5.13 passes."""
-    from kvledger.contracts.adapters.sglang.common import check
-    from kvledger.contracts.adapters.sglang.legacy_swa import swa_radix_cache_factory
-
-    run = check(lambda: swa_radix_cache_factory(SWA), CI)
-    v = run.result.violation
-    assert "inv_lru_detached" not in run.skipped and "inv_lock_ref_counts_handles" not in run.skipped
-    assert "double_dec_lock_ref (rule)" in run.skipped
-    if not B1_SHIPPED:
-        assert v is None, v.message
-        assert run.result.examples >= 50 and run.result.steps > 500
-        return
-    assert v is not None and v.rule == "inv_lru_detached", v
-    assert "nodes outside it keep links" in v.message
 
 
 @needs_swa
