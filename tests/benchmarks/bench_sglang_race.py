@@ -93,6 +93,7 @@ VARIANTS = {
     "sglang 0.5.9 RadixCache": "0.5.9",
     "sglang 0.5.23 unified (python core)": "0.5.23",
     "sglang 0.5.23 unified (rust core)": "0.5.23",
+    "sglang 0.5.20 RadixCacheCpp (C++ tree)": "sglang-0.5.20",
     "vllm 0.33.0 KVCacheManager": "vllm-0.33.0",
 }
 BASELINE = "kvledger (baseline)"
@@ -385,6 +386,28 @@ class Legacy59Ops(_SGLangOps):
         self.alloc_.free(value[matched : res.prefix_len])
 
 
+class Cpp520Ops(Legacy59Ops):
+    """SGLang 0.5.20 ``RadixCacheCpp`` (the C++ tree, ``SGLANG_EXPERIMENTAL_CPP_RADIX_TREE``); the caller frees
+    duplicates, as its ``cache_finished_req`` does; a lock is the node id ``match_prefix`` returned."""
+
+    def __init__(self, pool: int, page: int) -> None:
+        import torch
+
+        from kvledger.contracts.adapters.sglang.legacy_cpp import _server_args, sglang_cpp
+
+        _, sg = sglang_cpp()
+        self._setup(torch, sg, pool, page)
+        params = sg.params.CacheInitParams(
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc_, page_size=page
+        )
+        self.cache = sg.cpp.RadixCacheCpp(params, _server_args(sg.cpp))
+
+    def insert(self, r: int, key: Any, prefix: Any, new: Any, matched: int) -> None:
+        value = self.torch.cat((prefix, new))
+        prefix_len = self.cache._insert(self.sg.radix.RadixKey(key), value)
+        self.alloc_.free(value[matched:prefix_len])
+
+
 class Unified523Ops(_SGLangOps):
     """SGLang 0.5.23 ``UnifiedRadixCache`` on one tree core; insert frees duplicates itself."""
 
@@ -484,6 +507,8 @@ def build(variant: str, pool: int, page: int) -> Any:
         return KvledgerOps(pool, page)
     if variant == "sglang 0.5.9 RadixCache":
         return Legacy59Ops(pool, page)
+    if "RadixCacheCpp" in variant:
+        return Cpp520Ops(pool, page)
     return Unified523Ops(pool, page, "rust" if "rust" in variant else "python")
 
 
@@ -607,7 +632,7 @@ def worker(
 
 
 def python_of(version: str, venvs: dict[str, Path]) -> Path:
-    venv = ROOT / "build" / version if version.startswith("vllm-") else venvs[version]
+    venv = ROOT / "build" / version if version.startswith(("vllm-", "sglang-")) else venvs[version]
     return venv / "bin" / "python"
 
 
@@ -741,6 +766,11 @@ def disagreement(k: dict[str, Any], v: dict[str, Any]) -> str | None:
 
 
 WHY_DIFFER = {
+    "RadixCacheCpp": (
+        "the C++ tree refreshes the nodes a walk passes whole but not the remainder of a node it splits (it keeps "
+        "its older time; 0.5.9's Python tree and kvledger refresh it), so its heap of leaves evicts in another "
+        "recency order; both orders obey the LRU laws (the cache check holds on it)"
+    ),
     "vllm": (
         "vLLM matches whole blocks and recomputes the last token of a prompt cached whole (one block fewer), evicts "
         "one cached block at a time from its free queue's head (its own LRU order, block by block, no watermark), "
@@ -797,7 +827,7 @@ def report(results: list[dict[str, Any]], variants: list[str], skipped: list[str
         table.add_row("geometric mean", "", "", "", "", "", *geo, "", style="bold")
         console.print(table)
         for v, lines in notes.items():
-            reason = next((why for prefix, why in WHY_DIFFER.items() if v.startswith(prefix)), None)
+            reason = next((why for prefix, why in WHY_DIFFER.items() if prefix in v), None)
             head = f"{v} differs from kvledger ({reason})" if reason else f"{v} differs from kvledger: UNEXPECTED"
             console.print(f"  {head}: " + "; ".join(lines))
         if detail:

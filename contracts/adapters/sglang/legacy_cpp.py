@@ -140,6 +140,14 @@ def _server_args(module: Any) -> Any:
     return SimpleNamespace(hicache_write_policy="write_through", enable_hierarchical_cache=False)
 
 
+def sglang_cpp() -> tuple[str, SimpleNamespace]:
+    """The installed release (range ``LEGACY_CPP``) imported on CPU, with the legacy adapters' modules and ``.cpp``,
+    the module of ``RadixCacheCpp`` (importing it builds the C++ tree, or loads the cached build)."""
+    version, sg = _sglang(LEGACY_CPP, (CPP_MODULE,))
+    sg.cpp = importlib.import_module(CPP_MODULE)
+    return version, sg
+
+
 class LegacyCppAdapter(_LegacyAdapter):
     """SGLang 0.5.9 to 0.5.20 ``RadixCacheCpp`` (the C++ tree; full attention, token or paged)."""
 
@@ -153,9 +161,7 @@ class LegacyCppAdapter(_LegacyAdapter):
         super().__init__(config)
 
     def _import(self, config: CacheConfig) -> tuple[str, SimpleNamespace]:
-        version, sg = _sglang(LEGACY_CPP, (CPP_MODULE,))
-        sg.cpp = importlib.import_module(CPP_MODULE)
-        return version, sg
+        return sglang_cpp()
 
     def _build(self) -> Any:
         params = self.sg.params.CacheInitParams(
