@@ -364,7 +364,7 @@ def test_race_sglang_variants_agree_with_kvledger(capsys: pytest.CaptureFixture[
     results = race.main(argv)
     out = capsys.readouterr().out
     by = {(r["variant"], r["workload"]): r for r in results}
-    sglang = [v for v in race.VARIANTS if v.startswith("sglang")]
+    sglang = [v for v in race.VARIANTS if v.startswith("sglang") and ("0.5.9" in v or "0.5.23" in v)]
     assert {v for v, _ in by} == {"kvledger", *sglang}, out  # every variant ran every workload
     for name in names:
         k = by[("kvledger", name)]
