@@ -1646,7 +1646,8 @@ def _aliased_keys(cache: RadixCache) -> str:
         if mine != theirs:
             how = "" if mine[-1] == theirs[-1] else "; and the cache ends in another state"
             return (
-                f"a key of ids {list(alias)} in an array({code!r}) (the bytes of {head}, the key just matched) is "
+                f"a key of ids {list(alias)} in an array({code!r}) (the bytes of {head or longest}, the key just "
+                "matched) is "
                 f"answered {mine[:-1]}, the same ids as int64 {theirs[:-1]} (match; insert, match after){how}"
             )
     return ""

@@ -2663,7 +2663,8 @@ def test_a_full_pool_still_has_every_width_matched(kind: str, monkeypatch: pytes
         return match(self, key)
 
     monkeypatch.setattr(radix.RadixCache, "match_prefix", reads_bytes)
-    assert "in an array('i')" in C._aliased_keys(c)
+    found = C._aliased_keys(c)
+    assert "in an array('i')" in found and "the bytes of None" not in found, found
 
 
 @pytest.mark.parametrize("kind", ["token", "paged"])

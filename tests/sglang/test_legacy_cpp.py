@@ -79,8 +79,9 @@ def test_the_dump_reads_the_tree_a_split_and_a_lock_leave() -> None:
 
 
 def test_a_malformed_dump_is_refused_by_name() -> None:
-    """Lines the parser cannot read, a node under no printed node, a node without its key line: each a
-    ``ValueError`` naming what is wrong (never a silently wrong tree)."""
+    """Lines the parser cannot read, a node under no printed node, a node without its key line, a key or slots of
+    another length, a key the debug limit hid: each a ``ValueError`` naming what is wrong (never a silently wrong
+    tree)."""
     from kvledger.contracts.adapters.sglang.legacy_cpp import parse_dump
 
     good = (
@@ -95,7 +96,12 @@ def test_a_malformed_dump_is_refused_by_name() -> None:
         good.replace("[rc = 0] [hit = 0]\n    1", "[rc = 0]\n    1"): "a line the adapter cannot read",
         good.replace("[depth = 2]", "[depth = 3]"): "node 1 at depth 3 below no printed node",
         good.replace("Node 1: key = [3, 4] device_indices = [3, 4] host_indices = [[N/A]]\n", ""): "node 1 has no key",
-        good.replace("key = [3, 4]", "key = [3]"): "node 1 has len 2 but 1 tokens",
+        good.replace("key = [3, 4]", "key = [3]"): "node 1 has len 2 but 1 tokens and 2 device indices",
+        good.replace("device_indices = [3, 4]", "device_indices = [[N/A]]"): "but 2 tokens and 0 device indices",
+        good.replace(
+            "Node 1: key = [3, 4] device_indices = [3, 4] host_indices = [[N/A]]",
+            "Node 1: key is too long (2 tokens), skipping...",
+        ): "node 1's key (2 tokens) was not printed: SGLANG_RADIX_CPP_DEBUG_LIMIT is below it",
     }
     for text, why in bad.items():
         with pytest.raises(ValueError, match=re.escape(why)):
@@ -138,6 +144,6 @@ def test_an_eviction_that_keeps_the_slots_fails_conservation(monkeypatch: pytest
 
 @pytest.mark.skipif(VERSION is None or HAS_CPP, reason=f"needs a release past {LEGACY_CPP.describe()}")
 def test_a_release_without_the_cpp_tree_refuses_its_adapter_by_range() -> None:
-    """0.5.21 on ship no C++ tree: the adapter names the range it was tested on."""
+    """Releases from 0.5.21 on ship no C++ tree: the adapter names the range it was tested on."""
     with pytest.raises(SGLangVersionError, match=re.escape(f"tested on ({LEGACY_CPP.describe()})")):
         _adapter()

@@ -65,6 +65,7 @@ DEBUG_LIMIT = "SGLANG_RADIX_CPP_DEBUG_LIMIT"
 
 _NODE = re.compile(r"^\s*(\d+) \[depth = (\d+)\] \[len = (\d+)\] (.*)\[rc = (\d+)\] \[hit = \d+\]$")
 _KEYS = re.compile(r"^Node (\d+): key = \[([^\]]*)\] device_indices = (\[\[N/A\]\]|\[[^\]]*\])")
+_SKIPPED = re.compile(r"^Node (\d+): key is too long \((\d+) tokens\), skipping\.\.\.$")
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class CppNode:
     slots: tuple[int, ...]
     lock_ref: int
     placement: str
-    """``[gpu]`` for a node on the device (the only placement without a host cache)."""
+    """Where the node lives and its IO state as printed, ``[gpu] [io = free]`` without a host cache."""
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -97,6 +98,11 @@ def parse_dump(text: str) -> dict[int, CppNode]:
         elif m := _KEYS.match(line):
             nid, toks, slots = m.groups()
             keys[int(nid)] = (_ints(toks), () if slots == "[[N/A]]" else _ints(slots[1:-1]))
+        elif m := _SKIPPED.match(line):
+            raise ValueError(
+                f"RadixTree.debug_print: node {m[1]}'s key ({m[2]} tokens) was not printed: {DEBUG_LIMIT} is below it "
+                "(the tree reads it once a process, at its first dump)"
+            )
         elif line.strip() and not line.startswith(("Evictable size", "Protected size", "Total size", "0 [root]")):
             raise ValueError(f"RadixTree.debug_print: a line the adapter cannot read: {line!r}")
     above = [0]  # NOTE: the last node printed at each depth (preorder: a node's parent is the last one a level up)
@@ -108,8 +114,11 @@ def parse_dump(text: str) -> dict[int, CppNode]:
         if nid not in keys:
             raise ValueError(f"RadixTree.debug_print: node {nid} has no key line (is {DEBUG_LIMIT} too low?)")
         toks, slots = keys[nid]
-        if len(toks) != length:
-            raise ValueError(f"RadixTree.debug_print: node {nid} has len {length} but {len(toks)} tokens")
+        if len(toks) != length or len(slots) != length:
+            raise ValueError(
+                f"RadixTree.debug_print: node {nid} has len {length} but {len(toks)} tokens and {len(slots)} device "
+                "indices"
+            )
         nodes[nid] = CppNode(nid, above[-1], toks, slots, rc, placement)
         above.append(nid)
     return nodes
@@ -157,7 +166,7 @@ class LegacyCppAdapter(_LegacyAdapter):
     def __init__(self, config: CacheConfig) -> None:
         if config.mamba:
             raise NotExpressible("SGLang's RadixCacheCpp has no Mamba component")
-        os.environ.setdefault(DEBUG_LIMIT, str(1 << 40))
+        os.environ[DEBUG_LIMIT] = str(1 << 40)  # NOTE: every key printed (a lower limit would hide keys)
         super().__init__(config)
 
     def _import(self, config: CacheConfig) -> tuple[str, SimpleNamespace]:

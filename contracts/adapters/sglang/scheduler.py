@@ -331,7 +331,7 @@ class SchedulerAdapter:
         if self.cpp:
             import importlib
 
-            os.environ.setdefault(DEBUG_LIMIT, str(1 << 40))
+            os.environ[DEBUG_LIMIT] = str(1 << 40)  # NOTE: every key printed by the dump the snapshot reads
             tree = importlib.import_module(CPP_MODULE).RadixCacheCpp(params, server_args=self.sched_args)
         elif self.config.mamba:
             if self.ps != 1:
@@ -862,7 +862,9 @@ class SchedulerAdapter:
         ``cache_protected_len``, which the Python trees keep. ``RadixCacheCpp`` never updates it after the match
         that set it (``cache_unfinished_req`` moves ``prefix_indices`` and the lock onto the prefilled prompt, and
         frees from ``len(prefix_indices)``, page-aligned): on the C++ tree that is the boundary."""
-        if self.cpp and getattr(req, "prefix_indices", None) is not None:
+        if self.cpp and isinstance(getattr(req, "last_node", None), int) and req.prefix_indices is not None:
+            # NOTE: only where the C++ tree itself matched (its node id): a resumed turn's ``prefix_indices`` is
+            # its session's restored row, and ``cache_protected_len`` still says where that starts
             return len(req.prefix_indices) // self.ps * self.ps
         return int(req.cache_protected_len)
 
