@@ -862,10 +862,11 @@ class SchedulerAdapter:
         ``cache_protected_len``, which the Python trees keep. ``RadixCacheCpp`` never updates it after the match
         that set it (``cache_unfinished_req`` moves ``prefix_indices`` and the lock onto the prefilled prompt, and
         frees from ``len(prefix_indices)``, page-aligned): on the C++ tree that is the boundary."""
-        if self.cpp and isinstance(getattr(req, "last_node", None), int) and req.prefix_indices is not None:
+        indices = getattr(req, "prefix_indices", None)  # NOTE: a session slot keeps none (0.5.10's ``SessionSlot``)
+        if self.cpp and isinstance(getattr(req, "last_node", None), int) and indices is not None:
             # NOTE: only where the C++ tree itself matched (its node id): a resumed turn's ``prefix_indices`` is
             # its session's restored row, and ``cache_protected_len`` still says where that starts
-            return len(req.prefix_indices) // self.ps * self.ps
+            return len(indices) // self.ps * self.ps
         return int(req.cache_protected_len)
 
     def references(self) -> dict[str, dict[Owner, set[int]]]:
