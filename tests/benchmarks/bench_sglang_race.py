@@ -393,14 +393,14 @@ class Cpp520Ops(Legacy59Ops):
     def __init__(self, pool: int, page: int) -> None:
         import torch
 
-        from kvledger.contracts.adapters.sglang.legacy_cpp import _server_args, sglang_cpp
+        from kvledger.contracts.adapters.sglang.legacy_cpp import radix_cache_cpp, sglang_cpp
 
         _, sg = sglang_cpp()
         self._setup(torch, sg, pool, page)
         params = sg.params.CacheInitParams(
             disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc_, page_size=page
         )
-        self.cache = sg.cpp.RadixCacheCpp(params, _server_args(sg.cpp))
+        self.cache = radix_cache_cpp(params)
 
     def insert(self, r: int, key: Any, prefix: Any, new: Any, matched: int) -> None:
         value = self.torch.cat((prefix, new))

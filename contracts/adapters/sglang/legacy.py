@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -163,6 +163,33 @@ def free_pages(allocator: Any) -> list[int]:
     every = getattr(allocator, "get_all_free_pages", None)
     pages = every() if every is not None else torch.cat((allocator.free_pages, allocator.release_pages))
     return [int(x) for x in pages.tolist()]
+
+
+def slots_along(
+    key: tuple[int, ...],
+    ps: int,
+    root: Any,
+    step: Callable[[Any, tuple[int, ...]], tuple[Any, Sequence[int], Sequence[int]] | None],
+) -> list[int]:
+    """The slots a tree holds along ``key`` as far as it caches it, in whole pages of ``ps``: from ``root``,
+    ``step(node, rest)`` gives the child whose edge starts ``rest``, with the edge's tokens and slots (``None``
+    where no child does)."""
+    out: list[int] = []
+    at, rest = root, key
+    while rest:
+        found = step(at, rest)
+        if found is None:
+            break
+        child, toks, slots = found
+        same = 0
+        while same < min(len(toks), len(rest)) and toks[same] == rest[same]:
+            same += 1
+        same -= same % ps
+        out.extend(int(x) for x in slots[:same])
+        if same < len(toks):
+            break
+        at, rest = child, rest[same:]
+    return out
 
 
 @dataclass(eq=False)
@@ -303,22 +330,14 @@ class _LegacyAdapter:
 
     def _tree_slots(self, key: tuple[int, ...]) -> list[int]:
         """The tree's slots along ``key`` as far as it is cached, read without touching the cache."""
-        out: list[int] = []
-        node, rest = self.cache.root_node, list(key)
-        while rest:
-            child = node.children.get(self._child_key(tuple(rest)))
+
+        def step(node: Any, rest: tuple[int, ...]) -> tuple[Any, list[int], list[int]] | None:
+            child = node.children.get(self._child_key(rest))
             if child is None or child.value is None:
-                break
-            ck = list(child.key.token_ids)
-            n = 0
-            while n < len(ck) and n < len(rest) and ck[n] == rest[n]:
-                n += 1
-            n -= n % self.ps
-            out.extend(int(x) for x in child.value[:n].tolist())
-            if n < len(ck):
-                break
-            node, rest = child, rest[n:]
-        return out
+                return None
+            return child, list(child.key.token_ids), child.value.tolist()
+
+        return slots_along(key, self.ps, self.cache.root_node, step)
 
     def _protected_len(self, key: tuple[int, ...], slots: tuple[int, ...]) -> int:
         """SGLang's ``cache_protected_len``: how many leading offered slots are already the tree's own."""

@@ -54,7 +54,7 @@ import torch
 from kvledger.contracts.adapters.protocol import CacheConfig, Inserted, Match, Snapshot
 from kvledger.contracts.adapters.sglang.common import FULL, NotExpressible, node_owner
 from kvledger.contracts.adapters.sglang.cpu_import import LEGACY_CPP
-from kvledger.contracts.adapters.sglang.legacy import LegacyLock, _LegacyAdapter, _sglang
+from kvledger.contracts.adapters.sglang.legacy import LegacyLock, _LegacyAdapter, _sglang, slots_along
 from kvledger.spec.locks import Key, LockSite, LockState
 from kvledger.spec.prefix import PrefixCache
 from kvledger.spec.types import NodeId, Owner
@@ -150,11 +150,18 @@ def _server_args(module: Any) -> Any:
 
 
 def sglang_cpp() -> tuple[str, SimpleNamespace]:
-    """The installed release (range ``LEGACY_CPP``) imported on CPU, with the legacy adapters' modules and ``.cpp``,
-    the module of ``RadixCacheCpp`` (importing it builds the C++ tree, or loads the cached build)."""
-    version, sg = _sglang(LEGACY_CPP, (CPP_MODULE,))
-    sg.cpp = importlib.import_module(CPP_MODULE)
-    return version, sg
+    """The installed release (range ``LEGACY_CPP``) imported on CPU, with the legacy adapters' modules and the module
+    of ``RadixCacheCpp``."""
+    return _sglang(LEGACY_CPP, (CPP_MODULE,))
+
+
+def radix_cache_cpp(params: Any) -> Any:
+    """SGLang's ``RadixCacheCpp`` over ``params`` (a ``CacheInitParams``), with every key printed by its dump
+    (``DEBUG_LIMIT``, set before the tree's first dump reads it). Importing its module builds the C++ tree, or loads
+    the cached build."""
+    os.environ[DEBUG_LIMIT] = str(1 << 40)
+    module = importlib.import_module(CPP_MODULE)
+    return module.RadixCacheCpp(params, _server_args(module))
 
 
 class LegacyCppAdapter(_LegacyAdapter):
@@ -166,7 +173,6 @@ class LegacyCppAdapter(_LegacyAdapter):
     def __init__(self, config: CacheConfig) -> None:
         if config.mamba:
             raise NotExpressible("SGLang's RadixCacheCpp has no Mamba component")
-        os.environ[DEBUG_LIMIT] = str(1 << 40)  # NOTE: every key printed (a lower limit would hide keys)
         super().__init__(config)
 
     def _import(self, config: CacheConfig) -> tuple[str, SimpleNamespace]:
@@ -176,7 +182,7 @@ class LegacyCppAdapter(_LegacyAdapter):
         params = self.sg.params.CacheInitParams(
             disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.allocator, page_size=self.ps
         )
-        return self.sg.cpp.RadixCacheCpp(params, _server_args(self.sg.cpp))
+        return radix_cache_cpp(params)
 
     # ------------------------------------------------------------ the tree, read from its dump
 
@@ -193,24 +199,15 @@ class LegacyCppAdapter(_LegacyAdapter):
 
     def _tree_slots(self, key: tuple[int, ...]) -> list[int]:
         """The tree's slots along ``key`` as far as it is cached, read from a dump (no call that moves the tree)."""
-        out: list[int] = []
         children: dict[int, list[CppNode]] = {}
         for node in self.nodes().values():
             children.setdefault(node.parent, []).append(node)
-        at, rest = 0, key
-        while rest:
+
+        def step(at: int, rest: tuple[int, ...]) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
             child = next((c for c in children.get(at, []) if c.tokens[: self.ps] == rest[: self.ps]), None)
-            if child is None:
-                break
-            same = 0
-            while same < min(len(child.tokens), len(rest)) and child.tokens[same] == rest[same]:
-                same += 1
-            same -= same % self.ps
-            out.extend(child.slots[:same])
-            if same < len(child.tokens):
-                break
-            at, rest = child.nid, rest[same:]
-        return out
+            return None if child is None else (child.nid, child.tokens, child.slots)
+
+        return slots_along(key, self.ps, 0, step)
 
     # ------------------------------------------------------------ operations
 
@@ -240,25 +237,27 @@ class LegacyCppAdapter(_LegacyAdapter):
 
     def _base_snapshot(self) -> tuple[dict[Key, tuple[int, ...]], dict[int, tuple[int, ...]], dict[Owner, set[int]]]:
         """The cached pages with their slots, each node's tokens from the root (by node id), the slots each node
-        holds (by ledger owner), from one dump; the dump's lock counts are kept for :meth:`_locks`."""
+        holds (by ledger owner), from one dump."""
         nodes = self.nodes()
         end = self._paths(nodes)
         full: dict[Key, tuple[int, ...]] = {}
         owners: dict[Owner, set[int]] = {}
         grain = self.ps if self.ps > 1 else 1
-        self._lock_refs: dict[LockSite, int] = {}
         for n in nodes.values():
             for i, k in enumerate(self._pages(end[n.nid], len(n.tokens))):
                 full[k] = n.slots[i * self.ps : (i + 1) * self.ps]
-                if n.lock_ref:
-                    self._lock_refs[(k, FULL)] = n.lock_ref
             owners.setdefault(node_owner(NodeId(n.nid), FULL), set()).update(x // grain for x in n.slots)
         return full, end, owners
 
     def _locks(self, end: dict[int, tuple[int, ...]], extra: dict[LockSite, int]) -> LockState:
-        """The lock counts of the dump :meth:`_base_snapshot` read, and each handle's coverage."""
+        """Each locked node's count on its pages (from a dump, as the Python adapters walk the tree again), and each
+        handle's coverage."""
+        lock_ref = dict(extra)
+        for n in self.nodes().values():
+            if n.lock_ref:
+                lock_ref.update(((k, FULL), n.lock_ref) for k in self._pages(end[n.nid], len(n.tokens)))
         handles = {hid: frozenset(self._coverage(h, end)) for hid, h in self.locks.items()}
-        return LockState(handles, {**extra, **self._lock_refs}, frozenset())
+        return LockState(handles, lock_ref, frozenset())
 
     def _coverage(self, h: LegacyLock, end: dict[int, tuple[int, ...]]) -> set[LockSite]:
         """The pages from the root to the handle's node: the C++ lock counts the node and every node above it

@@ -74,7 +74,7 @@ from kvledger.contracts.adapters.sglang.common import (
     still_prefilling,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import SCHEDULER, import_sglang
-from kvledger.contracts.adapters.sglang.legacy_cpp import CPP_MODULE, DEBUG_LIMIT
+from kvledger.contracts.adapters.sglang.legacy_cpp import radix_cache_cpp
 from kvledger.contracts.adapters.system import (
     IdleVerdict,
     RequestView,
@@ -329,10 +329,7 @@ class SchedulerAdapter:
             disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=alloc, page_size=self.ps
         )
         if self.cpp:
-            import importlib
-
-            os.environ[DEBUG_LIMIT] = str(1 << 40)  # NOTE: every key printed by the dump the snapshot reads
-            tree = importlib.import_module(CPP_MODULE).RadixCacheCpp(params, server_args=self.sched_args)
+            tree = radix_cache_cpp(params)
         elif self.config.mamba:
             if self.ps != 1:
                 raise NotExpressible(f"SGLang {self.version} MambaRadixCache: page size 1 only without extra buffer")
@@ -387,7 +384,7 @@ class SchedulerAdapter:
         s: Any = object.__new__(cls)
         sa = self._server_args()
         sg.server_args.set_global_server_args_for_scheduler(sa)
-        s.server_args = self.sched_args = sa
+        s.server_args = sa
         rows, alloc = self._pools()
         self.row_base = min(int(x) for x in rows.free_slots)
         s.req_to_token_pool, s.token_to_kv_pool_allocator = rows, alloc
