@@ -429,6 +429,8 @@ cache): ``scheduler_components_early``."""
 COMPONENT_RELEASES = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 """SGLang releases whose scheduler is assembled from components over a ``UnifiedRadixCache`` on a tree core:
 ``scheduler_components``."""
+CPP_COMPONENT_RELEASES = (*EARLY_COMPONENT_RELEASES, "0.5.17", "0.5.18", "0.5.19", "0.5.20")
+"""Components releases that still ship the C++ radix tree (``RadixCacheCpp``): ``scheduler_components_cpp``."""
 
 SYSTEM_ALIASES: dict[str, str] = {
     "reference": "kvledger.contracts.adapters.reference_system:ReferenceSystemAdapter",
@@ -449,6 +451,15 @@ SYSTEM_ALIASES: dict[str, str] = {
     **{
         f"sglang-{v}-system-chunked-cpp": "kvledger.contracts.adapters.sglang.scheduler:chunked_scheduler_cpp_factory"
         for v in ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
+    },
+    **{
+        f"sglang-{v}-system-cpp": "kvledger.contracts.adapters.sglang.scheduler_components_cpp:cpp_system_factory"
+        for v in CPP_COMPONENT_RELEASES
+    },
+    **{
+        f"sglang-{v}-system-chunked-cpp": "kvledger.contracts.adapters.sglang.scheduler_components_cpp:"
+        "cpp_chunked_factory"
+        for v in CPP_COMPONENT_RELEASES
     },
     **{
         f"sglang-{v}-system": "kvledger.contracts.adapters.sglang.scheduler_components_early:early_components_factory"

@@ -570,6 +570,24 @@ def test_other_releases_are_refused_with_the_tested_range(tested: TestedRange) -
         load_system_factory(RELEASES[tested])(MODELS["full"])
 
 
+@needs_components
+def test_the_cpp_tree_is_refused_where_it_is_not_shipped_or_has_no_such_component() -> None:
+    """``sglang-<release>-system-cpp``: SWA and Mamba kinds are not expressible on the C++ tree (it has neither
+    component); a release after 0.5.20 ships no C++ tree and is refused by name, before any tree is built."""
+    from kvledger.contracts.adapters.sglang.common import NotExpressible, SchedulerError
+    from kvledger.contracts.adapters.sglang.cpu_import import LEGACY_CPP
+    from kvledger.contracts.adapters.sglang.scheduler_components_cpp import cpp_system_factory
+
+    for kind in ("mamba", "hybrid"):
+        with pytest.raises(NotExpressible, match="no SWA or Mamba component"):
+            cpp_system_factory(MODELS[kind])
+    assert HAVE is not None
+    if LEGACY_CPP.contains(HAVE):
+        return  # NOTE: shipped here: tests/sglang/test_scheduler_cpp.py drives it
+    with pytest.raises(SchedulerError, match=rf"SGLang {re.escape(HAVE)} ships no C\+\+ radix tree"):
+        cpp_system_factory(MODELS["full"])
+
+
 def _chunked(config: SystemConfig = MODELS["full"]) -> SystemAdapter:
     """The installed release's adapter with chunked prefill on (``sglang-<release>-system-chunked``)."""
     return load_system_factory(f"sglang-{HAVE}-system-chunked")(config)

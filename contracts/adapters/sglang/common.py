@@ -336,3 +336,16 @@ def cow_request(**extra: Any) -> tuple[Any, Callable[[Any], Any]]:
     kv = SimpleNamespace(holds_mamba=False, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True)
     req = SimpleNamespace(kv=kv, mamba_pool_idx=None, mamba_cow_src_index=None, mamba_needs_clear=True, **extra)
     return req, lambda r: r.kv.mamba_pool_idx if r.kv.mamba_pool_idx is not None else r.mamba_pool_idx
+
+
+def publish_cpu_args() -> None:
+    """Publish CPU server args (Mamba's chunk size set, so no model is resolved through Hugging Face) as SGLang's
+    own allocator tests do (0.5.22 and later: ``sglang.test.unified_allocator_fixtures.setup_allocator_context``;
+    releases before have ``runtime_context`` but not the fixture)."""
+    from sglang.srt.runtime_context import publish, reset_context  # type: ignore[import-not-found]
+    from sglang.srt.server_args import ServerArgs  # type: ignore[import-not-found]
+
+    reset_context()
+    args = ServerArgs(model_path="dummy", device="cpu")
+    args._mamba_cache_chunk_size = 64
+    publish(args, role="tokenizer")

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from kvledger.contracts.adapters.protocol import CacheConfig, Inserted, Match, Snapshot
-from kvledger.contracts.adapters.sglang.common import FULL, NotExpressible, node_owner
+from kvledger.contracts.adapters.sglang.common import FULL, NotExpressible, node_owner, publish_cpu_args
 from kvledger.contracts.adapters.sglang.cpu_import import LEGACY_CPP
 from kvledger.contracts.adapters.sglang.legacy import LegacyLock, _LegacyAdapter, _sglang, slots_along
 from kvledger.spec.locks import Key, LockSite, LockState
@@ -143,9 +143,7 @@ def _server_args(module: Any) -> Any:
     """What ``RadixCacheCpp`` reads its host-cache settings from: from 0.5.19 the published ``runtime_context``
     (published here, as the unified adapters do; the argument is then unused), before that its ``server_args``."""
     if hasattr(module, "get_memory"):
-        from kvledger.contracts.adapters.sglang.unified import _publish_cpu_args
-
-        _publish_cpu_args()
+        publish_cpu_args()
     return SimpleNamespace(hicache_write_policy="write_through", enable_hierarchical_cache=False)
 
 

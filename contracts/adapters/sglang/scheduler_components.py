@@ -74,11 +74,11 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from kvledger.contracts.adapters.protocol import CacheConfig
+from kvledger.contracts.adapters.protocol import CacheConfig, Snapshot
 from kvledger.contracts.adapters.sglang.common import (
     FULL,
     MAMBA,
@@ -109,6 +109,15 @@ log = logging.getLogger(__name__)
 EOS = 2
 """The token the oracle emits for a request asked to finish (the model config's ``hf_eos_token_id``)."""
 STRICT = "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"
+
+
+class TreeView(Protocol):
+    """What the scheduler adapter reads the tree through: a cache adapter's abstraction over the scheduler's cache
+    (the requests' and sessions' holdings are the scheduler adapter's own, recorded in its pools)."""
+
+    def snapshot(self) -> Snapshot: ...
+
+    def evict(self, component: Component, n: int) -> int: ...
 
 
 class _NoOp:
@@ -309,19 +318,8 @@ class SchedulerSystemAdapter:
         )
         self.kv = KVBuffer()
         self.pools = UnifiedPools(self.cache_config, self.sg)
-        ct = self.sg.ComponentType
-        comps = (ct.FULL, *([ct.SWA] if config.window is not None else []), *([ct.MAMBA] if config.mamba else []))
-        self.cache = new_cache(
-            self.sg,
-            disable=False,
-            req_to_token_pool=self.pools.req_pool,
-            token_to_kv_pool_allocator=self.pools.allocator,
-            page_size=config.page_size,
-            sliding_window_size=config.window,
-            tree_components=comps,
-            **self._cache_extra(),
-        )
-        self.view = self.VIEW.observing(self.cache, self.pools, self.cache_config, self.kv, self.TESTED)
+        self.cache = self._new_cache()
+        self.view: TreeView = self._new_view()
         self.oracle = _Oracle(self.kv)
         self.hooks: dict[str, int] = {}
         self.outputs: list[Any] = []
@@ -495,6 +493,40 @@ class SchedulerSystemAdapter:
         self._attach(s, worker)
         return s
 
+    # ------------------------------------------------------------ the cache (what differs by tree)
+
+    def _new_cache(self) -> Any:
+        """The scheduler's ``tree_cache``: a ``UnifiedRadixCache`` of the config's components on :attr:`pools`
+        (it embeds its streaming-session layer)."""
+        cfg = self.config
+        ct = self.sg.ComponentType
+        comps = (ct.FULL, *([ct.SWA] if cfg.window is not None else []), *([ct.MAMBA] if cfg.mamba else []))
+        return new_cache(
+            self.sg,
+            disable=False,
+            req_to_token_pool=self.pools.req_pool,
+            token_to_kv_pool_allocator=self.pools.allocator,
+            page_size=cfg.page_size,
+            sliding_window_size=cfg.window,
+            tree_components=comps,
+            **self._cache_extra(),
+        )
+
+    def _new_view(self) -> TreeView:
+        """The cache adapter's abstraction over :attr:`cache` (its ``snapshot`` and ``evict``)."""
+        return self.VIEW.observing(self.cache, self.pools, self.cache_config, self.kv, self.TESTED)
+
+    @property
+    def _session_layer(self) -> Any:
+        """The streaming-session layer (its ``slots`` by session name): embedded in the cache (``cache.session``)."""
+        return self.cache.session
+
+    def _protected(self, rid: int | None, kv: Any) -> int:
+        """How many leading slots of the row ``kv`` names the tree holds (the rest is the request's or session's own:
+        ``rid``'s, or a session record's where ``rid`` is None): ``cache_protected_len``, which SGLang's Python trees
+        keep."""
+        return int(kv.cache_protected_len)
+
     # ------------------------------------------------------------ what differs by release (0.5.23 here)
 
     def _import(self) -> tuple[str, SimpleNamespace]:
@@ -604,12 +636,12 @@ class SchedulerSystemAdapter:
             return self._copied_records()
         records = getattr(self.cache, "session_records", None)
         if records is None:  # NOTE: before 0.5.22 the cache has no such query: its session's slots hold the records
-            return {int(sid): slot.kv for sid, slot in self.cache.session.slots.items()}
+            return {int(sid): slot.kv for sid, slot in self._session_layer.slots.items()}
         return {int(sid): kv for sid, kv in records().items()}
 
     def _copied_records(self) -> dict[int, Any]:
         records: dict[int, Any] = {}
-        for sid_name, slot in self.cache.session.slots.items():
+        for sid_name, slot in self._session_layer.slots.items():
             sid = int(sid_name)
             borrower = None
             if slot.req_pool_idx is not None:
@@ -901,7 +933,7 @@ class SchedulerSystemAdapter:
         live = {rid: kv for rid, kv in kvs.items() if _holds(kv) and id(kv) not in named}
         if not self._copied_sessions:
             return live
-        slots = self.cache.session.slots
+        slots = self._session_layer.slots
 
         def stale_copy(rid: int, kv: Any) -> bool:
             """An ended turn's copy of its session's row (the slot holds the row now)."""
@@ -930,7 +962,7 @@ class SchedulerSystemAdapter:
         live = self._live(records)
         opened = [int(sid) for sid in self.s.session_controller.sessions]
         pools = self.pools
-        pools.req_kv = {rid: set(self._row(kv)[kv.cache_protected_len :]) for rid, kv in live.items()}
+        pools.req_kv = {rid: set(self._row(kv)[self._protected(rid, kv) :]) for rid, kv in live.items()}
         lent_records = {id(kv) for kv in records.values()}  # NOTE: a session's record, lent to its running turn
         pools.req_mamba = {
             rid: self._mamba(kv)
@@ -940,7 +972,7 @@ class SchedulerSystemAdapter:
         tree = self.view.snapshot()
         ledgers = dict(tree.ledgers)
         sess_kv = {
-            session(sid): self._units(self._row(kv)[kv.cache_protected_len :])
+            session(sid): self._units(self._row(kv)[self._protected(None, kv) :])
             for sid, kv in records.items()
             if _holds(kv)
         }
@@ -964,10 +996,10 @@ class SchedulerSystemAdapter:
         references = {name: dict(lg.held) for name, lg in ledgers.items()}
         rows: dict[int, RowView] = {}
         for rid, kv in live.items():
-            rows[int(kv.req_pool_idx)] = RowView(request(rid), tuple(self._row(kv)), kv.cache_protected_len)
+            rows[int(kv.req_pool_idx)] = RowView(request(rid), tuple(self._row(kv)), self._protected(rid, kv))
         for sid, kv in records.items():
             if _holds(kv) and int(kv.req_pool_idx) not in rows:
-                rows[int(kv.req_pool_idx)] = RowView(session(sid), tuple(self._row(kv)), kv.cache_protected_len)
+                rows[int(kv.req_pool_idx)] = RowView(session(sid), tuple(self._row(kv)), self._protected(None, kv))
         requests = {
             rid: RequestView(rid, self._status(rid), self.req_session.get(rid), (), 0, 0, None)
             for rid in [*self.held, *self.dropped]

@@ -106,6 +106,7 @@ from kvledger.contracts.adapters.sglang.common import (
     lru_state,
     match_slots,
     node_owner,
+    publish_cpu_args,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import UNIFIED, TestedRange, import_sglang
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
@@ -143,7 +144,7 @@ def _sglang(tested: TestedRange = UNIFIED) -> tuple[str, SimpleNamespace]:
     from sglang.srt.mem_cache.unified_cache.components import ComponentType  # type: ignore[import-not-found]
 
     if not _context_ready:
-        _publish_cpu_args()
+        publish_cpu_args()
         _context_ready = True
     return version, SimpleNamespace(
         allocator=allocator,
@@ -200,19 +201,6 @@ def new_cache(sg: SimpleNamespace, tree_core_backend: str | None = None, **param
             f"({CORES[tree_core_backend]}) was asked for"
         )
     return cache
-
-
-def _publish_cpu_args() -> None:
-    """Publish CPU server args (Mamba's chunk size set, so no model is resolved through Hugging Face) as SGLang's
-    own allocator tests do (0.5.22 and later: ``sglang.test.unified_allocator_fixtures.setup_allocator_context``;
-    releases before have ``runtime_context`` but not the fixture)."""
-    from sglang.srt.runtime_context import publish, reset_context  # type: ignore[import-not-found]
-    from sglang.srt.server_args import ServerArgs  # type: ignore[import-not-found]
-
-    reset_context()
-    args = ServerArgs(model_path="dummy", device="cpu")
-    args._mamba_cache_chunk_size = 64
-    publish(args, role="tokenizer")
 
 
 @dataclass(eq=False)
