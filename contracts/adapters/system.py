@@ -462,6 +462,21 @@ SYSTEM_ALIASES: dict[str, str] = {
         for v in CPP_COMPONENT_RELEASES
     },
     **{
+        f"sglang-{v}-system-nocache": "kvledger.contracts.adapters.sglang.scheduler_components_nocache:"
+        "nocache_system_factory"
+        for v in (*EARLY_COMPONENT_RELEASES, *COMPONENT_RELEASES)
+    },
+    **{
+        f"sglang-{v}-system-chunked-nocache": "kvledger.contracts.adapters.sglang.scheduler_components_nocache:"
+        "nocache_chunked_factory"
+        for v in (*EARLY_COMPONENT_RELEASES, *COMPONENT_RELEASES)
+    },
+    **{
+        f"sglang-{v}-system-nocache-unified": "kvledger.contracts.adapters.sglang.scheduler_components_nocache:"
+        "nocache_unified_factory"
+        for v in (*EARLY_COMPONENT_RELEASES, *COMPONENT_RELEASES)
+    },
+    **{
         f"sglang-{v}-system": "kvledger.contracts.adapters.sglang.scheduler_components_early:early_components_factory"
         for v in EARLY_COMPONENT_RELEASES
     },

@@ -276,6 +276,8 @@ class SchedulerSystemAdapter:
     TESTED: TestedRange = COMPONENTS
     VIEW: type[UnifiedAdapter] = UnifiedAdapter
     """The cache adapter whose abstraction reads this release's ``UnifiedRadixCache`` (``observing``)."""
+    DISABLED = False
+    """``--disable-radix-cache``: the scheduler's cache matches and caches nothing."""
 
     def __init__(self, config: SystemConfig, chunk_tokens: int | None = None) -> None:
         if (config.window is not None or config.mamba) and config.page_size != 1:
@@ -300,9 +302,12 @@ class SchedulerSystemAdapter:
             "rows",
             "content",
             "session_tokens",
-            "prefix_cache",
-            "caches_on_finish",  # NOTE: without Mamba's extra (ping-pong) buffer a finish caches its state too
         }
+        if not self.DISABLED:
+            caps |= {
+                "prefix_cache",
+                "caches_on_finish",  # NOTE: without Mamba's extra (ping-pong) buffer a finish caches its state too
+            }
         if config.mamba:
             # NOTE: a session request that admission rejects keeps the copy-on-write Mamba slot its match took
             # (``_get_new_batch_prefill_raw`` frees it only for requests without a session) and uses it when admitted
@@ -414,7 +419,7 @@ class SchedulerSystemAdapter:
             max_req_input_len=60,
             random_seed=0,
             device="cpu",
-            disable_radix_cache=False,
+            disable_radix_cache=self.DISABLED,
             draft_worker=None,
             decode_offload_manager=None,
             disaggregation_mode=m.DisaggregationMode.NULL,
@@ -503,7 +508,7 @@ class SchedulerSystemAdapter:
         comps = (ct.FULL, *([ct.SWA] if cfg.window is not None else []), *([ct.MAMBA] if cfg.mamba else []))
         return new_cache(
             self.sg,
-            disable=False,
+            disable=self.DISABLED,
             req_to_token_pool=self.pools.req_pool,
             token_to_kv_pool_allocator=self.pools.allocator,
             page_size=cfg.page_size,
