@@ -453,6 +453,15 @@ SYSTEM_ALIASES: dict[str, str] = {
         for v in ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
     },
     **{
+        f"sglang-{v}-system-nocache": "kvledger.contracts.adapters.sglang.scheduler:scheduler_nocache_factory"
+        for v in ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
+    },
+    **{
+        f"sglang-{v}-system-chunked-nocache": "kvledger.contracts.adapters.sglang.scheduler:"
+        "chunked_scheduler_nocache_factory"
+        for v in ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
+    },
+    **{
         f"sglang-{v}-system-cpp": "kvledger.contracts.adapters.sglang.scheduler_components_cpp:cpp_system_factory"
         for v in CPP_COMPONENT_RELEASES
     },

@@ -48,6 +48,7 @@ structures only:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -87,7 +88,7 @@ from kvledger.contracts.adapters.system import (
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.locks import LockState
 from kvledger.spec.prefix import PrefixCache
-from kvledger.spec.types import Component, HandleId, Owner, request, session
+from kvledger.spec.types import Component, HandleId, NodeId, Owner, request, session
 
 log = logging.getLogger(__name__)
 
@@ -255,16 +256,33 @@ def _names(refs: Mapping[Owner, set[int]], owner: Owner, x: int) -> bool:
     return x in refs.get(owner, set())
 
 
+class _NoTree:
+    """The tree of a cache that has none (``ChunkCache``): no node holds anything, nothing is locked."""
+
+    def node_values(self) -> Iterator[tuple[NodeId, list[int], list[int] | None]]:
+        return iter(())
+
+    def lockable(self, last: Any) -> bool:
+        return False
+
+
 class SchedulerAdapter:
     """SGLang's ``Scheduler`` driven at the request level; see the module docstring."""
 
     capabilities: frozenset[str] = frozenset()
 
-    def __init__(self, config: SystemConfig, chunk_tokens: int | None = None, *, cpp: bool = False) -> None:
+    def __init__(
+        self, config: SystemConfig, chunk_tokens: int | None = None, *, cpp: bool = False, no_cache: bool = False
+    ) -> None:
         self.cpp = cpp
         """Whether the tree is SGLang's C++ one (``RadixCacheCpp``, ``SGLANG_EXPERIMENTAL_CPP_RADIX_TREE``)."""
+        self.no_cache = no_cache
+        """``--disable-radix-cache``: the cache is SGLang's ``ChunkCache`` (what the registry builds whenever a
+        chunked-prefill size is set, ``-1`` included), which matches and caches nothing."""
         if cpp and config.mamba:
             raise NotExpressible("SGLang's RadixCacheCpp has no Mamba component")
+        if no_cache and config.mamba:
+            raise NotExpressible("the disabled-cache scheduler adapter drives no Mamba model")
         if config.mamba and config.ping_pong > 0:
             # NOTE: the extra-buffer mode needs the server's Mamba scheduling strategy set consistently with the
             # pool; not yet wired (a lone request then leaves its track buffers counted as leaked).
@@ -296,11 +314,16 @@ class SchedulerAdapter:
         # protocol gives sessions no lock handle, so with streaming sessions (0.5.10+) the lock laws would
         # blame the session's lock on nobody: locks are reported only where no session can hold one.
         caps |= {"sessions"} if self.streaming else {"locks"}
+        if no_cache:
+            # NOTE: nothing is cached, locked or reused: the laws on those have nothing to say
+            caps -= {"locks", "prefix_cache", "caches_on_finish"}
         if config.mamba and self.version not in ("0.5.9", "0.5.10"):
             # NOTE: from 0.5.11 a session request that admission rejects keeps the copy-on-write Mamba slot its match
             # took (``get_new_batch_prefill`` frees it only for requests without a session, as 0.5.13 and 0.5.23 do)
             caps.add("reservations")
         self.capabilities = chunked_capabilities(caps, chunk_tokens)
+        if no_cache:
+            self.capabilities -= {"caches_on_chunk"}
 
     # ------------------------------------------------------------ construction
 
@@ -328,7 +351,9 @@ class SchedulerAdapter:
         params = sg.cache_init_params.CacheInitParams(
             disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=alloc, page_size=self.ps
         )
-        if self.cpp:
+        if self.no_cache:
+            tree = importlib.import_module("sglang.srt.mem_cache.chunk_cache").ChunkCache(params)
+        elif self.cpp:
             tree = radix_cache_cpp(params)
         elif self.config.mamba:
             if self.ps != 1:
@@ -365,6 +390,7 @@ class SchedulerAdapter:
             max_running_requests=self.config.rows,
         )
         sa.pp_max_micro_batch_size = self.config.rows
+        sa.disable_radix_cache = self.no_cache
         return sa
 
     def _build(self) -> Any:
@@ -963,6 +989,8 @@ class SchedulerAdapter:
         """The cache adapters' own abstraction of the radix tree, over the scheduler's tree cache."""
         from kvledger.contracts.adapters.sglang import legacy, legacy_cpp
 
+        if self.no_cache:
+            return _NoTree()
         if self.cpp:
             cls: type[Any] = legacy_cpp.LegacyCppAdapter
         else:
@@ -1106,6 +1134,16 @@ def scheduler_cpp_factory(config: SystemConfig) -> SchedulerAdapter:
     ``SGLANG_EXPERIMENTAL_CPP_RADIX_TREE=1`` builds it; full attention only), read through its ``debug_print``
     dump (:mod:`~kvledger.contracts.adapters.sglang.legacy_cpp`)."""
     return SchedulerAdapter(config, cpp=True)
+
+
+def scheduler_nocache_factory(config: SystemConfig) -> SchedulerAdapter:
+    """:func:`scheduler_factory` with ``--disable-radix-cache`` (SGLang's ``ChunkCache`` under the session layer)."""
+    return SchedulerAdapter(config, no_cache=True)
+
+
+def chunked_scheduler_nocache_factory(config: SystemConfig) -> SchedulerAdapter:
+    """:func:`scheduler_nocache_factory` with chunked prefill on (:func:`chunked_scheduler_factory`)."""
+    return SchedulerAdapter(config, chunk_tokens=chunk_size(config), no_cache=True)
 
 
 def chunked_scheduler_cpp_factory(config: SystemConfig) -> SchedulerAdapter:
