@@ -1174,6 +1174,12 @@ EQUIVALENT: dict[str, str] = {
     "impl/slots.py:SlotPool.has_duplicates:swap-args:torch.equal(back, pos)": (
         "torch.equal is symmetric (new family, seed 27), and this line runs off the CPU only"
     ),
+    'impl/memory.py:MemoryManager._path_slots:drop-raise:raise self.cache.revisit("chunk", n)': (
+        "a cycle guard dropped (new family, seed 61): the walk up from a node has at most node_count() parts on a "
+        "tree without a parent cycle, and only another fault makes one (the tree's own link and unlink keep parents "
+        "acyclic), so the guard never fires alone; the checker's walks keep their own cycle detection "
+        "(inv_tree_acyclic)"
+    ),
 }
 """Mutant id -> why it cannot change behaviour (set aside by hand after reading the survivor). Ids name the function,
 the operator and the mutated source line, not its line number: an edit elsewhere in the file keeps them."""
