@@ -73,6 +73,7 @@ import time
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from types import SimpleNamespace
 from typing import Any, Protocol
 
@@ -97,7 +98,15 @@ from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, TestedRang
 from kvledger.contracts.adapters.sglang.scheduler import _patch_page_kernels
 from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang, new_cache
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
-from kvledger.contracts.adapters.system import IdleVerdict, RequestView, RowView, SessionView, StepResult, SystemConfig
+from kvledger.contracts.adapters.system import (
+    EARLY_COMPONENT_RELEASES,
+    IdleVerdict,
+    RequestView,
+    RowView,
+    SessionView,
+    StepResult,
+    SystemConfig,
+)
 from kvledger.contracts.adapters.system import SystemSnapshot as SystemSnap
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.types import Component, Owner, request, session
@@ -1123,6 +1132,21 @@ def _merge(results: list[StepResult]) -> StepResult:
         return tuple(dict.fromkeys(x for r in results for x in getattr(r, attr)))
 
     return StepResult(cat("admitted"), cat("rejected"), cat("finished"), cat("retracted"))
+
+
+def early_layout(alias: str) -> bool:
+    """Whether the installed SGLang has 0.5.13 to 0.5.16's layout (``scheduler_components_early``); ``alias`` names
+    the adapter in the error when SGLang is not installed."""
+    try:
+        return version("sglang") in EARLY_COMPONENT_RELEASES
+    except PackageNotFoundError as err:
+        raise SchedulerError(f"{alias}: SGLang is not installed (.ci/sglang_env builds a venv with it)") from err
+
+
+def streaming_layer(cache: Any) -> Any:
+    """``cache`` wrapped in SGLang's external ``StreamingSession`` layer, as the cache registry wraps a cache that
+    embeds none under ``--enable-streaming-session``."""
+    return importlib.import_module("sglang.srt.session.streaming_session").StreamingSession(cache)
 
 
 def scheduler_system_factory(config: SystemConfig) -> SchedulerSystemAdapter:

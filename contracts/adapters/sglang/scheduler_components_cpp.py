@@ -25,7 +25,6 @@ SWA or Mamba component: those kinds are not expressible.
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,14 +32,17 @@ from kvledger.contracts.adapters.protocol import Snapshot
 from kvledger.contracts.adapters.sglang.common import NodeIds, NotExpressible, SchedulerError, chunk_size
 from kvledger.contracts.adapters.sglang.cpu_import import LEGACY_CPP
 from kvledger.contracts.adapters.sglang.legacy_cpp import LegacyCppAdapter, radix_cache_cpp
-from kvledger.contracts.adapters.sglang.scheduler_components import SchedulerSystemAdapter, TreeView
+from kvledger.contracts.adapters.sglang.scheduler_components import (
+    SchedulerSystemAdapter,
+    TreeView,
+    early_layout,
+    streaming_layer,
+)
 from kvledger.contracts.adapters.sglang.scheduler_components_early import EarlyComponentsSchedulerAdapter
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
-from kvledger.contracts.adapters.system import EARLY_COMPONENT_RELEASES, SystemConfig
+from kvledger.contracts.adapters.system import SystemConfig
 
 __all__ = ["CppTreeView", "cpp_chunked_factory", "cpp_system_factory"]
-
-SESSION_MODULE = "sglang.srt.session.streaming_session"
 
 
 class CppTreeView(LegacyCppAdapter):
@@ -97,8 +99,7 @@ class CppComponentsSchedulerAdapter(SchedulerSystemAdapter):
                 page_size=self.config.page_size,
             )
         )
-        # NOTE: as the cache registry does under --enable-streaming-session (the C++ tree embeds no session layer)
-        return importlib.import_module(SESSION_MODULE).StreamingSession(self.tree)
+        return streaming_layer(self.tree)  # NOTE: the C++ tree embeds no session layer
 
     def _new_view(self) -> TreeView:
         return CppTreeView.over(self.tree, self.pools, self)
@@ -125,11 +126,7 @@ class EarlyCppComponentsSchedulerAdapter(CppComponentsSchedulerAdapter, EarlyCom
 
 def _adapter(config: SystemConfig, chunk_tokens: int | None) -> CppComponentsSchedulerAdapter:
     """The adapter for the installed release's layout (an untested one is refused by the import's range check)."""
-    try:
-        early = version("sglang") in EARLY_COMPONENT_RELEASES
-    except PackageNotFoundError as err:
-        raise SchedulerError("sglang-system-cpp: SGLang is not installed (build a venv with .ci/sglang_env)") from err
-    cls = EarlyCppComponentsSchedulerAdapter if early else CppComponentsSchedulerAdapter
+    cls = EarlyCppComponentsSchedulerAdapter if early_layout("sglang-system-cpp") else CppComponentsSchedulerAdapter
     return cls(config, chunk_tokens)
 
 

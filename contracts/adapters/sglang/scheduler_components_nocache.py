@@ -26,15 +26,19 @@ Factories: :func:`nocache_system_factory`, :func:`nocache_chunked_factory` and :
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from kvledger.contracts.adapters.protocol import Snapshot
-from kvledger.contracts.adapters.sglang.common import FULL, NotExpressible, SchedulerError, chunk_size
-from kvledger.contracts.adapters.sglang.scheduler_components import SchedulerSystemAdapter, TreeView
+from kvledger.contracts.adapters.sglang.common import FULL, NotExpressible, chunk_size
+from kvledger.contracts.adapters.sglang.scheduler_components import (
+    SchedulerSystemAdapter,
+    TreeView,
+    early_layout,
+    streaming_layer,
+)
 from kvledger.contracts.adapters.sglang.scheduler_components_early import EarlyComponentsSchedulerAdapter
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
-from kvledger.contracts.adapters.system import EARLY_COMPONENT_RELEASES, SystemConfig
+from kvledger.contracts.adapters.system import SystemConfig
 from kvledger.spec.locks import LockState
 from kvledger.spec.prefix import PrefixCache
 from kvledger.spec.types import Component
@@ -42,7 +46,6 @@ from kvledger.spec.types import Component
 __all__ = ["NoTreeView", "nocache_chunked_factory", "nocache_system_factory", "nocache_unified_factory"]
 
 CHUNK_MODULE = "sglang.srt.mem_cache.chunk_cache"
-SESSION_MODULE = "sglang.srt.session.streaming_session"
 
 
 class NoTreeView:
@@ -100,8 +103,7 @@ class NoCacheSchedulerAdapter(SchedulerSystemAdapter):
             chunked_prefill_size=self.chunk_tokens,
         )
         self.chunk_cache = cls(params)
-        # NOTE: as the cache registry does under --enable-streaming-session (a chunk cache embeds no session layer)
-        return importlib.import_module(SESSION_MODULE).StreamingSession(self.chunk_cache)
+        return streaming_layer(self.chunk_cache)  # NOTE: a chunk cache embeds no session layer
 
     def _new_view(self) -> TreeView:
         if self.chunk_cache is None:
@@ -133,10 +135,7 @@ class EarlyUnifiedNoCacheSchedulerAdapter(EarlyNoCacheSchedulerAdapter):
 
 def _adapter(config: SystemConfig, chunk_tokens: int | None, unified: bool = False) -> NoCacheSchedulerAdapter:
     """The adapter for the installed release's layout (an untested one is refused by the import's range check)."""
-    try:
-        early = version("sglang") in EARLY_COMPONENT_RELEASES
-    except PackageNotFoundError as err:
-        raise SchedulerError("sglang-system-nocache: SGLang is not installed (.ci/sglang_env builds one)") from err
+    early = early_layout("sglang-system-nocache")
     classes: dict[tuple[bool, bool], type[NoCacheSchedulerAdapter]] = {
         (False, False): NoCacheSchedulerAdapter,
         (True, False): EarlyNoCacheSchedulerAdapter,
