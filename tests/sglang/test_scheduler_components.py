@@ -578,9 +578,9 @@ def test_the_cpp_tree_is_refused_where_it_is_not_shipped_or_has_no_such_componen
     from kvledger.contracts.adapters.sglang.cpu_import import LEGACY_CPP
     from kvledger.contracts.adapters.sglang.scheduler_components_cpp import cpp_system_factory
 
-    for kind in ("mamba", "hybrid"):
+    for config in (MODELS["mamba"], MODELS["hybrid"], SystemConfig(window=4)):
         with pytest.raises(NotExpressible, match="no SWA or Mamba component"):
-            cpp_system_factory(MODELS[kind])
+            cpp_system_factory(config)
     assert HAVE is not None
     if LEGACY_CPP.contains(HAVE):
         return  # NOTE: shipped here: tests/sglang/test_scheduler_cpp.py drives it

@@ -3,12 +3,13 @@
 otherwise, each under the streaming-session layer; the system laws on both, a planted leak the tree-less ledgers
 must see, and a finding.
 
-Finding (0.5.20 and 0.5.21): on a disabled ``UnifiedRadixCache`` every admission crashes the scheduler.
+Finding (0.5.20 and 0.5.21): on a disabled ``UnifiedRadixCache`` admission crashes the scheduler (every request but
+one that ignores EOS, which such a cache admits another way).
 ``PrefillAdder._lock_node`` pins a request's match while it selects it; a disabled cache says it is a chunk cache
 (``is_chunk_cache`` returns ``disable``), so no release receipt is kept, and the release calls
 ``dec_lock_ref(last_node)`` without the ``params`` this cache's ``dec_lock_ref`` requires: ``TypeError``. SGLang's
 registry builds that cache with the radix cache disabled when no chunked-prefill size reaches its cache builder
-(a multimodal model on the transformers backend); 0.5.19 and 0.5.22 hold.
+(a multimodal model on the transformers backend); 0.5.19 (the receipt optional) and 0.5.22 hold.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ DRIVEN = (*MIXINS, *(f"0.5.{n}" for n in range(13, 24)))
 pytestmark = pytest.mark.skipif(HAVE not in DRIVEN, reason=f"needs SGLang 0.5.9 to 0.5.23 (have {HAVE})")
 components = pytest.mark.skipif(HAVE in MIXINS, reason="the disabled UnifiedRadixCache: 0.5.13 on")
 CRASHES = ("0.5.20", "0.5.21")
-"""The releases whose disabled ``UnifiedRadixCache`` crashes every admission (the finding)."""
+"""The releases whose disabled ``UnifiedRadixCache`` crashes admission (the finding)."""
 
 register_profiles()
 CI = settings(settings.get_profile("ci"), max_examples=30, stateful_step_count=20)

@@ -44,7 +44,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -207,6 +207,10 @@ class LegacyCppAdapter(_LegacyAdapter):
 
         return slots_along(key, self.ps, 0, step)
 
+    def tree_prefix_len(self, key: tuple[int, ...], slots: tuple[int, ...]) -> int:
+        """How many leading ``slots`` (whole pages) are the tree's own along ``key``, read from a dump."""
+        return self._protected_len(key, slots)
+
     # ------------------------------------------------------------ operations
 
     def _raw_match(self, key: tuple[int, ...], **extra: Any) -> tuple[Match, Any]:
@@ -276,6 +280,22 @@ class LegacyCppAdapter(_LegacyAdapter):
             {FULL: (int(self.cache.evictable_size()), int(self.cache.protected_size()))},
             {},
         )
+
+
+def cpp_row_boundary(view: LegacyCppAdapter, req: Any, row: Sequence[int], otherwise: int) -> int:
+    """Where the C++ tree's own slots end in ``req``'s row (the rest is the request's own): where the tree itself
+    matched the request (its ``last_node`` is a node id), how many leading ``row`` slots the tree holds along the
+    request's tokens, in whole pages, read from a dump; elsewhere ``otherwise`` (``cache_protected_len``: a turn
+    resumed from its session's slot, whose ``last_node`` is the session layer's).
+
+    Neither of the request's own fields says it: ``RadixCacheCpp`` never updates ``cache_protected_len`` after its
+    match (``cache_unfinished_req`` moves ``prefix_indices`` and the lock onto the prefilled prompt instead), and
+    ``prefix_indices`` may name slots the tree does not hold (a streaming turn mid-chunk: the session layer points it
+    at the chunks computed so far and keeps them out of the tree)."""
+    if not isinstance(getattr(req, "last_node", None), int):
+        return otherwise
+    tokens = tuple(int(t) for t in [*req.origin_input_ids, *req.output_ids])
+    return view.tree_prefix_len(tokens, tuple(int(x) for x in row))
 
 
 def radix_cache_cpp_factory(config: CacheConfig) -> LegacyCppAdapter:

@@ -283,6 +283,8 @@ class SchedulerAdapter:
             raise NotExpressible("SGLang's RadixCacheCpp has no Mamba component")
         if no_cache and config.mamba:
             raise NotExpressible("the disabled-cache scheduler adapter drives no Mamba model")
+        if no_cache and cpp:
+            raise ValueError("SchedulerAdapter: a disabled radix cache has no tree, C++ or other (cpp and no_cache)")
         if config.mamba and config.ping_pong > 0:
             # NOTE: the extra-buffer mode needs the server's Mamba scheduling strategy set consistently with the
             # pool; not yet wired (a lone request then leaves its track buffers counted as leaked).
@@ -882,15 +884,15 @@ class SchedulerAdapter:
 
     def _protected(self, req: Any) -> int:
         """How many leading tokens of ``req``'s row the tree holds (the rest of the row is the request's own): SGLang's
-        ``cache_protected_len``, which the Python trees keep. ``RadixCacheCpp`` never updates it after the match
-        that set it (``cache_unfinished_req`` moves ``prefix_indices`` and the lock onto the prefilled prompt, and
-        frees from ``len(prefix_indices)``, page-aligned): on the C++ tree that is the boundary."""
-        indices = getattr(req, "prefix_indices", None)  # NOTE: a session slot keeps none (0.5.10's ``SessionSlot``)
-        if self.cpp and isinstance(getattr(req, "last_node", None), int) and indices is not None:
-            # NOTE: only where the C++ tree itself matched (its node id): a resumed turn's ``prefix_indices`` is
-            # its session's restored row, and ``cache_protected_len`` still says where that starts
-            return len(indices) // self.ps * self.ps
-        return int(req.cache_protected_len)
+        ``cache_protected_len``, which the Python trees keep; on the C++ tree, which never updates it, read from the
+        tree itself (:func:`~kvledger.contracts.adapters.sglang.legacy_cpp.cpp_row_boundary`)."""
+        kept = int(req.cache_protected_len)
+        if not self.cpp or getattr(req, "origin_input_ids", None) is None or req.req_pool_idx is None:
+            return kept  # NOTE: a session slot (no tokens of its own) or a request without a row
+        from kvledger.contracts.adapters.sglang.legacy_cpp import cpp_row_boundary
+
+        row = self.sched.req_to_token_pool.req_to_token[int(req.req_pool_idx), : int(req.kv_allocated_len)]
+        return cpp_row_boundary(self._tree_view(), req, row.tolist(), kept)
 
     def references(self) -> dict[str, dict[Owner, set[int]]]:
         """Per pool, what each owner's own structures name (pages for paged KV)."""

@@ -11,10 +11,10 @@ What the tree changes in the abstraction:
 
 * the tree is read from the C++ tree's own dump (:class:`CppTreeView`, the cache adapter
   :class:`~kvledger.contracts.adapters.sglang.legacy_cpp.LegacyCppAdapter` over the scheduler's tree and pools);
-* where a request's own KV starts in its row: ``RadixCacheCpp`` keeps ``req.prefix_indices`` and ``req.last_node``
-  up to date as it caches a prefilled prompt, and never ``cache_protected_len``; it frees from
-  ``len(prefix_indices)`` (page-aligned). So where the C++ tree itself matched (``last_node`` is its node id), that
-  is the boundary; a session's slot, and a turn resumed from one, keep ``cache_protected_len`` (the session layer's);
+* where a request's own KV starts in its row: ``RadixCacheCpp`` never updates ``cache_protected_len``, so where the
+  C++ tree itself matched (``last_node`` is its node id) the boundary is read from the tree: the leading row slots
+  it holds along the request's tokens (:func:`~kvledger.contracts.adapters.sglang.legacy_cpp.cpp_row_boundary`); a
+  session's slot, and a turn resumed from one, keep ``cache_protected_len`` (the session layer's);
 * the session layer is the cache itself (``StreamingSession.slots``), not ``cache.session``.
 
 Factories: :func:`cpp_system_factory` and :func:`cpp_chunked_factory` pick the installed release's scheduler
@@ -31,7 +31,7 @@ from typing import Any
 from kvledger.contracts.adapters.protocol import Snapshot
 from kvledger.contracts.adapters.sglang.common import NodeIds, NotExpressible, SchedulerError, chunk_size
 from kvledger.contracts.adapters.sglang.cpu_import import LEGACY_CPP
-from kvledger.contracts.adapters.sglang.legacy_cpp import LegacyCppAdapter, radix_cache_cpp
+from kvledger.contracts.adapters.sglang.legacy_cpp import LegacyCppAdapter, cpp_row_boundary, radix_cache_cpp
 from kvledger.contracts.adapters.sglang.scheduler_components import (
     SchedulerSystemAdapter,
     TreeView,
@@ -102,19 +102,16 @@ class CppComponentsSchedulerAdapter(SchedulerSystemAdapter):
         return streaming_layer(self.tree)  # NOTE: the C++ tree embeds no session layer
 
     def _new_view(self) -> TreeView:
-        return CppTreeView.over(self.tree, self.pools, self)
+        self.cpp_view = CppTreeView.over(self.tree, self.pools, self)
+        return self.cpp_view
 
     @property
     def _session_layer(self) -> Any:
         return self.cache
 
     def _protected(self, rid: int | None, kv: Any) -> int:
-        req = None if rid is None else self.reqs[rid]
-        indices = getattr(req, "prefix_indices", None)
-        if isinstance(getattr(req, "last_node", None), int) and indices is not None:
-            ps = self.config.page_size
-            return len(indices) // ps * ps
-        return int(kv.cache_protected_len)
+        kept = int(kv.cache_protected_len)
+        return kept if rid is None else cpp_row_boundary(self.cpp_view, self.reqs[rid], self._row(kv), kept)
 
 
 class EarlyCppComponentsSchedulerAdapter(CppComponentsSchedulerAdapter, EarlyComponentsSchedulerAdapter):

@@ -7,9 +7,10 @@ What SGLang's cache registry builds then, and what the adapters here build the s
   (``SWAChunkCache`` for a sliding-window model), which matches nothing, caches nothing and frees a finished
   request's row from ``cache_protected_len``; under ``--enable-streaming-session`` wrapped in the external
   ``StreamingSession`` layer, which then is the only thing that keeps a request's memory between turns;
-* otherwise (no size reaches the builder, as for a multimodal model on the transformers backend; and from 0.5.22,
-  where ``ChunkCache`` is gone): a ``UnifiedRadixCache`` built with ``disable=True``, its embedded session layer
-  included. :func:`nocache_unified_factory` builds that one in every release.
+* otherwise (from 0.5.19 where no size reaches the builder, as for a multimodal model on the transformers backend;
+  and from 0.5.22, where ``ChunkCache`` is gone): a ``UnifiedRadixCache`` built with ``disable=True``, its embedded
+  session layer included (0.5.13 to 0.5.18 build that one only under ``SGLANG_ENABLE_UNIFIED_RADIX_TREE``, else a
+  disabled ``RadixCache``). :func:`nocache_unified_factory` builds it in every release.
 
 The scheduler is told as well (``disable_radix_cache``). Everything else (the loop, the components, the fake worker,
 each release's layout) is :mod:`~kvledger.contracts.adapters.sglang.scheduler_components`' and
@@ -80,7 +81,7 @@ class NoCacheSchedulerAdapter(SchedulerSystemAdapter):
         if config.mamba:
             raise NotExpressible(f"the disabled-cache scheduler adapter drives no Mamba model (config {config.kind})")
         self.chunk_cache: Any = None
-        """The ``ChunkCache`` SGLang builds (chunked prefill, to 0.5.20); None: a disabled ``UnifiedRadixCache``."""
+        """The ``ChunkCache`` SGLang builds (to 0.5.21); None: a disabled ``UnifiedRadixCache``."""
         super().__init__(config, chunk_tokens)
         self.capabilities = self.capabilities - {"caches_on_chunk"}  # NOTE: a chunk is cached nowhere either
         tree = "ChunkCache" if self.chunk_cache is not None else "UnifiedRadixCache(disable)"
