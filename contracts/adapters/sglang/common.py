@@ -96,6 +96,16 @@ def chunked_capabilities(caps: set[str], chunk_tokens: int | None) -> frozenset[
     return frozenset(caps) if chunk_tokens is None else (frozenset(caps) - {"prefix_cache"}) | CHUNKED_CAPABILITIES
 
 
+UNCACHED = frozenset({"prefix_cache", "caches_on_finish", "caches_on_chunk"})
+"""What a scheduler adapter over a cache that caches nothing (``--disable-radix-cache``) cannot claim: the laws on
+cache reuse have nothing to say there."""
+
+
+def uncached(caps: frozenset[str]) -> frozenset[str]:
+    """``caps``, as a scheduler adapter declares them with the radix cache disabled (:data:`UNCACHED` left out)."""
+    return caps - UNCACHED
+
+
 def chunk_steps(chunk_tokens: int | None, todo: Iterable[int]) -> int:
     """At most how many steps chunked prefill may take before requests with ``todo`` tokens each still to compute
     have prefilled them: one chunk a step before anything decodes, and one more each for a first chunk cut to a

@@ -73,9 +73,10 @@ from kvledger.contracts.adapters.sglang.common import (
     one_process_run,
     retraction_forced,
     still_prefilling,
+    uncached,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import SCHEDULER, import_sglang
-from kvledger.contracts.adapters.sglang.legacy_cpp import radix_cache_cpp
+from kvledger.contracts.adapters.sglang.legacy_cpp import cpp_row_boundary, radix_cache_cpp
 from kvledger.contracts.adapters.system import (
     IdleVerdict,
     RequestView,
@@ -256,6 +257,24 @@ def _names(refs: Mapping[Owner, set[int]], owner: Owner, x: int) -> bool:
     return x in refs.get(owner, set())
 
 
+def streaming_layer(tree: Any) -> Any:
+    """``tree`` wrapped in the installed release's streaming-session layer, as SGLang's cache registry wraps a cache
+    that embeds none under ``--enable-streaming-session`` (``StreamingSession`` from 0.5.11, ``SessionAwareCache`` in
+    0.5.10); ``tree`` itself where it embeds one, or where the release has none (0.5.9: its sessions are the
+    scheduler's ``Session`` objects)."""
+    for module, cls in (
+        ("sglang.srt.session.streaming_session", "StreamingSession"),  # 0.5.11+
+        ("sglang.srt.mem_cache.session_aware_cache", "SessionAwareCache"),  # 0.5.10
+    ):
+        try:
+            layer = getattr(importlib.import_module(module), cls)
+        except ImportError:
+            continue
+        supports = getattr(tree, "supports_streaming_session", None)
+        return tree if supports is not None and supports() else layer(tree)
+    return tree
+
+
 class _NoTree:
     """The tree of a cache that has none (``ChunkCache``): no node holds anything, nothing is locked."""
 
@@ -317,15 +336,14 @@ class SchedulerAdapter:
         # blame the session's lock on nobody: locks are reported only where no session can hold one.
         caps |= {"sessions"} if self.streaming else {"locks"}
         if no_cache:
-            # NOTE: nothing is cached, locked or reused: the laws on those have nothing to say
-            caps -= {"locks", "prefix_cache", "caches_on_finish"}
+            caps.discard("locks")  # NOTE: nothing is locked either
         if config.mamba and self.version not in ("0.5.9", "0.5.10"):
             # NOTE: from 0.5.11 a session request that admission rejects keeps the copy-on-write Mamba slot its match
             # took (``get_new_batch_prefill`` frees it only for requests without a session, as 0.5.13 and 0.5.23 do)
             caps.add("reservations")
         self.capabilities = chunked_capabilities(caps, chunk_tokens)
         if no_cache:
-            self.capabilities -= {"caches_on_chunk"}
+            self.capabilities = uncached(self.capabilities)
 
     # ------------------------------------------------------------ construction
 
@@ -363,23 +381,7 @@ class SchedulerAdapter:
             tree = sg.mamba_radix_cache.MambaRadixCache(params)
         else:
             tree = sg.radix_cache.RadixCache(params)
-        return self._session_layer(tree)
-
-    def _session_layer(self, tree: Any) -> Any:
-        """Wrap the tree in the streaming-session layer as ``--enable-streaming-session`` does (0.5.10+)."""
-        import importlib
-
-        for module, cls in (
-            ("sglang.srt.session.streaming_session", "StreamingSession"),  # 0.5.11+
-            ("sglang.srt.mem_cache.session_aware_cache", "SessionAwareCache"),  # 0.5.10
-        ):
-            try:
-                layer = getattr(importlib.import_module(module), cls)
-            except ImportError:
-                continue
-            supports = getattr(tree, "supports_streaming_session", None)
-            return tree if supports is not None and supports() else layer(tree)
-        return tree  # NOTE: 0.5.9 has no streaming sessions: its sessions are the scheduler's Session objects
+        return streaming_layer(tree)
 
     def _server_args(self) -> Any:
         sa = self.sg.server_args.ServerArgs(
@@ -889,8 +891,6 @@ class SchedulerAdapter:
         kept = int(req.cache_protected_len)
         if not self.cpp or getattr(req, "origin_input_ids", None) is None or req.req_pool_idx is None:
             return kept  # NOTE: a session slot (no tokens of its own) or a request without a row
-        from kvledger.contracts.adapters.sglang.legacy_cpp import cpp_row_boundary
-
         row = self.sched.req_to_token_pool.req_to_token[int(req.req_pool_idx), : int(req.kv_allocated_len)]
         return cpp_row_boundary(self._tree_view(), req, row.tolist(), kept)
 

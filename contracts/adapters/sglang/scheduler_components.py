@@ -93,6 +93,7 @@ from kvledger.contracts.adapters.sglang.common import (
     one_process_run,
     retraction_forced,
     still_prefilling,
+    uncached,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, TestedRange
 from kvledger.contracts.adapters.sglang.scheduler import _patch_page_kernels
@@ -311,17 +312,16 @@ class SchedulerSystemAdapter:
             "rows",
             "content",
             "session_tokens",
+            "prefix_cache",
+            "caches_on_finish",  # NOTE: without Mamba's extra (ping-pong) buffer a finish caches its state too
         }
-        if not self.DISABLED:
-            caps |= {
-                "prefix_cache",
-                "caches_on_finish",  # NOTE: without Mamba's extra (ping-pong) buffer a finish caches its state too
-            }
         if config.mamba:
             # NOTE: a session request that admission rejects keeps the copy-on-write Mamba slot its match took
             # (``_get_new_batch_prefill_raw`` frees it only for requests without a session) and uses it when admitted
             caps.add("reservations")
         self.capabilities = chunked_capabilities(caps, chunk_tokens)
+        if self.DISABLED:
+            self.capabilities = uncached(self.capabilities)
         self.cache_config = CacheConfig(
             page_size=config.page_size,
             window=config.window,
@@ -1141,12 +1141,6 @@ def early_layout(alias: str) -> bool:
         return version("sglang") in EARLY_COMPONENT_RELEASES
     except PackageNotFoundError as err:
         raise SchedulerError(f"{alias}: SGLang is not installed (.ci/sglang_env builds a venv with it)") from err
-
-
-def streaming_layer(cache: Any) -> Any:
-    """``cache`` wrapped in SGLang's external ``StreamingSession`` layer, as the cache registry wraps a cache that
-    embeds none under ``--enable-streaming-session``."""
-    return importlib.import_module("sglang.srt.session.streaming_session").StreamingSession(cache)
 
 
 def scheduler_system_factory(config: SystemConfig) -> SchedulerSystemAdapter:

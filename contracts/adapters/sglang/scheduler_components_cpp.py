@@ -32,11 +32,11 @@ from kvledger.contracts.adapters.protocol import Snapshot
 from kvledger.contracts.adapters.sglang.common import NodeIds, NotExpressible, SchedulerError, chunk_size
 from kvledger.contracts.adapters.sglang.cpu_import import LEGACY_CPP
 from kvledger.contracts.adapters.sglang.legacy_cpp import LegacyCppAdapter, cpp_row_boundary, radix_cache_cpp
+from kvledger.contracts.adapters.sglang.scheduler import streaming_layer
 from kvledger.contracts.adapters.sglang.scheduler_components import (
     SchedulerSystemAdapter,
     TreeView,
     early_layout,
-    streaming_layer,
 )
 from kvledger.contracts.adapters.sglang.scheduler_components_early import EarlyComponentsSchedulerAdapter
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools

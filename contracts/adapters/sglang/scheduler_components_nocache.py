@@ -31,11 +31,11 @@ from typing import Any
 
 from kvledger.contracts.adapters.protocol import Snapshot
 from kvledger.contracts.adapters.sglang.common import FULL, NotExpressible, chunk_size
+from kvledger.contracts.adapters.sglang.scheduler import streaming_layer
 from kvledger.contracts.adapters.sglang.scheduler_components import (
     SchedulerSystemAdapter,
     TreeView,
     early_layout,
-    streaming_layer,
 )
 from kvledger.contracts.adapters.sglang.scheduler_components_early import EarlyComponentsSchedulerAdapter
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
@@ -83,7 +83,6 @@ class NoCacheSchedulerAdapter(SchedulerSystemAdapter):
         self.chunk_cache: Any = None
         """The ``ChunkCache`` SGLang builds (to 0.5.21); None: a disabled ``UnifiedRadixCache``."""
         super().__init__(config, chunk_tokens)
-        self.capabilities = self.capabilities - {"caches_on_chunk"}  # NOTE: a chunk is cached nowhere either
         tree = "ChunkCache" if self.chunk_cache is not None else "UnifiedRadixCache(disable)"
         self.name = f"sglang-{self.version}/Scheduler+{tree}[{config.kind}]"
 
