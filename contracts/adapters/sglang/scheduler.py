@@ -303,7 +303,7 @@ class SchedulerAdapter:
         if no_cache and config.mamba:
             raise NotExpressible("the disabled-cache scheduler adapter drives no Mamba model")
         if no_cache and cpp:
-            raise ValueError("SchedulerAdapter: a disabled radix cache has no tree, C++ or other (cpp and no_cache)")
+            raise NotExpressible("SchedulerAdapter: a disabled radix cache has no tree, C++ or other (cpp, no_cache)")
         if config.mamba and config.ping_pong > 0:
             # NOTE: the extra-buffer mode needs the server's Mamba scheduling strategy set consistently with the
             # pool; not yet wired (a lone request then leaves its track buffers counted as leaked).
