@@ -140,8 +140,65 @@ def test_finding_a_disabled_unified_cache_crashes_every_admission() -> None:
     assert int(_allocator(sys).available_size()) == 48
 
 
-def test_mamba_is_refused_by_name() -> None:
-    from kvledger.contracts.adapters.sglang.common import NotExpressible
+MAMBA = SystemConfig(mamba=True, ping_pong=0 if HAVE in MIXINS else 1)
+"""The Mamba kind each family drives (the 0.5.9 to 0.5.12 adapter wires no ping-pong track buffers)."""
+BLIND = (*MIXINS, *(f"0.5.{n}" for n in range(13, 22)))
+"""The releases whose registry builds a ``ChunkCache`` for a Mamba model with the radix cache disabled."""
 
-    with pytest.raises(NotExpressible, match="drives no Mamba model"):  # NOTE: before SGLang is touched
-        _adapter("-nocache", SystemConfig(mamba=True))
+
+@pytest.mark.parametrize("kind", ["-nocache", "-chunked-nocache"])
+def test_a_mamba_model_runs_with_the_radix_cache_disabled(kind: str) -> None:
+    """A Mamba model with the radix cache disabled: an ordinary request, then a streaming session's two turns and
+    its close, every law after each step. Nothing is cached; the scheduler frees a finished request's Mamba state
+    itself (``free_mamba_cache``: a ``ChunkCache`` does not manage Mamba state) and a session slot keeps it between
+    turns. 0.5.10 meets B3 at the close (its session close frees no Mamba state); every other release holds."""
+    state = machine_for_system(lambda: _adapter(kind, MAMBA))()
+    assert "mamba" in state.last.ledgers, state.last.ledgers
+    state.add_request(budget=64, prompt=0, sid=None, suffix=[5, 6])
+    state.inv_all_laws()
+    state.finish(pick=0)
+    state.inv_all_laws()
+    if "sessions" not in state.sys.capabilities:
+        assert HAVE == "0.5.9", HAVE  # NOTE: streaming sessions came in 0.5.10
+        return
+    state.add_request(budget=64, prompt=1, sid=1, suffix=[])
+    state.finish(pick=1)
+    state.inv_all_laws()
+    state.repeat_sequence(pick=1, finish=False, sid=1)
+    state.inv_all_laws()
+    state.finish(pick=2)
+    state.inv_all_laws()
+    assert [v.status for v in state.last.requests.values()] == ["finished"] * 3, state.last.requests
+    if HAVE == "0.5.10":
+        with pytest.raises(AssertionError, match=r"mamba"):
+            state.close_session(sid=1)
+            state.inv_all_laws()
+        return
+    state.close_session(sid=1)
+    state.inv_all_laws()
+    assert not state.last.ledgers["mamba"].held, state.last.ledgers["mamba"]
+
+
+def test_finding_sglangs_idle_check_does_not_see_the_mamba_pool_of_a_chunk_cache() -> None:
+    """Finding (0.5.9 to 0.5.21): with the radix cache disabled on a Mamba model, SGLang's own strict idle check
+    never looks at the Mamba pool. A Mamba slot taken and held by nobody (planted): the ledgers fail
+    (``inv_slots_conserved``), and SGLang's check passes where the registry builds a ``ChunkCache``: its pool
+    check reads the Mamba pool only when ``tree_cache.supports_mamba()``, which a ``ChunkCache`` does not. From
+    0.5.22 (a disabled ``UnifiedRadixCache``, which carries the Mamba component) it reports the slot."""
+    sys = _adapter("-chunked-nocache", MAMBA)
+    rid = sys.add_request((1, 2, 3, 4))
+    sys.admit(64)
+    sys.finish(rid)
+    check_snapshot(sys.snapshot(), sys.idle_check(), sys.capabilities)
+    pools = getattr(sys, "pools", None)
+    rows = pools.req_pool if pools is not None else sys.sched.req_to_token_pool  # type: ignore[attr-defined]
+    mamba = getattr(rows, "mamba_allocator", None) or rows.mamba_pool  # NOTE: ``mamba_allocator`` from 0.5.13
+    taken = [int(x) for x in mamba.alloc(1).tolist()]
+    with pytest.raises(AssertionError, match=r"inv_slots_conserved: pool 'mamba'"):
+        check_snapshot(sys.snapshot(), None, sys.capabilities)
+    verdict = sys.idle_check()
+    assert verdict is not None, verdict
+    if HAVE in BLIND:
+        assert verdict.ok, verdict  # NOTE: the finding: the planted slot goes unseen
+    else:
+        assert not verdict.ok and f"leaked_mamba_pages={set(taken)}" in verdict.message, verdict

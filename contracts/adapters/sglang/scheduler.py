@@ -300,8 +300,6 @@ class SchedulerAdapter:
         chunked-prefill size is set, ``-1`` included), which matches and caches nothing."""
         if cpp and config.mamba:
             raise NotExpressible("SGLang's RadixCacheCpp has no Mamba component")
-        if no_cache and config.mamba:
-            raise NotExpressible("the disabled-cache scheduler adapter drives no Mamba model")
         if no_cache and cpp:
             raise NotExpressible("SchedulerAdapter: a disabled radix cache has no tree, C++ or other (cpp, no_cache)")
         if config.mamba and config.ping_pong > 0:
@@ -1053,7 +1051,7 @@ class SchedulerAdapter:
 
     def sizes(self) -> dict[Component, tuple[int, int]]:
         t = getattr(self.sched.tree_cache, "inner", self.sched.tree_cache)
-        if self.config.mamba:
+        if self.config.mamba and not self.no_cache:  # NOTE: a ChunkCache keeps no Mamba state and counts none
             return {
                 FULL: (int(t.full_evictable_size()), int(t.full_protected_size())),
                 MAMBA: (int(t.mamba_evictable_size()), int(t.mamba_protected_size())),

@@ -21,7 +21,9 @@ reported skipped; every ownership, row, session and content law applies. A ``Chu
 
 Factories: :func:`nocache_system_factory`, :func:`nocache_chunked_factory` and :func:`nocache_unified_factory`
 (aliases ``sglang-0.5.N-system-nocache``, ``-system-chunked-nocache`` and ``-system-nocache-unified``, 0.5.13 to
-0.5.23). Mamba kinds are not driven with the cache disabled.
+0.5.23), for every model kind: with a Mamba model a ``ChunkCache`` keeps no Mamba state, and the scheduler frees a
+finished request's state itself (``free_mamba_cache``, as SGLang's ``release_kv_cache`` does for a cache that does
+not support Mamba); a disabled ``UnifiedRadixCache`` carries its Mamba component.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import importlib
 from typing import Any
 
 from kvledger.contracts.adapters.protocol import Snapshot
-from kvledger.contracts.adapters.sglang.common import FULL, NotExpressible, chunk_size
+from kvledger.contracts.adapters.sglang.common import FULL, chunk_size
 from kvledger.contracts.adapters.sglang.scheduler import streaming_layer
 from kvledger.contracts.adapters.sglang.scheduler_components import (
     SchedulerSystemAdapter,
@@ -71,15 +73,14 @@ class NoTreeView:
 
 
 class NoCacheSchedulerAdapter(SchedulerSystemAdapter):
-    """SGLang 0.5.17 to 0.5.23's components ``Scheduler`` with ``--disable-radix-cache``."""
+    """SGLang 0.5.17 to 0.5.23's components ``Scheduler`` with ``--disable-radix-cache`` (full attention, paged,
+    SWA or Mamba)."""
 
     DISABLED = True
     CHUNK_CACHE = True
     """Build a ``ChunkCache`` where the release ships one (a chunked-prefill size reached the cache builder)."""
 
     def __init__(self, config: SystemConfig, chunk_tokens: int | None = None) -> None:
-        if config.mamba:
-            raise NotExpressible(f"the disabled-cache scheduler adapter drives no Mamba model (config {config.kind})")
         self.chunk_cache: Any = None
         """The ``ChunkCache`` SGLang builds (to 0.5.21); None: a disabled ``UnifiedRadixCache``."""
         super().__init__(config, chunk_tokens)
@@ -148,7 +149,7 @@ def _adapter(config: SystemConfig, chunk_tokens: int | None, unified: bool = Fal
 def nocache_system_factory(config: SystemConfig) -> NoCacheSchedulerAdapter:
     """The installed release's (0.5.13 to 0.5.23) components scheduler with the radix cache disabled and chunked
     prefill off (``--chunked-prefill-size -1``: a ``ChunkCache`` to 0.5.21), for ``config`` (full attention, paged,
-    SWA)."""
+    SWA, Mamba)."""
     return _adapter(config, None)
 
 
