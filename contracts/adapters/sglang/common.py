@@ -191,6 +191,18 @@ def ledger(
     return Ledger(name, capacity, frozenset(seen_free), {o: frozenset(xs) for o, xs in held.items() if xs}, base)
 
 
+def evict_component(cache: Any, evict_params: Any, component: Component, n: int) -> int:
+    """``cache.evict`` of ``n`` units of ``component`` (SGLang's ``EvictParams`` names one field a component:
+    ``num_tokens``, ``swa_num_tokens``, ``mamba_num``), and how many of them it reports evicted."""
+    field, done = {
+        FULL: ("num_tokens", "num_tokens_evicted"),
+        SWA: ("swa_num_tokens", "swa_num_tokens_evicted"),
+        MAMBA: ("mamba_num", "mamba_num_evicted"),
+    }[component]
+    got = cache.evict(evict_params(**{"num_tokens": 0, field: n}))
+    return int(getattr(got, done, 0) or 0)
+
+
 def alloc_state(pool: Any, req: int, held: dict[int, set[int]]) -> int | None:
     """One slot from a Mamba allocator with SGLang's ``alloc(n)`` / ``free(tensor)`` for ``req`` (``None``: full)."""
     got = pool.alloc(1)

@@ -32,7 +32,7 @@ import importlib
 from typing import Any
 
 from kvledger.contracts.adapters.protocol import Snapshot
-from kvledger.contracts.adapters.sglang.common import FULL, chunk_size
+from kvledger.contracts.adapters.sglang.common import FULL, chunk_size, evict_component
 from kvledger.contracts.adapters.sglang.scheduler import streaming_layer
 from kvledger.contracts.adapters.sglang.scheduler_components import (
     SchedulerSystemAdapter,
@@ -66,10 +66,9 @@ class NoTreeView:
         return Snapshot(prefix, LockState(), {}, self.pools.ledgers({}, {}, {}), {}, sizes, {})
 
     def evict(self, component: Component, n: int) -> int:
-        """SGLang's ``evict`` on the cache (it has nothing to evict), as the scheduler calls it."""
-        params = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache").EvictParams(num_tokens=n)
-        got = self.cache.evict(params)
-        return int(getattr(got, "num_tokens_evicted", 0) or 0)
+        """SGLang's ``evict`` of ``component`` on the cache (it has nothing to evict), as the scheduler calls it."""
+        params = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache").EvictParams
+        return evict_component(self.cache, params, component, n)
 
 
 class NoCacheSchedulerAdapter(SchedulerSystemAdapter):

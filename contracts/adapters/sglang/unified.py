@@ -103,6 +103,7 @@ from kvledger.contracts.adapters.sglang.common import (
     NodeIds,
     NotExpressible,
     copy_on_write,
+    evict_component,
     lru_state,
     match_slots,
     node_owner,
@@ -463,11 +464,7 @@ class UnifiedAdapter:
     def evict(self, component: Component, n: int) -> int:
         if component not in self.comps:
             raise NotExpressible(f"no {component.value} component in this configuration")
-        field = {FULL: "num_tokens", SWA: "swa_num_tokens", MAMBA: "mamba_num"}[component]
-        args = {"num_tokens": 0, field: n}
-        r = self.cache.evict(self.sg.base.EvictParams(**args))
-        done = {FULL: r.num_tokens_evicted, SWA: r.swa_num_tokens_evicted, MAMBA: r.mamba_num_evicted}[component]
-        return int(done)
+        return evict_component(self.cache, self.sg.base.EvictParams, component, n)
 
     def mamba_cow(self, handle: Hashable, req: int) -> int | None:
         self._need_mamba()
