@@ -108,8 +108,11 @@ def test_leaky_free_of_tokens_is_caught() -> None:
 def test_lost_owner_is_caught() -> None:
     msg = run_expecting_failure("token", DoubleFree)
     # NOTE: the refinement law either way: the abstraction against the model, or a teardown scan's slots; or a
-    # manager built over the broken pool has its own request's slots refused as free when it caches them
-    laws = ("refinement", "differs from spec model", "free stack does not match tags", "already free")
+    # manager built over the broken pool has its own request's slots refused as free when it caches them, or its leak
+    # checker names the lost slot (referenced by its request, tagged free) where the ledgers are built from the same
+    # broken tags (which law meets it first depends on how far Hypothesis' time-bounded shrink got: a loaded 2-core
+    # CI run ended there on 2026-12-01)
+    laws = ("refinement", "differs from spec model", "free stack does not match tags", "already free", "tagged free")
     assert any(law in msg for law in laws), msg
 
 
