@@ -1109,24 +1109,24 @@ def _null_context(*_: Any, **__: Any) -> _NullContext:
     return _NullContext()
 
 
-def scheduler_factory(config: SystemConfig) -> SchedulerAdapter:
-    """The installed SGLang's (0.5.9 to 0.5.12) real ``Scheduler`` over the cache ``config`` asks for.
+def _no_track_buffers(config: SystemConfig) -> SystemConfig:
+    """``config`` as the factories drive it: a Mamba model without the ping-pong track buffers (SGLang's default:
+    the extra-buffer mode off); the adapter's ``config`` says so (``ping_pong=0``), and the buffers' laws are not
+    checked."""
+    return dataclasses.replace(config, ping_pong=0) if config.mamba and config.ping_pong > 0 else config
 
-    A Mamba model is driven without the ping-pong track buffers (SGLang's default: the extra-buffer mode
-    off); the adapter's ``config`` says so (``ping_pong=0``), and the buffers' laws are not checked.
-    """
-    if config.mamba and config.ping_pong > 0:
-        config = dataclasses.replace(config, ping_pong=0)
-    return SchedulerAdapter(config)
+
+def scheduler_factory(config: SystemConfig) -> SchedulerAdapter:
+    """The installed SGLang's (0.5.9 to 0.5.12) real ``Scheduler`` over the cache ``config`` asks for (a Mamba model
+    without track buffers: :func:`_no_track_buffers`)."""
+    return SchedulerAdapter(_no_track_buffers(config))
 
 
 def chunked_scheduler_factory(config: SystemConfig) -> SchedulerAdapter:
     """:func:`scheduler_factory` with SGLang's chunked prefill on (``chunked_prefill_size``: ``CHUNK_PAGES`` pages,
     at least ``MIN_CHUNK`` tokens): a prompt longer than a chunk is admitted with its first chunk and prefilled over
     the next steps (the protocol's ``chunk``), each chunk cached in the tree before the next runs."""
-    if config.mamba and config.ping_pong > 0:
-        config = dataclasses.replace(config, ping_pong=0)
-    return SchedulerAdapter(config, chunk_tokens=chunk_size(config))
+    return SchedulerAdapter(_no_track_buffers(config), chunk_tokens=chunk_size(config))
 
 
 def scheduler_cpp_factory(config: SystemConfig) -> SchedulerAdapter:
@@ -1138,12 +1138,12 @@ def scheduler_cpp_factory(config: SystemConfig) -> SchedulerAdapter:
 
 def scheduler_nocache_factory(config: SystemConfig) -> SchedulerAdapter:
     """:func:`scheduler_factory` with ``--disable-radix-cache`` (SGLang's ``ChunkCache`` under the session layer)."""
-    return SchedulerAdapter(config, no_cache=True)
+    return SchedulerAdapter(_no_track_buffers(config), no_cache=True)
 
 
 def chunked_scheduler_nocache_factory(config: SystemConfig) -> SchedulerAdapter:
     """:func:`scheduler_nocache_factory` with chunked prefill on (:func:`chunked_scheduler_factory`)."""
-    return SchedulerAdapter(config, chunk_tokens=chunk_size(config), no_cache=True)
+    return SchedulerAdapter(_no_track_buffers(config), chunk_tokens=chunk_size(config), no_cache=True)
 
 
 def chunked_scheduler_cpp_factory(config: SystemConfig) -> SchedulerAdapter:
