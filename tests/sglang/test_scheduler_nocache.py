@@ -140,8 +140,9 @@ def test_finding_a_disabled_unified_cache_crashes_every_admission() -> None:
     assert int(_allocator(sys).available_size()) == 48
 
 
-MAMBA = SystemConfig(mamba=True, ping_pong=0 if HAVE in MIXINS else 1)
-"""The Mamba kind each family drives (the 0.5.9 to 0.5.12 adapter wires no ping-pong track buffers)."""
+MAMBA = SystemConfig(mamba=True)
+"""The Mamba kind as ``--model mamba`` asks for it (the 0.5.9 to 0.5.12 factories build it without ping-pong track
+buffers, as their other factories do)."""
 BLIND = (*MIXINS, *(f"0.5.{n}" for n in range(13, 22)))
 """The releases whose registry builds a ``ChunkCache`` for a Mamba model with the radix cache disabled."""
 
