@@ -27,6 +27,7 @@ from kvledger.contracts.adapters.system import SystemAdapter, SystemConfig, load
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.runner import run_machine
 from kvledger.contracts.machines.system import RULES, check_snapshot, machine_for_system
+from kvledger.spec.types import Owner, request, session
 
 HAVE = installed_version_or_none()
 MIXINS = ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
@@ -143,63 +144,77 @@ def test_finding_a_disabled_unified_cache_crashes_every_admission() -> None:
 MAMBA = SystemConfig(mamba=True)
 """The Mamba kind as ``--model mamba`` asks for it (the 0.5.9 to 0.5.12 factories build it without ping-pong track
 buffers, as their other factories do)."""
-BLIND = (*MIXINS, *(f"0.5.{n}" for n in range(13, 22)))
-"""The releases whose registry builds a ``ChunkCache`` for a Mamba model with the radix cache disabled."""
+
+
+def _mamba_held(state: Any) -> dict[Owner, frozenset[int]]:
+    """Who holds which Mamba slots in the machine's last snapshot."""
+    return dict(state.last.ledgers["mamba"].held)
 
 
 @pytest.mark.parametrize("kind", ["-nocache", "-chunked-nocache"])
 def test_a_mamba_model_runs_with_the_radix_cache_disabled(kind: str) -> None:
     """A Mamba model with the radix cache disabled: an ordinary request, then a streaming session's two turns and
-    its close, every law after each step. Nothing is cached; the scheduler frees a finished request's Mamba state
-    itself (``free_mamba_cache``: a ``ChunkCache`` does not manage Mamba state) and a session slot keeps it between
-    turns. 0.5.10 meets B3 at the close (its session close frees no Mamba state); every other release holds."""
+    its close, every law after each step. Nothing is cached; a running request holds one Mamba slot, the scheduler
+    frees it at the finish (``free_mamba_cache``: a ``ChunkCache`` does not manage Mamba state), and a session slot
+    keeps its turn's slot between turns. 0.5.10 meets B3 at the close (its session close frees no Mamba state);
+    every other release holds."""
     state = machine_for_system(lambda: _adapter(kind, MAMBA))()
-    assert "mamba" in state.last.ledgers, state.last.ledgers
     state.add_request(budget=64, prompt=0, sid=None, suffix=[5, 6])
     state.inv_all_laws()
+    held = _mamba_held(state)
+    assert list(held) == [request(1)] and len(held[request(1)]) == 1, held
     state.finish(pick=0)
     state.inv_all_laws()
+    assert not _mamba_held(state), _mamba_held(state)
     if "sessions" not in state.sys.capabilities:
         assert HAVE == "0.5.9", HAVE  # NOTE: streaming sessions came in 0.5.10
         return
     state.add_request(budget=64, prompt=1, sid=1, suffix=[])
     state.finish(pick=1)
     state.inv_all_laws()
+    assert 1 in state.last.sessions, state.last.sessions
+    kept = _mamba_held(state)
+    assert list(kept) == [session(1)] and len(kept[session(1)]) == 1, kept
     state.repeat_sequence(pick=1, finish=False, sid=1)
     state.inv_all_laws()
     state.finish(pick=2)
     state.inv_all_laws()
     assert [v.status for v in state.last.requests.values()] == ["finished"] * 3, state.last.requests
+    assert list(_mamba_held(state)) == [session(1)], _mamba_held(state)
     if HAVE == "0.5.10":
-        with pytest.raises(AssertionError, match=r"mamba"):
+        with pytest.raises(AssertionError, match=r"inv_released_on_close: session 1 .*mamba"):
             state.close_session(sid=1)
             state.inv_all_laws()
         return
     state.close_session(sid=1)
     state.inv_all_laws()
-    assert not state.last.ledgers["mamba"].held, state.last.ledgers["mamba"]
+    assert 1 not in state.last.sessions and not _mamba_held(state), (state.last.sessions, _mamba_held(state))
 
 
 def test_finding_sglangs_idle_check_does_not_see_the_mamba_pool_of_a_chunk_cache() -> None:
     """Finding (0.5.9 to 0.5.21): with the radix cache disabled on a Mamba model, SGLang's own strict idle check
-    never looks at the Mamba pool. A Mamba slot taken and held by nobody (planted): the ledgers fail
-    (``inv_slots_conserved``), and SGLang's check passes where the registry builds a ``ChunkCache``: its pool
-    check reads the Mamba pool only when ``tree_cache.supports_mamba()``, which a ``ChunkCache`` does not. From
-    0.5.22 (a disabled ``UnifiedRadixCache``, which carries the Mamba component) it reports the slot."""
+    never looks at the Mamba pool where the registry builds a ``ChunkCache`` (whenever a chunked-prefill size
+    reaches it, the default): its pool check reads the Mamba pool only when ``tree_cache.supports_mamba()``, which
+    a ``ChunkCache`` does not. A Mamba slot taken and held by nobody (planted): the ledgers fail
+    (``inv_slots_conserved``), and SGLang's check passes. From 0.5.22 (a disabled ``UnifiedRadixCache``, which
+    carries the Mamba component) it reports the slot."""
     sys = _adapter("-chunked-nocache", MAMBA)
+    pools = getattr(sys, "pools", None)  # NOTE: the components adapters keep the pools; 0.5.9 to 0.5.12's scheduler
+    cache = sys.cache if pools is not None else sys.sched.tree_cache  # type: ignore[attr-defined]
+    rows = pools.req_pool if pools is not None else sys.sched.req_to_token_pool  # type: ignore[attr-defined]
+    blind = not cache.supports_mamba()
+    assert blind == _ships_chunk_cache() == ("/Scheduler+ChunkCache" in sys.name), (blind, sys.name)
     rid = sys.add_request((1, 2, 3, 4))
     sys.admit(64)
     sys.finish(rid)
     check_snapshot(sys.snapshot(), sys.idle_check(), sys.capabilities)
-    pools = getattr(sys, "pools", None)
-    rows = pools.req_pool if pools is not None else sys.sched.req_to_token_pool  # type: ignore[attr-defined]
     mamba = getattr(rows, "mamba_allocator", None) or rows.mamba_pool  # NOTE: ``mamba_allocator`` from 0.5.13
     taken = [int(x) for x in mamba.alloc(1).tolist()]
     with pytest.raises(AssertionError, match=r"inv_slots_conserved: pool 'mamba'"):
         check_snapshot(sys.snapshot(), None, sys.capabilities)
     verdict = sys.idle_check()
     assert verdict is not None, verdict
-    if HAVE in BLIND:
+    if blind:
         assert verdict.ok, verdict  # NOTE: the finding: the planted slot goes unseen
     else:
         assert not verdict.ok and f"leaked_mamba_pages={set(taken)}" in verdict.message, verdict

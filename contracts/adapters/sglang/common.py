@@ -96,9 +96,10 @@ def chunked_capabilities(caps: set[str], chunk_tokens: int | None) -> frozenset[
     return frozenset(caps) if chunk_tokens is None else (frozenset(caps) - {"prefix_cache"}) | CHUNKED_CAPABILITIES
 
 
-UNCACHED = frozenset({"prefix_cache", "caches_on_finish", "caches_on_chunk"})
+UNCACHED = frozenset({"prefix_cache", "caches_on_finish", "caches_on_chunk", "reservations"})
 """What a scheduler adapter over a cache that caches nothing (``--disable-radix-cache``) cannot claim: the laws on
-cache reuse have nothing to say there."""
+cache reuse have nothing to say there; and no licence for a Mamba slot a rejected request keeps (``reservations``:
+the copy-on-write slot a match takes), since a match there takes none."""
 
 
 def uncached(caps: frozenset[str]) -> frozenset[str]:
@@ -200,7 +201,7 @@ def evict_component(cache: Any, evict_params: Any, component: Component, n: int)
         MAMBA: ("mamba_num", "mamba_num_evicted"),
     }[component]
     got = cache.evict(evict_params(**{"num_tokens": 0, field: n}))
-    return int(getattr(got, done, 0) or 0)
+    return int(getattr(got, done))
 
 
 def alloc_state(pool: Any, req: int, held: dict[int, set[int]]) -> int | None:

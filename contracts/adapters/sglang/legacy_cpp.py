@@ -39,13 +39,17 @@ is checked as the ``lru_policy`` laws state it); SWA and Mamba (no such componen
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -147,10 +151,65 @@ def _server_args(module: Any) -> Any:
     return SimpleNamespace(hicache_write_policy="write_through", enable_hierarchical_cache=False)
 
 
+CPP_EXTENSION = "radix_tree_cpp"
+"""The name SGLang's ``cpp_radix_tree/radix_tree.py`` builds its C++ tree under (``torch.utils.cpp_extension.load``,
+when the module is imported)."""
+SOURCE_SUFFIXES = frozenset({".cpp", ".cc", ".h", ".hpp"})
+
+
+def _shared_sources(sources: Sequence[str]) -> Path:
+    """A copy of the C++ tree's source directory (every source and header in it) at a path named by their content,
+    under torch's extension directory (``TORCH_EXTENSIONS_DIR``, else ``~/.cache/torch_extensions``): releases
+    that ship the same sources, each installed in its own environment, then name the same files."""
+    here = Path(sources[0]).parent
+    files = sorted(p for p in here.iterdir() if p.suffix in SOURCE_SUFFIXES)
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    where = root / "kvledger" / f"{CPP_EXTENSION}-{digest.hexdigest()[:16]}"
+    if not where.is_dir():
+        where.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(dir=where.parent, prefix=".staging-"))
+        for f in files:
+            shutil.copy2(f, staged / f.name)
+        try:
+            staged.rename(where)
+        except OSError:  # NOTE: another process put the same copy there first
+            shutil.rmtree(staged, ignore_errors=True)
+    (where / "build").mkdir(exist_ok=True)
+    return where
+
+
+@contextmanager
+def one_build_per_source() -> Iterator[None]:
+    """While SGLang's C++ tree module is imported: its extension is built from :func:`_shared_sources`, in a build
+    directory of that copy's own, so the same sources are compiled once however many environments (SGLang
+    releases layered on one torch) load them, and not again while the build is there. Only the paths the compiler
+    is given change (``load``'s other arguments are SGLang's own): a release whose sources differ gets a copy and a
+    build of its own."""
+    ext: Any = importlib.import_module("torch.utils.cpp_extension")
+    original = ext.load
+
+    def load(name: str, sources: list[str], *args: Any, **kwargs: Any) -> Any:
+        if name != CPP_EXTENSION or "build_directory" in kwargs or not sources:
+            return original(name, sources, *args, **kwargs)
+        where = _shared_sources(sources)
+        shared = [str(where / Path(s).name) for s in sources]
+        return original(name, shared, *args, build_directory=str(where / "build"), **kwargs)
+
+    ext.load = load
+    try:
+        yield
+    finally:
+        ext.load = original
+
+
 def sglang_cpp() -> tuple[str, SimpleNamespace]:
     """The installed release (range ``LEGACY_CPP``) imported on CPU, with the legacy adapters' modules and the module
-    of ``RadixCacheCpp``."""
-    return _sglang(LEGACY_CPP, (CPP_MODULE,))
+    of ``RadixCacheCpp`` (its C++ tree built by :func:`one_build_per_source`)."""
+    with one_build_per_source():
+        return _sglang(LEGACY_CPP, (CPP_MODULE,))
 
 
 def radix_cache_cpp(params: Any) -> Any:
@@ -158,7 +217,8 @@ def radix_cache_cpp(params: Any) -> Any:
     (``DEBUG_LIMIT``, set before the tree's first dump reads it). Importing its module builds the C++ tree, or loads
     the cached build."""
     os.environ[DEBUG_LIMIT] = str(1 << 40)
-    module = importlib.import_module(CPP_MODULE)
+    with one_build_per_source():
+        module = importlib.import_module(CPP_MODULE)
     return module.RadixCacheCpp(params, _server_args(module))
 
 
