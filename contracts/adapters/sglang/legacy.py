@@ -92,6 +92,7 @@ from kvledger.contracts.adapters.sglang.common import (
     alloc_state,
     copy_on_write,
     cow_request,
+    evict_component,
     free_state,
     hybrid_rows,
     ledger,
@@ -350,7 +351,7 @@ class _LegacyAdapter:
 
     def evict(self, component: Component, n: int) -> int:
         if component is FULL:
-            return int(self.cache.evict(self.sg.base.EvictParams(num_tokens=n)).num_tokens_evicted)
+            return evict_component(self.cache, self.sg.base.EvictParams, component, n)
         raise NotExpressible(f"SGLang {self.cache_class}: no {component.value} component")
 
     def mamba_cow(self, handle: Hashable, req: int) -> int | None:
@@ -577,7 +578,7 @@ class LegacyMambaAdapter(_TwoListAdapter):
 
     def evict(self, component: Component, n: int) -> int:
         if component is MAMBA:
-            return int(self.cache.evict(self.sg.base.EvictParams(num_tokens=0, mamba_num=n)).mamba_num_evicted)
+            return evict_component(self.cache, self.sg.base.EvictParams, component, n)
         return super().evict(component, n)
 
     def mamba_cow(self, handle: Hashable, req: int) -> int | None:

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 
 from kvledger.contracts.adapters.protocol import CacheConfig, Inserted, Snapshot
-from kvledger.contracts.adapters.sglang.common import FULL, SWA, NotExpressible, node_owner
+from kvledger.contracts.adapters.sglang.common import FULL, SWA, NotExpressible, evict_component, node_owner
 from kvledger.contracts.adapters.sglang.cpu_import import LEGACY_SWA
 from kvledger.contracts.adapters.sglang.legacy import LegacyLock, _sglang, _TwoListAdapter
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
@@ -165,8 +165,7 @@ class LegacySWAAdapter(_TwoListAdapter):
 
     def evict(self, component: Component, n: int) -> int:
         if component is SWA:
-            r = self.cache.evict(self.sg.base.EvictParams(num_tokens=0, swa_num_tokens=n))
-            return int(r.swa_num_tokens_evicted)
+            return evict_component(self.cache, self.sg.base.EvictParams, component, n)
         return super().evict(component, n)
 
     # ------------------------------------------------------------ abstraction

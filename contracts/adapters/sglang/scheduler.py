@@ -67,6 +67,7 @@ from kvledger.contracts.adapters.sglang.common import (
     chunk_size,
     chunk_steps,
     chunked_capabilities,
+    evict_component,
     hybrid_rows,
     node_owner,
     not_chunked,
@@ -729,14 +730,9 @@ class SchedulerAdapter:
         self._observe()
 
     def evict(self, component: Component, n: int) -> int:
-        base = self.sg.base
-        tree = self.sched.tree_cache
-        if component is FULL:
-            got = int(tree.evict(base.EvictParams(num_tokens=n)).num_tokens_evicted)
-        elif component is MAMBA and self.config.mamba:
-            got = int(tree.evict(base.EvictParams(num_tokens=0, mamba_num=n)).mamba_num_evicted)
-        else:
+        if not (component is FULL or (component is MAMBA and self.config.mamba)):
             return 0  # NOTE: the cache has no such component: nothing of it to evict
+        got = evict_component(self.sched.tree_cache, self.sg.base.EvictParams, component, n)
         self.idle_step = False
         self._observe()
         return got
