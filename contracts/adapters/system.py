@@ -73,7 +73,10 @@ SYSTEM_CAPABILITIES = frozenset(
 ``evict``: explicit eviction from the prefix cache.
 ``idle_check``: the engine's own leak check (:meth:`SystemAdapter.idle_check`);
 ``itemized_leaks``: its verdict names the leaked slots, not only a count.
-``locks`` / ``sizes``: the cache's lock state / (evictable, protected) counters.
+``locks`` / ``sizes``: the cache's lock state / (evictable, protected) counters;
+with ``locks`` every live handle is held by a running request (``RequestView.handle``)
+or an open session (``SessionView.handle``: SGLang's streaming slot keeps its first
+turn's lock on the tree until the session closes).
 ``content``: the KV each slot holds (fingerprints where the data is fake).
 ``rows``: the request-to-token table. ``speculative``: ``extend`` keeps
 ``ahead`` slots allocated past the computed tokens, and (with ``rows``) a row
@@ -222,6 +225,7 @@ class SessionView:
     records it (empty while the session's memory is lent to a request).
     ``tokens``: the tokens it committed, ``committed_len`` of them (capability
     ``session_tokens``; empty while lent, or where the adapter cannot show them).
+    ``handle``: the id of the lock handle the session holds on the cache (capability ``locks``), if any.
     """
 
     sid: int
@@ -231,6 +235,7 @@ class SessionView:
     slots: tuple[int, ...] = ()
     lent_to: int | None = None
     tokens: tuple[int, ...] = ()
+    handle: int | None = None
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ after every step checks on the adapter's snapshot (:func:`check_snapshot`):
   (a turn resumes on every committed token its tokens but the last repeat) and
   ``inv_committed_within_allocated`` (``spec.session``);
 * lock pairing (``inv_lock_ref_counts_handles``, ``inv_lock_ref_nonnegative``)
-  and ``inv_handles_owned`` (every live handle is held by a running request);
+  and ``inv_handles_owned`` (every live handle is held by a running request or
+  an open session);
 * ``inv_content``: each running request's row holds the KV of its tokens;
 * ``rejected call leaves state unchanged``.
 
@@ -214,10 +215,12 @@ def check_snapshot(
         if not K.inv_lock_ref_counts_handles(snap.locks):
             raise _fail("inv_lock_ref_counts_handles", "lock_ref differs from the live handles covering it")
         owned = {r.handle for r in snap.requests.values() if r.handle is not None and r.status == "running"}
-        if set(snap.locks.handles) != owned:
+        kept = {v.handle for v in snap.sessions.values() if v.handle is not None}
+        if set(snap.locks.handles) != owned | kept:
             raise _fail(
                 "inv_handles_owned",
-                f"live handles {sorted(snap.locks.handles)}, held by running requests {sorted(owned)}",
+                f"live handles {sorted(snap.locks.handles)}, held by running requests {sorted(owned)} and open "
+                f"sessions {sorted(kept)}",
             )
         if "prefix_locked" in capabilities:
             for r in snap.requests.values():

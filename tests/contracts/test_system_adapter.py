@@ -12,6 +12,7 @@ from kvledger.contracts.adapters.system import (
     SYSTEM_CAPABILITIES,
     IdleVerdict,
     RowView,
+    SessionView,
     SystemAdapter,
     SystemConfig,
     skipped_system_rules,
@@ -55,6 +56,25 @@ def test_a_healthy_engine_passes_every_law(page_size: int) -> None:
     laws(sys)
     view = sys.snapshot().requests[rid]
     assert view.prefix_len > 0 and view.handle is not None and view.status == "running"
+
+
+def test_a_live_handle_is_owned_by_a_running_request_or_an_open_session() -> None:
+    """``inv_handles_owned``: a handle nobody reports holding fails it; the same handle reported as an open session's
+    (a streaming slot that keeps its first turn's lock) passes; a session that does not exist owns nothing."""
+    sys, rid = running()
+    snap = sys.snapshot()
+    view = snap.requests[rid]
+    assert view.handle is not None and snap.locks is not None and view.handle in snap.locks.handles
+    caps = sys.capabilities - {"prefix_locked"}  # NOTE: the lock pairing alone, not what each lock covers
+    check_snapshot(snap, None, caps)
+    unowned = {**snap.requests, rid: dataclasses.replace(view, handle=None)}
+    with pytest.raises(AssertionError, match=r"inv_handles_owned: live handles \[\d+\], held by running requests \[\]"):
+        check_snapshot(dataclasses.replace(snap, requests=unowned), None, caps)
+    kept = {**snap.sessions, 7: SessionView(7, 0, 0, None, handle=view.handle)}
+    check_snapshot(dataclasses.replace(snap, requests=unowned, sessions=kept), None, caps)
+    stray = {**snap.sessions, 7: SessionView(7, 0, 0, None, handle=view.handle + 1)}
+    with pytest.raises(AssertionError, match="inv_handles_owned"):
+        check_snapshot(dataclasses.replace(snap, sessions=stray), None, caps)
 
 
 def test_rows_held_fails_on_a_row_naming_a_free_slot_in_its_borrowed_prefix() -> None:

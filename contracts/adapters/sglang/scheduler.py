@@ -51,6 +51,7 @@ import dataclasses
 import importlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -330,10 +331,9 @@ class SchedulerAdapter:
         self.engine_class = f"{type(self.sched).__mro__[1].__module__}.{type(self.sched).__mro__[1].__qualname__}"
         self.name = f"sglang-{self.version}/Scheduler+{self.cache_class}"
         caps = {"retract", "abort", "evict", "idle_check", "sizes", "rows", "caches_on_finish", "prefix_cache"}
-        # NOTE: a streaming-session slot keeps its first request's lock on the tree (released at close); the
-        # protocol gives sessions no lock handle, so with streaming sessions (0.5.10+) the lock laws would
-        # blame the session's lock on nobody: locks are reported only where no session can hold one.
-        caps |= {"sessions"} if self.streaming else {"locks"}
+        # NOTE: a streaming-session slot (0.5.10+) keeps its first request's lock on the tree until the session
+        # closes: the slot's handle is the session's (``SessionView.handle``)
+        caps |= {"sessions", "locks"} if self.streaming else {"locks"}
         if no_cache:
             caps.discard("locks")  # NOTE: nothing is locked either
         if config.mamba and self.version not in ("0.5.9", "0.5.10"):
@@ -504,6 +504,7 @@ class SchedulerAdapter:
     def _step(self) -> bool:
         """One iteration of ``event_loop_normal`` (no receive); ``False`` when it found no batch (an idle step)."""
         s = self.sched
+        self._reap()
         self._flush()
         queued = {id(x) for x in s.waiting_queue}
         chunked = s.chunked_req
@@ -597,6 +598,27 @@ class SchedulerAdapter:
         chain = self.sessions.get(rec.session, [])
         earlier = chain[: chain.index(rec.rid)] if rec.rid in chain else chain
         return any(self._status(self.reqs[r]) in ("waiting", "running") for r in earlier)
+
+    def _reap(self) -> None:
+        """The session reaper the loop runs as it takes in requests (``process_input_requests``, at most once a
+        second; 0.5.11+): a close deferred to a turn that has since ended completes here.
+
+        NOTE: it is told a second has passed, and its clock is then put back, so the engine's own timing is
+        unchanged."""
+        ctl = getattr(self.sched, "session_controller", None)
+        reap = getattr(ctl, "maybe_reap", None)
+        if ctl is None or reap is None:
+            return
+        last = ctl._last_reap_time
+        reap(time.monotonic() + 2.0)
+        ctl._last_reap_time = last
+
+    def _open_sessions(self) -> list[int]:
+        """The sessions SGLang keeps open: the adapter's, and any whose close it deferred to the end of the turn
+        then running (0.5.11+: ``close_on_finish``), until the reaper completes it."""
+        ctl = getattr(self.sched, "session_controller", None)
+        kept = [_sid_of(name) for name in getattr(ctl, "sessions", {})]
+        return sorted(set(self.sessions) | set(kept))
 
     def _flush(self) -> None:
         """Send each session's next turn whose previous turn has ended."""
@@ -820,18 +842,19 @@ class SchedulerAdapter:
         sessions: dict[int, SessionView] = {}
         lent = self._lent()
         slots = self._slots()
-        for sid in self.sessions:
+        for sid in self._open_sessions():
             slot = slots.get(sid_name(sid))
             if slot is None or slot.req_pool_idx is None:
-                sessions[sid] = SessionView(sid, 0, 0, None, (), lent.get(sid))
+                sessions[sid] = SessionView(sid, 0, 0, None, (), lent.get(sid), handle=handles.get(session(sid)))
                 continue
             row = int(slot.req_pool_idx)
             n = int(slot.kv_allocated_len)
             names = tuple(int(x) for x in table[row, :n].tolist())
+            kept = handles.get(session(sid))
             if sid in lent:
-                sessions[sid] = SessionView(sid, int(slot.kv_committed_len), n, row, (), lent[sid])
+                sessions[sid] = SessionView(sid, int(slot.kv_committed_len), n, row, (), lent[sid], handle=kept)
                 continue
-            sessions[sid] = SessionView(sid, int(slot.kv_committed_len), n, row, names, None)
+            sessions[sid] = SessionView(sid, int(slot.kv_committed_len), n, row, names, None, handle=kept)
             rows[row] = RowView(session(sid), names, self._protected(slot))
         locks, prefix = self._tree_state()
         return SystemSnapshot(

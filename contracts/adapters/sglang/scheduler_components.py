@@ -97,7 +97,7 @@ from kvledger.contracts.adapters.sglang.common import (
 )
 from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, TestedRange
 from kvledger.contracts.adapters.sglang.scheduler import _patch_page_kernels
-from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang, new_cache
+from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang, _tokens, new_cache
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
 from kvledger.contracts.adapters.system import (
     EARLY_COMPONENT_RELEASES,
@@ -110,7 +110,8 @@ from kvledger.contracts.adapters.system import (
 )
 from kvledger.contracts.adapters.system import SystemSnapshot as SystemSnap
 from kvledger.spec.ledger import Ledger
-from kvledger.spec.types import Component, Owner, request, session
+from kvledger.spec.locks import Coverage, LockState, required_coverage
+from kvledger.spec.types import Component, HandleId, Owner, request, session
 
 __all__ = ["SchedulerError", "SchedulerSystemAdapter", "scheduler_system_factory"]
 
@@ -314,6 +315,7 @@ class SchedulerSystemAdapter:
             "session_tokens",
             "prefix_cache",
             "caches_on_finish",  # NOTE: without Mamba's extra (ping-pong) buffer a finish caches its state too
+            "locks",
         }
         if config.mamba:
             # NOTE: a session request that admission rejects keeps the copy-on-write Mamba slot its match took
@@ -321,7 +323,7 @@ class SchedulerSystemAdapter:
             caps.add("reservations")
         self.capabilities = chunked_capabilities(caps, chunk_tokens)
         if self.DISABLED:
-            self.capabilities = uncached(self.capabilities)
+            self.capabilities = uncached(self.capabilities) - {"locks"}  # NOTE: a disabled cache locks nothing
         self.cache_config = CacheConfig(
             page_size=config.page_size,
             window=config.window,
@@ -983,7 +985,10 @@ class SchedulerSystemAdapter:
             for rid, kv in ((rid, self._kv(req)) for rid, req in self.reqs.items())
             if self._mamba(kv) and id(kv) not in lent_records and self._status(rid) in ("waiting", "running")
         }  # NOTE: an ended request's kv keeps naming the state it handed to the tree (a stale field, not a hold)
+        held = self._lock_holders() if "locks" in self.capabilities else {}
+        self._prime_locks(held)
         tree = self.view.snapshot()
+        handles = {o: int(hid) for o, (hid, _) in held.items()}
         ledgers = dict(tree.ledgers)
         sess_kv = {
             session(sid): self._units(self._row(kv)[self._protected(None, kv) :])
@@ -1030,6 +1035,7 @@ class SchedulerSystemAdapter:
                 kv.kv_committed_len if status == "running" else 0,
                 self.oracle.prefix.get(req.rid, 0),
                 None if kv.req_pool_idx is None or status != "running" else int(kv.req_pool_idx),
+                handles.get(request(rid)),
             )
         lent = {id(self._kv(req)): rid for rid, req in self.reqs.items() if self._status(rid) == "running"}
         sessions = {
@@ -1041,11 +1047,12 @@ class SchedulerSystemAdapter:
                 tuple(self._row(kv)) if _holds(kv) and id(kv) not in lent else (),
                 lent.get(id(kv)),
                 () if id(kv) in lent else self._committed(sid, kv),
+                handles.get(session(sid)),
             )
             for sid, kv in records.items()
         }
         for sid in opened:  # NOTE: an open session holds no record until its first request
-            sessions.setdefault(sid, SessionView(sid, 0, 0, None))
+            sessions.setdefault(sid, SessionView(sid, 0, 0, None, handle=handles.get(session(sid))))
         slots = [x for view in rows.values() for x in view.slots]
         return SystemSnap(
             ledgers=ledgers,
@@ -1053,12 +1060,66 @@ class SchedulerSystemAdapter:
             requests=requests,
             sessions=sessions,
             rows=rows,
-            locks=None,
+            locks=self._lock_state(tree, held) if "locks" in self.capabilities else None,
             sizes=dict(tree.sizes),
             content={**tree.content, **self.kv.content(slots)},
             page_size=self.config.page_size,
             prefix=tree.prefix,
         )
+
+    # ------------------------------------------------------------ locks
+
+    def _lock_holders(self) -> dict[Owner, tuple[HandleId, Any]]:
+        """Who holds a lock on the tree, with its handle id and the node it locked (capability ``locks``): each
+        running request (from its admission to its release) and each session's slot (from its first turn to the
+        session's close; the slot's lock is the session's handle).
+
+        By release: an explicit ``TreeLock`` on the request and on the slot (``lock``, ``None`` while it holds none;
+        0.5.22 on); before, the node the lock was taken on, ``last_node`` (a session's later turns name the slot's
+        stand-in node, which locks nothing). A lock on the root locks nothing and is no handle."""
+        out: dict[Owner, tuple[HandleId, Any]] = {}
+        for rid, req in self.reqs.items():
+            node = _lock_node(req) if self._status(rid) == "running" else None
+            if node is not None and self._lockable(node):
+                out[request(rid)] = (HandleId(2 * rid), node)
+        for name, slot in self._session_layer.slots.items():
+            node = _lock_node(slot)
+            if node is not None and self._lockable(node):
+                out[session(int(name))] = (HandleId(2 * int(name) + 1), node)
+        return out
+
+    def _node(self, node: Any) -> Any:
+        """The tree node a lock names: a node id from 0.5.17 (the Python tree core's ``node_by_id``), else the node."""
+        return self.cache.tree_core.node_by_id(node) if isinstance(node, int) else node
+
+    def _root(self) -> Any:
+        view = self.view
+        assert isinstance(view, UnifiedAdapter)  # NOTE: a cache with a tree (a disabled one claims no locks)
+        return view._root()
+
+    def _lockable(self, node: Any) -> bool:
+        return self._node(node) is not self._root()
+
+    def _prime_locks(self, held: dict[Owner, tuple[HandleId, Any]]) -> None:
+        """Tell the tree view which handles to cover, where its snapshot computes their coverage (the C++ tree)."""
+
+    def _lock_state(self, tree: Snapshot, held: dict[Owner, tuple[HandleId, Any]]) -> LockState:
+        """The tree's full-attention lock counts, and each holder's handle covering the pages from the root to its
+        node. NOTE: Mamba's counts (the state at the locked node alone, unless the lock skipped it) are left to the
+        cache suite, whose handles carry SGLang's receipt; the system configs have no SWA."""
+        lock_ref = {site: n for site, n in tree.locks.lock_ref.items() if site[1] is FULL}
+        return LockState({hid: self._locked_pages(node) for hid, node in held.values()}, lock_ref, frozenset())
+
+    def _locked_pages(self, node: Any) -> Coverage:
+        """The full-attention pages a lock on ``node`` counts: every page from the root down to it (a node that left
+        the tree keeps its path as far as its parents go)."""
+        root, n = self._root(), self._node(node)
+        parts: list[list[int]] = []
+        while n is not None and n is not root:
+            parts.append(_tokens(n))
+            n = n.parent
+        key = tuple(t for part in reversed(parts) for t in part)
+        return required_coverage(key, None, False, self.config.page_size)
 
     def _committed(self, sid: int, kv: Any) -> tuple[int, ...]:
         """The tokens session ``sid`` committed (its record ``kv``): the first ``kv_committed_len`` of the sequence
@@ -1106,6 +1167,16 @@ def cpu_page_kernels() -> None:
     paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
     if not hasattr(paged, "alloc_decode_naive"):
         _patch_page_kernels(paged)
+
+
+_NO_LOCK_FIELD = object()
+
+
+def _lock_node(holder: Any) -> Any:
+    """The node a request or session slot holds its tree lock on (``None``: none, or the slot's stand-in node)."""
+    lock = getattr(holder, "lock", _NO_LOCK_FIELD)
+    node = holder.last_node if lock is _NO_LOCK_FIELD else getattr(lock, "node", None)
+    return None if node is None or type(node).__name__ == "_VirtualNode" else node
 
 
 def _holds(kv: Any) -> bool:

@@ -31,6 +31,7 @@ from typing import Any
 from kvledger.contracts.adapters.protocol import Snapshot
 from kvledger.contracts.adapters.sglang.common import NodeIds, NotExpressible, SchedulerError, chunk_size
 from kvledger.contracts.adapters.sglang.cpu_import import LEGACY_CPP
+from kvledger.contracts.adapters.sglang.legacy import LegacyLock
 from kvledger.contracts.adapters.sglang.legacy_cpp import LegacyCppAdapter, cpp_row_boundary, radix_cache_cpp
 from kvledger.contracts.adapters.sglang.scheduler import streaming_layer
 from kvledger.contracts.adapters.sglang.scheduler_components import (
@@ -41,6 +42,8 @@ from kvledger.contracts.adapters.sglang.scheduler_components import (
 from kvledger.contracts.adapters.sglang.scheduler_components_early import EarlyComponentsSchedulerAdapter
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
 from kvledger.contracts.adapters.system import SystemConfig
+from kvledger.spec.locks import LockState
+from kvledger.spec.types import HandleId, Owner
 
 __all__ = ["CppTreeView", "cpp_chunked_factory", "cpp_system_factory"]
 
@@ -65,7 +68,7 @@ class CppTreeView(LegacyCppAdapter):
         self.ids = NodeIds()
         self.kv = adapter.kv
         self.req_kv, self.req_mamba = {}, {}
-        self.locks = {}  # NOTE: the scheduler's locks live in its requests; the system laws read no lock state
+        self.locks = {}  # NOTE: the scheduler adapter names the locks its requests and session slots hold
         self.next_hid = 1
         self.pools = pools
         self.allocator = pools.allocator
@@ -108,6 +111,15 @@ class CppComponentsSchedulerAdapter(SchedulerSystemAdapter):
     @property
     def _session_layer(self) -> Any:
         return self.cache
+
+    def _lockable(self, node: Any) -> bool:
+        return self.cpp_view.lockable(node)
+
+    def _prime_locks(self, held: dict[Owner, tuple[HandleId, Any]]) -> None:
+        self.cpp_view.locks = {hid: LegacyLock(hid, node, False, None, ()) for hid, node in held.values()}  # type: ignore[arg-type]
+
+    def _lock_state(self, tree: Snapshot, held: dict[Owner, tuple[HandleId, Any]]) -> LockState:
+        return tree.locks  # NOTE: the dump's counts, and each handle's path in the dump (full attention only)
 
     def _protected(self, rid: int | None, kv: Any) -> int:
         kept = int(kv.cache_protected_len)
