@@ -54,12 +54,14 @@ each request holds is read from its KV fields (``req_to_token`` row
 positions ``[cache_protected_len, kv_allocated_len)``, ``mamba_pool_idx``: in its ``ReqKvInfo`` from 0.5.19),
 what each session holds from its record (``tree_cache.session_records()`` from 0.5.22).
 
+The tree's locks (``locks``): its full-attention lock counts, and one handle per lock a running request or a
+session's slot holds (``req.lock`` / ``slot.lock`` from 0.5.22, ``last_node`` before), covering the pages from the
+root to the locked node.
+
 Not expressible here (capabilities absent, laws reported skipped):
 ``targeted_admission`` (the policy picks from the waiting queue),
 ``speculative`` (no draft worker), ``chunk`` (chunked prefill is off; on in the
-``-chunked`` twins, :func:`chunked_system_factory`),
-``locks`` (the scheduler's tree locks live in its requests, not in handles
-the adapter holds), ``inject_failure``.
+``-chunked`` twins, :func:`chunked_system_factory`), ``inject_failure``.
 """
 
 from __future__ import annotations
@@ -1089,8 +1091,15 @@ class SchedulerSystemAdapter:
         return out
 
     def _node(self, node: Any) -> Any:
-        """The tree node a lock names: a node id from 0.5.17 (the Python tree core's ``node_by_id``), else the node."""
-        return self.cache.tree_core.node_by_id(node) if isinstance(node, int) else node
+        """The tree node a lock names: a node id from 0.5.17 (the Python tree core's ``node_by_id``), else the node;
+        ``None`` for an id the tree no longer has (a locked node evicted: its handle covers nothing cached, and the
+        row that still names its KV breaks ``inv_rows_held``)."""
+        if not isinstance(node, int):
+            return node
+        try:
+            return self.cache.tree_core.node_by_id(node)
+        except KeyError:
+            return None
 
     def _root(self) -> Any:
         view = self.view
