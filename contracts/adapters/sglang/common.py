@@ -33,6 +33,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.lru import SENTINEL, LruState
 from kvledger.spec.prefix import fingerprint
-from kvledger.spec.types import Component, NodeId, Owner, node, request
+from kvledger.spec.types import Component, HandleId, NodeId, Owner, OwnerKind, node, request
 
 FULL, SWA, MAMBA = Component.FULL, Component.SWA, Component.MAMBA
 
@@ -190,6 +191,26 @@ def ledger(
     for r, xs in requests.items():
         held.setdefault(request(r), set()).update(xs)
     return Ledger(name, capacity, frozenset(seen_free), {o: frozenset(xs) for o, xs in held.items() if xs}, base)
+
+
+def reap_sessions(controller: Any) -> None:
+    """One pass of SGLang's session reaper (``maybe_reap``, which the loop runs as it takes in requests, at most once
+    a second; 0.5.11+), as a scheduler adapter runs it between steps: a close deferred to a turn that has since ended
+    completes here. Nothing where the release has no reaper (or no session controller).
+
+    NOTE: it is told a second has passed, and its clock is then put back, so the engine's own timing is unchanged."""
+    reap = getattr(controller, "maybe_reap", None)
+    if controller is None or reap is None:
+        return
+    last = controller._last_reap_time
+    reap(time.monotonic() + 2.0)
+    controller._last_reap_time = last
+
+
+def lock_handle(owner: Owner) -> HandleId:
+    """The handle id a scheduler adapter gives the tree lock ``owner`` holds: a request's ``2 * rid``, a session's
+    ``2 * sid + 1`` (a request and a session never share one)."""
+    return HandleId(2 * owner.ident + (1 if owner.kind is OwnerKind.SESSION else 0))
 
 
 def evict_component(cache: Any, evict_params: Any, component: Component, n: int) -> int:

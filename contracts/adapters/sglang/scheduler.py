@@ -51,7 +51,6 @@ import dataclasses
 import importlib
 import logging
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -70,9 +69,11 @@ from kvledger.contracts.adapters.sglang.common import (
     chunked_capabilities,
     evict_component,
     hybrid_rows,
+    lock_handle,
     node_owner,
     not_chunked,
     one_process_run,
+    reap_sessions,
     retraction_forced,
     still_prefilling,
     uncached,
@@ -600,18 +601,8 @@ class SchedulerAdapter:
         return any(self._status(self.reqs[r]) in ("waiting", "running") for r in earlier)
 
     def _reap(self) -> None:
-        """The session reaper the loop runs as it takes in requests (``process_input_requests``, at most once a
-        second; 0.5.11+): a close deferred to a turn that has since ended completes here.
-
-        NOTE: it is told a second has passed, and its clock is then put back, so the engine's own timing is
-        unchanged."""
-        ctl = getattr(self.sched, "session_controller", None)
-        reap = getattr(ctl, "maybe_reap", None)
-        if ctl is None or reap is None:
-            return
-        last = ctl._last_reap_time
-        reap(time.monotonic() + 2.0)
-        ctl._last_reap_time = last
+        """The session reaper the loop runs as it takes in requests (``process_input_requests``; 0.5.11+)."""
+        reap_sessions(getattr(self.sched, "session_controller", None))
 
     def _open_sessions(self) -> list[int]:
         """The sessions SGLang keeps open: the adapter's, and any whose close it deferred to the end of the turn
@@ -1043,10 +1034,10 @@ class SchedulerAdapter:
         out: dict[Owner, tuple[int, Any]] = {}
         for rid, req in self._live():
             if self._status(self.reqs[rid]) == "running" and req.last_node is not None:
-                out[request(rid)] = (2 * rid, req.last_node)
+                out[request(rid)] = (lock_handle(request(rid)), req.last_node)
         for sid_str, slot in self._slots().items():
             if slot.last_node is not None:
-                out[session(_sid_of(sid_str))] = (2 * _sid_of(sid_str) + 1, slot.last_node)
+                out[session(_sid_of(sid_str))] = (lock_handle(session(_sid_of(sid_str))), slot.last_node)
         return out
 
     def _handle_ids(self) -> dict[Owner, int]:

@@ -71,7 +71,6 @@ import functools
 import importlib
 import logging
 import os
-import time
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -91,8 +90,10 @@ from kvledger.contracts.adapters.sglang.common import (
     chunk_size,
     chunk_steps,
     chunked_capabilities,
+    lock_handle,
     not_chunked,
     one_process_run,
+    reap_sessions,
     retraction_forced,
     still_prefilling,
     uncached,
@@ -900,19 +901,7 @@ class SchedulerSystemAdapter:
         self._reap()
 
     def _reap(self) -> None:
-        """One pass of the session reaper, as the loop makes it within a second (``maybe_reap`` in
-        ``process_input_requests``): a close deferred to a turn that has since ended completes here.
-
-        NOTE: the reaper runs at most once a second by the wall clock; it is told a second has passed, and its
-        clock is then put back, so the engine's own timing is unchanged.
-        """
-        sc = self.s.session_controller
-        reap = getattr(sc, "maybe_reap", None)
-        if reap is None:
-            return
-        last = sc._last_reap_time
-        reap(time.monotonic() + 2.0)
-        sc._last_reap_time = last
+        reap_sessions(self.s.session_controller)
 
     def evict(self, component: Component, n: int) -> int:
         comps = {FULL, *([SWA] if self.config.window is not None else []), *([MAMBA] if self.config.mamba else [])}
@@ -1083,11 +1072,11 @@ class SchedulerSystemAdapter:
         for rid, req in self.reqs.items():
             node = _lock_node(req) if self._status(rid) == "running" else None
             if node is not None and self._lockable(node):
-                out[request(rid)] = (HandleId(2 * rid), node)
+                out[request(rid)] = (lock_handle(request(rid)), node)
         for name, slot in self._session_layer.slots.items():
             node = _lock_node(slot)
             if node is not None and self._lockable(node):
-                out[session(int(name))] = (HandleId(2 * int(name) + 1), node)
+                out[session(int(name))] = (lock_handle(session(int(name))), node)
         return out
 
     def _node(self, node: Any) -> Any:
