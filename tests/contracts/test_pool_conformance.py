@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -22,9 +23,10 @@ def test_pool_conforms_to_ledger_spec(kind: str) -> None:
     machine_for(KINDS[kind]).TestCase().runTest()
 
 
-def run_expecting_failure(kind: str, *also: type[Exception], shrink: bool = True) -> str:
+def run_expecting_failure(kind: str, *also: type[Exception]) -> str:
     """The machine's failure on ``kind``: a law broken (``AssertionError``), or one of ``also`` raised by the pool
-    itself when the broken state is met."""
+    itself when the broken state is met, in the first failing example as drawn (detection only: no test here asserts
+    the shape of a shrunk program, and shrinking took up to a minute a test)."""
     case = machine_for(KINDS[kind]).TestCase()
     case.settings = settings(
         case.settings,
@@ -32,8 +34,7 @@ def run_expecting_failure(kind: str, *also: type[Exception], shrink: bool = True
         print_blob=False,
         report_multiple_bugs=False,
         database=None,
-        # NOTE: without ``shrink`` detection only: the law of the first failing example, not of the shrunk one
-        phases=list(Phase) if shrink else [Phase.explicit, Phase.generate],
+        phases=[Phase.explicit, Phase.generate],
     )
     with pytest.raises((AssertionError, Flaky, *also)) as info:
         case.runTest()
@@ -110,8 +111,8 @@ def test_lost_owner_is_caught() -> None:
     # NOTE: the refinement law either way: the abstraction against the model, or a teardown scan's slots; or a
     # manager built over the broken pool has its own request's slots refused as free when it caches them, or its leak
     # checker names the lost slot (referenced by its request, tagged free) where the ledgers are built from the same
-    # broken tags (which law meets it first depends on how far Hypothesis' time-bounded shrink got: a loaded 2-core
-    # CI run ended there on 2026-12-01)
+    # broken tags (which law meets it first depends on the example: kept from when these runs shrank, and a loaded
+    # 2-core CI run's time-bounded shrink ended there on 2026-12-01)
     laws = ("refinement", "differs from spec model", "free stack does not match tags", "already free", "tagged free")
     assert any(law in msg for law in laws), msg
 
@@ -130,7 +131,7 @@ def test_data_overwrite_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
         return out
 
     monkeypatch.setattr(SlotPool, "alloc", alloc)
-    msg = run_expecting_failure("token", NotOwner, SlotConflict, shrink=False)
+    msg = run_expecting_failure("token", NotOwner, SlotConflict)
     # NOTE: or a manager built over the broken pools meets the row it was handed held by another request, or a
     # cache built over them is offered, for a new key, a slot it holds already (``SlotConflict``: cached at a node),
     # or the leak checker meets an alloc whose provenance stamps name other slots than those handed out
@@ -263,7 +264,7 @@ def test_a_paged_free_that_reads_pages_wrong_off_its_fast_path_is_caught(monkeyp
     monkeypatch.setattr(PagedAllocator, "pages_of", pages_of)
     # NOTE: a valid free or transfer refused: its pages not whole, a wrong page outside the pool, or a wrong page
     # the caller does not hold (which the machine meets first depends on what it draws before)
-    msg = run_expecting_failure("paged", PageAlignmentError, OutOfRange, NotOwner, shrink=False)
+    msg = run_expecting_failure("paged", PageAlignmentError, OutOfRange, NotOwner)
     assert "not whole pages" in msg or "outside [" in msg or "is held by" in msg, msg
 
 
@@ -280,7 +281,7 @@ def test_a_kv_write_that_takes_any_token_id_is_caught(monkeypatch: pytest.Monkey
             original(op, where, name, *rest)
 
     monkeypatch.setattr(allocators, "check_range", check_range)
-    msg = run_expecting_failure(kind, shrink=False)
+    msg = run_expecting_failure(kind)
     assert "inv_domain_enforced" in msg and "tokens" in msg, msg
 
 
@@ -298,7 +299,7 @@ def test_a_state_written_for_any_value_is_caught(monkeypatch: pytest.MonkeyPatch
         return original(op, where, name, *rest)
 
     monkeypatch.setattr(mamba, "check_int", check_int)
-    msg = run_expecting_failure("mamba", shrink=False)
+    msg = run_expecting_failure("mamba")
     assert "inv_domain_enforced: MambaPool.write_fingerprint with value" in msg, msg
 
 
@@ -394,7 +395,9 @@ def test_a_state_copied_into_a_slot_the_owner_does_not_hold_is_caught(monkeypatc
         self.data[d] = self.data[s]
 
     monkeypatch.setattr(MambaPool, "copy_state", copy_state)
-    assert "expected NotOwner" in run_expecting_failure("mamba")
+    # NOTE: the first failing example may be refusable for more than one reason (expected: any ``LedgerError``)
+    msg = run_expecting_failure("mamba")
+    assert re.search(r"invalid call accepted \(expected (NotOwner|LedgerError)\)", msg), msg
 
 
 def test_a_transfer_that_takes_host_ids_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -408,7 +411,7 @@ def test_a_transfer_that_takes_host_ids_is_caught(monkeypatch: pytest.MonkeyPatc
         real(self, indices, src, dst)  # type: ignore[arg-type]
 
     monkeypatch.setattr(SlotPool, "transfer", transfer)
-    assert "lies outside its domain and was accepted" in run_expecting_failure("token", shrink=False)
+    assert "lies outside its domain and was accepted" in run_expecting_failure("token")
 
 
 def test_a_free_that_keeps_the_swa_mapping_breaks_a_structure_law(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -550,7 +553,7 @@ def test_a_row_write_refused_only_when_long_is_caught(monkeypatch: pytest.Monkey
 
     assert KINDS["req_to_token"].make("cpu").max_context_len > 256
     monkeypatch.setattr(req_to_token, "has_duplicates", has_duplicates)
-    assert "named twice in one row write" in run_expecting_failure("req_to_token", InvalidArgument, shrink=False)
+    assert "named twice in one row write" in run_expecting_failure("req_to_token", InvalidArgument)
 
 
 def test_a_refusal_that_names_the_pool_as_its_operation_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -565,7 +568,7 @@ def test_a_refusal_that_names_the_pool_as_its_operation_is_caught(monkeypatch: p
         return real(where, op, indices)  # BUG: the operation and the pool the wrong way round
 
     monkeypatch.setattr(allocators, "int_ids", int_ids)
-    assert "inv_names_one_operation" in run_expecting_failure("paged", shrink=False)
+    assert "inv_names_one_operation" in run_expecting_failure("paged")
 
 
 def test_a_torn_free_that_names_pages_it_covers_whole_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -585,7 +588,7 @@ def test_a_torn_free_that_names_pages_it_covers_whole_is_caught(monkeypatch: pyt
             raise PageAlignmentError(op, err.pool, every, err.detail) from None  # BUG: every page, not the torn
 
     monkeypatch.setattr(PagedAllocator, "pages_of", pages_of)
-    assert "inv_names_culprit" in run_expecting_failure("paged", shrink=False)
+    assert "inv_names_culprit" in run_expecting_failure("paged")
 
 
 @settings(max_examples=10, derandomize=True, database=None, deadline=None, phases=[Phase.generate])

@@ -17,7 +17,7 @@ runner = CliRunner()
 @pytest.mark.skipif(unavailable_reason("0.5.9") is not None, reason=str(unavailable_reason("0.5.9")))
 def test_b1_in_sglang_0_5_9_mamba_is_found_by_the_cli() -> None:
     """A Mamba-only cache adapter is probed with a Mamba model kind, not refused for lacking full attention."""
-    result = runner.invoke(app, ["check", "--adapter", "sglang-0.5.9-mamba", "--json"])
+    result = runner.invoke(app, ["check", "--adapter", "sglang-0.5.9-mamba", "--json", "--shrink-for", "2s"])
     assert result.exit_code == 1, result.output
     payload = json.loads(result.output[result.output.index("{") :])
     assert {v["rule"] for v in payload["violations"]} == {"inv_lru_detached"}, payload["violations"]
@@ -28,7 +28,8 @@ def test_b1_in_sglang_0_5_9_mamba_is_found_by_the_cli() -> None:
 @pytest.mark.skipif(unavailable_reason("0.5.11") is not None, reason=str(unavailable_reason("0.5.11")))
 def test_b5_in_sglang_0_5_11_is_found_by_the_cli_past_b1() -> None:
     """B1 first, in every kind; set aside, the same command goes on to B5 and prints a regression that sets it aside."""
-    args = ["check", "--adapter", "sglang-0.5.11", "--model", "hybrid", "--json"]
+    # NOTE: the laws met and the program's steps are asserted, not its length: a short shrink (each took 60 s)
+    args = ["check", "--adapter", "sglang-0.5.11", "--model", "hybrid", "--json", "--shrink-for", "2s"]
     first = runner.invoke(app, args)
     assert first.exit_code == 1, first.output
     payload = json.loads(first.stdout[first.stdout.index("{") :])
