@@ -53,7 +53,8 @@ def test_a_campaign_runs_every_job_on_workers_and_merges_the_results() -> None:
 
 def test_a_campaign_stops_at_the_first_violation_and_keeps_its_counterexample(tmp_path: Path) -> None:
     # NOTE: kept=False: the search finds B1 and saves it, not B1's kept program
-    spec = RunSpec(faults=("B1",), database=str(tmp_path / "db"), kept=False)
+    # NOTE: a short shrink: the program is asserted to be kept and replayed, not to be the shortest
+    spec = RunSpec(faults=("B1",), database=str(tmp_path / "db"), kept=False, shrink_for=3.0)
     results = run_campaign(spec, jobs_for([("cache", "full")], range(50)), 2)
     failing = [r for _, r in results if not r.ok]
     assert failing and len(results) < 50, len(results)
