@@ -21,7 +21,7 @@ import torch
 
 from kvledger.contracts.adapters.protocol import ALIASES
 from kvledger.contracts.adapters.sglang import system_factory
-from kvledger.contracts.adapters.sglang.common import FULL, SWA, cow_request, match_slots
+from kvledger.contracts.adapters.sglang.common import FULL, MOST_STEPS, SWA, cow_request, match_slots, step_until
 from kvledger.contracts.adapters.sglang.cpu_import import (
     COMPONENTS,
     EARLY_COMPONENTS,
@@ -341,3 +341,39 @@ def test_a_legacy_copy_on_write_slot_is_read_where_the_release_wrote_it() -> Non
     assert not req.kv.holds_mamba  # NOTE: 0.5.19 on allocate only for a request whose kv holds no state
     req.kv.mamba_pool_idx = torch.tensor(6)  # NOTE: 0.5.19 on its ReqKvInfo
     assert int(slot_of(req)) == 6
+
+
+def test_a_decode_waits_out_the_prefills_before_it_and_a_stuck_one_is_given_up() -> None:
+    """``step_until`` (the scheduler adapters' decode loop) bounds the steps in which a request does not move, not the
+    steps in all: a scheduler that prefills each waiting request first (one step each, nothing decodes) is busy, not
+    stuck; an engine that never decodes is given up after the slack; one that moves forever stops at MOST_STEPS."""
+    waiting = [7, 8, 9, 10, 11, 12]  # more prefills than the n + 2 steps a fixed bound would allow for n = 3
+    out: list[int] = []
+
+    def busy() -> None:
+        if waiting:
+            waiting.pop()  # a prefill step: the running request does not decode
+        else:
+            out.append(1)
+
+    steps = 0
+
+    def counted(step: Any) -> Any:
+        def run() -> None:
+            nonlocal steps
+            steps += 1
+            step()
+
+        return run
+
+    assert step_until(counted(busy), lambda: len(out) >= 3, lambda: len(out), lambda: 2 + len(waiting))
+    assert (len(out), steps) == (3, 9)
+
+    steps = 0
+    assert not step_until(counted(lambda: None), lambda: False, lambda: 0, lambda: 2)
+    assert steps == 3  # more than the slack of 2 steps without a move
+
+    steps = 0
+    moved = iter(range(10**6))
+    assert not step_until(counted(lambda: None), lambda: False, lambda: next(moved), lambda: 0)
+    assert steps == MOST_STEPS

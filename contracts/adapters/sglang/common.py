@@ -117,6 +117,40 @@ def chunk_steps(chunk_tokens: int | None, todo: Iterable[int]) -> int:
     return sum(-(-max(0, t) // chunk_tokens) + 1 for t in todo)
 
 
+MOST_STEPS = 1000
+"""The most engine steps :func:`step_until` runs for one protocol call, progress or not: a guard against a loop
+that keeps moving without ever getting there (a request retracted and admitted again forever)."""
+
+
+def step_until(
+    step: Callable[[], object], done: Callable[[], bool], progress: Callable[[], object], slack: Callable[[], int]
+) -> bool:
+    """Run the engine's loop (``step``) until ``done()``; give up after more than ``slack()`` steps in a row in which
+    ``progress()`` did not change, or after :data:`MOST_STEPS`. Returns ``done()``.
+
+    A request decodes only in the steps the scheduler gives to decoding: a step that prefills waiting requests, or
+    the next chunk of a chunked one, decodes nothing. So the number of steps a decode of ``n`` tokens takes is not a
+    function of ``n``, and a fixed bound reads a busy engine as a stuck one. ``slack`` is read when a run of steps
+    without progress begins and again before each step of it, and the largest reading holds: the requests a
+    prefill admits leave the queue, but the step it took still counts against what they allowed."""
+    seen = progress()
+    stalled = allowed = 0
+    for _ in range(MOST_STEPS):
+        if done():
+            return True
+        allowed = max(allowed, slack())
+        if stalled > allowed:
+            return False
+        step()
+        now = progress()
+        if now != seen:
+            stalled = allowed = 0
+        else:
+            stalled += 1
+        seen = now
+    return done()
+
+
 def not_chunked(rid: int, status: str) -> SchedulerError:
     """The refusal of ``chunk`` for request ``rid``, which is not being chunked (``chunk_prompts_only``)."""
     return SchedulerError(

@@ -75,6 +75,7 @@ from kvledger.contracts.adapters.sglang.common import (
     one_process_run,
     reap_sessions,
     retraction_forced,
+    step_until,
     still_prefilling,
     uncached,
 )
@@ -674,15 +675,18 @@ class SchedulerAdapter:
         todo = (len(q.origin_input_ids) + len(q.output_ids) - int(q.kv_committed_len) for q in live)
         return chunk_steps(self.chunk_tokens, todo)
 
-    def _steps_until(self, done: Callable[[], bool], limit: int) -> StepResult:
+    def _steps_until(self, r: _Req, done: Callable[[], bool]) -> StepResult:
+        """Engine steps until ``done()``, while request ``r`` moves (each step it decodes or changes status resets
+        the count); the steps in which it does not are bounded by the prefills the scheduler may run first: one per
+        waiting request and per chunk still to prefill, and two more."""
         before = self._statuses()
-        tried = [r for r, st in before.items() if st == "waiting"]
-        limit += self._chunk_steps()  # NOTE: while a request is chunked, each step prefills its next chunk
-        for _ in range(limit):
-            if done():
-                break
-            if not self._step() and done():
-                break
+        tried = [x for x, st in before.items() if st == "waiting"]
+        step_until(
+            self._step,
+            done,
+            lambda: (self._status(r), len(r.sg.output_ids) if r.sg is not None else 0),
+            lambda: 2 + len(self.sched.waiting_queue) + self._chunk_steps(),
+        )
         return self._outcome(before, tried)
 
     def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
@@ -693,7 +697,7 @@ class SchedulerAdapter:
         if self._mid_prefill(r):
             raise still_prefilling(rid, n, int(r.sg.kv_committed_len), len(r.sg.origin_input_ids))
         target = len(r.sg.output_ids) + n
-        return self._steps_until(lambda: self._status(r) != "running" or len(r.sg.output_ids) >= target, n + 2)
+        return self._steps_until(r, lambda: self._status(r) != "running" or len(r.sg.output_ids) >= target)
 
     def finish(self, rid: int) -> StepResult:
         """The oracle emits EOS for ``rid`` from now on; step until it has finished."""
@@ -701,7 +705,7 @@ class SchedulerAdapter:
         if self._status(r) not in ("running", "waiting"):
             return self._outcome(self._statuses())
         r.eos = True
-        return self._steps_until(lambda: self._status(r) not in ("running", "waiting"), 3)
+        return self._steps_until(r, lambda: self._status(r) not in ("running", "waiting"))
 
     def retract(self, rid: int) -> StepResult:
         """SGLang's ``TEST_RETRACT`` hook on for one decode iteration: ``retract_decode`` picks its victims."""

@@ -95,6 +95,7 @@ from kvledger.contracts.adapters.sglang.common import (
     one_process_run,
     reap_sessions,
     retraction_forced,
+    step_until,
     still_prefilling,
     uncached,
 )
@@ -824,15 +825,19 @@ class SchedulerSystemAdapter:
         return chunk_steps(self.chunk_tokens, todo)
 
     def _decode_until(self, rid: int, done: Any, what: str) -> StepResult:
+        """Engine steps until ``done()`` or request ``rid`` stops running; the steps in which it does not decode are
+        bounded by the prefills the scheduler may run first (one per waiting request and per chunk still to
+        prefill, and three more), past which a running request that never decodes is refused."""
         before = self._statuses()
-        for _ in range(4 + self._chunk_steps()):
-            # NOTE: a request the engine retracted or ended on the way is a step's outcome, not a refusal
-            if done() or self._status(rid) != "running":
-                break
-            self._step()
-        else:
-            if not done() and self._status(rid) == "running":
-                raise SchedulerError(f"{what}: request {rid} did not decode in 4 steps (status running)")
+        req = self.reqs[rid]
+        # NOTE: a request the engine retracted or ended on the way is a step's outcome, not a refusal
+        if not step_until(
+            self._step,
+            lambda: done() or self._status(rid) != "running",
+            lambda: len(req.output_ids),
+            lambda: 3 + len(self.s.waiting_queue) + self._chunk_steps(),
+        ):
+            raise SchedulerError(f"{what}: request {rid} is running and did not decode (status running)")
         return self._result(before)
 
     def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
