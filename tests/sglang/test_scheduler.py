@@ -485,3 +485,63 @@ def test_finding_a_mamba_pool_with_every_state_held_crashes_the_scheduler(
     held. 0.5.10 runs the same program through (its ``MambaRadixCache`` caches no unfinished request's state); 0.5.9
     ends it with B2 first."""
     crash_on_a_full_mamba_pool(_machine(SystemConfig(mamba=True)))
+
+
+@pytest.mark.parametrize("cpp", [False, True], ids=["python_tree", "cpp_tree"])
+def test_an_extend_waits_out_the_prefills_the_scheduler_runs_first(cpp: bool) -> None:
+    """A running request decodes only in the steps the scheduler gives to decoding: while long requests wait to be
+    prefilled (chunk by chunk here), a step decodes nothing. The adapter once gave an extend of ``n`` tokens ``n +
+    2`` steps in all and read the request's short decode as a broken ``extend commits`` (``kvledger check --suite
+    system --adapter sglang-0.5.9-system-cpp --model paged --seed 2``, 96 programs, shrunk to this one: the last
+    extend of 7 tokens met two whole-row prompts waiting; 0.5.10 broke it too). It now bounds only the steps in
+    which the request does not move, by the prefills still queued, and every law holds through the program."""
+    import shutil
+
+    from kvledger.contracts.adapters.system import load_system_factory
+    from kvledger.contracts.machines.suites import SYSTEM_CONFIGS
+    from kvledger.contracts.machines.system import machine_for_system
+    from kvledger.spec.types import Component
+
+    if cpp and (shutil.which("c++") is None or shutil.which("ninja") is None):
+        pytest.skip("the C++ tree needs a C++ compiler and ninja")
+    name = f"sglang-{VERSION}-system{'-cpp' if cpp else ''}"
+    state: Any = machine_for_system(lambda: load_system_factory(name)(SYSTEM_CONFIGS["paged"]))()
+    state.inv_all_laws()
+    program: list[tuple[str, dict[str, Any]]] = [
+        ("swarm", dict(off=frozenset({"tight budgets", "sessions"}))),
+        ("add_long_request", dict(prompt=0, sid=None, suffix=[3, 1, 1, 1, 1, 3], whole_row=False)),
+        ("abort", dict(pick=0)),
+        ("add_request", dict(budget=13, prompt=2, sid=None, suffix=[1, 3, 1, 2])),
+        ("retract", dict(pick=3)),
+        ("add_request", dict(budget=15, prompt=3, sid=None, suffix=[])),
+        ("retract", dict(pick=2)),
+        ("evict", dict(comp=Component.MAMBA, n=8)),
+        ("evict", dict(comp=Component.FULL, n=8)),
+        ("extend", dict(ahead=0, n=2, pick=5)),
+        ("extend", dict(ahead=1, n=2, pick=6)),
+        ("add_request", dict(budget=7, prompt=0, sid=2, suffix=[1, 3, 3, 3])),
+        ("add_long_request", dict(prompt=2, sid=1, suffix=[2, 3, 3, 2, 1, 2, 2, 3], whole_row=False)),
+        ("abort", dict(pick=2)),
+        ("add_request", dict(budget=16, prompt=0, sid=2, suffix=[1, 3, 1])),
+        ("extend_far_ahead", dict(ahead=9, n=8, pick=1)),
+        (
+            "add_long_request",
+            dict(prompt=0, sid=None, suffix=[3, 2, 2, 1, 2, 3, 3, 3, 3, 1, 3, 3, 3, 2], whole_row=True),
+        ),
+        ("add_long_request", dict(prompt=3, sid=None, suffix=[1, 3, 1, 3, 1, 2, 3, 1, 3], whole_row=True)),
+        ("extend_far_ahead", dict(ahead=10, n=7, pick=5)),
+        ("extend", dict(ahead=3, n=1, pick=2)),
+        ("retract", dict(pick=0)),
+        ("retract", dict(pick=3)),
+        ("arrive", dict(budget=9, edge=-1, prompt=1, step=False, suffix=[3, 1, 2, 1])),
+        ("repeat_sequence", dict(branch=None, finish=False, pick=2, sid=2)),
+        ("evict", dict(comp=Component.MAMBA, n=2)),
+        ("evict", dict(comp=Component.FULL, n=4)),
+        ("finish", dict(pick=0)),
+        ("admit", dict(batch=True, budget=2, edge=None, pick=5)),
+        ("extend_far_ahead", dict(ahead=10, n=7, pick=5)),
+    ]
+    for rule, args in program:
+        getattr(state, rule)(**args)
+        state.inv_all_laws()
+    state.teardown()
