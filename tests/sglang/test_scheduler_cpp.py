@@ -173,3 +173,59 @@ def test_a_session_turn_mid_chunk_holds_its_own_chunks() -> None:
     assert row.owned_from == 0 and len(row.slots) >= 8, row  # NOTE: two chunks computed, none of them cached
     with pytest.raises(AssertionError, match="Wrong prefix indices"):
         sys.chunk(rid)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_snapshot_reads_the_cpp_tree_from_one_dump_and_sees_what_fresh_dumps_see(
+    page_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot asks for the C++ tree once per request row (where the tree's slots end in it) and for its
+    ledgers; ``legacy_cpp.one_dump`` makes that one dump per snapshot. Through requests that match, extend and
+    finish (and a session's turn), each snapshot equals the one read with a fresh dump at every question."""
+    import contextlib
+
+    from kvledger.contracts.adapters.sglang import legacy_cpp
+
+    a = _factories()[0](SystemConfig(page_size=page_size))
+    real_dump = legacy_cpp.dump
+    dumps: list[int] = []
+
+    def counted(tree: Any) -> str:
+        dumps.append(1)
+        return real_dump(tree)
+
+    monkeypatch.setattr(legacy_cpp, "dump", counted)
+    fresh_dumps: list[int] = []
+
+    def same() -> None:
+        dumps.clear()
+        once = a.snapshot()
+        assert len(dumps) == 1, dumps
+        dumps.clear()
+        with monkeypatch.context() as m:
+            m.setattr(legacy_cpp, "one_dump", contextlib.nullcontext)
+            fresh = a.snapshot()
+        fresh_dumps.append(len(dumps))
+        assert once == fresh
+
+    prompt = tuple(range(10, 22))
+    r1 = a.add_request(prompt)
+    a.admit(64)
+    same()
+    a.extend(r1, 2)
+    r2 = a.add_request((*prompt[:8], 99, 98))
+    a.admit(64)
+    same()
+    a.finish(r1)
+    a.extend(r2, 1)
+    same()
+    a.finish(r2)
+    same()
+    if STREAMING:
+        a.open_session(1)
+        r3 = a.add_request(prompt, session=1)
+        a.admit(64)
+        same()
+        a.finish(r3)
+        same()
+    assert max(fresh_dumps) > 1, fresh_dumps  # NOTE: without the memo a snapshot dumps the tree more than once

@@ -46,12 +46,14 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import wraps
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
@@ -126,6 +128,38 @@ def parse_dump(text: str) -> dict[int, CppNode]:
         nodes[nid] = CppNode(nid, above[-1], toks, slots, rc, placement)
         above.append(nid)
     return nodes
+
+
+_ONE_DUMP: ContextVar[dict[int, tuple[Any, dict[int, CppNode]]] | None] = ContextVar("kvledger_one_dump", default=None)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@contextmanager
+def one_dump() -> Iterator[None]:
+    """While it is open, each C++ tree is dumped and parsed once (:meth:`LegacyCppAdapter.nodes`), however many
+    times it is read: for an abstraction that only reads (a snapshot, the references its ledgers come from), which
+    asks for the tree once per request row. Nothing inside may move a tree (no SGLang call that matches, inserts,
+    locks or evicts), or it reads the tree as it was. Nested, the outermost one holds."""
+    if _ONE_DUMP.get() is not None:
+        yield
+        return
+    token = _ONE_DUMP.set({})
+    try:
+        yield
+    finally:
+        _ONE_DUMP.reset(token)
+
+
+def reads_one_dump(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` run inside :func:`one_dump` (for a method that only reads SGLang's state)."""
+
+    @wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with one_dump():
+            return fn(*args, **kwargs)
+
+    return run
 
 
 def dump(tree: Any) -> str:
@@ -245,8 +279,15 @@ class LegacyCppAdapter(_LegacyAdapter):
     # ------------------------------------------------------------ the tree, read from its dump
 
     def nodes(self) -> dict[int, CppNode]:
-        """The tree's nodes (root left out), read from a fresh dump."""
-        return parse_dump(dump(self.cache.tree))
+        """The tree's nodes (root left out), read from a fresh dump; inside :func:`one_dump`, from its first."""
+        tree = self.cache.tree
+        memo = _ONE_DUMP.get()
+        if memo is None:
+            return parse_dump(dump(tree))
+        got = memo.get(id(tree))
+        if got is None:  # NOTE: the tree is kept with its parse, so its id names no other tree while the memo lives
+            got = memo[id(tree)] = (tree, parse_dump(dump(tree)))
+        return got[1]
 
     def _paths(self, nodes: dict[int, CppNode]) -> dict[int, tuple[int, ...]]:
         """Each node's tokens from the root to its end."""
@@ -327,6 +368,7 @@ class LegacyCppAdapter(_LegacyAdapter):
         toks = end.get(h.node, ())
         return {(toks[: i + self.ps], FULL) for i in range(0, len(toks), self.ps)}
 
+    @reads_one_dump
     def snapshot(self) -> Snapshot:
         full, end, owners = self._base_snapshot()
         prefix = PrefixCache(self.ps, None, False, full, frozenset(), {})  # type: ignore[arg-type]

@@ -80,7 +80,7 @@ from kvledger.contracts.adapters.sglang.common import (
     uncached,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import SCHEDULER, import_sglang
-from kvledger.contracts.adapters.sglang.legacy_cpp import cpp_row_boundary, radix_cache_cpp
+from kvledger.contracts.adapters.sglang.legacy_cpp import cpp_row_boundary, radix_cache_cpp, reads_one_dump
 from kvledger.contracts.adapters.system import (
     IdleVerdict,
     RequestView,
@@ -807,6 +807,7 @@ class SchedulerAdapter:
 
     # ------------------------------------------------------------ the snapshot
 
+    @reads_one_dump
     def snapshot(self) -> SystemSnapshot:
         """SGLang's state in spec terms (reads only; the adapter's own record of last holders moves on)."""
         ledgers = self._observe()
@@ -904,7 +905,7 @@ class SchedulerAdapter:
         if not self.cpp or getattr(req, "origin_input_ids", None) is None or req.req_pool_idx is None:
             return kept  # NOTE: a session slot (no tokens of its own) or a request without a row
         row = self.sched.req_to_token_pool.req_to_token[int(req.req_pool_idx), : int(req.kv_allocated_len)]
-        return cpp_row_boundary(self._tree_view(), req, row.tolist(), kept)
+        return cpp_row_boundary(self._tree_view(locks=False), req, row.tolist(), kept)
 
     def references(self) -> dict[str, dict[Owner, set[int]]]:
         """Per pool, what each owner's own structures name (pages for paged KV)."""
@@ -978,6 +979,7 @@ class SchedulerAdapter:
             out["mamba"] = (m.size, 1, [int(x) for x in m.free_slots.tolist()])
         return out
 
+    @reads_one_dump
     def _observe(self) -> dict[str, Ledger]:
         """Update who holds each slot in use (its last namer) and return the ledgers."""
         refs = self.references()
@@ -999,8 +1001,9 @@ class SchedulerAdapter:
         self.refs = refs
         return ledgers
 
-    def _tree_view(self) -> Any:
-        """The cache adapters' own abstraction of the radix tree, over the scheduler's tree cache."""
+    def _tree_view(self, locks: bool = True) -> Any:
+        """The cache adapters' own abstraction of the radix tree, over the scheduler's tree cache (``locks``: with
+        the handles the live requests and session slots hold; without, for a read of the tree alone)."""
         from kvledger.contracts.adapters.sglang import legacy, legacy_cpp
 
         if self.no_cache:
@@ -1014,7 +1017,7 @@ class SchedulerAdapter:
         view.ps = self.ps
         view.ids = self.ids
         view.sg = self.sg
-        view.locks = self._lock_handles(view)
+        view.locks = self._lock_handles(view) if locks else {}
         return view
 
     def _lock_handles(self, view: Any) -> dict[HandleId, Any]:

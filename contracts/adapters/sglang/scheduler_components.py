@@ -100,6 +100,7 @@ from kvledger.contracts.adapters.sglang.common import (
     uncached,
 )
 from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, TestedRange
+from kvledger.contracts.adapters.sglang.legacy_cpp import reads_one_dump
 from kvledger.contracts.adapters.sglang.scheduler import _patch_page_kernels
 from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang, _tokens, new_cache
 from kvledger.contracts.adapters.sglang.unified_pools import UnifiedPools
@@ -969,6 +970,7 @@ class SchedulerSystemAdapter:
             return set()
         return {int(x) for x in kv.mamba_pool_idx.reshape(-1).tolist()}
 
+    @reads_one_dump
     def snapshot(self) -> SystemSnap:
         records = self._records()
         live = self._live(records)
