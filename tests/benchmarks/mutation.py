@@ -1157,6 +1157,10 @@ EQUIVALENT: dict[str, str] = {
         "spec.domains.is_amount puts an int subclass outside evict's domain (the reference accepting one, and "
         "evicting, is a discrepancy left in issue 19's notes)"
     ),
+    "impl/tree.py:<module>:const+1:8": (
+        "a speed threshold (new family, seed 64, 2026-12-01): ``9 * 4096`` bytes for ``8 * 4096``, so keys of 4,096 "
+        "to 4,607 ids check their signs by isascii instead of numpy's min: the same answer (as ``const+1:4096``)"
+    ),
     "impl/tree.py:<module>:const+1:4096": (
         "a speed threshold (new family, seed 17): keys of exactly 4,096 ids check their signs by isascii instead "
         "of numpy's min: the same answer (as key_bytes' boundary set-aside above)"
