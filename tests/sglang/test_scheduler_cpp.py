@@ -46,11 +46,12 @@ def _check(adapter: str, model: str, *extra: str) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("model", ["full", "paged"])
-def test_the_scheduler_runs_on_the_cpp_tree(model: str) -> None:
-    """The whole system machine on the C++ tree: it holds on 0.5.9 (no streaming sessions), and on 0.5.10 to
-    0.5.20 with sessions set aside; the ledgers read the tree from its dump."""
+@pytest.mark.parametrize("kind", ["system-cpp", "system-chunked-cpp"])
+def test_the_scheduler_runs_on_the_cpp_tree(kind: str, model: str) -> None:
+    """The whole system machine on the C++ tree, with chunked prefill off and on: it holds on 0.5.9 (no streaming
+    sessions), and on 0.5.10 to 0.5.20 with sessions set aside; the ledgers read the tree from its dump."""
     extra = ("--set-aside", "sessions") if STREAMING else ()
-    r = _check(f"sglang-{VERSION}-system-cpp", model, *extra)
+    r = _check(f"sglang-{VERSION}-{kind}", model, *extra)
     assert r["violation"] is None, r["violation"]
     assert str(r["adapter"]).startswith(f"sglang-{VERSION}/Scheduler+RadixCacheCpp"), r
     assert int(str(r["steps"])) > 500, r
