@@ -13,7 +13,10 @@ moment: the free list or one :class:`~kvledger.spec.types.Owner`. The laws:
   (a use after free), never another request's or session's, never at two
   positions of the row;
 * ``inv_end_caches`` (every pool together): a request that ends leaves its
-  computed whole pages in the tree, and a Mamba state with them.
+  computed whole pages in the tree, and a Mamba state with them;
+* ``inv_released_on_end`` (every pool together): a request that has ended
+  (finished or aborted) holds nothing: what it held went back to the free list
+  or on to another holder (the tree, its session) as it ended.
 
 Operations are pure functions ``step(state, args) -> state`` over a frozen
 state (DESIGN.md: the form CrossHair can check). Each has a named predicate
@@ -148,6 +151,20 @@ def inv_end_caches(ledgers: Mapping[str, Ledger], page_size: int, computed: int,
         return False
     whole = computed > 0 and computed % page_size == 0
     return not (held_state and whole and mamba is not None and not tree_holds(mamba))
+
+
+def inv_released_on_end(ledgers: Mapping[str, Ledger], owner: Owner) -> bool:
+    """Release at the end: ``owner``, a request that has finished or been aborted, holds nothing in any pool. An end
+    hands each slot back to the free list or on to its next holder (the prefix cache's nodes, the request's
+    session); a slot still in an ended request's name has lost its owner, whether or not some structure still names
+    it (an engine's own references may keep naming a row it forgot to free).
+
+    >>> from kvledger.spec.types import request
+    >>> kv = Ledger("kv", 4, frozenset({0, 1}), {request(3): frozenset({2})})
+    >>> inv_released_on_end({"kv": kv}, request(3)), inv_released_on_end({"kv": kv}, request(4))
+    (False, True)
+    """
+    return all(not held_by(lg, owner) for lg in ledgers.values())
 
 
 def inv_end_caches_content(

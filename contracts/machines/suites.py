@@ -126,6 +126,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "inv_single_owner",
         "inv_owners_account",
         "inv_rows_held",
+        "inv_released_on_end",
         "free stack matches tags",
         "inv_swa_mapping",
         "leak checker agrees with the ledgers",

@@ -13,6 +13,9 @@ after every step checks on the adapter's snapshot (:func:`check_snapshot`):
   requests and closed sessions nothing);
 * ``inv_rows_held`` (``spec.ledger``): every slot a live row names lies in
   the pool, is held by the row's holder or by the cache, and is named once;
+* ``inv_released_on_end`` (``spec.ledger``): a finished or aborted request holds
+  nothing in any pool (checked even where an engine's own structures still name
+  what it kept, which ``inv_owners_account`` then cannot see);
 * ``leak checker agrees with the ledgers``: the engine's own idle check and
   the ledgers agree (no false positive, no false negative);
 * ``admission rolls back`` / ``admission commits`` (``spec.admission``) on
@@ -96,6 +99,7 @@ RULES = (
     "inv_single_owner",
     "inv_owners_account",
     "inv_rows_held",
+    "inv_released_on_end",
     "leak checker agrees with the ledgers",
     "admission rolls back",
     "admission commits",
@@ -195,6 +199,14 @@ def check_snapshot(
         raise _fail("inv_owners_account", f"{differ[0]} {where or ''}".rstrip())
     if "rows" in capabilities and (unheld := rows_unheld(snap)):
         raise _fail("inv_rows_held", "; ".join(unheld[:3]))
+    for r in snap.requests.values():
+        if r.status in ("finished", "aborted") and not L.inv_released_on_end(snap.ledgers, request(r.rid)):
+            still = {name: sorted(L.held_by(lg, request(r.rid))) for name, lg in snap.ledgers.items()}
+            raise _fail(
+                "inv_released_on_end",
+                f"request {r.rid} has {r.status} and still holds "
+                + ", ".join(f"{name} {xs}" for name, xs in still.items() if xs),
+            )
     if "sessions" in capabilities:
         live = {r.rid: r.session for r in snap.requests.values() if r.status in ("waiting", "running")}
         for s in snap.sessions.values():

@@ -109,6 +109,21 @@ def test_owners_account_fails_when_a_structure_forgets_a_slot() -> None:
         check_snapshot(dataclasses.replace(snap, references=refs), None, sys.capabilities)
 
 
+@pytest.mark.parametrize("status", ["finished", "aborted"])
+def test_a_request_that_ended_holding_a_row_breaks_released_on_end(status: str) -> None:
+    """``inv_released_on_end``: the running request is reported ended while the ledgers still credit it its row and
+    KV, and its references name them (an engine whose record keeps naming a row it forgot to free, as SGLang's
+    components keep ``req_pool_idx``): every other law holds, this one names the request and what it kept. The
+    same request reported running passes."""
+    sys, rid = running()
+    snap = sys.snapshot()
+    laws(sys)
+    ended = {**snap.requests, rid: dataclasses.replace(snap.requests[rid], status=status)}
+    rows = {row: v for row, v in snap.rows.items() if v.holder != request(rid)}  # NOTE: no live row names it
+    with pytest.raises(AssertionError, match=rf"inv_released_on_end: request {rid} has {status} and still holds kv \["):
+        check_snapshot(dataclasses.replace(snap, requests=ended, rows=rows), None, sys.capabilities - {"locks"})
+
+
 def test_leak_checker_disagreement_is_a_violation_both_ways() -> None:
     sys, _ = running()
     snap = sys.snapshot()
