@@ -789,3 +789,27 @@ def test_a_save_that_commits_the_prompt_only_fails_a_turn_commits_what_it_comput
     state.inv_all_laws()
     state.add_request(budget=64, prompt=1, sid=1, suffix=[5, 6])
     state.inv_all_laws()
+
+
+@needs_components
+@pytest.mark.parametrize("model", ["full", "paged"])
+def test_a_row_an_ended_request_keeps_breaks_released_on_end(model: str) -> None:
+    """A planted bug in SGLang's own ``ReqToTokenPool.free`` (it does nothing): the finished request's record keeps
+    naming its row (``req_pool_idx``), so the adapter's ledgers credit the row to it, as the engine's own structures
+    say, and ``inv_owners_account`` has nothing to compare; ``inv_released_on_end`` names the request and its row
+    (0.5.17 on; on 0.5.13 the stale record also names the KV the tree took from it, which two holders then claim, and
+    conservation breaks first). Unplanted, the same program holds every law."""
+    for planted in (False, True):
+        a = load_system_factory(f"sglang-{HAVE}-system")(MODELS[model])
+        if planted:
+            a.s.req_to_token_pool.free = lambda req, *args, **kwargs: None  # type: ignore[attr-defined]
+        rid = a.add_request(tuple(range(10, 20)))
+        a.admit(64)
+        a.extend(rid, 2)
+        assert a.finish(rid).finished == (rid,)
+        if not planted:
+            check_snapshot(a.snapshot(), None, a.capabilities)
+            continue
+        laws = rf"inv_released_on_end: request {rid} has finished and still holds|inv_slots_conserved|inv_single_owner"
+        with pytest.raises(AssertionError, match=laws):
+            check_snapshot(a.snapshot(), None, a.capabilities)
