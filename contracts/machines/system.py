@@ -181,6 +181,11 @@ def check_snapshot(
     if snap.shared is not None and (broken := check_shared_laws(snap.shared)):
         raise _fail(*broken[0])
     leaked, differ = owners_differ(snap)
+    ended = [r for r in snap.requests.values() if r.status in ("finished", "aborted")]
+    for name, lg in snap.ledgers.items():  # NOTE: what an ended request still holds is leaked, named or not
+        kept_by_ended = {x for r in ended for x in L.held_by(lg, request(r.rid))}
+        if kept_by_ended:
+            leaked.setdefault(name, set()).update(kept_by_ended)
     if verdict is not None:
         itemized = "itemized_leaks" in capabilities and verdict.leaked is not None
         found = {p: set(s) for p, s in (verdict.leaked or {}).items() if s}
@@ -199,8 +204,8 @@ def check_snapshot(
         raise _fail("inv_owners_account", f"{differ[0]} {where or ''}".rstrip())
     if "rows" in capabilities and (unheld := rows_unheld(snap)):
         raise _fail("inv_rows_held", "; ".join(unheld[:3]))
-    for r in snap.requests.values():
-        if r.status in ("finished", "aborted") and not L.inv_released_on_end(snap.ledgers, request(r.rid)):
+    for r in ended:
+        if not L.inv_released_on_end(snap.ledgers, request(r.rid)):
             still = {name: sorted(L.held_by(lg, request(r.rid))) for name, lg in snap.ledgers.items()}
             raise _fail(
                 "inv_released_on_end",
