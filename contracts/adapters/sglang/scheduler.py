@@ -675,16 +675,17 @@ class SchedulerAdapter:
         todo = (len(q.origin_input_ids) + len(q.output_ids) - int(q.kv_committed_len) for q in live)
         return chunk_steps(self.chunk_tokens, todo)
 
-    def _steps_until(self, r: _Req, done: Callable[[], bool]) -> StepResult:
-        """Engine steps until ``done()``, while request ``r`` moves (each step it decodes or changes status resets
-        the count); the steps in which it does not are bounded by the prefills the scheduler may run first: one per
-        waiting request and per chunk still to prefill, and two more."""
+    def _steps_until(self, r: _Req, done: Callable[[], bool], decoding_moves: bool = True) -> StepResult:
+        """Engine steps until ``done()``, while request ``r`` moves (each step it changes status, or decodes where
+        ``decoding_moves``, resets the count); the steps in which it does not are bounded by the prefills the
+        scheduler may run first: one per waiting request and per chunk still to prefill, and two more. A finish
+        passes ``decoding_moves=False``: a request that decodes on past its EOS is not moving towards its end."""
         before = self._statuses()
         tried = [x for x, st in before.items() if st == "waiting"]
         step_until(
             self._step,
             done,
-            lambda: (self._status(r), len(r.sg.output_ids) if r.sg is not None else 0),
+            lambda: (self._status(r), len(r.sg.output_ids) if r.sg is not None and decoding_moves else 0),
             lambda: 2 + len(self.sched.waiting_queue) + self._chunk_steps(),
         )
         return self._outcome(before, tried)
@@ -705,7 +706,7 @@ class SchedulerAdapter:
         if self._status(r) not in ("running", "waiting"):
             return self._outcome(self._statuses())
         r.eos = True
-        return self._steps_until(r, lambda: self._status(r) not in ("running", "waiting"))
+        return self._steps_until(r, lambda: self._status(r) not in ("running", "waiting"), decoding_moves=False)
 
     def retract(self, rid: int) -> StepResult:
         """SGLang's ``TEST_RETRACT`` hook on for one decode iteration: ``retract_decode`` picks its victims."""

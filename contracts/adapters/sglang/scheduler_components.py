@@ -825,20 +825,21 @@ class SchedulerSystemAdapter:
         todo = (len(q.origin_input_ids) + len(q.output_ids) - int(self._kv(q).kv_committed_len) for q in live)
         return chunk_steps(self.chunk_tokens, todo)
 
-    def _decode_until(self, rid: int, done: Any, what: str) -> StepResult:
-        """Engine steps until ``done()`` or request ``rid`` stops running; the steps in which it does not decode are
-        bounded by the prefills the scheduler may run first (one per waiting request and per chunk still to
-        prefill, and three more), past which a running request that never decodes is refused."""
+    def _decode_until(self, rid: int, done: Any, what: str, decoding_moves: bool = True) -> StepResult:
+        """Engine steps until ``done()`` or request ``rid`` stops running; the steps in which it does not move (decode,
+        where ``decoding_moves``) are bounded by the prefills the scheduler may run first (one per waiting request
+        and per chunk still to prefill, and three more), past which a request still running is refused. A finish
+        passes ``decoding_moves=False``: a request that decodes on past its EOS is not moving towards its end."""
         before = self._statuses()
         req = self.reqs[rid]
         # NOTE: a request the engine retracted or ended on the way is a step's outcome, not a refusal
         if not step_until(
             self._step,
             lambda: done() or self._status(rid) != "running",
-            lambda: len(req.output_ids),
+            lambda: len(req.output_ids) if decoding_moves else 0,
             lambda: 3 + len(self.s.waiting_queue) + self._chunk_steps(),
         ):
-            raise SchedulerError(f"{what}: request {rid} is running and did not decode (status running)")
+            raise SchedulerError(f"{what}: request {rid} is still running and did not move (status running)")
         return self._result(before)
 
     def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
@@ -859,7 +860,7 @@ class SchedulerSystemAdapter:
         req = self.reqs[rid]
         self.oracle.finishing.add(req.rid)
         try:
-            return self._decode_until(rid, lambda: self._status(rid) != "running", "finish")
+            return self._decode_until(rid, lambda: self._status(rid) != "running", "finish", decoding_moves=False)
         finally:
             self.oracle.finishing.discard(req.rid)
 
