@@ -153,6 +153,17 @@ def inv_end_caches(ledgers: Mapping[str, Ledger], page_size: int, computed: int,
     return not (held_state and whole and mamba is not None and not tree_holds(mamba))
 
 
+def holdings(ledgers: Mapping[str, Ledger], owner: Owner) -> dict[str, Slots]:
+    """Per pool, the slots ``owner`` holds there (a pool where it holds none is left out).
+
+    >>> from kvledger.spec.types import request
+    >>> kv = Ledger("kv", 4, frozenset({0, 1}), {request(3): frozenset({2})})
+    >>> holdings({"kv": kv, "rows": Ledger("rows", 2, frozenset({0, 1}), {})}, request(3))
+    {'kv': frozenset({2})}
+    """
+    return {name: xs for name, lg in ledgers.items() if (xs := held_by(lg, owner))}
+
+
 def inv_released_on_end(ledgers: Mapping[str, Ledger], owner: Owner) -> bool:
     """Release at the end: ``owner``, a request that has finished or been aborted, holds nothing in any pool. An end
     hands each slot back to the free list or on to its next holder (the prefix cache's nodes, the request's
@@ -164,7 +175,7 @@ def inv_released_on_end(ledgers: Mapping[str, Ledger], owner: Owner) -> bool:
     >>> inv_released_on_end({"kv": kv}, request(3)), inv_released_on_end({"kv": kv}, request(4))
     (False, True)
     """
-    return all(not held_by(lg, owner) for lg in ledgers.values())
+    return not holdings(ledgers, owner)
 
 
 def inv_end_caches_content(

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import icontract
 
 from kvledger.spec.errors import InvalidArgument, LedgerError, must
-from kvledger.spec.ledger import Ledger, held_by
+from kvledger.spec.ledger import Ledger, held_by, holdings
 from kvledger.spec.types import Owner, session
 
 
@@ -217,7 +217,7 @@ def inv_released_on_close(ledgers: Mapping[str, Ledger], sid: int) -> bool:
     >>> inv_released_on_close({"kv": kv}, 1), inv_released_on_close({"kv": kv}, 2)
     (False, True)
     """
-    return all(not held_by(lg, session(sid)) for lg in ledgers.values())
+    return not holdings(ledgers, session(sid))
 
 
 def taken_from_the_turn(

@@ -44,7 +44,7 @@ Laws whose data an adapter cannot observe are skipped (its capabilities).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import cast
 
 from hypothesis import strategies as st
@@ -70,7 +70,7 @@ from kvledger.spec import locks as K
 from kvledger.spec import session as S
 from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.prefix import fingerprint
-from kvledger.spec.types import Component, HandleId, OwnerKind, SlotId, request, session
+from kvledger.spec.types import Component, HandleId, Owner, OwnerKind, SlotId, request, session
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (1, 2, 5, 6), (7, 8), (1,))
 """Shared prompt heads (a suffix is drawn after each); the last, one token, with no suffix is the least valid prompt:
@@ -166,6 +166,11 @@ def rows_unheld(snap: SystemSnapshot) -> list[str]:
     return out
 
 
+def still_holds(ledgers: Mapping[str, L.Ledger], owner: Owner) -> str:
+    """What ``owner`` still holds, pool by pool, for a law's message (``kv [1, 2], req_to_token [4]``)."""
+    return ", ".join(f"{name} {sorted(xs)}" for name, xs in L.holdings(ledgers, owner).items())
+
+
 def check_snapshot(
     snap: SystemSnapshot,
     verdict: IdleVerdict | None,
@@ -182,10 +187,9 @@ def check_snapshot(
         raise _fail(*broken[0])
     leaked, differ = owners_differ(snap)
     ended = [r for r in snap.requests.values() if r.status in ("finished", "aborted")]
-    for name, lg in snap.ledgers.items():  # NOTE: what an ended request still holds is leaked, named or not
-        kept_by_ended = {x for r in ended for x in L.held_by(lg, request(r.rid))}
-        if kept_by_ended:
-            leaked.setdefault(name, set()).update(kept_by_ended)
+    for r in ended:  # NOTE: what an ended request still holds is leaked, named or not
+        for name, xs in L.holdings(snap.ledgers, request(r.rid)).items():
+            leaked.setdefault(name, set()).update(xs)
     if verdict is not None:
         itemized = "itemized_leaks" in capabilities and verdict.leaked is not None
         found = {p: set(s) for p, s in (verdict.leaked or {}).items() if s}
@@ -206,11 +210,9 @@ def check_snapshot(
         raise _fail("inv_rows_held", "; ".join(unheld[:3]))
     for r in ended:
         if not L.inv_released_on_end(snap.ledgers, request(r.rid)):
-            still = {name: sorted(L.held_by(lg, request(r.rid))) for name, lg in snap.ledgers.items()}
             raise _fail(
                 "inv_released_on_end",
-                f"request {r.rid} has {r.status} and still holds "
-                + ", ".join(f"{name} {xs}" for name, xs in still.items() if xs),
+                f"request {r.rid} has {r.status} and still holds {still_holds(snap.ledgers, request(r.rid))}",
             )
     if "sessions" in capabilities:
         live = {r.rid: r.session for r in snap.requests.values() if r.status in ("waiting", "running")}
@@ -943,11 +945,10 @@ def machine_for_system(make: Callable[[], SystemAdapter | MemoryManager]) -> typ
             after = self.sys.snapshot()
             turning = [r.rid for r in after.requests.values() if r.session == sid and r.status == "running"]
             if not turning and not S.inv_released_on_close(after.ledgers, sid):
-                kept = {name: sorted(L.held_by(lg, session(sid))) for name, lg in after.ledgers.items()}
                 raise _fail(
                     "inv_released_on_close",
                     f"session {sid} was closed with no turn running and still holds "
-                    + ", ".join(f"{name} {xs}" for name, xs in kept.items() if xs),
+                    f"{still_holds(after.ledgers, session(sid))}",
                 )
 
         def _close_in_use(self, sid: int, rid: int) -> None:

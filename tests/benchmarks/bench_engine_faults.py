@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -39,6 +40,10 @@ from typing import Any
 from hypothesis import settings
 from rich.console import Console
 from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_lock_faults import plant as plant_lock
+from bench_lock_faults import tree_cache
 
 from kvledger.contracts.adapters.protocol import set_aside
 from kvledger.contracts.adapters.sglang.cpu_import import installed_version_or_none
@@ -63,15 +68,6 @@ class Every:
 def scheduler(adapter: Any) -> Any:
     """The SGLang ``Scheduler`` an adapter drives (the mixin adapters' ``sched``, the components adapters' ``s``)."""
     return getattr(adapter, "sched", None) or adapter.s
-
-
-def tree_cache(adapter: Any) -> Any:
-    """The tree cache whose lock calls the scheduler makes (under the session layer where there is one)."""
-    cache = getattr(adapter, "cache", None)
-    if cache is not None:
-        return cache
-    tree = scheduler(adapter).tree_cache
-    return getattr(tree, "inner", tree)
 
 
 def _plant_free(allocator: Any, fault: str, every: Every) -> None:
@@ -120,33 +116,14 @@ def _plant_row(pool: Any, every: Every) -> None:
     pool.free = faulty
 
 
-def _plant_lock(cache: Any, fault: str, every: Every) -> None:
-    inc, dec = cache.inc_lock_ref, cache.dec_lock_ref
-
-    def faulty_inc(node: Any, *args: Any, **kwargs: Any) -> Any:
-        got = inc(node, *args, **kwargs)
-        if every.fires():
-            receipt = got.to_dec_params() if hasattr(got, "to_dec_params") else None
-            dec(node, receipt) if receipt is not None else dec(node)
-        return got
-
-    def faulty_dec(node: Any, *args: Any, **kwargs: Any) -> Any:
-        return None if every.fires() else dec(node, *args, **kwargs)
-
-    if fault == "lock-inc-undone":
-        cache.inc_lock_ref = faulty_inc
-    else:
-        cache.dec_lock_ref = faulty_dec
-
-
 FAULTS: dict[str, Callable[[Any, Every], None]] = {
     "kv-free-drop": lambda a, e: _plant_free(scheduler(a).token_to_kv_pool_allocator, "kv-free-drop", e),
     "kv-free-short": lambda a, e: _plant_free(scheduler(a).token_to_kv_pool_allocator, "kv-free-short", e),
     "kv-free-twice": lambda a, e: _plant_free(scheduler(a).token_to_kv_pool_allocator, "kv-free-twice", e),
     "kv-alloc-hands-back": lambda a, e: _plant_alloc(scheduler(a).token_to_kv_pool_allocator, e),
     "row-free-drop": lambda a, e: _plant_row(scheduler(a).req_to_token_pool, e),
-    "lock-dec-drop": lambda a, e: _plant_lock(tree_cache(a), "lock-dec-drop", e),
-    "lock-inc-undone": lambda a, e: _plant_lock(tree_cache(a), "lock-inc-undone", e),
+    "lock-dec-drop": lambda a, e: plant_lock(tree_cache(a), "no-dec", e.n),  # NOTE: bench_lock_faults' faults
+    "lock-inc-undone": lambda a, e: plant_lock(tree_cache(a), "no-inc", e.n),
 }
 """Each fault's planting, on a freshly built adapter (the machine builds one per program)."""
 
