@@ -298,6 +298,32 @@ class VLLMAdapter:
         req.num_computed_tokens += n
         req.append_output_token_ids(_vocab_token(rid, req.num_tokens))
         self._learn_meanings()
+        self._observe_writes()
+
+    def _observe_writes(self, sentinels: frozenset[int] | None = None) -> None:
+        """What each holder has computed into its blocks so far, a block it filled in part too.
+
+        Observed after every step, before every ``free`` and at every snapshot, so the content of a block is its
+        last writer's even when the block was filled and released between two snapshots. A key on a block whose
+        writer filled it only in part names content the block does not hold (``inv_keys_match_content``).
+        """
+        if sentinels is None:
+            null = getattr(self.pool, "null_block", None)
+            sentinels = frozenset({null.block_id}) if null is not None else frozenset()
+        group_of = hasattr(self.mgr, "coordinator")
+        for gid, (_, tables) in enumerate(self._groups()):
+            for rid_s, table in tables.items():
+                req = self.requests.get(int(rid_s))
+                if req is None:
+                    continue
+                computed, tokens = req.num_computed_tokens, None
+                for pos, b in enumerate(table):
+                    upto = min((pos + 1) * self.block_size, computed)
+                    if upto <= pos * self.block_size:
+                        break
+                    if b.block_id not in sentinels:
+                        tokens = tokens if tokens is not None else tuple(req.all_token_ids)
+                        self._written[b.block_id] = (tokens[:upto], gid if group_of else None)
 
     def take_refused(self) -> list[tuple[int, SharedPool, SharedPool]]:
         """The refused admissions since the last call, each with the pool before the attempt and after it."""
@@ -366,6 +392,7 @@ class VLLMAdapter:
     def _free(self, rid: int) -> None:
         req = self.requests[rid]
         self._learn_meanings()  # NOTE: before the release drops the request's hashes (free_block_hashes)
+        self._observe_writes()
         self.mgr.free(req)
         if hasattr(self.mgr, "free_block_hashes"):
             self.mgr.free_block_hashes(req)
@@ -397,6 +424,7 @@ class VLLMAdapter:
             raise ValueError(f"retract: request {rid} is not running")
         req = self.requests[rid]
         self._learn_meanings()
+        self._observe_writes()
         self.mgr.free(req)
         req.num_computed_tokens = 0
         self.running.remove(rid)
@@ -441,16 +469,12 @@ class VLLMAdapter:
         sentinels = frozenset({null.block_id}) if null is not None else frozenset()
         holders: dict[int, list[Owner]] = {}
         content: dict[int, Hashable] = {}
-        for gid, (comp, tables) in enumerate(self._groups()):
+        for comp, tables in self._groups():
             for rid_s, table in tables.items():
                 owner = Owner(OwnerKind.REQUEST, int(rid_s), comp)
-                req = self.requests.get(int(rid_s))
-                for pos, b in enumerate(table):
+                for b in table:
                     holders.setdefault(b.block_id, []).append(owner)
-                    end = (pos + 1) * self.block_size
-                    if req is not None and end <= req.num_computed_tokens and b.block_id not in sentinels:
-                        prefix = tuple(req.all_token_ids[:end])
-                        self._written[b.block_id] = (prefix, gid if hasattr(self.mgr, "coordinator") else None)
+        self._observe_writes(sentinels)
         for b in blocks:
             if b.block_id in self._written:
                 content[b.block_id] = self._written[b.block_id]
