@@ -102,6 +102,25 @@ def _expected_links(order: tuple[NodeId, ...], i: int) -> Links:
     return (order[i - 1] if i > 0 else None, order[i + 1] if i + 1 < len(order) else None)
 
 
+def misplaced_members(s: LruState) -> dict[NodeId, tuple[Links | None, Links]]:
+    """Members whose links are not the ones their place in ``order`` gives: ``node -> (links, expected)``.
+
+    A member named twice is misplaced at its second place (its links cannot match both).
+
+    >>> a, b = NodeId(1), NodeId(2)
+    >>> misplaced_members(LruState((a, b), {a: (None, b), b: (a, None)}))
+    {}
+    >>> misplaced_members(LruState((a, b), {a: (None, None), b: (a, None)}))
+    {1: ((None, None), (None, 2))}
+    """
+    out: dict[NodeId, tuple[Links | None, Links]] = {}
+    for i, n in enumerate(s.order):
+        want = _expected_links(s.order, i)
+        if n not in out and (s.order.index(n) != i or s.links.get(n) != want):
+            out[n] = (s.links.get(n), want)
+    return out
+
+
 def inv_lru_detached(s: LruState) -> bool:
     """Members are ``order`` (no duplicates, all known) linked in order; every other node is detached."""
     if len(set(s.order)) != len(s.order) or not all(n in s.links for n in s.order):

@@ -94,7 +94,14 @@ def check_shared_laws(snap: SharedView) -> list[Violation]:
             continue
         if not U.inv_lru_detached(queue):
             stray = {n: ln for n, ln in queue.links.items() if n not in queue.order and ln != U.DETACHED}
-            out.append(("inv_lru_detached", f"queue {name!r}: blocks out of the queue holding links {stray}"))
+            misplaced = {n: f"links {ln}, place gives {w}" for n, (ln, w) in U.misplaced_members(queue).items()}
+            out.append(
+                (
+                    "inv_lru_detached",
+                    f"queue {name!r}: blocks out of the queue holding links {stray}, queued blocks linked other "
+                    f"than their place {misplaced}",
+                )
+            )
         if not U.inv_lru_links_symmetric(queue):
             out.append(("inv_lru_links_symmetric", f"queue {name!r}: links are not symmetric"))
     if not S.inv_counters_recount(snap.counters):

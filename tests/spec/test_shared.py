@@ -83,6 +83,15 @@ def test_queue_links_are_checked_as_an_intrusive_list() -> None:
     assert "inv_lru_detached" in {n for n, _ in check_shared_laws(snap)}
 
 
+def test_a_queued_block_linked_out_of_its_place_is_named() -> None:
+    """A block appended twice: it is queued, but its links are not the ones its place in the walk gives."""
+    snap = _Snap(good())
+    snap.queues = {"kv": LruState((3, 4), {3: (None, None), 4: (3, None), 1: (None, None), 2: (None, None)})}
+    (detail,) = [d for n, d in check_shared_laws(snap) if n == "inv_lru_detached"]
+    assert "blocks out of the queue holding links {}" in detail
+    assert "{3: 'links (None, None), place gives (None, 4)'}" in detail
+
+
 def test_a_sentinel_count_that_moves_breaks_the_transition_law() -> None:
     moved = replace(good(), counts={0: -1, 1: 2, 2: 1, 3: 0, 4: 0})
     assert not S.sentinel_count_fixed(good(), moved)
