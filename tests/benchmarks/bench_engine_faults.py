@@ -1,13 +1,15 @@
-"""Fresh memory bugs planted in the installed SGLang's own objects: does the system machine find them?
+"""Fresh memory bugs planted in the installed engine's own objects (SGLang or vLLM): does the system machine find them?
 
     build/sglang-0.5.23/bin/python tests/benchmarks/bench_engine_faults.py [--seeds 1,2,3] [--model full]
-        [--fault kv-free-drop,...] [--set-aside sessions] [--json out.json]
+        [--fault kv-free-drop,...] [--set-aside sessions] [--adapter sglang-0.5.23-system-chunked] [--json out.json]
+    build/vllm-0.10.2/bin/python tests/benchmarks/bench_engine_faults.py [--adapter vllm-hybrid] ...
 
-A benchmark, not a test: run it with each release's venv (``.ci/sglang_env``). The five seed bugs are the ones the
-machines were built around; these are bugs nobody filed, of the kinds serving engines ship, planted in the real
-scheduler's memory objects of every release alike (the KV allocator, the request-to-token pool, the tree cache),
-not in kvledger's reference. Each fault fires on one call in ``--every`` (3 by default), so a run also meets the
-healthy path:
+A benchmark, not a test: run it with each release's venv (``.ci/sglang_env``, ``.ci/vllm_env``). The five seed bugs
+are the ones the machines were built around; these are bugs nobody filed, of the kinds serving engines ship, planted
+in the real engine's memory objects of every release alike, not in kvledger's reference. Each fault fires on one
+call in ``--every`` (3 by default), so a run also meets the healthy path.
+
+SGLang (the KV allocator, the request-to-token pool, the Mamba slot allocator, the tree cache):
 
 * ``kv-free-drop``: the KV allocator's ``free`` does nothing (a release that forgets its slots);
 * ``kv-free-short``: ``free`` gives back all but the last page (an off-by-one at the end of a range);
@@ -17,13 +19,27 @@ healthy path:
 * ``row-free-drop``: the request-to-token pool's ``free`` does nothing (a row that lost its owner);
 * ``lock-dec-drop``: the tree's ``dec_lock_ref`` does nothing (a lock its holder never gives back);
 * ``lock-inc-undone``: ``inc_lock_ref`` takes the lock and gives it straight back (a holder running on a prefix
-  it does not lock).
+  it does not lock);
+* ``mamba-free-drop`` / ``mamba-alloc-hands-back`` (``--model mamba``): the Mamba state-slot allocator's ``free``
+  does nothing, or its ``alloc`` puts the first slot it handed out back on the free list.
 
-Per seed the machine runs at the ``check`` profile on ``sglang-<release>-system`` once unfaulted (the control: a
-fault's verdict counts only where the control holds, or breaks later or by another law) and once per fault. It
-prints the law that broke first (or ``holds``), the programs and steps run, and the time. A run counts as caught by
-a law only when the verdict is one of the system machine's laws; SGLang's own assert (``implementation crashed``)
-or another crash is counted apart, as the engine's catch, not kvledger's.
+vLLM (the ``BlockPool`` and its free queue, or the manager itself before 0.8; the single-type managers' tables):
+
+* ``queue-release-drop``: the free queue's ``append`` / ``append_n`` / ``prepend_n`` drops the blocks it is given (a
+  block whose last holder let go never comes back);
+* ``queue-release-twice``: the free queue appends a released block twice (a double free);
+* ``queue-remove-drop``: the free queue's ``remove`` does nothing (a cache hit that stays on the free list);
+* ``touch-no-ref``: a cache hit (``touch``) takes the block off the free queue but does not count its new holder;
+* ``new-no-ref``: ``get_new_blocks`` hands out its first block without counting the holder;
+* ``evict-keeps-hash``: reusing a cached block skips dropping its hash (the index still names the old content);
+* ``table-keep``: ``free`` releases a request's blocks but its block table keeps naming them.
+
+Per seed the machine runs at the ``check`` profile on ``sglang-<release>-system`` (or ``vllm``, or ``--adapter``)
+once unfaulted (the control: a fault's verdict counts only where the control holds, or breaks later or by another
+law) and once per fault. It prints the law that broke first (or ``holds``), the programs and steps run, and the
+time. A run counts as caught by a law only when the verdict is one of the system machine's laws; the engine's own
+assert (``implementation crashed``) or another crash is counted apart, as the engine's catch, not kvledger's. Run
+it with ``python -O`` to strip the engine's asserts and measure what the laws find alone.
 """
 
 from __future__ import annotations
@@ -46,8 +62,9 @@ from bench_lock_faults import plant as plant_lock
 from bench_lock_faults import tree_cache
 
 from kvledger.contracts.adapters.protocol import set_aside
-from kvledger.contracts.adapters.sglang.cpu_import import installed_version_or_none
+from kvledger.contracts.adapters.sglang import cpu_import as sglang_import
 from kvledger.contracts.adapters.system import SystemAdapter, load_system_factory
+from kvledger.contracts.adapters.vllm import cpu_import as vllm_import
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.runner import run_machine
 from kvledger.contracts.machines.suites import SYSTEM_CONFIGS
@@ -116,7 +133,135 @@ def _plant_row(pool: Any, every: Every) -> None:
     pool.free = faulty
 
 
-FAULTS: dict[str, Callable[[Any, Every], None]] = {
+def _mamba_slots(adapter: Any) -> Any:
+    """The Mamba state-slot allocator (``mamba_allocator`` from 0.5.13, the ``MambaPool`` itself before)."""
+    pool = scheduler(adapter).req_to_token_pool
+    found = getattr(pool, "mamba_allocator", None) or getattr(pool, "mamba_pool", None)
+    if found is None:
+        raise SystemExit("this model has no Mamba state pool: the mamba faults need --model mamba")
+    return found
+
+
+def _flat(blocks: Any) -> list[Any]:
+    """The blocks of a list, a tuple of per-group lists or a ``KVCacheBlocks``, flattened in order."""
+    inner = getattr(blocks, "blocks", blocks)
+    out: list[Any] = []
+    for x in inner or ():
+        out.extend(_flat(x) if isinstance(x, list | tuple) else [x])
+    return out
+
+
+def _pool_call(adapter: Any, *names: str) -> tuple[Any, str]:
+    """The vLLM object and method name of a block-pool call: ``BlockPool`` from 0.8, the manager's own before."""
+    pool = adapter.pool
+    for name in names:
+        if callable(getattr(pool, name, None)):
+            return pool, name
+    raise SystemExit(f"vLLM {adapter.version} has none of {names} on {type(pool).__name__}")
+
+
+def _wrap(obj: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Shadow ``obj.name`` with ``make(original)`` on the instance (the engine's own calls go through ``self``)."""
+    setattr(obj, name, make(getattr(obj, name)))
+
+
+def _plant_queue(adapter: Any, fault: str, every: Every) -> None:
+    queue = adapter._queue()
+
+    def releases(call: Callable[..., Any], many: bool) -> Callable[..., Any]:
+        def faulty(arg: Any, *args: Any, **kwargs: Any) -> Any:
+            blocks = list(arg) if many else [arg]
+            given = blocks if many else arg  # NOTE: an iterator given to ``*_n`` was read into ``blocks``
+            if not blocks or not every.fires():
+                return call(given, *args, **kwargs)
+            if fault == "queue-release-drop":
+                return None
+            call(given, *args, **kwargs)
+            return call(blocks[:1] if many else arg, *args, **kwargs)
+
+        return faulty
+
+    for name, many in (("append", False), ("append_n", True), ("prepend_n", True)):
+        if hasattr(queue, name):
+            _wrap(queue, name, lambda call, many=many: releases(call, many))
+
+
+def _plant_queue_remove(adapter: Any, every: Every) -> None:
+    _wrap(adapter._queue(), "remove", lambda call: lambda b, *a, **k: None if every.fires() else call(b, *a, **k))
+
+
+def _plant_touch(adapter: Any, every: Every) -> None:
+    pool, name = _pool_call(adapter, "touch", "_touch")
+
+    def make(call: Callable[..., Any]) -> Callable[..., Any]:
+        def faulty(blocks: Any, *args: Any, **kwargs: Any) -> Any:
+            out = call(blocks, *args, **kwargs)
+            hit = [b for b in _flat(blocks) if not getattr(b, "is_null", False)]
+            if hit and every.fires():
+                hit[0].ref_cnt -= 1  # NOTE: off the free queue, its new holder not counted
+            return out
+
+        return faulty
+
+    _wrap(pool, name, make)
+
+
+def _plant_new(adapter: Any, every: Every) -> None:
+    pool, name = _pool_call(adapter, "get_new_blocks", "_get_new_blocks")
+
+    def make(call: Callable[..., Any]) -> Callable[..., Any]:
+        def faulty(*args: Any, **kwargs: Any) -> Any:
+            got = call(*args, **kwargs)
+            if got and every.fires():
+                got[0].ref_cnt -= 1
+            return got
+
+        return faulty
+
+    _wrap(pool, name, make)
+
+
+def _plant_evict(adapter: Any, every: Every) -> None:
+    pool, name = _pool_call(adapter, "_maybe_evict_cached_block", "_evict_cached_block")
+
+    def make(call: Callable[..., Any]) -> Callable[..., Any]:
+        def faulty(block: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(block, "block_hash", None) is not None and every.fires():
+                return False
+            return call(block, *args, **kwargs)
+
+        return faulty
+
+    _wrap(pool, name, make)
+
+
+def _plant_table(adapter: Any, every: Every) -> None:
+    def make(call: Callable[..., Any]) -> Callable[..., Any]:
+        def faulty(request: Any, *args: Any, **kwargs: Any) -> Any:
+            rid = request.request_id
+            kept = [(t, list(t[rid])) for _, t in adapter._groups() if t.get(rid)] if every.fires() else []
+            out = call(request, *args, **kwargs)
+            for table, blocks in kept:
+                table[rid] = blocks
+            return out
+
+        return faulty
+
+    _wrap(adapter.mgr, "free", make)
+
+
+VLLM_FAULTS: dict[str, Callable[[Any, Every], None]] = {
+    "queue-release-drop": lambda a, e: _plant_queue(a, "queue-release-drop", e),
+    "queue-release-twice": lambda a, e: _plant_queue(a, "queue-release-twice", e),
+    "queue-remove-drop": _plant_queue_remove,
+    "touch-no-ref": _plant_touch,
+    "new-no-ref": _plant_new,
+    "evict-keeps-hash": _plant_evict,
+    "table-keep": _plant_table,
+}
+"""vLLM's faults, planted on a freshly built adapter's ``KVCacheManager`` and its pool."""
+
+SGLANG_FAULTS: dict[str, Callable[[Any, Every], None]] = {
     "kv-free-drop": lambda a, e: _plant_free(scheduler(a).token_to_kv_pool_allocator, "kv-free-drop", e),
     "kv-free-short": lambda a, e: _plant_free(scheduler(a).token_to_kv_pool_allocator, "kv-free-short", e),
     "kv-free-twice": lambda a, e: _plant_free(scheduler(a).token_to_kv_pool_allocator, "kv-free-twice", e),
@@ -124,17 +269,22 @@ FAULTS: dict[str, Callable[[Any, Every], None]] = {
     "row-free-drop": lambda a, e: _plant_row(scheduler(a).req_to_token_pool, e),
     "lock-dec-drop": lambda a, e: plant_lock(tree_cache(a), "no-dec", e.n),  # NOTE: bench_lock_faults' faults
     "lock-inc-undone": lambda a, e: plant_lock(tree_cache(a), "no-inc", e.n),
+    "mamba-free-drop": lambda a, e: _plant_free(_mamba_slots(a), "kv-free-drop", e),
+    "mamba-alloc-hands-back": lambda a, e: _plant_alloc(_mamba_slots(a), e),
 }
-"""Each fault's planting, on a freshly built adapter (the machine builds one per program)."""
+"""SGLang's faults, planted on a freshly built adapter (the machine builds one per program)."""
+
+MAMBA_ONLY = frozenset({"mamba-free-drop", "mamba-alloc-hands-back"})
 
 
-def factory(release: str, model: str, fault: str | None, every: int, aside: frozenset[str]) -> Callable[[], Any]:
+def factory(adapter_name: str, model: str, fault: str | None, every: int, aside: frozenset[str]) -> Callable[[], Any]:
     """A fresh adapter per program, with ``fault`` planted (``None``: the control)."""
+    faults = VLLM_FAULTS if adapter_name.startswith("vllm") else SGLANG_FAULTS
 
     def make() -> SystemAdapter:
-        adapter = set_aside(load_system_factory(f"sglang-{release}-system")(SYSTEM_CONFIGS[model]), aside)
+        adapter = set_aside(load_system_factory(adapter_name)(SYSTEM_CONFIGS[model]), aside)
         if fault is not None:
-            FAULTS[fault](adapter, Every(every))
+            faults[fault](adapter, Every(every))
         return adapter
 
     return make
@@ -152,9 +302,9 @@ class Run:
     seconds: float
 
 
-def run(release: str, model: str, fault: str | None, seed: int, args: argparse.Namespace) -> Run:
+def run(adapter_name: str, model: str, fault: str | None, seed: int, args: argparse.Namespace) -> Run:
     aside = frozenset(x for x in args.set_aside.split(",") if x)
-    machine = machine_for_system(factory(release, model, fault, args.every, aside))
+    machine = machine_for_system(factory(adapter_name, model, fault, args.every, aside))
     profile = settings(settings.get_profile("check"))
     start = time.perf_counter()
     result = run_machine("system", model, machine, list(RULES), profile, seed=seed, shrink_for=args.shrink_for)
@@ -170,29 +320,43 @@ def run(release: str, model: str, fault: str | None, seed: int, args: argparse.N
     )
 
 
+def engine() -> tuple[str, str, dict[str, Callable[[Any, Every], None]]]:
+    """``(engine, release, its faults)`` of the engine installed here: SGLang, else vLLM."""
+    release = sglang_import.installed_version_or_none()
+    if release is not None:
+        return "sglang", release, SGLANG_FAULTS
+    release = vllm_import.installed_version_or_none()
+    if release is not None:
+        return "vllm", release, VLLM_FAULTS
+    raise SystemExit(
+        "neither SGLang nor vLLM is installed: run this with a release's venv (.ci/sglang_env, .ci/vllm_env)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated Hypothesis seeds")
     parser.add_argument("--model", default="full", choices=sorted(SYSTEM_CONFIGS))
-    parser.add_argument("--fault", default=",".join(FAULTS), help=f"comma-separated, of: {', '.join(FAULTS)}")
+    parser.add_argument("--adapter", default=None, help="the system adapter (default sglang-<release>-system, vllm)")
+    parser.add_argument("--fault", default=None, help="comma-separated (default: every fault of the engine installed)")
     parser.add_argument("--every", type=int, default=3, help="a fault fires on one call in this many")
     parser.add_argument("--set-aside", default="", help="capabilities (or laws) set aside, comma-separated")
     parser.add_argument("--shrink-for", type=float, default=5.0, help="seconds a violation may shrink")
     parser.add_argument("--json", type=Path, default=None, help="also write the runs here")
     args = parser.parse_args()
-    release = installed_version_or_none()
-    if release is None:
-        raise SystemExit("SGLang is not installed: run this with a release's venv (.ci/sglang_env)")
-    faults = [f for f in args.fault.split(",") if f]
-    unknown = [f for f in faults if f not in FAULTS]
+    name, release, known = engine()
+    adapter = args.adapter or (f"sglang-{release}-system" if name == "sglang" else "vllm")
+    default = [f for f in known if f not in MAMBA_ONLY or args.model == "mamba"]
+    faults = [f for f in args.fault.split(",") if f] if args.fault else default
+    unknown = [f for f in faults if f not in known]
     if unknown:
-        raise SystemExit(f"unknown fault(s) {', '.join(unknown)}: the faults are {', '.join(FAULTS)}")
+        raise SystemExit(f"unknown fault(s) {', '.join(unknown)}: {name}'s faults are {', '.join(known)}")
     register_profiles()
     seeds = [int(s) for s in args.seeds.split(",")]
-    runs = [run(release, args.model, None, seed, args) for seed in seeds]
-    runs += [run(release, args.model, fault, seed, args) for fault in faults for seed in seeds]
+    runs = [run(adapter, args.model, None, seed, args) for seed in seeds]
+    runs += [run(adapter, args.model, fault, seed, args) for fault in faults for seed in seeds]
     control = {r.seed: r for r in runs if r.fault.startswith("(")}
-    table = Table(title=f"SGLang {release}: planted faults, system/{args.model}, one call in {args.every}")
+    table = Table(title=f"{name} {release} ({adapter}): planted faults, system/{args.model}, one call in {args.every}")
     for col in ("fault", "seed", "verdict", "programs", "steps", "time", "first line"):
         table.add_column(col)
     caught = crashed = 0
@@ -210,7 +374,10 @@ def main() -> None:
         "(a verdict other than the control's, or earlier)"
     )
     if args.json is not None:
-        args.json.write_text(json.dumps({"release": release, "model": args.model, "runs": [asdict(r) for r in runs]}))
+        runs_out = [asdict(r) for r in runs]
+        args.json.write_text(
+            json.dumps({"engine": name, "release": release, "adapter": adapter, "model": args.model, "runs": runs_out})
+        )
 
 
 if __name__ == "__main__":
