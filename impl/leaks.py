@@ -6,7 +6,8 @@ that reference slots — running and waiting requests (their rows, the KV in
 open sessions — and compares that with what the pool's owner tags say.
 ``free + running + tree + sessions == capacity`` holds exactly when nothing
 leaked. A *leaked* slot is tagged with an owner that does not reference it
-(a finished request, a closed session, a node that no longer holds it); a
+(a finished or aborted request, even one whose row still names it, a closed
+session, a node that no longer holds it); a
 *lost* slot is referenced but tagged otherwise (freed while still in use).
 Every finding names the pool, the slot, the recorded owner, and the event
 (operation, step, and in debug mode the stack) that gave it that owner.
@@ -40,7 +41,8 @@ class Finding:
     def __str__(self) -> str:
         how = f"given to {self.owner} by {self.op} at step {self.step}"
         if self.kind == "leaked":
-            return f"{self.pool} slot {self.slot}: leaked: held by {self.owner} but nobody references it ({how})"
+            who = "no live structure references it"
+            return f"{self.pool} slot {self.slot}: leaked: held by {self.owner} but {who} ({how})"
         return f"{self.pool} slot {self.slot}: lost: referenced by {self.expected} but tagged {self.owner} ({how})"
 
 
@@ -111,8 +113,8 @@ def expected_owners(mm: MemoryManager) -> dict[str, dict[int, Owner]]:
     out: dict[str, dict[int, Owner]] = {name: {} for name in mm.pools()}
     kv, rows, mam = out["kv"], out["req_to_token"], out.get("mamba")
     for req in mm.requests.values():
-        if req.status in (Status.FINISHED, Status.ABORTED) and not req.holds_anything:
-            continue
+        if req.status in (Status.FINISHED, Status.ABORTED):
+            continue  # NOTE: an ended request owns nothing: a slot still tagged to it has leaked
         if req.row is not None:
             rows[req.row] = req.owner
             for x in mm.rows.table[req.row, req.own_from : req.alloc_len].tolist():

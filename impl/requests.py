@@ -46,10 +46,6 @@ class Request:
     def owner(self) -> Owner:
         return request(self.rid)
 
-    @property
-    def holds_anything(self) -> bool:
-        return self.row is not None or self.handle is not None or self.mamba is not None
-
     def __repr__(self) -> str:
         return (
             f"Request({self.rid}, {self.status.value}, row={self.row}, prefix={self.prefix_len}, "

@@ -234,12 +234,6 @@ EQUIVALENT: dict[str, str] = {
         "a speed cut-off (new family, seed 7): a row write of exactly 256 slots is checked for repeats with a set "
         "rather than a sort; the same answer"
     ),
-    "impl/requests.py:Request.holds_anything:negate-cmp:self.handle is not None": (
-        "read by one caller, where either answer gives the same result (new family, seed 7): the leak checker's "
-        "expected_owners skips a finished request that holds nothing; not skipped, it adds nothing (no row, no "
-        "Mamba state), and skipping one that holds only a lock adds nothing either (locks are not slots). "
-        "Request's properties are not probed by themselves: an engine author reading holds_anything would see it"
-    ),
     "impl/slots.py:SlotPool.__init__:const+1:1#5": (
         "off the CPU only (new family, seed 7): the free stack of a pool whose device is not the CPU"
     ),
@@ -369,12 +363,6 @@ EQUIVALENT: dict[str, str] = {
         "(no tensor, no host ids), so every transfer takes the checked path after it (_held_index, retag_code), "
         "which gives the same tags and the same refusals"
     ),
-    "impl/requests.py:Request.holds_anything:negate-cmp:self.row is not None": (
-        "the leak checker's skip of ended requests (new family, seed 7): with the row test negated, an ended "
-        "request with no row is looked at instead of skipped, and adds nothing (no row, no state); one with its "
-        "row and nothing else would be skipped, a state no path of the manager reaches (finish, abort and retract "
-        "free the row), so every report is the same"
-    ),
     "impl/radix.py:RadixCache.insert:negate-cmp:raw_key is None": (
         "a memo's test (new family, seed 10): with it negated, an insert of an int64 array key always checks its ids "
         "and walks the tree again instead of reusing the walk of the last match of the same bytes, and any other "
@@ -473,11 +461,6 @@ EQUIVALENT: dict[str, str] = {
         "a conversion skipped (new family, seed 32): a CPU pool's release given a tensor indexes its tag column and "
         "fills its free stack with the tensor itself, which numpy reads through __array__ as the same int64 ids; an "
         "ndarray is taken as it is either way"
-    ),
-    "impl/requests.py:Request.holds_anything:negate-cmp:self.mamba is not None": (
-        "a state no reference reaches (new family, seed 35): the test differs only for an ended request that still "
-        "holds a Mamba state and neither a row nor a lock, and the reference's finish and abort free the state and "
-        "clear the field first (a finish that keeps it is caught by inv_owners_account: it no longer references it)"
     ),
     "impl/slots.py:SlotPool._free_host:end-index:self._seen[0]": (
         "a memo's test (new family, seed 34): the owner compared with the last field of the last-seen record (its "
@@ -786,10 +769,6 @@ EQUIVALENT: dict[str, str] = {
         "its one caller runs it only on a cache with a window, which RadixCache builds only over an "
         "SWATokenAllocator (its SWA view is set), so `or` differs only for an empty index, whose translate is "
         "empty and raises nothing"
-    ),
-    "impl/leaks.py:expected_owners:and-or:req.status in (Status.FINISHED, Status.ABORTED) and not req.holds_anything": (
-        "differs only for a request that holds nothing but still runs or waits (it adds nothing either way) or one "
-        "that ended still holding memory, which no reachable state has: finish and abort release everything first"
     ),
     "impl/memory.py:MemoryManager._make_room:boundary:short <= 0": (
         "made `< 0`: at short == 0 it asks the cache to evict 0, which evicts nothing and returns 0 (the count is "
@@ -1164,11 +1143,6 @@ EQUIVALENT: dict[str, str] = {
     "impl/tree.py:<module>:const+1:4096": (
         "a speed threshold (new family, seed 17): keys of exactly 4,096 ids check their signs by isascii instead "
         "of numpy's min: the same answer (as key_bytes' boundary set-aside above)"
-    ),
-    "impl/leaks.py:expected_owners:negate-cmp:req.status in (Status.FINISHED, Status.ABORTED)": (
-        "which requests the loop skips (new family, seed 26): made `not in`, it skips a request that still runs and "
-        "holds nothing instead of one that ended holding nothing; a request holding nothing (no row, no Mamba "
-        "state) adds nothing in the loop's body either way, and a handle alone adds nothing there"
     ),
     "impl/slots.py:SlotPool._free_host:negate-cmp:k == 1": (
         "a fast path's test negated (new family, seed 26): one slot then takes claim's check, and k > 1 slots "

@@ -124,6 +124,28 @@ def test_a_request_that_ended_holding_a_row_breaks_released_on_end(status: str) 
         check_snapshot(dataclasses.replace(snap, requests=ended, rows=rows), None, sys.capabilities - {"locks"})
 
 
+@pytest.mark.parametrize("status", ["FINISHED", "ABORTED"])
+def test_the_reference_leak_checker_counts_what_an_ended_request_kept_as_leaked(status: str) -> None:
+    """An engine marks a running request ended and frees nothing. The reference's own leak check reports each slot
+    the request kept as leaked (its row still names them, but an ended request owns nothing), so it agrees with the
+    ledgers and the law that names the request is the one that breaks."""
+    from kvledger.impl.leaks import check_leaks
+    from kvledger.impl.requests import Status
+
+    sys, rid = running()
+    laws(sys)
+    req = sys.mm.requests[rid]
+    row = req.row
+    req.status = Status[status]  # BUG: ended without releasing its row, its KV or its lock
+    report = check_leaks(sys.mm)
+    assert not report.ok
+    assert row in report.leaked()["req_to_token"]
+    assert {f.owner for f in report.findings} == {str(request(rid))}
+    assert "no live structure references it" in str(report)
+    with pytest.raises(AssertionError, match=rf"inv_released_on_end: request {rid} has {status.lower()} and still"):
+        laws(sys)
+
+
 def test_leak_checker_disagreement_is_a_violation_both_ways() -> None:
     sys, _ = running()
     snap = sys.snapshot()
