@@ -1,0 +1,68 @@
+"""Fresh bugs planted in vLLM's own objects are found by a shared-block law (tests/vllm runs inside a vLLM venv).
+
+The faults are ``tests/benchmarks/bench_engine_faults.py``'s (the ``BlockPool``, its free queue, the managers'
+tables; one call in three). Each runs the system machine on ``--adapter vllm`` at the ``check`` profile, seed 1,
+beside the unplanted control: the fault must break one of the shared-block laws, and sooner than the control
+breaks anything (0.6.6.post1's control breaks by its recorded finding, docs/vllm.md). Where a release asserts on
+the fault's path, vLLM's own assert may come first; ``python -O tests/benchmarks/bench_engine_faults.py`` measures
+the laws alone. ``evict-keeps-hash`` meets vLLM's assert in the step the law would see it on every release;
+``test_adapter.py`` shows the law first on a fixed program.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+from kvledger.contracts.adapters.vllm.cpu_import import unavailable_reason
+from kvledger.contracts.machines.profiles import register_profiles
+from kvledger.contracts.machines.runner import CheckResult, run_machine
+from kvledger.contracts.machines.shared_laws import SHARED_RULES
+from kvledger.contracts.machines.system import RULES, machine_for_system
+
+pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_engine_faults as bench  # noqa: E402
+
+register_profiles()
+
+
+def _run(fault: str | None) -> CheckResult:
+    machine = machine_for_system(bench.factory("vllm", "full", fault, 3, frozenset()))
+    profile = settings(settings.get_profile("check"))
+    return run_machine("system", "full", machine, list(RULES), profile, seed=1, shrink_for=0.5)
+
+
+@cache
+def _control() -> CheckResult:
+    return _run(None)
+
+
+@pytest.mark.parametrize("fault", sorted(set(bench.VLLM_FAULTS) - {"evict-keeps-hash"}))
+def test_a_planted_fault_breaks_a_shared_block_law(fault: str) -> None:
+    control = _control()
+    result = _run(fault)
+    v = result.violation
+    assert v is not None, f"{fault}: held for {result.examples} programs"
+    # NOTE: or vLLM's own assert, where a release has one on the path (0.6.6.post1 asserts that a block it pops off
+    # the free queue is unheld): the engine's catch, counted apart by the benchmark.
+    engine = v.rule == "implementation crashed: AssertionError"
+    assert v.rule in SHARED_RULES or engine, f"{fault}: {v.rule}: {v.message}"
+    assert control.violation is None or result.examples < control.examples, (fault, control.violation)
+
+
+def test_the_fault_sites_exist_on_this_release() -> None:
+    """Every fault shadows one of vLLM's own methods on this release (a renamed one would leave a run unplanted)."""
+    for fault, plant in bench.VLLM_FAULTS.items():
+        adapter = bench.load_system_factory("vllm")(bench.SYSTEM_CONFIGS["full"])
+        plant(adapter, bench.Every(3))
+        objects = (adapter.pool, adapter._queue(), adapter.mgr)
+        shadowed = [
+            n for o in objects for n, v in vars(o).items() if callable(v) and callable(getattr(type(o), n, None))
+        ]
+        assert shadowed, fault
