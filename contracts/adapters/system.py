@@ -509,6 +509,7 @@ SYSTEM_ALIASES: dict[str, str] = {
     },
     "vllm": "kvledger.contracts.adapters.vllm.adapter:vllm_factory",
     "vllm-hybrid": "kvledger.contracts.adapters.vllm.adapter:vllm_hybrid_factory",
+    "vllm-mamba": "kvledger.contracts.adapters.vllm.adapter:vllm_mamba_factory",
 }
 """Short names for ``kvledger check --suite system --adapter``."""
 

@@ -40,9 +40,22 @@ def affected(model: str, law: str) -> bool:
 
 
 def _adapter(model: str):  # type: ignore[no-untyped-def]
-    from kvledger.contracts.adapters.vllm.adapter import vllm_factory, vllm_hybrid_factory
+    from kvledger.contracts.adapters.vllm.adapter import vllm_factory, vllm_hybrid_factory, vllm_mamba_factory
 
-    return vllm_hybrid_factory() if model == "hybrid" else vllm_factory()
+    return {"hybrid": vllm_hybrid_factory, "mamba": vllm_mamba_factory}.get(model, vllm_factory)()
+
+
+def _mamba_ok() -> bool:
+    """The installed release caches Mamba states by prefix (a ``MambaSpec`` with ``mamba_cache_mode``, 0.33.0 on)."""
+    if unavailable_reason() is not None:
+        return False
+    from kvledger.contracts.adapters.protocol import Unsupported
+
+    try:
+        _adapter("mamba")
+    except Unsupported:
+        return False
+    return True
 
 
 def _hybrid_ok() -> bool:
@@ -158,6 +171,38 @@ def test_a_reused_block_that_keeps_its_old_key_breaks_keys_match_content() -> No
     assert "inv_keys_match_content" in first, broken  # NOTE: before the engine's own assert, where it has one
 
 
+def test_a_mamba_state_cached_at_a_block_end_is_shared_by_the_next_requests() -> None:
+    """Full attention plus Mamba (``align``): a request whose decode crosses a block end leaves the state there cached;
+    two later requests on that prefix, admitted in later steps, share it (one block, two Mamba holders, count 2), and
+    every law holds. The adapter starts a scheduler step at each admission (``new_step_starts``): without it, Mamba's
+    states cached in an earlier call stay "cached this step" and every later hit is refused."""
+    from kvledger.contracts.adapters.protocol import Unsupported
+    from kvledger.spec.types import Component
+
+    if not _mamba_ok():
+        with pytest.raises(Unsupported, match="caches no Mamba state"):
+            _adapter("mamba")
+        return
+    a = _adapter("mamba")
+    r = a.add_request((1, 2, 3, 4, 5, 6, 7, 8))
+    a.admit(64)
+    a.extend(r, 5)
+    a.finish(r)
+    for prompt in ((1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9), (1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4)):
+        rid = a.add_request(prompt)
+        assert a.admit(64).admitted == (rid,)
+        assert a.prefix[rid] == 8
+    broken, snap = _laws(a)
+    assert broken == set()
+    pool = snap.pools["kv"]
+    shared = [
+        b
+        for b, h in pool.holders.items()
+        if b not in pool.sentinels and [o.component for o in h] == [Component.MAMBA] * 2
+    ]
+    assert len(shared) == 1 and pool.counts[shared[0]] == 2
+
+
 def test_preemption_returns_everything_and_readmission_hits_the_cache() -> None:
     a = _adapter("full")
     r = a.add_request((1, 2, 3, 4, 5, 6, 7, 8, 9))
@@ -234,11 +279,13 @@ def test_sliding_window_frees_a_request_holding_the_null_block() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["full", "hybrid"])
+@pytest.mark.parametrize("model", ["full", "hybrid", "mamba"])
 def test_the_machine_finds_no_unrecorded_break(model: str) -> None:
     """The search may or may not reach a recorded finding (the witnesses above pin those); it must find nothing else."""
     if model == "hybrid" and not _hybrid_ok():
         pytest.skip("no hybrid (full + sliding window) manager before 0.9")
+    if model == "mamba" and not _mamba_ok():
+        pytest.skip("no Mamba prefix caching (mamba_cache_mode 'align') before 0.33")
     machine = machine_for_shared(lambda: _adapter(model))
     recorded = {law for (m, law) in FINDINGS if m == model and affected(m, law)}
     try:

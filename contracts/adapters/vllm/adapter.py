@@ -46,7 +46,7 @@ from kvledger.spec.lru import SENTINEL, Links, LruState
 from kvledger.spec.shared import SharedPool
 from kvledger.spec.types import Component, NodeId, Owner, OwnerKind
 
-__all__ = ["RequestState", "SharedSnapshot", "VLLMAdapter", "vllm_factory", "vllm_hybrid_factory"]
+__all__ = ["RequestState", "SharedSnapshot", "VLLMAdapter", "vllm_factory", "vllm_hybrid_factory", "vllm_mamba_factory"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,7 @@ class VLLMAdapter:
         max_model_len: int = 32,
         window: int | None = None,
         config: SystemConfig | None = None,
+        mamba: bool = False,
     ) -> None:
         self.version = import_vllm()
         self.config = config or SystemConfig(page_size=block_size, window=window, kv_tokens=num_blocks * block_size)
@@ -101,6 +102,7 @@ class VLLMAdapter:
         self.num_blocks = num_blocks
         self.max_model_len = max_model_len
         self.window = window
+        self.mamba = mamba
         self._m = {
             name: importlib.import_module(f"vllm.v1.core.{name}") for name in ("kv_cache_manager", "kv_cache_utils")
         }
@@ -110,6 +112,11 @@ class VLLMAdapter:
         self._init_params = set(inspect.signature(kvm.__init__).parameters)
         if window is not None and not self._hybrid_capable():
             raise ValueError(f"vLLM {self.version} has no hybrid (full + sliding window) KV cache manager")
+        if mamba and not self._mamba_capable():
+            raise Unsupported(
+                f"vLLM {self.version} caches no Mamba state (mamba_cache_mode 'align' and a hybrid coordinator are "
+                "needed: 0.33.0 on)"
+            )
         self.mgr = self._build_manager(kvm)
         self.engine_class = f"{kvm.__module__}.{kvm.__qualname__}"
         alloc = inspect.signature(self.mgr.allocate_slots).parameters
@@ -130,6 +137,14 @@ class VLLMAdapter:
     def _hybrid_capable(self) -> bool:
         # NOTE: 0.8.x takes a kv_cache_config but asserts a single group; the coordinators (0.9 on) drive several.
         return "kv_cache_config" in self._init_params and _has_module("vllm.v1.core.kv_cache_coordinator")
+
+    def _mamba_capable(self) -> bool:
+        """The release caches Mamba states by prefix (``MambaSpec.mamba_cache_mode``, ``'align'``)."""
+        if not self._hybrid_capable():
+            return False
+        iface = importlib.import_module("vllm.v1.kv_cache_interface")
+        spec = getattr(iface, "MambaSpec", None)
+        return spec is not None and "mamba_cache_mode" in {f.name for f in dataclasses.fields(spec)}
 
     def _spec(self, cls: Any, **values: Any) -> Any:
         names = {f.name for f in dataclasses.fields(cls)}
@@ -153,6 +168,16 @@ class VLLMAdapter:
         if self.window is not None:
             swa = self._spec(iface.SlidingWindowSpec, use_mla=False, sliding_window=self.window, **common)
             groups.append(iface.KVCacheGroupSpec(["swa"], swa))
+        if self.mamba:
+            # NOTE: one state per block of tokens, cached at block ends ('align'), one block size for every group.
+            state = self._spec(
+                iface.MambaSpec,
+                block_size=self.block_size,
+                shapes=((1,),),
+                dtypes=(torch.float32,),
+                mamba_cache_mode="align",
+            )
+            groups.append(iface.KVCacheGroupSpec(["mamba"], state))
         # NOTE: the tensors are named `tensors` (a dict by layer) in 0.8.x, `kv_cache_tensors` (a list) later.
         config = self._spec(
             iface.KVCacheConfig, num_blocks=self.num_blocks, kv_cache_tensors=[], tensors={}, kv_cache_groups=groups
@@ -204,7 +229,8 @@ class VLLMAdapter:
             return [(None, managers[0].req_to_blocks)]
         out: list[tuple[Component | None, Mapping[str, list[Any]]]] = []
         for m in managers:
-            comp = Component.SWA if "Sliding" in type(m).__name__ else Component.FULL
+            kind = type(m).__name__
+            comp = Component.SWA if "Sliding" in kind else Component.MAMBA if "Mamba" in kind else Component.FULL
             out.append((comp, m.req_to_blocks))
         return out
 
@@ -332,6 +358,7 @@ class VLLMAdapter:
 
     def admit(self, budget: int, rid: int | None = None) -> StepResult:
         """One prefill step: admit waiting requests in order (or just ``rid``) while they fit ``budget``."""
+        self._new_step()
         admitted: list[int] = []
         rejected: list[int] = []
         refused = self.refused
@@ -375,6 +402,7 @@ class VLLMAdapter:
             req = self.requests[rid]
             if req.num_tokens >= self.max_model_len:
                 return dataclasses.replace(self.finish(rid), retracted=tuple(preempted))
+            self._new_step()
             # NOTE: vLLM's Scheduler.schedule (FCFS): on a refused decode allocation it pops the last running
             # request, preempts it and retries; when that was the request being scheduled, it stops.
             new = self._allocate(req, req.num_tokens - req.num_computed_tokens)
@@ -388,6 +416,13 @@ class VLLMAdapter:
             self._forget_written(new)
             self._step_done(rid, req.num_tokens - req.num_computed_tokens)
         return StepResult(retracted=tuple(preempted))
+
+    def _new_step(self) -> None:
+        """A scheduler step starts: the manager's per-step state is reset, as ``Scheduler.schedule`` does (0.33.0
+        on: Mamba's ``cached_blocks_this_step``, states a request cached this step that others may not use yet)."""
+        starts = getattr(self.mgr, "new_step_starts", None)
+        if starts is not None:
+            starts()
 
     def _free(self, rid: int) -> None:
         req = self.requests[rid]
@@ -635,6 +670,17 @@ def vllm_hybrid_factory(config: SystemConfig | None = None) -> VLLMAdapter:
     # NOTE: both groups draw on one pool, so it gets twice the blocks.
     return VLLMAdapter(
         block, max(2 * tokens // block, 8), int(getattr(config, "max_context", 24)) + block, int(window), config
+    )
+
+
+def vllm_mamba_factory(config: SystemConfig | None = None) -> VLLMAdapter:
+    """The adapter for ``--adapter vllm-mamba``: full attention plus Mamba states cached by prefix (two groups)."""
+    page = int(getattr(config, "page_size", 1))
+    block = page if page > 1 else 4
+    tokens = int(getattr(config, "kv_tokens", 48))
+    # NOTE: both groups draw on one pool, so it gets twice the blocks.
+    return VLLMAdapter(
+        block, max(2 * tokens // block, 8), int(getattr(config, "max_context", 24)) + block, None, config, mamba=True
     )
 
 
