@@ -5,8 +5,9 @@ tables; one call in three). Each runs the system machine on ``--adapter vllm`` a
 beside the unplanted control: the fault must break one of the shared-block laws, and sooner than the control
 breaks anything (0.6.6.post1's control breaks by its recorded finding, docs/vllm.md). Where a release asserts on
 the fault's path, vLLM's own assert may come first; ``python -O tests/benchmarks/bench_engine_faults.py`` measures
-the laws alone. ``evict-keeps-hash`` meets vLLM's assert in the step the law would see it on every release;
-``test_adapter.py`` shows the law first on a fixed program.
+the laws alone. On ``vllm`` (full attention) ``evict-keeps-hash`` meets vLLM's assert in the step the law would see
+it on every release (``test_adapter.py`` shows the law first on a fixed program); on ``vllm-mamba`` (0.33.0 on) the
+reused Mamba state, written in part, carries its old key and the law comes first.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from kvledger.contracts.adapters.protocol import Unsupported
 from kvledger.contracts.adapters.vllm.cpu_import import unavailable_reason
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.runner import CheckResult, run_machine
@@ -32,21 +34,29 @@ import bench_engine_faults as bench  # noqa: E402
 register_profiles()
 
 
-def _run(fault: str | None) -> CheckResult:
-    machine = machine_for_system(bench.factory("vllm", "full", fault, 3, frozenset()))
+def _run(adapter: str, fault: str | None) -> CheckResult:
+    machine = machine_for_system(bench.factory(adapter, "full", fault, 3, frozenset()))
     profile = settings(settings.get_profile("check"))
     return run_machine("system", "full", machine, list(RULES), profile, seed=1, shrink_for=0.5)
 
 
 @cache
-def _control() -> CheckResult:
-    return _run(None)
+def _control(adapter: str) -> CheckResult:
+    return _run(adapter, None)
 
 
-@pytest.mark.parametrize("fault", sorted(set(bench.VLLM_FAULTS) - {"evict-keeps-hash"}))
-def test_a_planted_fault_breaks_a_shared_block_law(fault: str) -> None:
-    control = _control()
-    result = _run(fault)
+CASES = [("vllm", f) for f in sorted(set(bench.VLLM_FAULTS) - {"evict-keeps-hash"})]
+CASES += [("vllm-mamba", f) for f in sorted(bench.VLLM_FAULTS)]
+
+
+@pytest.mark.parametrize(("adapter", "fault"), CASES)
+def test_a_planted_fault_breaks_a_shared_block_law(adapter: str, fault: str) -> None:
+    try:
+        bench.load_system_factory(adapter)(bench.SYSTEM_CONFIGS["full"])
+    except Unsupported as why:  # NOTE: vllm-mamba before 0.33.0
+        pytest.skip(str(why))
+    control = _control(adapter)
+    result = _run(adapter, fault)
     v = result.violation
     assert v is not None, f"{fault}: held for {result.examples} programs"
     # NOTE: or vLLM's own assert, where a release has one on the path (0.6.6.post1 asserts that a block it pops off
