@@ -213,31 +213,19 @@ def _plant_queue_remove(adapter: Any, every: Every) -> None:
     _wrap(adapter._queue(), "remove", lambda call: lambda b, *a, **k: None if every.fires() else call(b, *a, **k))
 
 
-def _plant_touch(adapter: Any, every: Every) -> None:
-    pool, name = _pool_call(adapter, "touch", "_touch")
-
-    def make(call: Callable[..., Any]) -> Callable[..., Any]:
-        def faulty(blocks: Any, *args: Any, **kwargs: Any) -> Any:
-            out = call(blocks, *args, **kwargs)
-            hit = [b for b in _flat(blocks) if not getattr(b, "is_null", False)]
-            if hit and every.fires():
-                hit[0].ref_cnt -= 1  # NOTE: off the free queue, its new holder not counted
-            return out
-
-        return faulty
-
-    _wrap(pool, name, make)
-
-
-def _plant_new(adapter: Any, every: Every) -> None:
-    pool, name = _pool_call(adapter, "get_new_blocks", "_get_new_blocks")
+def _plant_uncounted(adapter: Any, every: Every, names: tuple[str, ...], given: Callable[[Any, Any], Any]) -> None:
+    """After the pool call ``names`` names, the first block it gave a holder (``given(args, result)``) is counted one
+    holder short: a cache hit taken off the free queue (``touch``) or a new block (``get_new_blocks``) whose holder is
+    not counted."""
+    pool, name = _pool_call(adapter, *names)
 
     def make(call: Callable[..., Any]) -> Callable[..., Any]:
         def faulty(*args: Any, **kwargs: Any) -> Any:
-            got = call(*args, **kwargs)
-            if got and every.fires():
-                got[0].ref_cnt -= 1
-            return got
+            out = call(*args, **kwargs)
+            blocks = [b for b in _flat(given(args, out)) if not getattr(b, "is_null", False)]
+            if blocks and every.fires():
+                blocks[0].ref_cnt -= 1
+            return out
 
         return faulty
 
@@ -277,8 +265,8 @@ VLLM_FAULTS: dict[str, Callable[[Any, Every], None]] = {
     "queue-release-drop": lambda a, e: _plant_queue(a, "queue-release-drop", e),
     "queue-release-twice": lambda a, e: _plant_queue(a, "queue-release-twice", e),
     "queue-remove-drop": _plant_queue_remove,
-    "touch-no-ref": _plant_touch,
-    "new-no-ref": _plant_new,
+    "touch-no-ref": lambda a, e: _plant_uncounted(a, e, ("touch", "_touch"), lambda args, out: args[0]),
+    "new-no-ref": lambda a, e: _plant_uncounted(a, e, ("get_new_blocks", "_get_new_blocks"), lambda args, out: out),
     "evict-keeps-hash": _plant_evict,
     "table-keep": _plant_table,
 }
