@@ -76,6 +76,14 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/lru.py:LRUList.insert_behind:drop-raise:"
+    'raise AlreadyInList("lru_insert", self.component.value, node.id, "already in the list")': (
+        "a check another check repeats (new family, seed 67): without the membership test, a member given as the "
+        "node still meets _check_unlinked, which raises the same AlreadyInList naming the same node (a member's "
+        "pointers are always set, to a neighbour or the list's head or tail); only the message's reason differs "
+        "('still linked' for 'already in the list'), and the misuse probe's 'insert_behind of a member' still gets "
+        "the class and the culprit it wants"
+    ),
     "impl/slots.py:SlotPool._free_host:const+1:1#2": (
         "a fast path's gate (new family, seed 55, 2026-11-30): with ``k == 2`` for ``k == 1``, one slot takes the "
         "general path (``claim``, the same check), and two slots compare 16 bytes of tags with one tag's 8: never "
