@@ -105,7 +105,8 @@ def _expected_links(order: tuple[NodeId, ...], i: int) -> Links:
 def misplaced_members(s: LruState) -> dict[NodeId, tuple[Links | None, Links]]:
     """Members whose links are not the ones their place in ``order`` gives: ``node -> (links, expected)``.
 
-    A member named twice is misplaced at its second place (its links cannot match both).
+    A member named twice is misplaced (its links cannot fit both places): its first place that they do not fit is
+    the one reported.
 
     >>> a, b = NodeId(1), NodeId(2)
     >>> misplaced_members(LruState((a, b), {a: (None, b), b: (a, None)}))

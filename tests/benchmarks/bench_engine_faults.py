@@ -250,7 +250,8 @@ def _plant_table(adapter: Any, every: Every) -> None:
     def make(call: Callable[..., Any]) -> Callable[..., Any]:
         def faulty(request: Any, *args: Any, **kwargs: Any) -> Any:
             rid = request.request_id
-            kept = [(t, list(t[rid])) for _, t in adapter._groups() if t.get(rid)] if every.fires() else []
+            kept = [(t, list(t[rid])) for _, t in adapter._groups() if t.get(rid)]
+            kept = kept if kept and every.fires() else []  # NOTE: a request holding nothing plants nothing
             out = call(request, *args, **kwargs)
             for table, blocks in kept:
                 table[rid] = blocks

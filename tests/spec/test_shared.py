@@ -84,12 +84,16 @@ def test_queue_links_are_checked_as_an_intrusive_list() -> None:
 
 
 def test_a_queued_block_linked_out_of_its_place_is_named() -> None:
-    """A block appended twice: it is queued, but its links are not the ones its place in the walk gives."""
+    """A queued block whose links are not the ones its place in the walk gives (block 3 lost its next link), and a
+    block the walk meets twice (its links fit one place at most): the detail names each, not only the strays."""
     snap = _Snap(good())
     snap.queues = {"kv": LruState((3, 4), {3: (None, None), 4: (3, None), 1: (None, None), 2: (None, None)})}
     (detail,) = [d for n, d in check_shared_laws(snap) if n == "inv_lru_detached"]
     assert "blocks out of the queue holding links {}" in detail
     assert "{3: 'links (None, None), place gives (None, 4)'}" in detail
+    snap.queues = {"kv": LruState((3, 4, 3), {3: (4, None), 4: (3, 3), 1: (None, None), 2: (None, None)})}
+    (detail,) = [d for n, d in check_shared_laws(snap) if n == "inv_lru_detached"]
+    assert "{3: 'links (4, None), place gives (None, 4)'}" in detail  # NOTE: its second place's links, not its first
 
 
 def test_a_sentinel_count_that_moves_breaks_the_transition_law() -> None:

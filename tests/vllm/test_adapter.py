@@ -171,36 +171,46 @@ def test_a_reused_block_that_keeps_its_old_key_breaks_keys_match_content() -> No
     assert "inv_keys_match_content" in first, broken  # NOTE: before the engine's own assert, where it has one
 
 
-def test_a_mamba_state_cached_at_a_block_end_is_shared_by_the_next_requests() -> None:
-    """Full attention plus Mamba (``align``): a request whose decode crosses a block end leaves the state there cached;
-    two later requests on that prefix, admitted in later steps, share it (one block, two Mamba holders, count 2), and
-    every law holds. The adapter starts a scheduler step at each admission (``new_step_starts``): without it, Mamba's
-    states cached in an earlier call stay "cached this step" and every later hit is refused."""
-    from kvledger.contracts.adapters.protocol import Unsupported
+def _mamba_shared(a) -> list[int]:  # type: ignore[no-untyped-def]
+    """The blocks exactly two Mamba holders share, after checking that every law holds."""
     from kvledger.spec.types import Component
+
+    broken, snap = _laws(a)
+    assert broken == set()
+    pool = snap.pools["kv"]
+    mamba2 = [Component.MAMBA] * 2
+    return [b for b, h in pool.holders.items() if b not in pool.sentinels and [o.component for o in h] == mamba2]
+
+
+def test_a_mamba_state_cached_at_a_block_end_is_shared_from_the_next_step() -> None:
+    """Full attention plus Mamba (``align``): an 8-token prompt's prefill leaves the state at its block end cached.
+    A request on that prefix in the same scheduler step may not use it (vLLM's ``cached_blocks_this_step``: refused,
+    and the refusal changes nothing); in the next step it shares it (one block, two Mamba holders, count 2). The
+    adapter starts one step per ``admit`` call, not per request, and one per decode step (``new_step_starts``)."""
+    from kvledger.contracts.adapters.protocol import Unsupported
 
     if not _mamba_ok():
         with pytest.raises(Unsupported, match="caches no Mamba state"):
             _adapter("mamba")
         return
+    prefix = (1, 2, 3, 4, 5, 6, 7, 8)
     a = _adapter("mamba")
-    r = a.add_request((1, 2, 3, 4, 5, 6, 7, 8))
-    a.admit(64)
-    a.extend(r, 5)
-    a.finish(r)
-    for prompt in ((1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9), (1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4)):
-        rid = a.add_request(prompt)
-        assert a.admit(64).admitted == (rid,)
-        assert a.prefix[rid] == 8
-    broken, snap = _laws(a)
-    assert broken == set()
-    pool = snap.pools["kv"]
-    shared = [
-        b
-        for b, h in pool.holders.items()
-        if b not in pool.sentinels and [o.component for o in h] == [Component.MAMBA] * 2
-    ]
-    assert len(shared) == 1 and pool.counts[shared[0]] == 2
+    r1, r2 = a.add_request(prefix), a.add_request((*prefix, 7))
+    same = a.admit(64)
+    assert (same.admitted, same.rejected) == ((r1,), (r2,))  # NOTE: a state cached this step is not shared in it
+    assert _mamba_shared(a) == []
+    nxt = a.admit(64)
+    assert nxt.admitted == (r2,) and a.prefix[r2] == 8
+    (block,) = _mamba_shared(a)
+    assert a.shared_snapshot().pools["kv"].counts[block] == 2
+
+    b = _adapter("mamba")  # NOTE: a finished request's state, hit at the next admission with no decode between
+    r = b.add_request(prefix)
+    b.admit(64)
+    b.finish(r)
+    again = b.add_request((*prefix, 9, 9))
+    assert b.admit(64).admitted == (again,) and b.prefix[again] == 8
+    assert _mamba_shared(b) == []  # NOTE: its first holder finished: one holder now
 
 
 def test_preemption_returns_everything_and_readmission_hits_the_cache() -> None:

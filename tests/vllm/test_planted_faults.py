@@ -20,7 +20,7 @@ import pytest
 from hypothesis import settings
 
 from kvledger.contracts.adapters.protocol import Unsupported
-from kvledger.contracts.adapters.vllm.cpu_import import unavailable_reason
+from kvledger.contracts.adapters.vllm.cpu_import import installed_version_or_none, unavailable_reason
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.runner import CheckResult, run_machine
 from kvledger.contracts.machines.shared_laws import SHARED_RULES
@@ -32,6 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_engine_faults as bench  # noqa: E402
 
 register_profiles()
+HAVE = installed_version_or_none()
+
+
+def _v(version: str) -> tuple[int, ...]:
+    return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in version.split("."))
 
 
 def _run(adapter: str, fault: str | None) -> CheckResult:
@@ -43,6 +48,18 @@ def _run(adapter: str, fault: str | None) -> CheckResult:
 @cache
 def _control(adapter: str) -> CheckResult:
     return _run(adapter, None)
+
+
+ASSERTS_FIRST: dict[tuple[str, str], tuple[str, str]] = {
+    ("vllm", "queue-remove-drop"): ("0.6.6.post1", "0.8.0"),
+}
+"""``(adapter, fault) -> (first release, first release not)`` where vLLM's own assert comes before the laws, as
+measured (docs/vllm.md: ``_get_new_blocks`` asserts that a block it pops off the free queue is unheld, before 0.8)."""
+
+
+def _asserts_first(adapter: str, fault: str) -> bool:
+    span = ASSERTS_FIRST.get((adapter, fault))
+    return HAVE is not None and span is not None and _v(span[0]) <= _v(HAVE) < _v(span[1])
 
 
 CASES = [("vllm", f) for f in sorted(set(bench.VLLM_FAULTS) - {"evict-keeps-hash"})]
@@ -59,10 +76,12 @@ def test_a_planted_fault_breaks_a_shared_block_law(adapter: str, fault: str) -> 
     result = _run(adapter, fault)
     v = result.violation
     assert v is not None, f"{fault}: held for {result.examples} programs"
-    # NOTE: or vLLM's own assert, where a release has one on the path (0.6.6.post1 asserts that a block it pops off
-    # the free queue is unheld): the engine's catch, counted apart by the benchmark.
-    engine = v.rule == "implementation crashed: AssertionError"
-    assert v.rule in SHARED_RULES or engine, f"{fault}: {v.rule}: {v.message}"
+    if _asserts_first(adapter, fault):  # NOTE: the engine's catch, counted apart by the benchmark
+        assert v.rule == "implementation crashed: AssertionError", f"{fault}: {v.rule}: {v.message}"
+    else:
+        assert v.rule in SHARED_RULES, f"{fault}: {v.rule}: {v.message}"
+    if (adapter, fault) == ("vllm-mamba", "evict-keeps-hash"):
+        assert v.rule == "inv_keys_match_content", v.message  # NOTE: the reused state, written in part, first
     assert control.violation is None or result.examples < control.examples, (fault, control.violation)
 
 
