@@ -38,8 +38,9 @@ Per seed the machine runs at the ``check`` profile on ``sglang-<release>-system`
 once unfaulted (the control: a fault's verdict counts only where the control holds, or breaks later or by another
 law) and once per fault. It prints the law that broke first (or ``holds``), the programs and steps run, and the
 time. A run counts as caught by a law only when the verdict is one of the system machine's laws; the engine's own
-assert (``implementation crashed``) or another crash is counted apart, as the engine's catch, not kvledger's. Run
-it with ``python -O`` to strip the engine's asserts and measure what the laws find alone.
+assert (``implementation crashed``) or another crash is counted apart, as the engine's catch, not kvledger's. A run
+whose fault never fired (the release never called the planted site) reads ``never fired`` and is left out. Run it
+with ``python -O`` to strip the engine's asserts and measure what the laws find alone.
 """
 
 from __future__ import annotations
