@@ -115,10 +115,12 @@ def misplaced_members(s: LruState) -> dict[NodeId, tuple[Links | None, Links]]:
     {1: ((None, None), (None, 2))}
     """
     out: dict[NodeId, tuple[Links | None, Links]] = {}
+    seen: set[NodeId] = set()
     for i, n in enumerate(s.order):
         want = _expected_links(s.order, i)
-        if n not in out and (s.order.index(n) != i or s.links.get(n) != want):
+        if n not in out and (n in seen or s.links.get(n) != want):
             out[n] = (s.links.get(n), want)
+        seen.add(n)
     return out
 
 

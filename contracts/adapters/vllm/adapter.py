@@ -326,16 +326,19 @@ class VLLMAdapter:
         self._learn_meanings()
         self._observe_writes()
 
-    def _observe_writes(self, sentinels: frozenset[int] | None = None) -> None:
+    def _sentinels(self) -> frozenset[int]:
+        """The null block's id (it stands in for skipped positions), where the release has one."""
+        null = getattr(self.pool, "null_block", None)
+        return frozenset({null.block_id}) if null is not None else frozenset()
+
+    def _observe_writes(self) -> None:
         """What each holder has computed into its blocks so far, a block it filled in part too.
 
         Observed after every step, before every ``free`` and at every snapshot, so the content of a block is its
         last writer's even when the block was filled and released between two snapshots. A key on a block whose
         writer filled it only in part names content the block does not hold (``inv_keys_match_content``).
         """
-        if sentinels is None:
-            null = getattr(self.pool, "null_block", None)
-            sentinels = frozenset({null.block_id}) if null is not None else frozenset()
+        sentinels = self._sentinels()
         group_of = hasattr(self.mgr, "coordinator")
         for gid, (_, tables) in enumerate(self._groups()):
             for rid_s, table in tables.items():
@@ -500,8 +503,7 @@ class VLLMAdapter:
         """The abstraction of the block pool (holders, counts, queue, sentinel, keys, index, content)."""
         self._learn_meanings()
         blocks = self._blocks()
-        null = getattr(self.pool, "null_block", None)
-        sentinels = frozenset({null.block_id}) if null is not None else frozenset()
+        sentinels = self._sentinels()
         holders: dict[int, list[Owner]] = {}
         content: dict[int, Hashable] = {}
         for comp, tables in self._groups():
@@ -509,7 +511,7 @@ class VLLMAdapter:
                 owner = Owner(OwnerKind.REQUEST, int(rid_s), comp)
                 for b in table:
                     holders.setdefault(b.block_id, []).append(owner)
-        self._observe_writes(sentinels)
+        self._observe_writes()
         for b in blocks:
             if b.block_id in self._written:
                 content[b.block_id] = self._written[b.block_id]
