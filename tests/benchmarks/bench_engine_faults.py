@@ -104,14 +104,11 @@ def _plant_free(allocator: Any, fault: str, every: Every) -> None:
         free = getattr(allocator, name)
 
         def faulty(ids: Any, *args: Any, **kwargs: Any) -> Any:
-            if depth[0] or ids is None or len(ids) == 0 or not every.fires():
-                depth[0] += 1
-                try:
-                    return free(ids, *args, **kwargs)
-                finally:
-                    depth[0] -= 1
+            fault_now = not depth[0] and ids is not None and len(ids) > 0 and every.fires()
             depth[0] += 1
             try:
+                if not fault_now:
+                    return free(ids, *args, **kwargs)
                 if fault == "kv-free-drop":
                     return None
                 if fault == "kv-free-short":  # NOTE: a whole page short (a token short of a page frees it anyway)
@@ -280,17 +277,14 @@ SGLANG_FAULTS: dict[str, Callable[[Any, Every], None]] = {
     "kv-free-twice": lambda a, e: _plant_free(scheduler(a).token_to_kv_pool_allocator, "kv-free-twice", e),
     "kv-alloc-hands-back": lambda a, e: _plant_alloc(scheduler(a).token_to_kv_pool_allocator, e),
     "row-free-drop": lambda a, e: _plant_row(scheduler(a).req_to_token_pool, e),
-    "lock-dec-drop": lambda a, e: plant_lock(tree_cache(a), "no-dec", e.n),  # NOTE: bench_lock_faults' faults
-    "lock-inc-undone": lambda a, e: plant_lock(tree_cache(a), "no-inc", e.n),
+    "lock-dec-drop": lambda a, e: plant_lock(tree_cache(a), "no-dec", fires=e.fires),  # NOTE: bench_lock_faults'
+    "lock-inc-undone": lambda a, e: plant_lock(tree_cache(a), "no-inc", fires=e.fires),
     "mamba-free-drop": lambda a, e: _plant_free(_mamba_slots(a), "kv-free-drop", e),
     "mamba-alloc-hands-back": lambda a, e: _plant_alloc(_mamba_slots(a), e),
 }
 """SGLang's faults, planted on a freshly built adapter (the machine builds one per program)."""
 
 MAMBA_ONLY = frozenset({"mamba-free-drop", "mamba-alloc-hands-back"})
-
-UNCOUNTED = frozenset({"lock-dec-drop", "lock-inc-undone"})
-"""Faults that count their calls themselves (``bench_lock_faults.plant``), not through :class:`Every`."""
 
 
 def factory(adapter_name: str, model: str, fault: str | None, every: int, aside: frozenset[str]) -> Callable[[], Any]:
@@ -330,7 +324,7 @@ def run(adapter_name: str, model: str, fault: str | None, seed: int, args: argpa
     Every.fired = 0
     result = run_machine("system", model, machine, list(RULES), profile, seed=seed, shrink_for=args.shrink_for)
     v = result.violation
-    unplanted = fault is not None and fault not in UNCOUNTED and Every.fired == 0
+    unplanted = fault is not None and Every.fired == 0
     return Run(
         fault or "(none: control)",
         seed,

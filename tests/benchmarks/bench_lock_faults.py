@@ -45,22 +45,27 @@ def tree_cache(adapter: Any) -> Any:
     return getattr(tree, "inner", tree)
 
 
-def plant(cache: Any, fault: str, every: int = 3) -> None:
-    """Wrap ``cache``'s lock calls so that one in ``every`` carries ``fault``."""
+def plant(cache: Any, fault: str, every: int = 3, fires: Callable[[], bool] | None = None) -> None:
+    """Wrap ``cache``'s lock calls so that one in ``every`` carries ``fault`` (or each call where ``fires()`` says so:
+    ``bench_engine_faults`` counts every fault's fires alike)."""
     inc, dec = cache.inc_lock_ref, cache.dec_lock_ref
-    calls = [0]
+    if fires is None:
+        calls = [0]
+
+        def fires() -> bool:
+            calls[0] += 1
+            return calls[0] % every == 0
 
     def faulty_inc(node: Any, *args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
+        fire = fires()
         got = inc(node, *args, **kwargs)
-        if calls[0] % every == 0:
+        if fire:
             receipt = got.to_dec_params() if hasattr(got, "to_dec_params") else None
             dec(node, receipt) if receipt is not None else dec(node)
         return got
 
     def faulty_dec(node: Any, *args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        return None if calls[0] % every == 0 else dec(node, *args, **kwargs)
+        return None if fires() else dec(node, *args, **kwargs)
 
     if fault == "no-inc":
         cache.inc_lock_ref = faulty_inc
