@@ -260,3 +260,13 @@ class ArgumentError(KVLedgerError):
         self.name = name
         self.detail = detail
         super().__init__(f"{operation}: {name} {detail}")
+
+
+class LawBroken(AssertionError):
+    """A law seen broken inside a call, where the call cannot go on: a finding, never a refusal.
+
+    The message reads ``law: detail``, as every law's does. It is not a
+    :class:`KVLedgerError`: a refusal changes nothing, while the call that meets
+    this may already have changed state (an engine's scheduler stepped several
+    times and then stopped moving the request it was asked to move).
+    """

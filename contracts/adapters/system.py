@@ -348,7 +348,9 @@ class SystemAdapter(Protocol):
     def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
         """Decode ``n`` tokens for running request ``rid`` (``ahead``: slots kept allocated past them).
 
-        All or nothing: on failure a ``KVLedgerError`` is raised and nothing changed.
+        All or nothing: on failure a ``KVLedgerError`` is raised and nothing changed. An engine that ran steps and
+        stopped moving the request (``a running request moves``) is a finding, not a failure: the adapter raises
+        :class:`~kvledger.spec.errors.LawBroken`, since the state may have changed on the way (``finish`` too).
         """
         ...
 

@@ -41,7 +41,7 @@ from kvledger.contracts.machines.fair import SCHEDULE, fair
 from kvledger.contracts.machines.kept import Kept
 from kvledger.contracts.machines.regression import program_lines
 from kvledger.contracts.machines.stable import fixed_constants
-from kvledger.spec.errors import KVLedgerError
+from kvledger.spec.errors import KVLedgerError, LawBroken
 
 _STEP = re.compile(r"^(?:\w+ = )?state\.(\w+)\((.*)\)$")
 _NOISE = ("inv_", "teardown", "check_invariants", SCHEDULE)
@@ -352,7 +352,9 @@ def readable(err: BaseException) -> tuple[str, str]:
     (the bindings' postconditions, named ``law: what it checks``) loses its
     ``File ..., line N in attach`` line, the condition function's name, the
     ``OLD`` bundle and ``self``'s address; the call's arguments and result stay,
-    one ``name = value`` a line. A step past the watchdog's limit is ``hang``; a
+    one ``name = value`` a line. A :class:`~kvledger.spec.errors.LawBroken` an
+    adapter raised inside a call reads as its law, wherever the adapter lives.
+    A step past the watchdog's limit is ``hang``; a
     kvledger typed error names its law (an ``inv_*`` head), or is a refusal of a step the machine made inside its
     domain: ``implementation refused a valid step: InvalidArgument``; anything else is a crash of the
     implementation (or the adapter): ``implementation crashed: TypeError``,
@@ -386,7 +388,7 @@ def readable(err: BaseException) -> tuple[str, str]:
         if not law.startswith("inv_"):  # NOTE: its message's head is where it was refused, not a law
             law = f"{REFUSED}: {type(err).__name__}"
         return law, f"{type(err).__name__}: {text}"
-    if isinstance(err, AssertionError) and text and _raised_by_kvledger(err):
+    if isinstance(err, AssertionError) and text and (isinstance(err, LawBroken) or _raised_by_kvledger(err)):
         return rule_of(text), text
     if isinstance(err, Flaky):
         return "flaky: the implementation does not behave the same on the same program", text

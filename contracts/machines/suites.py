@@ -190,6 +190,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "admission within budget",
         "admission admits what fits",
         "admission reuses the cache",
+        "a running request moves",
         "alloc evicts before it refuses",
         "alloc evicts no more than it is short",
         "inv_waiting_blank",

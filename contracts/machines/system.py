@@ -109,6 +109,7 @@ RULES = (
     "alloc evicts no more than it is short",
     "extend commits",
     "extend takes what it asked",
+    "a running request moves",
     "resume is append-only",
     "resume reuses the session",
     "a turn commits what it computed",

@@ -154,3 +154,33 @@ def test_a_shrink_budget_from_the_environment_must_be_positive_seconds(
         shrink_seconds()
     monkeypatch.setenv(SHRINK_ENV, "2.5")
     assert shrink_seconds() == 2.5
+
+
+@pytest.mark.parametrize("raised", ["law", "refusal"])
+def test_a_law_an_adapter_meets_inside_a_call_is_that_law_never_a_refusal(raised: str) -> None:
+    """An adapter whose extend moved the engine and then met a broken law (here: decoded, then raised as a stalled
+    engine would) raises ``LawBroken``: the run reads that law, wherever the adapter's file lives, and the machine
+    never takes it for a refusal. The same stop raised as a typed refusal is caught by the refusal's own law, since
+    the call changed the state."""
+    from kvledger.contracts.adapters.reference_system import ReferenceSystemAdapter
+    from kvledger.contracts.adapters.system import StepResult
+    from kvledger.contracts.machines.suites import SYSTEM_CONFIGS
+    from kvledger.contracts.machines.system import RULES, machine_for_system
+    from kvledger.spec.errors import CacheError, LawBroken
+
+    class Stalls(ReferenceSystemAdapter):
+        def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
+            super().extend(rid, n, ahead)
+            if raised == "law":
+                raise LawBroken(f"a running request moves: extend of request {rid}: still running")
+            raise CacheError(f"extend of request {rid}: the engine did not move it")
+
+    machine = machine_for_system(lambda: Stalls(SYSTEM_CONFIGS["full"]))
+    result = run_machine("system", "full", machine, list(RULES), NO_SHRINK, seed=1)
+    v = result.violation
+    assert v is not None and v.steps[-1].startswith(("extend(", "extend_far_ahead(")), v
+    if raised == "law":
+        assert v.rule == "a running request moves", v.message
+        assert v.message.startswith("a running request moves: extend of request"), v.message
+    else:
+        assert v.rule == "rejected call leaves state unchanged", v.message

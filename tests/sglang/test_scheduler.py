@@ -545,3 +545,34 @@ def test_an_extend_waits_out_the_prefills_the_scheduler_runs_first(cpp: bool) ->
         getattr(state, rule)(**args)
         state.inv_all_laws()
     state.teardown()
+
+
+@pytest.mark.parametrize("model", ["full", "mamba"])
+def test_a_scheduler_that_never_decodes_breaks_a_running_request_moves(model: str) -> None:
+    """An engine that admits requests and then never runs a decode batch (planted in ``get_next_batch_to_run``):
+    the system machine's first extend or finish of a running request reads ``a running request moves``, where the
+    adapter once gave up silently and left the read to ``extend commits`` (and to nothing on a finish)."""
+    from hypothesis import Phase, settings
+
+    from kvledger.contracts.adapters.sglang.scheduler import scheduler_factory
+    from kvledger.contracts.machines.profiles import register_profiles
+    from kvledger.contracts.machines.runner import run_machine
+    from kvledger.contracts.machines.system import RULES, machine_for_system
+
+    def planted() -> SystemAdapter:
+        a: Any = scheduler_factory(MAMBA if model == "mamba" else SystemConfig())
+        real = a.sched.get_next_batch_to_run
+
+        def no_decode(*args: Any, **kwargs: Any) -> Any:
+            batch = real(*args, **kwargs)
+            return None if batch is not None and not batch.forward_mode.is_extend() else batch
+
+        a.sched.get_next_batch_to_run = no_decode
+        return a  # type: ignore[no-any-return]
+
+    register_profiles()
+    quick = settings(settings.get_profile("ci"), max_examples=10, stateful_step_count=20, phases=[Phase.generate])
+    result = run_machine("system", model, machine_for_system(planted), list(RULES), quick, seed=0)
+    v = result.violation
+    assert v is not None and v.rule == "a running request moves", v
+    assert "of request" in v.message and "still running" in v.message, v.message

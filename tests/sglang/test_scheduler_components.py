@@ -817,12 +817,12 @@ def test_a_row_an_ended_request_keeps_breaks_released_on_end(model: str) -> None
 
 
 @needs_components
-def test_a_finish_the_engine_decodes_past_is_refused() -> None:
+def test_a_finish_the_engine_decodes_past_breaks_a_running_request_moves() -> None:
     """``finish`` asks the oracle for EOS and steps until the request ends; decoding on is not moving towards that
-    end. An engine that ignores the EOS (here: the oracle's finishing set made deaf) is refused with a typed
-    ``SchedulerError`` once its slack of steps runs out, instead of being stepped to its length limit and read as
-    a finish; a healthy finish ends in one decode step."""
-    from kvledger.contracts.adapters.sglang.common import SchedulerError
+    end. An engine that ignores the EOS (here: the oracle's finishing set made deaf) breaks ``a running request
+    moves`` once its slack of steps runs out, instead of being stepped to its length limit and read as a finish
+    (nor refused: it stepped); a healthy finish ends in one decode step."""
+    from kvledger.spec.errors import KVLedgerError, LawBroken
 
     a: Any = load_system_factory(f"sglang-{HAVE}-system")(MODELS["full"])
     rid = a.add_request(tuple(range(10, 14)))
@@ -837,5 +837,38 @@ def test_a_finish_the_engine_decodes_past_is_refused() -> None:
     rid = a.add_request(tuple(range(10, 14)))
     a.admit(64)
     a.oracle.finishing = Deaf()
-    with pytest.raises(SchedulerError, match=rf"finish: request {rid} is still running and did not move"):
+    with pytest.raises(LawBroken, match=rf"^a running request moves: finish of request {rid}: still running") as got:
         a.finish(rid)
+    assert not isinstance(got.value, KVLedgerError)
+
+
+def _no_decode(sched: Any, plan_of: Callable[[Any], Any], none: Callable[[Any], Any]) -> None:
+    """Plant a scheduler that never runs a decode batch: its ``get_next_batch_to_run`` hands over prefill batches
+    only (``plan_of`` reads the batch from what it returns; ``none`` is that return with no batch)."""
+    real = sched.get_next_batch_to_run
+
+    def planted(*args: Any, **kwargs: Any) -> Any:
+        got = real(*args, **kwargs)
+        batch = plan_of(got)
+        return none(got) if batch is not None and not batch.forward_mode.is_extend() else got
+
+    sched.get_next_batch_to_run = planted
+
+
+@needs_components
+@pytest.mark.parametrize("model", ["full", "mamba"])
+def test_a_scheduler_that_never_decodes_breaks_a_running_request_moves(model: str) -> None:
+    """An engine that admits requests and then never runs a decode batch (planted in ``get_next_batch_to_run``):
+    the system machine's first extend or finish of a running request reads ``a running request moves``. Before it
+    the adapter raised a ``SchedulerError``, which an extend took as a refusal that changed nothing (so the stall
+    passed unseen) and a finish as a crash. The unplanted engine's run is ``test_system_machine_on_sglangs_scheduler``
+    (which accepts no other law)."""
+
+    def planted() -> SystemAdapter:
+        a: Any = _adapter(MODELS[model])
+        _no_decode(a.s, lambda plan: plan.batch_to_run, lambda plan: dataclasses.replace(plan, batch_to_run=None))
+        return a
+
+    result = run_machine("system", model, machine_for_system(planted), list(RULES), FIND, seed=0)
+    assert result.violation is not None and result.violation.rule == "a running request moves", result.violation
+    assert re.search(r"(extend|finish) of request \d+: still running", result.violation.message)

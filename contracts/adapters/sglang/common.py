@@ -47,7 +47,7 @@ from kvledger.contracts.adapters.protocol import CacheAdapter, Unsupported, skip
 from kvledger.contracts.adapters.system import SystemConfig
 from kvledger.contracts.machines.cache import RULES, machine_for_cache
 from kvledger.contracts.machines.runner import CheckResult, run_machine
-from kvledger.spec.errors import KVLedgerError
+from kvledger.spec.errors import KVLedgerError, LawBroken
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.lru import SENTINEL, LruState
 from kvledger.spec.prefix import fingerprint
@@ -149,6 +149,22 @@ def step_until(
             stalled += 1
         seen = now
     return done()
+
+
+ENGINE_MOVES = "a running request moves"
+"""The law a scheduler adapter reads where :func:`step_until` gave up on a running request (:func:`stalled`)."""
+
+
+def stalled(what: str, rid: int, slack: int) -> LawBroken:
+    """``a running request moves``: request ``rid``, which ``what`` (an extend, a finish) asked the engine to move,
+    is still running after more than ``slack`` engine steps in a row in which it neither decoded (for an extend) nor
+    changed status, more than the prefills the scheduler may run first. A finding, not a refusal: the engine may
+    have stepped other requests on the way, so the state need not be as it was."""
+    return LawBroken(
+        f"{ENGINE_MOVES}: {what} of request {rid}: still running after more than {slack} engine steps in a row in "
+        "which it did not move (the steps the scheduler may spend elsewhere first: one per waiting request and per "
+        "chunk still to prefill, and a few more)"
+    )
 
 
 def not_chunked(rid: int, status: str) -> SchedulerError:

@@ -75,6 +75,7 @@ from kvledger.contracts.adapters.sglang.common import (
     one_process_run,
     reap_sessions,
     retraction_forced,
+    stalled,
     step_until,
     still_prefilling,
     uncached,
@@ -675,19 +676,24 @@ class SchedulerAdapter:
         todo = (len(q.origin_input_ids) + len(q.output_ids) - int(q.kv_committed_len) for q in live)
         return chunk_steps(self.chunk_tokens, todo)
 
-    def _steps_until(self, r: _Req, done: Callable[[], bool], decoding_moves: bool = True) -> StepResult:
+    def _steps_until(self, r: _Req, done: Callable[[], bool], what: str, decoding_moves: bool = True) -> StepResult:
         """Engine steps until ``done()``, while request ``r`` moves (each step it changes status, or decodes where
         ``decoding_moves``, resets the count); the steps in which it does not are bounded by the prefills the
-        scheduler may run first: one per waiting request and per chunk still to prefill, and two more. A finish
-        passes ``decoding_moves=False``: a request that decodes on past its EOS is not moving towards its end."""
+        scheduler may run first: one per waiting request and per chunk still to prefill, and two more. Past them a
+        request still running is a finding (``a running request moves``,
+        :func:`~kvledger.contracts.adapters.sglang.common.stalled`; one waiting is not: it may wait for memory). A
+        finish passes ``decoding_moves=False``: a request that decodes on past its EOS is not moving towards its end."""
         before = self._statuses()
         tried = [x for x, st in before.items() if st == "waiting"]
-        step_until(
-            self._step,
-            done,
-            lambda: (self._status(r), len(r.sg.output_ids) if r.sg is not None and decoding_moves else 0),
-            lambda: 2 + len(self.sched.waiting_queue) + self._chunk_steps(),
-        )
+
+        def slack() -> int:
+            return 2 + len(self.sched.waiting_queue) + self._chunk_steps()
+
+        def moves() -> object:
+            return self._status(r), len(r.sg.output_ids) if r.sg is not None and decoding_moves else 0
+
+        if not step_until(self._step, done, moves, slack) and self._status(r) == "running":
+            raise stalled(what, r.rid, slack())
         return self._outcome(before, tried)
 
     def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
@@ -698,7 +704,7 @@ class SchedulerAdapter:
         if self._mid_prefill(r):
             raise still_prefilling(rid, n, int(r.sg.kv_committed_len), len(r.sg.origin_input_ids))
         target = len(r.sg.output_ids) + n
-        return self._steps_until(r, lambda: self._status(r) != "running" or len(r.sg.output_ids) >= target)
+        return self._steps_until(r, lambda: self._status(r) != "running" or len(r.sg.output_ids) >= target, "extend")
 
     def finish(self, rid: int) -> StepResult:
         """The oracle emits EOS for ``rid`` from now on; step until it has finished."""
@@ -706,7 +712,9 @@ class SchedulerAdapter:
         if self._status(r) not in ("running", "waiting"):
             return self._outcome(self._statuses())
         r.eos = True
-        return self._steps_until(r, lambda: self._status(r) not in ("running", "waiting"), decoding_moves=False)
+        return self._steps_until(
+            r, lambda: self._status(r) not in ("running", "waiting"), "finish", decoding_moves=False
+        )
 
     def retract(self, rid: int) -> StepResult:
         """SGLang's ``TEST_RETRACT`` hook on for one decode iteration: ``retract_decode`` picks its victims."""

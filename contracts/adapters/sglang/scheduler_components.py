@@ -95,6 +95,7 @@ from kvledger.contracts.adapters.sglang.common import (
     one_process_run,
     reap_sessions,
     retraction_forced,
+    stalled,
     step_until,
     still_prefilling,
     uncached,
@@ -828,18 +829,23 @@ class SchedulerSystemAdapter:
     def _decode_until(self, rid: int, done: Any, what: str, decoding_moves: bool = True) -> StepResult:
         """Engine steps until ``done()`` or request ``rid`` stops running; the steps in which it does not move (decode,
         where ``decoding_moves``) are bounded by the prefills the scheduler may run first (one per waiting request
-        and per chunk still to prefill, and three more), past which a request still running is refused. A finish
+        and per chunk still to prefill, and three more), past which a request still running is a finding (``a running
+        request moves``, :func:`~kvledger.contracts.adapters.sglang.common.stalled`). A finish
         passes ``decoding_moves=False``: a request that decodes on past its EOS is not moving towards its end."""
         before = self._statuses()
         req = self.reqs[rid]
         # NOTE: a request the engine retracted or ended on the way is a step's outcome, not a refusal
+
+        def slack() -> int:
+            return 3 + len(self.s.waiting_queue) + self._chunk_steps()
+
         if not step_until(
             self._step,
             lambda: done() or self._status(rid) != "running",
             lambda: len(req.output_ids) if decoding_moves else 0,
-            lambda: 3 + len(self.s.waiting_queue) + self._chunk_steps(),
+            slack,
         ):
-            raise SchedulerError(f"{what}: request {rid} is still running and did not move (status running)")
+            raise stalled(what, rid, slack())
         return self._result(before)
 
     def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
