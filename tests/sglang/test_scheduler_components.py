@@ -842,23 +842,10 @@ def test_a_finish_the_engine_decodes_past_breaks_a_running_request_moves() -> No
     assert not isinstance(got.value, KVLedgerError)
 
 
-def _no_decode(sched: Any, plan_of: Callable[[Any], Any], none: Callable[[Any], Any]) -> None:
-    """Plant a scheduler that never runs a decode batch: its ``get_next_batch_to_run`` hands over prefill batches
-    only (``plan_of`` reads the batch from what it returns; ``none`` is that return with no batch)."""
-    real = sched.get_next_batch_to_run
-
-    def planted(*args: Any, **kwargs: Any) -> Any:
-        got = real(*args, **kwargs)
-        batch = plan_of(got)
-        return none(got) if batch is not None and not batch.forward_mode.is_extend() else got
-
-    sched.get_next_batch_to_run = planted
-
-
 @needs_components
 @pytest.mark.parametrize("model", ["full", "mamba"])
 def test_a_scheduler_that_never_decodes_breaks_a_running_request_moves(model: str) -> None:
-    """An engine that admits requests and then never runs a decode batch (planted in ``get_next_batch_to_run``):
+    """An engine that admits requests and then never runs a decode batch (planted where the loop gets its next batch):
     the system machine's first extend or finish of a running request reads ``a running request moves``. Before it
     the adapter raised a ``SchedulerError``, which an extend took as a refusal that changed nothing (so the stall
     passed unseen) and a finish as a crash. The unplanted engine's run is ``test_system_machine_on_sglangs_scheduler``
@@ -866,8 +853,14 @@ def test_a_scheduler_that_never_decodes_breaks_a_running_request_moves(model: st
 
     def planted() -> SystemAdapter:
         a: Any = _adapter(MODELS[model])
-        _no_decode(a.s, lambda plan: plan.batch_to_run, lambda plan: dataclasses.replace(plan, batch_to_run=None))
-        return a
+        real = a._next_batch
+
+        def no_decode() -> Any:
+            batch = real()
+            return None if batch is not None and not batch.forward_mode.is_extend() else batch
+
+        a._next_batch = no_decode
+        return a  # type: ignore[no-any-return]
 
     result = run_machine("system", model, machine_for_system(planted), list(RULES), FIND, seed=0)
     assert result.violation is not None and result.violation.rule == "a running request moves", result.violation
