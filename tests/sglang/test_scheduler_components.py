@@ -353,6 +353,38 @@ def test_a_lock_its_holder_never_releases_breaks_the_lock_laws(monkeypatch: pyte
         check_snapshot(sys.snapshot(), None, sys.capabilities)
 
 
+@pytest.mark.skipif(TESTED is not COMPONENTS, reason=f"receipts kept by the holder from 0.5.17; {HAVE} is installed")
+@pytest.mark.parametrize("receipts", [True, False], ids=["read", "not_read"])
+def test_a_mamba_lock_its_holder_never_releases_breaks_the_lock_laws(
+    monkeypatch: pytest.MonkeyPatch, receipts: bool
+) -> None:
+    """A request whose match ended on a cached Mamba state locks that state too (its handle covers it, from the
+    receipt the request keeps). SGLang's Mamba release made a no-op: the finish leaves a Mamba count no handle
+    explains, and ``inv_lock_ref_counts_handles`` says so at once. With the receipts not read (as before, full
+    attention's counts only) the same state passes."""
+    from kvledger.spec.types import Component
+
+    sys: Any = _adapter(MODELS["mamba"])
+    monkeypatch.setattr(sys, "RECEIPTS", receipts)
+    warm = sys.add_request((5, 6, 7, 8, 9))
+    sys.admit(64)
+    sys.finish(warm)
+    rid = sys.add_request((5, 6, 7, 8, 9, 10))
+    sys.admit(64)
+    snap = sys.snapshot()
+    covered = {c for cov in snap.locks.handles.values() for _, c in cov}
+    assert (Component.MAMBA in covered) is receipts, covered
+    _laws(sys)
+    mamba = sys.cache.components[sys.sg.ComponentType.MAMBA]
+    monkeypatch.setattr(mamba, "release_component_lock", lambda *args, **kwargs: None)
+    sys.finish(rid)
+    if receipts:
+        with pytest.raises(AssertionError, match=r"inv_lock_ref_counts_handles"):
+            check_snapshot(sys.snapshot(), None, sys.capabilities)
+    else:
+        check_snapshot(sys.snapshot(), None, sys.capabilities)
+
+
 @needs_components
 def test_a_row_naming_a_free_slot_fails_rows_held() -> None:
     sys = _adapter()

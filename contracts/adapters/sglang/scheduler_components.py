@@ -117,7 +117,7 @@ from kvledger.contracts.adapters.system import (
 from kvledger.contracts.adapters.system import SystemSnapshot as SystemSnap
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.locks import Coverage, LockState, required_coverage
-from kvledger.spec.types import Component, HandleId, Owner, request, session
+from kvledger.spec.types import Component, HandleId, Owner, OwnerKind, request, session
 
 __all__ = ["SchedulerError", "SchedulerSystemAdapter", "scheduler_system_factory"]
 
@@ -295,6 +295,10 @@ class SchedulerSystemAdapter:
     """The cache adapter whose abstraction reads this release's ``UnifiedRadixCache`` (``observing``)."""
     DISABLED = False
     """``--disable-radix-cache``: the scheduler's cache matches and caches nothing."""
+    RECEIPTS = True
+    """Whether a lock's holder keeps what its acquire skipped (:func:`_mamba_skipped`), so its Mamba count can be
+    replayed: 0.5.17 on (``skip_lock_node_ids`` to 0.5.19, ``lock_receipt`` in 0.5.20 and 0.5.21, ``lock.receipt``
+    from 0.5.22)."""
 
     def __init__(self, config: SystemConfig, chunk_tokens: int | None = None) -> None:
         if (config.window is not None or config.mamba) and config.page_size != 1:
@@ -1116,22 +1120,37 @@ class SchedulerSystemAdapter:
         """Tell the tree view which handles to cover, where its snapshot computes their coverage (the C++ tree)."""
 
     def _lock_state(self, tree: Snapshot, held: dict[Owner, tuple[HandleId, Any]]) -> LockState:
-        """The tree's full-attention lock counts, and each holder's handle covering the pages from the root to its
-        node. NOTE: Mamba's counts (the state at the locked node alone, unless the lock skipped it) are left to the
-        cache suite, whose handles carry SGLang's receipt; the system configs have no SWA."""
-        lock_ref = {site: n for site, n in tree.locks.lock_ref.items() if site[1] is FULL}
-        return LockState({hid: self._locked_pages(node) for hid, node in held.values()}, lock_ref, frozenset())
+        """The tree's lock counts, and each holder's handle: the full-attention pages from the root to its node and,
+        on a Mamba model whose holders keep their receipts (:attr:`RECEIPTS`), the Mamba state at that node unless
+        the acquire skipped it (SGLang counts a lock there on a tombstone too; a release that gave the state up
+        early records it in the receipt). Without receipts Mamba's counts are left to the cache suite, whose handles
+        carry SGLang's receipt; the system configs have no SWA."""
+        mamba = self.config.mamba and self.RECEIPTS
+        lock_ref = {site: n for site, n in tree.locks.lock_ref.items() if site[1] is FULL or mamba}
+        handles = {hid: self._locked_pages(owner, node, mamba) for owner, (hid, node) in held.items()}
+        return LockState(handles, lock_ref, frozenset())
 
-    def _locked_pages(self, node: Any) -> Coverage:
-        """The full-attention pages a lock on ``node`` counts: every page from the root down to it (a node that left
-        the tree keeps its path as far as its parents go)."""
+    def _locked_pages(self, owner: Owner, node: Any, mamba: bool = False) -> Coverage:
+        """What the lock ``owner`` holds on ``node`` counts: every full-attention page from the root down to it (a
+        node that left the tree keeps its path as far as its parents go) and, with ``mamba``, the Mamba state at
+        the node unless the holder's receipt says the acquire skipped it."""
         root, n = self._root(), self._node(node)
+        anchor = n
         parts: list[list[int]] = []
         while n is not None and n is not root:
             parts.append(_tokens(n))
             n = n.parent
         key = tuple(t for part in reversed(parts) for t in part)
-        return required_coverage(key, None, False, self.config.page_size)
+        pages = required_coverage(key, None, False, self.config.page_size)
+        if not mamba or anchor is None or _mamba_skipped(self._holder(owner), anchor.id, self.sg.ComponentType.MAMBA):
+            return pages
+        return pages | {(key, MAMBA)}
+
+    def _holder(self, owner: Owner) -> Any:
+        """The object that keeps ``owner``'s lock: its request, or its session's slot."""
+        if owner.kind is OwnerKind.REQUEST:
+            return self.reqs[owner.ident]
+        return self._session_layer.slots[str(owner.ident)]
 
     def _committed(self, sid: int, kv: Any) -> tuple[int, ...]:
         """The tokens session ``sid`` committed (its record ``kv``): the first ``kv_committed_len`` of the sequence
@@ -1189,6 +1208,20 @@ def _lock_node(holder: Any) -> Any:
     lock = getattr(holder, "lock", _NO_LOCK_FIELD)
     node = holder.last_node if lock is _NO_LOCK_FIELD else getattr(lock, "node", None)
     return None if node is None or type(node).__name__ == "_VirtualNode" else node
+
+
+def _mamba_skipped(holder: Any, anchor: int, mamba: Any) -> bool:
+    """Whether the tree lock ``holder`` keeps left the Mamba component (``mamba``) at its ``anchor`` node id
+    unlocked, read from the receipt it keeps: ``lock.receipt`` (0.5.22 on) or ``lock_receipt`` (0.5.20, 0.5.21),
+    whose ``skipped_lock_components`` name what the acquire skipped or a release gave up early; up to 0.5.19 the
+    holder's own ``skip_lock_node_ids`` (the nodes that were tombstones at the acquire)."""
+    lock = getattr(holder, "lock", _NO_LOCK_FIELD)
+    receipt = getattr(holder, "lock_receipt", holder) if lock is _NO_LOCK_FIELD else getattr(lock, "receipt", None)
+    if receipt is None:
+        return True  # NOTE: no lock held (a holder without one is no handle)
+    if mamba in getattr(receipt, "skipped_lock_components", ()):
+        return True
+    return anchor in getattr(receipt, "skip_lock_node_ids", {}).get(mamba, ())
 
 
 def _holds(kv: Any) -> bool:

@@ -57,6 +57,7 @@ class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
 
     TESTED: TestedRange = EARLY_COMPONENTS
     VIEW: type[UnifiedAdapter] = EarlyUnifiedAdapter
+    RECEIPTS = False  # NOTE: 0.5.13's request keeps only the SWA uuid of its lock's receipt, not what it skipped
 
     def _import_cache(self) -> tuple[str, SimpleNamespace]:
         return _sglang(self.TESTED)  # NOTE: the early cache adapter's import
