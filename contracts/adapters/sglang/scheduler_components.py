@@ -54,9 +54,10 @@ each request holds is read from its KV fields (``req_to_token`` row
 positions ``[cache_protected_len, kv_allocated_len)``, ``mamba_pool_idx``: in its ``ReqKvInfo`` from 0.5.19),
 what each session holds from its record (``tree_cache.session_records()`` from 0.5.22).
 
-The tree's locks (``locks``): its full-attention lock counts, and one handle per lock a running request or a
+The tree's locks (``locks``): its lock counts, and one handle per lock a running request or a
 session's slot holds (``req.lock`` / ``slot.lock`` from 0.5.22, ``last_node`` before), covering the pages from the
-root to the locked node.
+root to the locked node and, on a Mamba model, the state at that node unless the holder's receipt says the lock
+skipped it (``_lock_state``; full attention's counts only where holders keep no receipt, 0.5.13 to 0.5.16).
 
 Not expressible here (capabilities absent, laws reported skipped):
 ``targeted_admission`` (the policy picks from the waiting queue),
