@@ -21,7 +21,10 @@ SGLang (the KV allocator, the request-to-token pool, the Mamba slot allocator, t
 * ``lock-inc-undone``: ``inc_lock_ref`` takes the lock and gives it straight back (a holder running on a prefix
   it does not lock);
 * ``mamba-free-drop`` / ``mamba-alloc-hands-back`` (``--model mamba``): the Mamba state-slot allocator's ``free``
-  does nothing, or its ``alloc`` puts the first slot it handed out back on the free list.
+  does nothing, or its ``alloc`` puts the first slot it handed out back on the free list;
+* ``mamba-lock-release-drop`` (``--model mamba``): the unified tree's Mamba component skips its part of a lock's
+  release (``release_component_lock``; full attention's part goes on), so the state stays locked with no holder
+  (0.5.11 on: 0.5.9 to 0.5.12's ``MambaRadixCache`` has no component call to plant it in, and reads ``never fired``).
 
 vLLM (the ``BlockPool`` and its free queue, or the manager itself before 0.8; the single-type managers' tables):
 
@@ -163,6 +166,17 @@ def _mamba_slots(adapter: Any) -> Any:
     return found
 
 
+def _plant_component_release(adapter: Any, every: Every) -> None:
+    """``mamba-lock-release-drop``: the tree's Mamba component skips one release in ``every``."""
+    components = getattr(tree_cache(adapter), "components", None)
+    mamba = (
+        next((c for t, c in components.items() if t.name == "MAMBA"), None) if isinstance(components, dict) else None
+    )
+    if mamba is None:
+        return  # NOTE: no per-component lock to plant it in (MambaRadixCache): the run reads never fired
+    _wrap(mamba, "release_component_lock", lambda call: lambda *a, **k: None if every.fires() else call(*a, **k))
+
+
 def _flat(blocks: Any) -> list[Any]:
     """The blocks of a list, a tuple of per-group lists or a ``KVCacheBlocks``, flattened in order."""
     inner = getattr(blocks, "blocks", blocks)
@@ -281,10 +295,11 @@ SGLANG_FAULTS: dict[str, Callable[[Any, Every], None]] = {
     "lock-inc-undone": lambda a, e: plant_lock(tree_cache(a), "no-inc", fires=e.fires),
     "mamba-free-drop": lambda a, e: _plant_free(_mamba_slots(a), "kv-free-drop", e),
     "mamba-alloc-hands-back": lambda a, e: _plant_alloc(_mamba_slots(a), e),
+    "mamba-lock-release-drop": _plant_component_release,
 }
 """SGLang's faults, planted on a freshly built adapter (the machine builds one per program)."""
 
-MAMBA_ONLY = frozenset({"mamba-free-drop", "mamba-alloc-hands-back"})
+MAMBA_ONLY = frozenset({"mamba-free-drop", "mamba-alloc-hands-back", "mamba-lock-release-drop"})
 
 
 def factory(adapter_name: str, model: str, fault: str | None, every: int, aside: frozenset[str]) -> Callable[[], Any]:
