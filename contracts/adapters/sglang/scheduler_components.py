@@ -1125,9 +1125,12 @@ class SchedulerSystemAdapter:
         on a Mamba model whose holders keep their receipts (:attr:`RECEIPTS`), the Mamba state at that node unless
         the acquire skipped it (SGLang counts a lock there on a tombstone too; a release that gave the state up
         early records it in the receipt). Without receipts Mamba's counts are left to the cache suite, whose handles
-        carry SGLang's receipt; the system configs have no SWA."""
+        carry SGLang's receipt, and so are SWA's on a hybrid config (a window's lock reaches up to the node its
+        receipt's uuid stamps, and a release may give it up early; ``kvledger check``'s system models have no SWA)."""
         mamba = self.config.mamba and self.RECEIPTS
-        lock_ref = {site: n for site, n in tree.locks.lock_ref.items() if site[1] is FULL or mamba}
+        lock_ref = {
+            site: n for site, n in tree.locks.lock_ref.items() if site[1] is FULL or (mamba and site[1] is MAMBA)
+        }
         handles = {hid: self._locked_pages(owner, node, mamba) for owner, (hid, node) in held.items()}
         return LockState(handles, lock_ref, frozenset())
 
