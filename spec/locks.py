@@ -171,6 +171,26 @@ def inv_lock_covers_prefix(coverage: Coverage, prefix_len: int) -> bool:
     return locked_length(coverage) == prefix_len
 
 
+def inv_borrowed_under_lock(coverage: Coverage, borrowed: Key, page_size: int = 1) -> bool:
+    """What a holder reads from the cache without owning it lies under a lock it holds: every whole page of
+    ``borrowed`` (the tokens of its row's borrowed positions, from the first) on the path ``coverage`` locks.
+
+    KV borrowed without a lock is KV eviction may take, or another request overwrite, while the holder still reads
+    it: a lock taken on the wrong node, dropped early, or never taken. (A lock that covers more than is borrowed is
+    :func:`inv_lock_covers_prefix`'s concern.)
+
+    >>> inv_borrowed_under_lock(required_coverage((7, 8, 9), None, False), (7, 8))
+    True
+    >>> inv_borrowed_under_lock(required_coverage((7,), None, False), (7, 8))
+    False
+    >>> inv_borrowed_under_lock(required_coverage((7, 9), None, False), (7, 8))
+    False
+    >>> inv_borrowed_under_lock(required_coverage((7, 8), None, False, 2), (7, 8, 9), 2)
+    True
+    """
+    return covers_required(coverage, required_coverage(borrowed, None, False, page_size))
+
+
 def inv_locks(s: LockState) -> bool:
     """All lock-table laws."""
     return inv_lock_ref_counts_handles(s) and inv_lock_ref_nonnegative(s) and inv_handles_fresh(s)

@@ -402,10 +402,15 @@ class SystemAdapter(Protocol):
 
 SYSTEM_RULES_NEEDING: dict[str, tuple[str, ...]] = {
     "idle_check": ("leak checker agrees with the ledgers",),
-    "locks": ("inv_lock_ref_counts_handles", "inv_lock_ref_nonnegative", "inv_handles_owned"),
+    "locks": (
+        "inv_lock_ref_counts_handles",
+        "inv_lock_ref_nonnegative",
+        "inv_handles_owned",
+        "inv_borrowed_under_lock",
+    ),
     "prefix_locked": ("inv_lock_covers_prefix",),
     "content": ("inv_content",),
-    "rows": ("inv_rows_held",),
+    "rows": ("inv_rows_held", "inv_borrowed_under_lock"),
     "speculative": ("extend takes what it asked",),
     "sessions": ("resume is append-only", "inv_committed_within_allocated", "close_session (rule)"),
     "chunk": ("chunk (rule)",),

@@ -165,6 +165,7 @@ RULE_FAMILIES: dict[str, tuple[str, ...]] = {
         "inv_locked_cached",
         "inv_sizes",
         "inv_lock_covers_prefix",
+        "inv_borrowed_under_lock",
     ),
     "data integrity": (
         "inv_content",

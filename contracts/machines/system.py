@@ -69,6 +69,7 @@ from kvledger.spec import ledger as L
 from kvledger.spec import locks as K
 from kvledger.spec import session as S
 from kvledger.spec.errors import KVLedgerError
+from kvledger.spec.locks import LockSite
 from kvledger.spec.prefix import fingerprint
 from kvledger.spec.types import Component, HandleId, Owner, OwnerKind, SlotId, request, session
 
@@ -118,6 +119,7 @@ RULES = (
     "inv_lock_ref_nonnegative",
     "inv_handles_owned",
     "inv_lock_covers_prefix",
+    "inv_borrowed_under_lock",
     "inv_content",
     "inv_end_caches",
     "chunk caches its prefix",
@@ -170,6 +172,29 @@ def rows_unheld(snap: SystemSnapshot) -> list[str]:
 def still_holds(ledgers: Mapping[str, L.Ledger], owner: Owner) -> str:
     """What ``owner`` still holds, pool by pool, for a law's message (``kv [1, 2], req_to_token [4]``)."""
     return ", ".join(f"{name} {sorted(xs)}" for name, xs in L.holdings(ledgers, owner).items())
+
+
+def borrowed_unlocked(snap: SystemSnapshot) -> str | None:
+    """``spec.locks.inv_borrowed_under_lock`` over the rows of running requests: the positions before a row's
+    ``owned_from`` are borrowed from the cache, so the request's lock (with its session's, for a session's turn)
+    must cover their tokens; the first row that breaks it, described, or ``None``."""
+    assert snap.locks is not None
+    handles = snap.locks.handles
+    for row, view in snap.rows.items():
+        r = snap.requests.get(view.holder.ident) if view.holder.kind is OwnerKind.REQUEST else None
+        if r is None or r.status != "running" or view.owned_from <= 0 or len(r.tokens) < view.owned_from:
+            continue
+        cover: set[LockSite] = set(handles.get(HandleId(r.handle), ())) if r.handle is not None else set()
+        s = snap.sessions.get(r.session) if r.session is not None else None
+        if s is not None and s.handle is not None:
+            cover |= handles.get(HandleId(s.handle), frozenset())
+        borrowed = r.tokens[: view.owned_from]
+        if not K.inv_borrowed_under_lock(frozenset(cover), borrowed, snap.page_size):
+            return (
+                f"running request {r.rid} reads positions [0, {view.owned_from}) of row {row} from the cache, but its "
+                f"lock (handle {r.handle}) covers {K.locked_length(frozenset(cover))} tokens of that prefix's path"
+            )
+    return None
 
 
 def check_snapshot(
@@ -257,6 +282,8 @@ def check_snapshot(
                         f"running request {r.rid} runs on a prefix of {r.prefix_len} tokens, {held} covers "
                         f"{K.locked_length(cover or frozenset())}",
                     )
+        if "rows" in capabilities and (unlocked := borrowed_unlocked(snap)):
+            raise _fail("inv_borrowed_under_lock", unlocked)
     if "prefill_on_admit" in capabilities:
         for r in snap.requests.values():
             if r.status == "waiting" and not A.inv_waiting_blank(r.kv_len, r.prefix_len):

@@ -20,6 +20,9 @@ SGLang (the KV allocator, the request-to-token pool, the Mamba slot allocator, t
 * ``lock-dec-drop``: the tree's ``dec_lock_ref`` does nothing (a lock its holder never gives back);
 * ``lock-inc-undone``: ``inc_lock_ref`` takes the lock and gives it straight back (a holder running on a prefix
   it does not lock);
+* ``lock-on-parent``: a request's tree lock is taken on the matched node's parent (a lock on the wrong node: the
+  holder reads the matched node's KV with no lock on it). From 0.5.22 ``lock`` takes it and the ``TreeLock`` names
+  the parent; before, ``inc_lock_ref`` does, and the request keeps naming the matched node;
 * ``mamba-free-drop`` / ``mamba-alloc-hands-back`` (``--model mamba``): the Mamba state-slot allocator's ``free``
   does nothing, or its ``alloc`` puts the first slot it handed out back on the free list;
 * ``mamba-lock-release-drop`` (``--model mamba``): the unified tree's Mamba component skips its part of a lock's
@@ -166,6 +169,28 @@ def _mamba_slots(adapter: Any) -> Any:
     return found
 
 
+def _plant_lock_on_parent(adapter: Any, every: Every) -> None:
+    """``lock-on-parent``: one lock in ``every`` whose node has a parent below the root goes to that parent."""
+    cache = tree_cache(adapter)
+    core = getattr(cache, "tree_core", None)
+
+    def parent_of(node: Any) -> Any:
+        n = core.node_by_id(node) if isinstance(node, int) else node
+        up = getattr(n, "parent", None)
+        if up is None or getattr(up, "parent", None) is None:
+            return None  # NOTE: the root, or a child of it: no other node to lock
+        return up.id if isinstance(node, int) else up
+
+    def make(call: Callable[..., Any]) -> Callable[..., Any]:
+        def faulty(node: Any, *args: Any, **kwargs: Any) -> Any:
+            up = parent_of(node) if not isinstance(node, int) or core is not None else None
+            return call(up if up is not None and every.fires() else node, *args, **kwargs)
+
+        return faulty
+
+    _wrap(cache, "lock" if callable(getattr(cache, "lock", None)) else "inc_lock_ref", make)
+
+
 def _plant_component_release(adapter: Any, every: Every) -> None:
     """``mamba-lock-release-drop``: the tree's Mamba component skips one release in ``every``."""
     components = getattr(tree_cache(adapter), "components", None)
@@ -293,6 +318,7 @@ SGLANG_FAULTS: dict[str, Callable[[Any, Every], None]] = {
     "row-free-drop": lambda a, e: _plant_row(scheduler(a).req_to_token_pool, e),
     "lock-dec-drop": lambda a, e: plant_lock(tree_cache(a), "no-dec", fires=e.fires),  # NOTE: bench_lock_faults'
     "lock-inc-undone": lambda a, e: plant_lock(tree_cache(a), "no-inc", fires=e.fires),
+    "lock-on-parent": _plant_lock_on_parent,
     "mamba-free-drop": lambda a, e: _plant_free(_mamba_slots(a), "kv-free-drop", e),
     "mamba-alloc-hands-back": lambda a, e: _plant_alloc(_mamba_slots(a), e),
     "mamba-lock-release-drop": _plant_component_release,

@@ -27,6 +27,12 @@ def run(model: str = "full") -> CheckResult:
     return run_machine("system", model, SUITES["system"].models[model](), [], FIND, seed=1)
 
 
+def run_with(monkeypatch: pytest.MonkeyPatch, caps: frozenset[str]) -> CheckResult:
+    """:func:`run` on the full model, with the reference adapter declaring ``caps``."""
+    monkeypatch.setattr(ReferenceSystemAdapter, "capabilities", caps)
+    return run()
+
+
 def test_admission_that_forgets_what_it_computed_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     real = admission._commit
 
@@ -267,6 +273,34 @@ def test_an_admission_that_runs_on_its_match_without_locking_it_is_caught(monkey
     result = run()
     assert result.violation is not None and result.violation.rule == "inv_lock_covers_prefix", result.violation
     assert "holds no live lock" in result.violation.message
+
+
+def test_an_admission_that_locks_its_matchs_parent_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock on the wrong node: admission locks the matched node's parent, so the request reads the matched node's
+    KV with no lock on it (eviction may take it). The lock counts and handles agree. Where the engine shows what
+    its rows borrow (``rows``), ``inv_borrowed_under_lock`` names it; an engine that reports its prefix
+    (``prefix_locked``) breaks ``inv_lock_covers_prefix`` first; with neither, only what eviction later does to
+    the unlocked KV is met (the reference's own check refuses an insert over a reused slot), programs later."""
+    real = admission._acquire
+
+    def acquire(mm: MemoryManager, a: Any) -> None:
+        real(mm, a)
+        h = a.req.handle
+        node = mm.cache._nodes.get(h.node_id) if h is not None and a.req.session is None else None
+        if node is not None and node.parent is not None and node.parent is not mm.cache.root:
+            mm.cache.dec_lock_ref(h)
+            a.req.handle = mm.cache.inc_lock_ref(node.parent)  # BUG: the lock goes one node up
+
+    monkeypatch.setattr(admission, "_acquire", acquire)
+    caps = ReferenceSystemAdapter.capabilities
+    rows = run_with(monkeypatch, caps - {"prefix_locked"}).violation
+    assert rows is not None and rows.rule == "inv_borrowed_under_lock", rows
+    assert "from the cache, but its lock" in rows.message
+    prefix = run_with(monkeypatch, caps).violation
+    assert prefix is not None and prefix.rule == "inv_lock_covers_prefix", prefix
+    neither = run_with(monkeypatch, caps - {"prefix_locked", "rows"})
+    v = neither.violation
+    assert v is None or (v.rule not in (rows.rule, prefix.rule) and len(v.steps) > len(rows.steps)), v
 
 
 def test_a_chunk_that_moves_the_lock_without_the_prefix_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -385,6 +385,31 @@ def test_a_mamba_lock_its_holder_never_releases_breaks_the_lock_laws(
         check_snapshot(sys.snapshot(), None, sys.capabilities)
 
 
+@pytest.mark.skipif(HAVE is None or _before(HAVE, "0.5.22"), reason=f"a TreeLock names its node from 0.5.22; {HAVE}")
+def test_a_lock_on_the_matched_nodes_parent_breaks_borrowed_under_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock on the wrong node (planted in SGLang's ``lock``: the matched node's parent is locked instead). The
+    counts and handles agree, but the request reads the matched node's KV with no lock on it:
+    ``inv_borrowed_under_lock`` names it at once, where without the rows' borrowed positions the state passes."""
+    sys: Any = _adapter()
+    for warm in ((5, 6, 7), (5, 6, 7, 8, 9)):
+        rid = sys.add_request(warm)
+        sys.admit(64)
+        sys.finish(rid)
+    cache, real = sys.cache, sys.cache.lock
+
+    def lock(node_id: Any, *args: Any, **kwargs: Any) -> Any:
+        up = cache.tree_core.node_by_id(node_id).parent
+        return real(up.id if up is not None and up.parent is not None else node_id, *args, **kwargs)
+
+    monkeypatch.setattr(cache, "lock", lock)
+    sys.add_request((5, 6, 7, 8, 9, 10))
+    sys.admit(64)
+    snap = sys.snapshot()
+    with pytest.raises(AssertionError, match=r"inv_borrowed_under_lock: running request \d+ reads positions"):
+        check_snapshot(snap, None, sys.capabilities)
+    check_snapshot(snap, None, sys.capabilities - {"rows"})
+
+
 @needs_components
 def test_a_row_naming_a_free_slot_fails_rows_held() -> None:
     sys = _adapter()
