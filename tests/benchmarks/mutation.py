@@ -76,6 +76,12 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    'impl/lru.py:_repeated:drop-raise:raise AssertionError("_repeated: no node named twice")': (
+        "an unreachable guard (new family, seed 70, 2026-12-02): its one caller, LRUList.place, calls it only "
+        "after finding a repeat in the order (fewer distinct nodes in the run than nodes, or a node both before and "
+        "in the run), so the loop always returns that node; without the raise the function would fall off its end "
+        "only on an order with no repeat, which never reaches it"
+    ),
     "impl/lru.py:LRUList.insert_behind:drop-raise:"
     'raise AlreadyInList("lru_insert", self.component.value, node.id, "already in the list")': (
         "a check another check repeats (new family, seed 67): without the membership test, a member given as the "
