@@ -878,13 +878,15 @@ TAG_EDGES: tuple[object, ...] = (
     -(2**63) - 1,
     2**63,
     5 << 60,  # NOTE: no owner kind
+    1,  # NOTE: no owner kind either (kind 0): the first tag above a free slot's
+    (1 << 60) - 1,  # NOTE: the last tag of kind 0
     (2 << 60) | (9 << 56) | 1,  # NOTE: a tree node's, with no such component
     (2 << 60) | 1,  # NOTE: a tree node's, with no component
     (1 << 60) | (1 << 56) | 1,  # NOTE: a request's, with a component
     *SCALAR_EDGES,
 )
-"""Tags no ``encode`` writes: outside int64, an unknown kind or component, a component where the kind has none (or
-none where it needs one), a scalar of each wrong type."""
+"""Tags no ``encode`` writes: outside int64, an unknown kind or component (each side of the free tag's and the kinds'
+bounds), a component where the kind has none (or none where it needs one), a scalar of each wrong type."""
 
 
 def _decode_method() -> Method:
