@@ -175,6 +175,9 @@ def _plant_lock_on_parent(adapter: Any, every: Every) -> None:
     core = getattr(cache, "tree_core", None)
 
     def parent_of(node: Any) -> Any:
+        """The parent below the root to lock instead of ``node`` (a node, or its id on a tree core), or ``None``."""
+        if isinstance(node, int) and core is None:
+            return None
         n = core.node_by_id(node) if isinstance(node, int) else node
         up = getattr(n, "parent", None)
         if up is None or getattr(up, "parent", None) is None:
@@ -183,7 +186,7 @@ def _plant_lock_on_parent(adapter: Any, every: Every) -> None:
 
     def make(call: Callable[..., Any]) -> Callable[..., Any]:
         def faulty(node: Any, *args: Any, **kwargs: Any) -> Any:
-            up = parent_of(node) if not isinstance(node, int) or core is not None else None
+            up = parent_of(node)
             return call(up if up is not None and every.fires() else node, *args, **kwargs)
 
         return faulty
@@ -194,11 +197,11 @@ def _plant_lock_on_parent(adapter: Any, every: Every) -> None:
 def _plant_component_release(adapter: Any, every: Every) -> None:
     """``mamba-lock-release-drop``: the tree's Mamba component skips one release in ``every``."""
     components = getattr(tree_cache(adapter), "components", None)
-    mamba = (
-        next((c for t, c in components.items() if t.name == "MAMBA"), None) if isinstance(components, dict) else None
-    )
-    if mamba is None:
+    if not isinstance(components, dict):
         return  # NOTE: no per-component lock to plant it in (MambaRadixCache): the run reads never fired
+    mamba = next((c for t, c in components.items() if t.name == "MAMBA"), None)
+    if mamba is None:
+        return
     _wrap(mamba, "release_component_lock", lambda call: lambda *a, **k: None if every.fires() else call(*a, **k))
 
 
