@@ -34,7 +34,6 @@ from __future__ import annotations
 import inspect
 import signal
 import threading
-import time
 import types
 import zlib
 from array import array
@@ -1402,24 +1401,25 @@ class _Walked(Exception):
 
 
 def _bounded(call: Callable[[], object], seconds: float) -> BaseException | None:
-    """``raised(call)``, but a call still running after ``seconds`` is stopped with :class:`_Walked` (an alarm in
-    the main thread: a walk round a planted cycle must not grow its list for the whole step's watchdog). The
-    watchdog's own alarm is put back, less the time spent.
+    """``raised(call)``, but a call that has spent ``seconds`` of this process's CPU time is stopped with
+    :class:`_Walked` (a profiling alarm in the main thread: a walk round a planted cycle must not grow its list for
+    the whole step's watchdog). CPU time, not wall time: a healthy call on a machine loaded by other work is slowed
+    in wall time only, and is never taken for a walk; a walk round a cycle spends CPU all the while. The step
+    watchdog's wall-clock alarm is another timer and runs on untouched.
 
-    NOTE: the alarm fires again every tenth of a second until the call returns: a signal handler's exception raised
-    inside a callback that swallows it (Hypothesis' garbage-collection hook: "Exception ignored in ...") would
-    otherwise leave the walk running, and its list growing, for ever."""
+    NOTE: the alarm fires again every tenth of a CPU second until the call returns: a signal handler's exception
+    raised inside a callback that swallows it (Hypothesis' garbage-collection hook: "Exception ignored in ...")
+    would otherwise leave the walk running, and its list growing, for ever."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         return raised(call)
     armed = [True]
 
     def fire(_signum: int, _frame: object) -> None:
         if armed[0]:
-            raise _Walked(f"still running after {seconds:g} s")
+            raise _Walked(f"still running after {seconds:g} s of CPU time")
 
-    saved, (left, every) = signal.signal(signal.SIGALRM, fire), signal.getitimer(signal.ITIMER_REAL)
-    start = time.monotonic()
-    signal.setitimer(signal.ITIMER_REAL, seconds, 0.1)
+    saved, (left, every) = signal.signal(signal.SIGPROF, fire), signal.getitimer(signal.ITIMER_PROF)
+    signal.setitimer(signal.ITIMER_PROF, seconds, 0.1)
     try:
         try:
             got = raised(call)
@@ -1429,10 +1429,10 @@ def _bounded(call: Callable[[], object], seconds: float) -> BaseException | None
     except _Walked as late:  # NOTE: a fire between the call's end and the disarm: it ran to its bound
         return late
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, saved)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, saved)
         if left > 0:
-            signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - start), 1e-3), every)
+            signal.setitimer(signal.ITIMER_PROF, left, every)
 
 
 def _planted_cycle(cache: RadixCache) -> str:

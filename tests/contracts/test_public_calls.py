@@ -9,6 +9,7 @@ import inspect
 import json
 import os
 import pkgutil
+import time
 from array import array
 from collections.abc import Callable
 from copy import copy, deepcopy
@@ -635,6 +636,20 @@ def test_a_contract_walk_up_the_tree_fails_typed_at_a_parent_cycle() -> None:
         n.parent = n
         err = C._bounded(lambda: mm.chunk(req), 2.0)
     assert isinstance(err, IntegrityError) and str(err).startswith("inv_tree_acyclic: insert"), err
+
+
+def test_a_bounded_call_is_stopped_by_the_cpu_it_spends_never_by_the_wall_clock() -> None:
+    """``_bounded`` stops a walk round a cycle, which spends CPU all the while, and lets a healthy call that a loaded
+    machine slows in wall time only (here: one that sleeps past the bound) answer: a busy machine is never a
+    finding."""
+
+    def spin() -> None:
+        while True:
+            pass
+
+    assert C._bounded(lambda: time.sleep(0.6), 0.3) is None
+    err = C._bounded(spin, 0.3)
+    assert isinstance(err, C._Walked) and "CPU time" in str(err), err
 
 
 def test_a_finish_that_caches_a_one_token_prefix_without_its_state_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
