@@ -56,8 +56,9 @@ what each session holds from its record (``tree_cache.session_records()`` from 0
 
 The tree's locks (``locks``): its lock counts, and one handle per lock a running request or a
 session's slot holds (``req.lock`` / ``slot.lock`` from 0.5.22, ``last_node`` before), covering the pages from the
-root to the locked node and, on a Mamba model, the state at that node unless the holder's receipt says the lock
-skipped it (``_lock_state``; full attention's counts only where holders keep no receipt, 0.5.13 to 0.5.16).
+root to the locked node, on a Mamba model the state at that node unless the holder's receipt says the lock
+skipped it, and with a window the SWA segment up to the node the receipt's uuid stamps (``_lock_state``; full
+attention's counts only where holders keep no receipt, 0.5.13 to 0.5.16).
 
 Not expressible here (capabilities absent, laws reported skipped):
 ``targeted_admission`` (the policy picks from the waiting queue),
@@ -117,7 +118,7 @@ from kvledger.contracts.adapters.system import (
 )
 from kvledger.contracts.adapters.system import SystemSnapshot as SystemSnap
 from kvledger.spec.ledger import Ledger
-from kvledger.spec.locks import Coverage, LockState, required_coverage
+from kvledger.spec.locks import Coverage, Key, LockSite, LockState, required_coverage
 from kvledger.spec.types import Component, HandleId, Owner, OwnerKind, request, session
 
 __all__ = ["SchedulerError", "SchedulerSystemAdapter", "scheduler_system_factory"]
@@ -1121,34 +1122,46 @@ class SchedulerSystemAdapter:
         """Tell the tree view which handles to cover, where its snapshot computes their coverage (the C++ tree)."""
 
     def _lock_state(self, tree: Snapshot, held: dict[Owner, tuple[HandleId, Any]]) -> LockState:
-        """The tree's lock counts, and each holder's handle: the full-attention pages from the root to its node and,
-        on a Mamba model whose holders keep their receipts (:attr:`RECEIPTS`), the Mamba state at that node unless
-        the acquire skipped it (SGLang counts a lock there on a tombstone too; a release that gave the state up
-        early records it in the receipt). Without receipts Mamba's counts are left to the cache suite, whose handles
-        carry SGLang's receipt, and so are SWA's on a hybrid config (a window's lock reaches up to the node its
-        receipt's uuid stamps, and a release may give it up early; ``kvledger check``'s system models have no SWA)."""
+        """The tree's lock counts, and each holder's handle, replayed from the receipt its holder keeps where it
+        keeps one (:attr:`RECEIPTS`, 0.5.17 on): the full-attention pages from the root to its node; on a Mamba
+        model the Mamba state at that node unless the acquire skipped it (SGLang counts a lock there on a tombstone
+        too; a release that gave the state up early records it in the receipt); with a window, the SWA segment from
+        the node up to the one its receipt's uuid stamps (:meth:`_swa_sites`). Without receipts (0.5.13 to 0.5.16)
+        Mamba's and SWA's counts are left to the cache suite, whose handles carry SGLang's receipt."""
         mamba = self.config.mamba and self.RECEIPTS
+        swa = self.config.window is not None and self.RECEIPTS
         lock_ref = {
-            site: n for site, n in tree.locks.lock_ref.items() if site[1] is FULL or (mamba and site[1] is MAMBA)
+            site: n
+            for site, n in tree.locks.lock_ref.items()
+            if site[1] is FULL or (mamba and site[1] is MAMBA) or (swa and site[1] is SWA)
         }
-        handles = {hid: self._locked_pages(owner, node, mamba) for owner, (hid, node) in held.items()}
+        handles = {hid: self._locked_pages(owner, node, mamba, swa) for owner, (hid, node) in held.items()}
         return LockState(handles, lock_ref, frozenset())
 
-    def _locked_pages(self, owner: Owner, node: Any, mamba: bool = False) -> Coverage:
+    def _locked_pages(self, owner: Owner, node: Any, mamba: bool = False, swa: bool = False) -> Coverage:
         """What the lock ``owner`` holds on ``node`` counts: every full-attention page from the root down to it (a
-        node that left the tree keeps its path as far as its parents go) and, with ``mamba``, the Mamba state at
-        the node unless the holder's receipt says the acquire skipped it."""
+        node that left the tree keeps its path as far as its parents go); with ``mamba``, the Mamba state at the
+        node unless the holder's receipt says the acquire skipped it or the window's early release took it; with
+        ``swa``, the SWA segment (:meth:`_swa_sites`)."""
         root, n = self._root(), self._node(node)
-        anchor = n
-        parts: list[list[int]] = []
+        chain: list[Any] = []
         while n is not None and n is not root:
-            parts.append(_tokens(n))
+            chain.append(n)
             n = n.parent
+        parts = [_tokens(x) for x in chain]
         key = tuple(t for part in reversed(parts) for t in part)
         pages = required_coverage(key, None, False, self.config.page_size)
-        if not mamba or anchor is None or _mamba_skipped(self._holder(owner), anchor.id, self.sg.ComponentType.MAMBA):
+        if not chain or not (mamba or swa):
             return pages
-        return pages | {(key, MAMBA)}
+        holder, ct = self._holder(owner), self.sg.ComponentType
+        receipt = _swa_receipt(holder, ct.SWA) if swa else None
+        out = set(pages)
+        released = receipt is not None and receipt.released
+        if mamba and not released and not _mamba_skipped(holder, chain[0].id, ct.MAMBA):
+            out.add((key, MAMBA))
+        if receipt is not None and not released:
+            out |= _swa_sites(chain, [len(p) for p in parts], key, receipt, ct.SWA)
+        return frozenset(out)
 
     def _holder(self, owner: Owner) -> Any:
         """The object that keeps ``owner``'s lock: its request, or its session's slot."""
@@ -1226,6 +1239,56 @@ def _mamba_skipped(holder: Any, anchor: int, mamba: Any) -> bool:
     if mamba in getattr(receipt, "skipped_lock_components", ()):
         return True
     return anchor in getattr(receipt, "skip_lock_node_ids", {}).get(mamba, ())
+
+
+@dataclass(frozen=True)
+class SwaReceipt:
+    """What a holder's receipt says of its SWA lock: the uuid stamped on the segment's last node (``None``: the
+    segment reached the root), the node ids the acquire passed over as tombstones (0.5.17 to 0.5.19 only: from
+    0.5.20 the segment counts tombstones too), and whether the window's early release gave it up (SGLang's
+    ``swa_prefix_lock_released`` to 0.5.21, ``lock.swa_released`` from 0.5.22; off unless
+    ``SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW``: the release takes the node's Mamba lock with it, a
+    component of lower eviction priority)."""
+
+    uuid: int | None
+    skipped: frozenset[int]
+    released: bool
+
+
+def _swa_receipt(holder: Any, swa: Any) -> SwaReceipt | None:
+    """The SWA part of the receipt ``holder`` keeps (``lock.receipt``, ``lock_receipt`` or, to 0.5.19, the request
+    itself: ``swa_uuid_for_lock`` and ``skip_lock_node_ids``); ``None`` when it holds no lock or the acquire skipped
+    SWA whole (``skipped_lock_components``)."""
+    lock = getattr(holder, "lock", _NO_LOCK_FIELD)
+    if lock is _NO_LOCK_FIELD:
+        receipt, released = getattr(holder, "lock_receipt", holder), getattr(holder, "swa_prefix_lock_released", False)
+    else:
+        receipt, released = getattr(lock, "receipt", None), getattr(lock, "swa_released", False)
+    if receipt is None or swa in getattr(receipt, "skipped_lock_components", ()):
+        return None
+    uuids = getattr(receipt, "component_lock_uuids", None)
+    uuid = uuids.get(swa) if uuids is not None else getattr(receipt, "swa_uuid_for_lock", None)
+    skipped = getattr(receipt, "skip_lock_node_ids", None)
+    return SwaReceipt(uuid, frozenset(skipped.get(swa, ()) if skipped is not None else ()), bool(released))
+
+
+def _swa_sites(chain: list[Any], lengths: list[int], key: Key, receipt: SwaReceipt, swa: Any) -> set[LockSite]:
+    """The SWA sites of a lock's segment, as SGLang's release walks it: from the anchor (``chain[0]``; ``chain``
+    runs up to the root's child, ``lengths`` its nodes' token counts, ``key`` the anchor's whole key) up to and
+    including the node whose SWA ``uuid`` the receipt names, or to the root without one. To 0.5.19 a node the
+    acquire passed over is no site: one its receipt names, or one still without a value (split from one it
+    passed over: a split copies the count, not the id)."""
+    sites: set[LockSite] = set()
+    end = len(key)
+    for node, length in zip(chain, lengths, strict=True):
+        data = node.component_data[swa]
+        passed = receipt.skipped and (node.id in receipt.skipped or data.value is None)
+        if not passed:
+            sites |= {(key[:i], SWA) for i in range(end - length + 1, end + 1)}
+        if receipt.uuid is not None and data.metadata.get("uuid") == receipt.uuid:
+            break
+        end -= length
+    return sites
 
 
 def _holds(kv: Any) -> bool:
