@@ -55,6 +55,35 @@ def test_the_cpp_tree_conforms(page_size: int) -> None:
 
 
 @needs_cpp
+def test_a_tree_moved_inside_one_dump_is_refused_not_read_stale() -> None:
+    """``one_dump`` promises its scope only reads: a lock (or an insert) made inside it moves the tree's size
+    counters, and the next read of the kept dump raises ``StaleDump`` instead of answering with the tree as it was.
+    Reads alone inside it answer from the one dump."""
+    from kvledger.contracts.adapters.sglang.legacy_cpp import StaleDump, one_dump
+
+    a = _adapter()
+    slots = a.alloc_kv(1, 4)
+    assert slots is not None
+    a.write_kv(slots, (1, 2, 3, 4), 0)
+    a.insert(1, (1, 2, 3, 4), slots, None)
+    with one_dump():
+        assert a.nodes() == a.nodes()
+    with one_dump():
+        a.nodes()
+        a.lock((1, 2, 3, 4))
+        with pytest.raises(StaleDump, match=r"one_dump: the C\+\+ tree moved inside a read-only scope"):
+            a.nodes()
+    slots2 = a.alloc_kv(2, 2)
+    assert slots2 is not None
+    a.write_kv(slots2, (7, 8), 0)
+    with one_dump():
+        a.nodes()
+        a.insert(2, (7, 8), slots2, None)
+        with pytest.raises(StaleDump):
+            a.nodes()
+
+
+@needs_cpp
 def test_the_dump_reads_the_tree_a_split_and_a_lock_leave() -> None:
     """Two keys that share a page: the match of the shorter one splits the first node; its lock counts the node
     above too. The snapshot reads all of it from ``debug_print``, and the handle covers the matched pages."""

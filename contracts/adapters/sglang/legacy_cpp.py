@@ -61,6 +61,7 @@ from kvledger.contracts.adapters.protocol import CacheConfig, Inserted, Match, S
 from kvledger.contracts.adapters.sglang.common import FULL, NotExpressible, node_owner, publish_cpu_args
 from kvledger.contracts.adapters.sglang.cpu_import import LEGACY_CPP
 from kvledger.contracts.adapters.sglang.legacy import LegacyLock, _LegacyAdapter, _sglang, slots_along
+from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.locks import Key, LockSite, LockState
 from kvledger.spec.prefix import PrefixCache
 from kvledger.spec.types import NodeId, Owner
@@ -130,7 +131,9 @@ def parse_dump(text: str) -> dict[int, CppNode]:
     return nodes
 
 
-_ONE_DUMP: ContextVar[dict[int, tuple[Any, dict[int, CppNode]]] | None] = ContextVar("kvledger_one_dump", default=None)
+_ONE_DUMP: ContextVar[dict[int, tuple[Any, dict[int, CppNode], tuple[int, ...]]] | None] = ContextVar(
+    "kvledger_one_dump", default=None
+)
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -140,7 +143,9 @@ def one_dump() -> Iterator[None]:
     """While it is open, each C++ tree is dumped and parsed once (:meth:`LegacyCppAdapter.nodes`), however many
     times it is read: for an abstraction that only reads (a snapshot, the references its ledgers come from), which
     asks for the tree once per request row. Nothing inside may move a tree (no SGLang call that matches, inserts,
-    locks or evicts), or it reads the tree as it was. Nested, the outermost one holds."""
+    locks or evicts): each read of a kept dump first asks the tree's size counters (total, evictable, protected),
+    and a tree that inserted, locked or evicted since its dump raises :class:`StaleDump` rather than be read as it
+    was. Nested, the outermost one holds."""
     if _ONE_DUMP.get() is not None:
         yield
         return
@@ -149,6 +154,16 @@ def one_dump() -> Iterator[None]:
         yield
     finally:
         _ONE_DUMP.reset(token)
+
+
+class StaleDump(KVLedgerError):
+    """A read inside :func:`one_dump` found the C++ tree moved since its dump: a tree-moving call ran inside a scope
+    that promised to only read (the adapter's error, never SGLang's)."""
+
+
+def _sizes(tree: Any) -> tuple[int, int, int]:
+    """The C++ tree's size counters: what an insert, a lock or an eviction moves."""
+    return int(tree.total_size()), int(tree.evictable_size()), int(tree.protected_size())
 
 
 def reads_one_dump(fn: Callable[P, R]) -> Callable[P, R]:
@@ -284,9 +299,14 @@ class LegacyCppAdapter(_LegacyAdapter):
         memo = _ONE_DUMP.get()
         if memo is None:
             return parse_dump(dump(tree))
-        got = memo.get(id(tree))
+        got, sizes = memo.get(id(tree)), _sizes(tree)
         if got is None:  # NOTE: the tree is kept with its parse, so its id names no other tree while the memo lives
-            got = memo[id(tree)] = (tree, parse_dump(dump(tree)))
+            got = memo[id(tree)] = (tree, parse_dump(dump(tree)), sizes)
+        elif got[2] != sizes:
+            raise StaleDump(
+                f"one_dump: the C++ tree moved inside a read-only scope (total, evictable, protected sizes "
+                f"{got[2]} at its dump, {sizes} now): a call that inserts, locks or evicts ran inside one_dump"
+            )
         return got[1]
 
     def _paths(self, nodes: dict[int, CppNode]) -> dict[int, tuple[int, ...]]:
