@@ -77,6 +77,15 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/slots.py:SlotPool.alloc:const+1:0#3": (
+        "a bound no size reaches (new family, seed 72, 2026-12-02): the ``elif 0 < n <= FRESH_MAX`` branch runs only "
+        "for sizes the ``0 < n <= HANDED_MAX`` branch above it did not take (n <= 0 or n > 8192), where ``0 < n`` "
+        "and ``1 < n`` agree"
+    ),
+    "impl/slots.py:SlotPool._free_host:end-index:ids[0]": (
+        "one element (new family, seed 72, 2026-12-02): the test reads ``ids[0]`` only when ``k == 1``, where "
+        "``ids[0]`` and ``ids[-1]`` are the same slot"
+    ),
     'impl/lru.py:_repeated:drop-raise:raise AssertionError("_repeated: no node named twice")': (
         "an unreachable guard (new family, seed 70, 2026-12-02): its one caller, LRUList.place, calls it only "
         "after finding a repeat in the order (fewer distinct nodes in the run than nodes, or a node both before and "
