@@ -27,7 +27,11 @@ SGLang (the KV allocator, the request-to-token pool, the Mamba slot allocator, t
   does nothing, or its ``alloc`` puts the first slot it handed out back on the free list;
 * ``mamba-lock-release-drop`` (``--model mamba``): the unified tree's Mamba component skips its part of a lock's
   release (``release_component_lock``; full attention's part goes on), so the state stays locked with no holder
-  (0.5.11 on: 0.5.9 to 0.5.12's ``MambaRadixCache`` has no component call to plant it in, and reads ``never fired``).
+  (0.5.11 on: 0.5.9 to 0.5.12's ``MambaRadixCache`` has no component call to plant it in, and reads ``never fired``);
+* ``swa-lock-release-drop`` (``--model swa`` or ``hybrid``): the same for the SWA component (a window segment
+  locked with no holder);
+* ``swa-receipt-drop`` (``--model swa`` or ``hybrid``; B5's class): an SWA release is handed its receipt without
+  the window's boundary uuid, so it walks to the root and lowers the counts of ancestors other holders locked.
 
 vLLM (the ``BlockPool`` and its free queue, or the manager itself before 0.8; the single-type managers' tables):
 
@@ -52,6 +56,7 @@ with ``python -O`` to strip the engine's asserts and measure what the laws find 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -70,7 +75,7 @@ from bench_lock_faults import tree_cache
 
 from kvledger.contracts.adapters.protocol import set_aside
 from kvledger.contracts.adapters.sglang import cpu_import as sglang_import
-from kvledger.contracts.adapters.system import SystemAdapter, load_system_factory
+from kvledger.contracts.adapters.system import SystemAdapter, SystemConfig, load_system_factory
 from kvledger.contracts.adapters.vllm import cpu_import as vllm_import
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.runner import run_machine
@@ -194,15 +199,47 @@ def _plant_lock_on_parent(adapter: Any, every: Every) -> None:
     _wrap(cache, "lock" if callable(getattr(cache, "lock", None)) else "inc_lock_ref", make)
 
 
-def _plant_component_release(adapter: Any, every: Every) -> None:
-    """``mamba-lock-release-drop``: the tree's Mamba component skips one release in ``every``."""
+def _component(adapter: Any, name: str) -> tuple[Any, Any] | None:
+    """The unified tree's component ``name`` (``"MAMBA"``, ``"SWA"``) and its type, or ``None`` where the tree has
+    no such per-component lock to plant in (``MambaRadixCache``, a config without it): the run reads never fired."""
     components = getattr(tree_cache(adapter), "components", None)
     if not isinstance(components, dict):
-        return  # NOTE: no per-component lock to plant it in (MambaRadixCache): the run reads never fired
-    mamba = next((c for t, c in components.items() if t.name == "MAMBA"), None)
-    if mamba is None:
+        return None
+    return next(((c, t) for t, c in components.items() if t.name == name), None)
+
+
+def _plant_component_release(adapter: Any, every: Every, name: str) -> None:
+    """``mamba-lock-release-drop`` / ``swa-lock-release-drop``: the tree's component ``name`` skips one release in
+    ``every``."""
+    found = _component(adapter, name)
+    if found is not None:
+        _wrap(found[0], "release_component_lock", lambda call: lambda *a, **k: None if every.fires() else call(*a, **k))
+
+
+def _plant_swa_receipt(adapter: Any, every: Every) -> None:
+    """``swa-receipt-drop`` (B5's class): one SWA release in ``every`` is given its receipt without the window's
+    boundary uuid, so it walks to the root and lowers the counts of ancestors other holders locked."""
+    found = _component(adapter, "SWA")
+    if found is None:
         return
-    _wrap(mamba, "release_component_lock", lambda call: lambda *a, **k: None if every.fires() else call(*a, **k))
+    swa = found[1]
+
+    def unbounded(params: Any) -> Any:
+        uuids = getattr(params, "component_lock_uuids", None)
+        if isinstance(uuids, dict) and uuids.get(swa) is not None:  # NOTE: 0.5.20 on
+            return dataclasses.replace(params, component_lock_uuids={**uuids, swa: None})
+        if getattr(params, "swa_uuid_for_lock", None) is not None:  # NOTE: to 0.5.19
+            return dataclasses.replace(params, swa_uuid_for_lock=None)
+        return None
+
+    def make(call: Callable[..., Any]) -> Callable[..., Any]:
+        def faulty(node: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+            dropped = unbounded(params) if params is not None else None
+            return call(node, dropped if dropped is not None and every.fires() else params, *args, **kwargs)
+
+        return faulty
+
+    _wrap(found[0], "release_component_lock", make)
 
 
 def _flat(blocks: Any) -> list[Any]:
@@ -324,11 +361,22 @@ SGLANG_FAULTS: dict[str, Callable[[Any, Every], None]] = {
     "lock-on-parent": _plant_lock_on_parent,
     "mamba-free-drop": lambda a, e: _plant_free(_mamba_slots(a), "kv-free-drop", e),
     "mamba-alloc-hands-back": lambda a, e: _plant_alloc(_mamba_slots(a), e),
-    "mamba-lock-release-drop": _plant_component_release,
+    "mamba-lock-release-drop": lambda a, e: _plant_component_release(a, e, "MAMBA"),
+    "swa-lock-release-drop": lambda a, e: _plant_component_release(a, e, "SWA"),
+    "swa-receipt-drop": _plant_swa_receipt,
 }
 """SGLang's faults, planted on a freshly built adapter (the machine builds one per program)."""
 
 MAMBA_ONLY = frozenset({"mamba-free-drop", "mamba-alloc-hands-back", "mamba-lock-release-drop"})
+SWA_ONLY = frozenset({"swa-lock-release-drop", "swa-receipt-drop"})
+
+MODELS: dict[str, SystemConfig] = {
+    **SYSTEM_CONFIGS,
+    "swa": SystemConfig(window=4),
+    "hybrid": SystemConfig(window=4, mamba=True),
+}
+"""``kvledger check``'s system models, and the tests' sliding-window kinds (FULL+SWA, FULL+SWA+MAMBA; SGLang's
+adapters wire a window from 0.5.13)."""
 
 
 def factory(adapter_name: str, model: str, fault: str | None, every: int, aside: frozenset[str]) -> Callable[[], Any]:
@@ -336,7 +384,7 @@ def factory(adapter_name: str, model: str, fault: str | None, every: int, aside:
     faults = VLLM_FAULTS if adapter_name.startswith("vllm") else SGLANG_FAULTS
 
     def make() -> SystemAdapter:
-        adapter = set_aside(load_system_factory(adapter_name)(SYSTEM_CONFIGS[model]), aside)
+        adapter = set_aside(load_system_factory(adapter_name)(MODELS[model]), aside)
         if fault is not None:
             faults[fault](adapter, Every(every))
         return adapter
@@ -396,7 +444,7 @@ def engine() -> tuple[str, str, dict[str, Callable[[Any, Every], None]]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated Hypothesis seeds")
-    parser.add_argument("--model", default="full", choices=sorted(SYSTEM_CONFIGS))
+    parser.add_argument("--model", default="full", choices=sorted(MODELS))
     parser.add_argument("--adapter", default=None, help="the system adapter (default sglang-<release>-system, vllm)")
     parser.add_argument("--fault", default=None, help="comma-separated (default: every fault of the engine installed)")
     parser.add_argument("--every", type=int, default=3, help="a fault fires on one call in this many")
@@ -406,7 +454,8 @@ def main() -> None:
     args = parser.parse_args()
     name, release, known = engine()
     adapter = args.adapter or (f"sglang-{release}-system" if name == "sglang" else "vllm")
-    default = [f for f in known if f not in MAMBA_ONLY or args.model == "mamba"]
+    config = MODELS[args.model]
+    default = [f for f in known if (f not in MAMBA_ONLY or config.mamba) and (f not in SWA_ONLY or config.window)]
     faults = [f for f in args.fault.split(",") if f] if args.fault else default
     unknown = [f for f in faults if f not in known]
     if unknown:
