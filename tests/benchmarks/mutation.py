@@ -77,6 +77,11 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/owners.py:<module>:const+1:1#5": (
+        "the same refusal (new family, seed 73, 2026-12-02): ``_MAX_TAG`` one lower moves only the tag "
+        "``2**63 - 1`` from the kind test to the range test, and both refuse it with ``InvalidArgument`` from "
+        "``decode`` (its kind code, 7, names no owner)"
+    ),
     "impl/slots.py:SlotPool.alloc:const+1:0#3": (
         "a bound no size reaches (new family, seed 72, 2026-12-02): the ``elif 0 < n <= FRESH_MAX`` branch runs only "
         "for sizes the ``0 < n <= HANDED_MAX`` branch above it did not take (n <= 0 or n > 8192), where ``0 < n`` "
