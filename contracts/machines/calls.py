@@ -34,6 +34,7 @@ from __future__ import annotations
 import inspect
 import signal
 import threading
+import time
 import types
 import zlib
 from array import array
@@ -1405,7 +1406,8 @@ def _bounded(call: Callable[[], object], seconds: float) -> BaseException | None
     :class:`_Walked` (a profiling alarm in the main thread: a walk round a planted cycle must not grow its list for
     the whole step's watchdog). CPU time, not wall time: a healthy call on a machine loaded by other work is slowed
     in wall time only, and is never taken for a walk; a walk round a cycle spends CPU all the while. The step
-    watchdog's wall-clock alarm is another timer and runs on untouched.
+    watchdog's wall-clock alarm is another timer and runs on untouched; an enclosing profiling alarm is put back,
+    less the CPU time spent.
 
     NOTE: the alarm fires again every tenth of a CPU second until the call returns: a signal handler's exception
     raised inside a callback that swallows it (Hypothesis' garbage-collection hook: "Exception ignored in ...")
@@ -1419,6 +1421,7 @@ def _bounded(call: Callable[[], object], seconds: float) -> BaseException | None
             raise _Walked(f"still running after {seconds:g} s of CPU time")
 
     saved, (left, every) = signal.signal(signal.SIGPROF, fire), signal.getitimer(signal.ITIMER_PROF)
+    start = time.process_time()
     signal.setitimer(signal.ITIMER_PROF, seconds, 0.1)
     try:
         try:
@@ -1432,7 +1435,7 @@ def _bounded(call: Callable[[], object], seconds: float) -> BaseException | None
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, saved)
         if left > 0:
-            signal.setitimer(signal.ITIMER_PROF, left, every)
+            signal.setitimer(signal.ITIMER_PROF, max(left - (time.process_time() - start), 1e-3), every)
 
 
 def _planted_cycle(cache: RadixCache) -> str:

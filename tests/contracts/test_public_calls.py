@@ -651,6 +651,13 @@ def test_a_bounded_call_is_stopped_by_the_cpu_it_spends_never_by_the_wall_clock(
     err = C._bounded(spin, 0.3)
     assert isinstance(err, C._Walked) and "CPU time" in str(err), err
 
+    def inner_then_spin() -> None:  # NOTE: a bounded call inside one puts the enclosing alarm back
+        C._bounded(lambda: None, 5.0)
+        spin()
+
+    err = C._bounded(inner_then_spin, 0.3)
+    assert isinstance(err, C._Walked) and "0.3 s" in str(err), err
+
 
 def test_a_finish_that_caches_a_one_token_prefix_without_its_state_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 19, new family, seed 2: ``finish`` caching a Mamba state only past one computed token. The tree still

@@ -1282,7 +1282,7 @@ def _swa_sites(chain: list[Any], lengths: list[int], key: Key, receipt: SwaRecei
     end = len(key)
     for node, length in zip(chain, lengths, strict=True):
         data = node.component_data[swa]
-        passed = receipt.skipped and (node.id in receipt.skipped or data.value is None)
+        passed = bool(receipt.skipped) and (node.id in receipt.skipped or data.value is None)
         if not passed:
             sites |= {(key[:i], SWA) for i in range(end - length + 1, end + 1)}
         if receipt.uuid is not None and data.metadata.get("uuid") == receipt.uuid:
