@@ -77,6 +77,10 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/radix.py:RadixCache.insert:const+1:1": (
+        "node ids skip one (new family, seed 76, 2026-12-02): an insert that adds a leaf advances the next id by two; "
+        "ids stay unique and increasing, nothing reads them as dense, and the id space (2**56) is out of reach"
+    ),
     "impl/slots.py:<module>:const+1:1": (
         "a speed memo's bound (new family, seed 75, 2026-12-02): ``FRESH_MAX`` twice as large lets results of up to "
         "2**18 slots be remembered as known-distinct instead of 2**17; no checked program allocates that many (the "
