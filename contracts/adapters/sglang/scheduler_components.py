@@ -1227,13 +1227,22 @@ def _lock_node(holder: Any) -> Any:
     return None if node is None or type(node).__name__ == "_VirtualNode" else node
 
 
+def _receipt(holder: Any) -> tuple[Any, bool]:
+    """The receipt of the tree lock ``holder`` keeps (``None``: it holds none) and whether the window's early release
+    gave up its SWA part: ``lock.receipt`` and ``lock.swa_released`` from 0.5.22; before, ``lock_receipt`` (0.5.20,
+    0.5.21) or, to 0.5.19, the request itself, and its ``swa_prefix_lock_released``."""
+    lock = getattr(holder, "lock", _NO_LOCK_FIELD)
+    if lock is _NO_LOCK_FIELD:
+        return getattr(holder, "lock_receipt", holder), bool(getattr(holder, "swa_prefix_lock_released", False))
+    return getattr(lock, "receipt", None), bool(getattr(lock, "swa_released", False))
+
+
 def _mamba_skipped(holder: Any, anchor: int, mamba: Any) -> bool:
     """Whether the tree lock ``holder`` keeps left the Mamba component (``mamba``) at its ``anchor`` node id
     unlocked, read from the receipt it keeps: ``lock.receipt`` (0.5.22 on) or ``lock_receipt`` (0.5.20, 0.5.21),
     whose ``skipped_lock_components`` name what the acquire skipped or a release gave up early; up to 0.5.19 the
     holder's own ``skip_lock_node_ids`` (the nodes that were tombstones at the acquire)."""
-    lock = getattr(holder, "lock", _NO_LOCK_FIELD)
-    receipt = getattr(holder, "lock_receipt", holder) if lock is _NO_LOCK_FIELD else getattr(lock, "receipt", None)
+    receipt, _ = _receipt(holder)
     if receipt is None:
         return True  # NOTE: no lock held (a holder without one is no handle)
     if mamba in getattr(receipt, "skipped_lock_components", ()):
@@ -1259,17 +1268,13 @@ def _swa_receipt(holder: Any, swa: Any) -> SwaReceipt | None:
     """The SWA part of the receipt ``holder`` keeps (``lock.receipt``, ``lock_receipt`` or, to 0.5.19, the request
     itself: ``swa_uuid_for_lock`` and ``skip_lock_node_ids``); ``None`` when it holds no lock or the acquire skipped
     SWA whole (``skipped_lock_components``)."""
-    lock = getattr(holder, "lock", _NO_LOCK_FIELD)
-    if lock is _NO_LOCK_FIELD:
-        receipt, released = getattr(holder, "lock_receipt", holder), getattr(holder, "swa_prefix_lock_released", False)
-    else:
-        receipt, released = getattr(lock, "receipt", None), getattr(lock, "swa_released", False)
+    receipt, released = _receipt(holder)
     if receipt is None or swa in getattr(receipt, "skipped_lock_components", ()):
         return None
     uuids = getattr(receipt, "component_lock_uuids", None)
     uuid = uuids.get(swa) if uuids is not None else getattr(receipt, "swa_uuid_for_lock", None)
     skipped = getattr(receipt, "skip_lock_node_ids", None)
-    return SwaReceipt(uuid, frozenset(skipped.get(swa, ()) if skipped is not None else ()), bool(released))
+    return SwaReceipt(uuid, frozenset(skipped.get(swa, ()) if skipped is not None else ()), released)
 
 
 def _swa_sites(chain: list[Any], lengths: list[int], key: Key, receipt: SwaReceipt, swa: Any) -> set[LockSite]:
