@@ -222,14 +222,16 @@ def check(
     elif set_aside_names:
         _fail_usage("--set-aside takes laws from an adapter (--adapter ...); the reference implementation has them all")
     suites = suite or (sorted({s for f in faults_on for s in FAULTS[f].suites}) if faults_on else list(SUITES))
-    known_models = list(dict.fromkeys(m for s in suites for m in SUITES[s].models))
+    # NOTE: an adapter's models are its suite's configs (a system adapter may also build the window kinds)
+    models_of = {s: list(probe.configs()) if probe is not None else list(SUITES[s].models) for s in suites}
+    known_models = list(dict.fromkeys(m for s in suites for m in models_of[s]))
     for m in model or []:
         if m not in known_models:
             _fail_usage(
                 f"--model: unknown model {m!r} for suite(s) {', '.join(suites)}; "
                 f"expected one of {', '.join(known_models)}"
             )
-    jobs = [(s, m) for s in suites for m in SUITES[s].models if not model or m in model]
+    jobs = [(s, m) for s in suites for m in models_of[s] if not model or m in model]
     notes: list[str] = []
     if faults_on:
         jobs, notes = _where_faults_act(faults_on, jobs, {f: fault_targets(FAULTS[f]) for f in faults_on}, bool(model))
@@ -531,9 +533,9 @@ class _Probe:
 
     def configs(self) -> dict[str, Any]:
         """The config each model kind of this adapter's suite is built with."""
-        from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_CONFIGS
+        from kvledger.contracts.machines.suites import CACHE_MODELS, ENGINE_SYSTEM_CONFIGS
 
-        return dict(SYSTEM_CONFIGS) if self.system else dict(CACHE_MODELS)
+        return dict(ENGINE_SYSTEM_CONFIGS) if self.system else dict(CACHE_MODELS)
 
     def build(self, config: Any, model: str) -> Any:
         """One adapter for ``config``; ``Unsupported`` passes through, anything else is a usage error."""

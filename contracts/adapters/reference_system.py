@@ -12,6 +12,7 @@ pass used after each step of a conformance run, never on a hot path.
 from __future__ import annotations
 
 from kvledger.contracts.abstraction import ledger_of
+from kvledger.contracts.adapters.protocol import Unsupported
 from kvledger.contracts.adapters.reference import snapshot_of
 from kvledger.contracts.adapters.system import (
     SYSTEM_CAPABILITIES,
@@ -38,6 +39,11 @@ from kvledger.spec.types import Component, Owner, node
 DEFAULT = SystemConfig()
 
 
+class NoWindowModel(InvalidArgument, Unsupported):
+    """A sliding-window config given to the reference memory manager, which has none: a typed refusal to a caller,
+    a model kind the adapter declines (reported skipped) to ``kvledger check --adapter reference``."""
+
+
 def build_manager(config: SystemConfig = DEFAULT, device: str = "cpu") -> MemoryManager:
     """The reference memory manager for ``config`` (token or paged KV; Mamba pool with track buffers).
 
@@ -57,7 +63,7 @@ def build_manager(config: SystemConfig = DEFAULT, device: str = "cpu") -> Memory
             "create", "config.kv_tokens", f"{config.kv_tokens} is not whole pages of {config.page_size} tokens"
         )
     if config.window is not None:
-        raise InvalidArgument("create", "kv", (), "the reference memory manager has no sliding-window model")
+        raise NoWindowModel("create", "kv", (), "the reference memory manager has no sliding-window model")
     ps = config.page_size
     kv = TokenAllocator(config.kv_tokens, device=device) if ps == 1 else PagedAllocator(config.kv_tokens // ps, ps)
     pool = (

@@ -125,11 +125,11 @@ def adapter_builder(spec: RunSpec, model: str) -> Callable[[], Any]:
     """What builds ``spec.adapter``'s adapters for ``model`` in a worker (the parent validated the spec)."""
     from kvledger.contracts.adapters.protocol import load_factory, set_aside
     from kvledger.contracts.adapters.system import load_system_factory
-    from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_CONFIGS
+    from kvledger.contracts.machines.suites import CACHE_MODELS, ENGINE_SYSTEM_CONFIGS
 
     assert spec.adapter is not None
     factory: Callable[[Any], Any] = load_system_factory(spec.adapter) if spec.system else load_factory(spec.adapter)
-    config: Any = SYSTEM_CONFIGS[model] if spec.system else CACHE_MODELS[model]
+    config: Any = ENGINE_SYSTEM_CONFIGS[model] if spec.system else CACHE_MODELS[model]
 
     def build() -> Any:
         made = factory(config)

@@ -78,10 +78,11 @@ def render(
     elif suite == "system":
         imports = (
             "from kvledger.contracts.adapters.system import load_system_factory\n"
-            "from kvledger.contracts.machines.suites import SYSTEM_CONFIGS\n"
+            "from kvledger.contracts.machines.suites import ENGINE_SYSTEM_CONFIGS\n"
             "from kvledger.contracts.machines.system import machine_for_system" + aside
         )
-        machine = f"machine_for_system(lambda: {made(f'load_system_factory({adapter!r})(SYSTEM_CONFIGS[{model!r}])')})"
+        built = made(f"load_system_factory({adapter!r})(ENGINE_SYSTEM_CONFIGS[{model!r}])")
+        machine = f"machine_for_system(lambda: {built})"
     else:
         imports = (
             "from kvledger.contracts.adapters.protocol import load_factory\n"

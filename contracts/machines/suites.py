@@ -82,6 +82,18 @@ SYSTEM_CONFIGS: dict[str, SystemConfig] = {
 }
 """The same model kinds as the ``SystemConfig`` a system adapter is built with."""
 
+ENGINE_SYSTEM_CONFIGS: dict[str, SystemConfig] = {
+    **SYSTEM_CONFIGS,
+    "swa": SystemConfig(window=4, kv_tokens=96, max_context=32),
+    "hybrid": SystemConfig(window=4, mamba=True),
+}
+"""The model kinds ``kvledger check --suite system --adapter`` offers: the reference's, and two with a sliding
+window, which the reference memory manager does not model (an engine that has no window declines them, and they are
+reported skipped). ``hybrid`` is full attention + SWA + Mamba at the reference's sizes; ``swa`` (full + SWA) has
+twice the KV and longer rows, so that two requests sharing a prefix longer than the window run together: a release
+that walks past its window's boundary harms only another holder's segment above it (on SGLang 0.5.17 a dropped SWA
+receipt held 3 of 3 seeds at 48 tokens and is caught at these sizes)."""
+
 
 def _system_model(config: SystemConfig) -> Callable[[], type[RuleBasedStateMachine]]:
     return lambda: machine_for_system(lambda: ReferenceSystemAdapter(config))

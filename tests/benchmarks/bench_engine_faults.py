@@ -79,7 +79,7 @@ from kvledger.contracts.adapters.system import SystemAdapter, SystemConfig, load
 from kvledger.contracts.adapters.vllm import cpu_import as vllm_import
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.runner import run_machine
-from kvledger.contracts.machines.suites import SYSTEM_CONFIGS
+from kvledger.contracts.machines.suites import ENGINE_SYSTEM_CONFIGS
 from kvledger.contracts.machines.system import RULES, machine_for_system
 
 
@@ -370,16 +370,9 @@ SGLANG_FAULTS: dict[str, Callable[[Any, Every], None]] = {
 MAMBA_ONLY = frozenset({"mamba-free-drop", "mamba-alloc-hands-back", "mamba-lock-release-drop"})
 SWA_ONLY = frozenset({"swa-lock-release-drop", "swa-receipt-drop"})
 
-MODELS: dict[str, SystemConfig] = {
-    **SYSTEM_CONFIGS,
-    "swa": SystemConfig(window=4, kv_tokens=96, max_context=32),
-    "hybrid": SystemConfig(window=4, mamba=True),
-}
-"""``kvledger check``'s system models, and two sliding-window kinds (SGLang's adapters wire a window from 0.5.13):
-``hybrid`` is the tests' FULL+SWA+MAMBA; ``swa`` (FULL+SWA) has twice the KV and longer rows, so that two requests
-sharing a prefix longer than the window run together (a release that walks past its window's boundary harms only
-another holder's segment above it: at the default sizes a receipt dropped on 0.5.17 held 3 of 3 seeds, here it is
-caught; with a Mamba pool beside it, more running requests meet SGLang's full-Mamba-pool crash first)."""
+MODELS: dict[str, SystemConfig] = ENGINE_SYSTEM_CONFIGS
+"""``kvledger check --adapter``'s system models (with the two sliding-window kinds, ``swa`` and ``hybrid``; with a
+Mamba pool beside the window, more running requests meet SGLang's full-Mamba-pool crash first)."""
 
 
 def factory(adapter_name: str, model: str, fault: str | None, every: int, aside: frozenset[str]) -> Callable[[], Any]:

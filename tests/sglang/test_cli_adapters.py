@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -55,3 +56,59 @@ def test_sglang_system_drives_the_installed_components_scheduler_from_the_cli() 
     assert payload["adapter_version"] == installed_version_or_none(), payload["adapter"]
     assert payload["engine_class"] == "sglang.srt.managers.scheduler.Scheduler"
     assert payload["adapter"].startswith(f"sglang-{installed_version_or_none()}/Scheduler"), payload["adapter"]
+
+
+WINDOW_KINDS = ["--model", "swa", "--model", "hybrid"]
+"""The system model kinds with a sliding window (``ENGINE_SYSTEM_CONFIGS``): an engine's only, not the reference's."""
+
+
+def _wires_a_window() -> bool:
+    """SGLang's schedulers wire a sliding window from 0.5.13 (the components schedulers)."""
+    release = installed_version_or_none()
+    return release is not None and tuple(int(p) for p in release.split(".")) >= (0, 5, 13)
+
+
+@pytest.mark.skipif(installed_version_or_none() is None, reason="needs an SGLang release (.ci/sglang_env)")
+def test_the_window_kinds_run_where_the_scheduler_wires_a_window_and_are_declined_where_it_does_not() -> None:
+    """``--model swa`` / ``hybrid`` reach the scheduler adapter with their window (its name says ``full+swa``); a
+    release with no window declines both, which is a usage error naming why, never a run of full attention."""
+    args = ["check", "--suite", "system", "--adapter", "sglang-system", *WINDOW_KINDS, "--examples", "3", "--json"]
+    result = runner.invoke(app, [*args, "--jobs", "1"])
+    if not _wires_a_window():
+        assert result.exit_code == 2, result.output
+        assert "no sliding-window model" in result.output, result.output
+        return
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout[result.stdout.index("{") :])
+    rows = {r["model"]: r for r in payload["results"]}
+    assert set(rows) == {"swa", "hybrid"}, rows
+    assert all(r["examples"] >= 1 and r["violation"] is None for r in rows.values()), rows
+    assert "full+swa" in payload["adapter"], payload["adapter"]
+
+
+def swa_release_dropped(config: Any) -> Any:
+    """The installed release's scheduler adapter with SWA's lock release made a no-op: a window lock never lets go
+    (``--adapter <this module>:swa_release_dropped``; a factory outside kvledger, as an engine author writes one)."""
+    from kvledger.contracts.adapters.sglang.system_factory import installed_system_factory
+
+    made = installed_system_factory(config)
+    components = getattr(made.cache, "components", {})
+    for kind, component in components.items():
+        if kind.name == "SWA":
+            component.release_component_lock = lambda *args, **kwargs: None
+    return made
+
+
+@pytest.mark.skipif(not _wires_a_window(), reason=f"a sliding window from SGLang 0.5.13; {installed_version_or_none()}")
+def test_a_window_lock_that_never_lets_go_is_found_by_the_cli_in_the_swa_kind() -> None:
+    """The same run, once through SGLang's own adapter and once through a factory whose SWA release does nothing:
+    the first holds, the second exits 1 with a lock or leak law (found only in a kind with a window)."""
+    common = ["check", "--suite", "system", "--model", "swa", "--seed", "1", "--examples", "30", "--json"]
+    common += ["--shrink-for", "2s", "--jobs", "1"]
+    control = runner.invoke(app, [*common, "--adapter", "sglang-system"])
+    assert control.exit_code == 0, control.output
+    planted = runner.invoke(app, [*common, "--adapter", f"{__name__}:swa_release_dropped"])
+    assert planted.exit_code == 1, planted.output
+    payload = json.loads(planted.stdout[planted.stdout.index("{") :])
+    (v,) = payload["violations"]
+    assert v["model"] == "swa" and re.search(r"lock_ref|leak", f"{v['rule']} {v.get('message', '')}"), v

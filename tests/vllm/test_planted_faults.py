@@ -69,7 +69,7 @@ CASES += [("vllm-mamba", f) for f in sorted(bench.VLLM_FAULTS)]
 @pytest.mark.parametrize(("adapter", "fault"), CASES)
 def test_a_planted_fault_breaks_a_shared_block_law(adapter: str, fault: str) -> None:
     try:
-        bench.load_system_factory(adapter)(bench.SYSTEM_CONFIGS["full"])
+        bench.load_system_factory(adapter)(bench.MODELS["full"])
     except Unsupported as why:  # NOTE: vllm-mamba before 0.33.0
         pytest.skip(str(why))
     control = _control(adapter)
@@ -88,7 +88,7 @@ def test_a_planted_fault_breaks_a_shared_block_law(adapter: str, fault: str) -> 
 def test_the_fault_sites_exist_on_this_release() -> None:
     """Every fault shadows one of vLLM's own methods on this release (a renamed one would leave a run unplanted)."""
     for fault, plant in bench.VLLM_FAULTS.items():
-        adapter = bench.load_system_factory("vllm")(bench.SYSTEM_CONFIGS["full"])
+        adapter = bench.load_system_factory("vllm")(bench.MODELS["full"])
         plant(adapter, bench.Every(3))
         objects = (adapter.pool, adapter._queue(), adapter.mgr)
         shadowed = [

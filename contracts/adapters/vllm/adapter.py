@@ -655,6 +655,8 @@ def vllm_factory(config: SystemConfig | None = None) -> VLLMAdapter:
     """The adapter for ``--adapter vllm``: full attention (block size ``config.page_size``, 4 when it is 1)."""
     if getattr(config, "mamba", False):
         raise Unsupported("vLLM's KV cache manager adapter drives attention groups only, not Mamba state")
+    if getattr(config, "window", None) is not None:
+        raise Unsupported("--adapter vllm drives one full-attention group: a sliding window is --adapter vllm-hybrid")
     page = int(getattr(config, "page_size", 1))
     block = page if page > 1 else 4
     tokens = int(getattr(config, "kv_tokens", 48))
@@ -677,6 +679,8 @@ def vllm_hybrid_factory(config: SystemConfig | None = None) -> VLLMAdapter:
 
 def vllm_mamba_factory(config: SystemConfig | None = None) -> VLLMAdapter:
     """The adapter for ``--adapter vllm-mamba``: full attention plus Mamba states cached by prefix (two groups)."""
+    if getattr(config, "window", None) is not None:
+        raise Unsupported("--adapter vllm-mamba drives full attention and Mamba state, no sliding-window group")
     page = int(getattr(config, "page_size", 1))
     block = page if page > 1 else 4
     tokens = int(getattr(config, "kv_tokens", 48))
