@@ -30,7 +30,7 @@ from typing import IO, Any
 from kvledger.contracts.adapters.protocol import CacheConfig
 from kvledger.contracts.adapters.system import StepResult, SystemAdapter, SystemSnapshot
 from kvledger.contracts.trace.arguments import SYSTEM_CORE, check_count, check_faults, check_members, check_sink
-from kvledger.contracts.trace.format import Header, TraceWriter
+from kvledger.contracts.trace.format import ENDS, Header, TraceWriter
 from kvledger.contracts.trace.recorder import WorkloadResult, drive
 from kvledger.spec.errors import KVLedgerError
 from kvledger.spec.ledger import Ledger
@@ -93,6 +93,25 @@ def _diff_blocks(before: SharedPool, after: SharedPool) -> list[tuple[str, dict[
     q_old, q_new = set(before.queue), set(after.queue)
     if q_old != q_new:
         out.append(("queue", {"pool": after.name, "joined": sorted(q_new - q_old), "left": sorted(q_old - q_new)}))
+    return out
+
+
+_ENDED_BY = {"finished": "finish", "aborted": "abort"}
+
+
+def _ended(before: SystemSnapshot, after: SystemSnapshot) -> dict[str, list[int]]:
+    """The requests that ended between ``before`` and ``after``, by how: a running request now waiting was
+    retracted; one now finished or aborted (or gone from the snapshot) ended so."""
+    out: dict[str, list[int]] = {}
+    for r, was in sorted(before.requests.items()):
+        if was.status not in ("running", "waiting"):
+            continue
+        now = after.requests.get(r)
+        gone = "finished" if was.status == "running" else "aborted"  # NOTE: dropped from the snapshot: it ended
+        status = gone if now is None else now.status
+        how = "retract" if was.status == "running" and status == "waiting" else _ENDED_BY.get(status)
+        if how is not None:
+            out.setdefault(how, []).append(r)
     return out
 
 
@@ -203,12 +222,21 @@ class AdapterRecorder:
         self._emit([("extend", fields)])
 
     def end(self, op: str, rid: int) -> None:
-        """``finish``, ``chunk``, ``retract`` or ``abort`` a request."""
+        """``finish``, ``chunk``, ``retract`` or ``abort`` a request.
+
+        An engine's call may end other requests than ``rid``, or not ``rid`` (SGLang's retraction is a decode step
+        whose policy picks its victims): a finish, retract or abort records in ``ended`` the requests the
+        snapshots show it ended, by how, so the replay holds exactly those to having released everything."""
         fields = self._ids(rid)
+        before = self.snap
         self._run(op, fields, lambda: getattr(self.sys, op)(rid))
-        view = self.sys.snapshot().sessions.get(fields.get("session", -1))
-        if op == "finish" and view is not None and view.lent_to is None:
+        after = self.sys.snapshot()
+        view = after.sessions.get(fields.get("session", -1))
+        if op in ENDS and view is not None and view.lent_to is None:
+            # NOTE: an engine may save an aborted or retracted turn too (SGLang's streaming sessions keep it)
             fields["committed_len"] = view.committed_len
+        if op in ENDS:
+            fields["ended"] = _ended(before, after)
         self._emit([(op, fields)])
 
     def close_session(self, sid: int) -> None:

@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Annotated, Any, cast
 
@@ -26,10 +26,10 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from kvledger.contracts.adapters.protocol import load_factory
+from kvledger.contracts.adapters.protocol import Unsupported, load_factory
 from kvledger.contracts.adapters.reference import ReferenceAdapter
 from kvledger.contracts.adapters.system import load_system_factory
-from kvledger.contracts.machines.suites import CACHE_MODELS, SYSTEM_CONFIGS, SYSTEM_MODELS, fault_targets
+from kvledger.contracts.machines.suites import CACHE_MODELS, ENGINE_SYSTEM_CONFIGS, SYSTEM_MODELS, fault_targets
 from kvledger.contracts.machines.system import build_manager
 from kvledger.contracts.trace.adapter_recorder import CannotRecord, record_adapter_workload
 from kvledger.contracts.trace.format import TraceFormatError
@@ -79,7 +79,8 @@ def record(
         str | None,
         typer.Option(
             help=f"cache model ({', '.join(CACHE_MODELS)}; default hybrid) or, with --system, "
-            f"memory-manager model ({', '.join(SYSTEM_MODELS)}; default mamba, full with --adapter)"
+            f"memory-manager model ({', '.join(SYSTEM_MODELS)}; default mamba; with --adapter also "
+            f"{', '.join(m for m in ENGINE_SYSTEM_CONFIGS if m not in SYSTEM_MODELS)}, default full)"
         ),
     ] = None,
     lru: Annotated[bool, typer.Option(help="record LRU links (needed to catch B1)")] = True,
@@ -108,7 +109,10 @@ def record(
     system = system or bool(on_system)
     if system and on_cache:
         _usage(f"fault {on_cache[0]} acts on the radix cache: record it without --system")
-    models = SYSTEM_MODELS if system else CACHE_MODELS
+    # NOTE: an engine's system adapter is also offered the window kinds (the reference manager has no window model)
+    models: Mapping[str, object] = (
+        (ENGINE_SYSTEM_CONFIGS if adapter is not None else SYSTEM_MODELS) if system else CACHE_MODELS
+    )
     # NOTE: an engine's system adapter defaults to full attention, the one model every engine drives
     model = model or ("hybrid" if not system else "full" if adapter is not None else "mamba")
     if model not in models:
@@ -125,9 +129,11 @@ def record(
     if adapter is not None:
         try:
             if system:
-                engine = load_system_factory(adapter)(SYSTEM_CONFIGS[model])
+                engine = load_system_factory(adapter)(ENGINE_SYSTEM_CONFIGS[model])
             else:
                 engine = load_factory(adapter)(CACHE_MODELS[model])
+        except Unsupported as err:
+            _usage(f"adapter {adapter!r} cannot build the {model} model: {err}")
         except Exception as err:  # an adapter that cannot start is a usage error, not a crash
             _usage(str(err) if isinstance(err, ValueError) else f"adapter {adapter!r}: {type(err).__name__}: {err}")
         from kvledger.contracts.cli import missing_members

@@ -39,7 +39,10 @@ and three events instead of the table above:
                  returned: optional ``req``, ``session``, ``tokens``, ``n``,
                  ``component``, ``admitted``, ``prefix_len``, ``handles_before``,
                  ``handles_after``, ``committed_len``, ``ok``, ``leaked``
-                 (``{pool: [slots]}``), ``error`` (the call raised: nothing may change)
+                 (``{pool: [slots]}``), ``ended`` (``{finish|retract|abort:
+                 [requests]}``: the requests a finish, retract or abort ended, by
+                 how, where the engine's step chose them; without it the call's
+                 ``req`` ended), ``error`` (the call raised: nothing may change)
 ``own``          ``pool, slots, src, dst``: the slots changed owner during the last
                  ``call`` (``src`` ``null``: allocated; ``dst`` ``null``: freed);
                  owners are ``"req:3"``, ``"session:1"``, ``"node:5/full"``
@@ -206,13 +209,14 @@ _OPTIONAL: dict[str, dict[str, str]] = {
         "handles_before": "idset",
         "handles_after": "idset",
         "committed_len": "id",
+        "ended": "ended",
         "ok": "bool",
         "leaked": "leaked",
         "error": "str",
     },
 }
 _ALLOWED = {op: frozenset({"step", "op", *fields, *_OPTIONAL.get(op, {})}) for op, fields in _FIELDS.items()}
-_SETS = frozenset({"idset", "coverage", "delta", "evicted", "links", "leaked", "counts"})
+_SETS = frozenset({"idset", "coverage", "delta", "evicted", "links", "leaked", "counts", "ended"})
 OPS = tuple(_FIELDS)
 SHARED_OPS = ("join", "leave", "count", "queue")
 """The events of a system trace's shared pools (header field ``shared``)."""
@@ -233,6 +237,8 @@ CALLS = (
     "leak_check",
 )
 """The memory-manager calls a system trace names."""
+ENDS = ("finish", "retract", "abort")
+"""The calls that end a request's run (a call's ``ended`` field: the requests it ended, by how)."""
 OWNER_RE = re.compile(r"(req|session):(0|[1-9]\d{0,18})|node:(0|[1-9]\d{0,18})/(full|swa|mamba)")
 HOLDER_RE = re.compile(r"(req|session):(0|[1-9]\d{0,18})(?:/(full|swa|mamba))?|node:(0|[1-9]\d{0,18})/(full|swa|mamba)")
 """A holder of a shared block: an owner, where a request or session may name its kv-cache group (``req:3/swa``)."""
@@ -270,6 +276,7 @@ _KIND_TEXT = {
     "holder": "a holder ('req:3', 'req:3/swa', 'session:1', 'node:5/full')",
     "counts": "a list of [block, count] pairs (block ids >= 0 distinct; counts int64)",
     "leaked": f"an object {{pool: [distinct slots in [0, {MAX_INT}]]}}",
+    "ended": f"an object {{finish, retract, abort: [distinct request ids in [0, {MAX_INT}]]}}",
     "sizes": "an object {component: [evictable, protected]} of integers >= 0",
 }
 
@@ -357,6 +364,8 @@ def _valid(kind: str, x: object) -> bool:
         return type(x) is list and all(type(v) is list and len(v) == 2 and _is_id(v[0]) and _is_int(v[1]) for v in x)
     if kind == "leaked":
         return type(x) is dict and all(_is_ids(v) for v in x.values())
+    if kind == "ended":
+        return type(x) is dict and set(x) <= set(ENDS) and all(_is_ids(v) for v in x.values())
     if kind == "sizes":
         return type(x) is dict and set(x) <= set(COMPONENTS) and all(_is_ids(v) and len(v) == 2 for v in x.values())
     if kind == "links":
@@ -379,6 +388,8 @@ def _repeated(kind: str, x: Any) -> object | None:
         return next((r for v in x.values() if (r := first_repeat(tuple(k) for k in v)) is not None), None)
     if kind == "leaked":
         return next((r for v in x.values() if (r := first_repeat(v)) is not None), None)
+    if kind == "ended":
+        return first_repeat(r for v in x.values() for r in v)
     return None
 
 

@@ -84,6 +84,11 @@ def _kind(kind: str) -> dict[str, Any]:
             "uniqueItems": True,
         },
         "leaked": {"type": "object", "additionalProperties": {**ids, "uniqueItems": True}},
+        "ended": {
+            "type": "object",
+            "properties": {e: {**ids, "uniqueItems": True} for e in F.ENDS},
+            "additionalProperties": False,
+        },
         "sizes": {
             "type": "object",
             "propertyNames": _COMP,

@@ -28,8 +28,9 @@ at the end of each call (the next ``call`` or the end of the trace) checks:
 * ``admission rolls back`` / ``admission commits`` (``spec.admission``): a
   rejected request holds exactly what it held before the attempt, locks
   included; an admitted one lost nothing;
-* ``resume is append-only`` (``spec.session``): a session's next turn resumes
-  from no more than the previous turn committed;
+* ``resume is append-only`` (``spec.session``): once a session has saved a
+  turn, its next turn resumes from no more than that turn committed (its
+  first turn may match the prefix cache like any request);
 * ``rejected call leaves state unchanged``: a call that raised changed nothing;
 * ``leak checker agrees with the ledgers``: the implementation's leak checker
   reports exactly what the ledgers say leaked: nothing, since every leak fails
@@ -278,6 +279,7 @@ class SystemReplayer:
         self.live: set[int] = set()  # requests added and not finished or aborted
         self.max_req = -1
         self.sessions: dict[int, int] = {}  # open session -> committed length of its last saved turn
+        self.saved: set[int] = set()  # open sessions that have saved a turn (their next turn is a resume)
         self.call: _Call | None = None
         self.checked: Counter[str] = Counter()  # law -> how many times this replay checked it
         self.step = 0
@@ -417,10 +419,15 @@ class SystemReplayer:
                 self.max_req = req
             elif req > self.max_req:
                 raise TraceFormatError(line, "a request added earlier in the trace", f"request {req}")
+        for ids in ev.get("ended", {}).values():
+            for i in ids:
+                if i > self.max_req:
+                    raise TraceFormatError(line, "a request added earlier in the trace (ended)", f"request {i}")
         if sid is not None and name == "open_session":
             if sid in self.sessions:
                 raise TraceFormatError(line, "open_session of a session not open", f"session {sid}")
             self.sessions[sid] = 0  # a session id may be used again after close
+            self.saved.discard(sid)
         elif sid is not None and sid not in self.sessions:
             raise TraceFormatError(line, "a session opened earlier in the trace", f"session {sid}")
         for pool in ev.get("leaked", {}):
@@ -687,14 +694,24 @@ class SystemReplayer:
         req = request(ev["req"]) if "req" in ev else None
         sid = ev.get("session")
         if name in _ENDS and req is not None and "error" not in ev:
-            self._must_hold_nothing(req, f"request {ev['req']} after {name}")
-            if name != "retract":
-                self.live.discard(req.ident)
+            # NOTE: ``ended`` names the requests the call ended, by how (an engine's step may pick others);
+            # without it the call's own request ended
+            for how, ids in ev.get("ended", {name: [ev["req"]]}).items():
+                for i in ids:
+                    self._must_hold_nothing(request(i), f"request {i} after {how}")
+                    if how != "retract":
+                        self.live.discard(i)
         if name == "close_session" and sid is not None and "error" not in ev:
             self._must_hold_nothing(session(sid), f"session {sid} after close_session")
             del self.sessions[sid]
-        if name == "finish" and sid is not None and "committed_len" in ev:
+        if name in _ENDS and sid is not None and "committed_len" in ev and "error" not in ev:
             self.sessions[sid] = ev["committed_len"]
+            # NOTE: as the machine reads a session: its next turn resumes if it committed tokens or keeps memory
+            # (a session an end left with nothing starts over, and may match the prefix cache like any request)
+            if ev["committed_len"] > 0 or any(led.held_by(session(sid)) for led in self.ledgers.values()):
+                self.saved.add(sid)
+            else:
+                self.saved.discard(sid)
         if name == "admit" and req is not None and "admitted" in ev:
             self._admission(call, req, sid)
         self._check_blocks(call)
@@ -754,7 +771,8 @@ class SystemReplayer:
                 f"{[f'{h}: {p} block {x}' for h, p, x in dropped[:6]]}",
                 [str(req), *(f"{p} block {x}" for _, p, x in dropped[:4])],
             )
-        if sid is not None and "prefix_len" in ev:
+        if sid is not None and "prefix_len" in ev and sid in self.saved:
+            # NOTE: a session's first turn may match the prefix cache like any request (the machine's rule too)
             self.checked[APPEND] += 1
             if ev["prefix_len"] > self.sessions.get(sid, 0):
                 raise Violated(

@@ -112,3 +112,18 @@ def test_a_window_lock_that_never_lets_go_is_found_by_the_cli_in_the_swa_kind() 
     payload = json.loads(planted.stdout[planted.stdout.index("{") :])
     (v,) = payload["violations"]
     assert v["model"] == "swa" and re.search(r"lock_ref|leak", f"{v['rule']} {v.get('message', '')}"), v
+
+
+@pytest.mark.skipif(installed_version_or_none() is None, reason="needs an SGLang release (.ci/sglang_env)")
+def test_record_takes_the_window_kinds_to_the_scheduler_adapter(tmp_path: Any) -> None:
+    """``kvledger record --system --adapter sglang-system --model swa`` records the scheduler with its window (the
+    header says so) where the release wires one, and is a usage error naming the missing window where not."""
+    out = tmp_path / "swa.jsonl"
+    args = ["record", "--system", "--adapter", "sglang-system", "--model", "swa", "--ops", "60", "-o", str(out)]
+    result = runner.invoke(app, args)
+    if not _wires_a_window():
+        assert result.exit_code == 2 and "cannot build the swa model" in result.output, result.output
+        return
+    assert result.exit_code == 0, result.output
+    header = json.loads(out.read_text().splitlines()[0])
+    assert header["config"]["window"] == 4 and "full+swa" in header["adapter"], header

@@ -62,6 +62,11 @@ def test_cli_records_memory_manager_faults(tmp_path: Path) -> None:
     assert runner.invoke(app, ["replay", str(good)]).exit_code == 0
     assert runner.invoke(app, ["record", "--fault", "B1", "--fault", "B3", "-o", str(bad)]).exit_code == 2
     assert runner.invoke(app, ["record", "--system", "--model", "hybrid", "-o", str(bad)]).exit_code == 2
+    # the window kinds are an engine's (--adapter); the reference manager has no sliding-window model
+    res = runner.invoke(app, ["record", "--system", "--model", "swa", "-o", str(bad)])
+    assert res.exit_code == 2 and "unknown memory-manager model 'swa'" in res.output, res.output
+    res = runner.invoke(app, ["record", "--system", "--adapter", "reference", "--model", "swa", "-o", str(bad)])
+    assert res.exit_code == 2 and "cannot build the swa model" in res.output, res.output
 
 
 # ---------------------------------------------------------------- hand-written traces: each rule has teeth
@@ -102,6 +107,57 @@ def _run(*events: str) -> tuple[int, str, str]:
 
 def test_a_well_formed_turn_holds() -> None:
     assert _run(ADD, ADMIT_OK, *GRANT, '{"op":"call","name":"finish","req":1}', *RETURN)[0] == 0
+
+
+def test_a_sessions_first_turn_may_match_the_prefix_cache() -> None:
+    """Only a session that saved a turn resumes: its first turn matches the cache like any request (the machine's
+    rule); the same match on its second turn, beyond what the first committed, breaks ``resume is append-only``."""
+    first = [
+        '{"op":"call","name":"open_session","session":1}',
+        '{"op":"call","name":"add_request","req":1,"tokens":[1,2,3,4],"session":1}',
+        '{"op":"call","name":"admit","req":1,"session":1,"admitted":true,"prefix_len":2}',
+    ]
+    assert _run(*first) == (0, "", "")
+    second = [
+        '{"op":"call","name":"finish","req":1,"session":1,"committed_len":1}',
+        '{"op":"call","name":"add_request","req":2,"tokens":[1,2,3,4,5],"session":1}',
+        '{"op":"call","name":"admit","req":2,"session":1,"admitted":true,"prefix_len":2}',
+    ]
+    code, rule, message = _run(*first, *second)
+    assert (code, rule) == (1, "resume is append-only"), message
+    assert "beyond the 1" in message
+    # an end that saved the turn (an engine may keep an aborted turn) sets what the next turn may resume
+    kept = '{"op":"call","name":"abort","req":1,"session":1,"committed_len":3}'
+    resume = '{"op":"call","name":"add_request","req":2,"tokens":[1,2,3,4,5],"session":1}'
+    assert _run(*first, kept, resume, second[2].replace('"prefix_len":2', '"prefix_len":3'))[0] == 0
+    code, rule, message = _run(*first, kept, resume, second[2].replace('"prefix_len":2', '"prefix_len":4'))
+    assert (code, rule) == (1, "resume is append-only"), message
+    # an end that left the session nothing (no tokens, no memory) starts it over: its next turn is a first turn
+    emptied = '{"op":"call","name":"abort","req":1,"session":1,"committed_len":0}'
+    assert _run(*first, emptied, resume, second[2].replace('"prefix_len":2', '"prefix_len":4'))[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("ended", "code", "says"),
+    [
+        # the engine's step picked no victim: the named request runs on, keeping its memory
+        ('"ended":{}', 0, ""),
+        # no ``ended``: the named request ended, and must have released everything
+        ("", 1, "request 1 after retract"),
+        ('"ended":{"retract":[1]}', 1, "request 1 after retract"),
+        # the step retracted another request, which kept its memory
+        ('"ended":{"retract":[2]}', 1, "request 2 after retract"),
+        ('"ended":{"finish":[2]}', 1, "request 2 after finish"),
+    ],
+)
+def test_an_end_call_holds_to_releasing_exactly_the_requests_it_ended(ended: str, code: int, says: str) -> None:
+    """An engine's retract is a scheduler step whose policy picks the victims (SGLang's ``retract_decode``): the
+    call's ``ended`` names whom it ended, and only those must hold nothing after it."""
+    call = '{"op":"call","name":"retract","req":1' + (f",{ended}" if ended else "") + "}"
+    got, rule, message = _run(ADD, ADMIT_OK, *GRANT, *ADD2, call)
+    assert got == code, message
+    if code:
+        assert rule == "inv_owners_account" and says in message, message
 
 
 @pytest.mark.parametrize(
@@ -174,7 +230,10 @@ def test_a_well_formed_turn_holds() -> None:
             [
                 '{"op":"call","name":"open_session","session":1}',
                 '{"op":"call","name":"add_request","req":1,"tokens":[1,2],"session":1}',
-                '{"op":"call","name":"admit","req":1,"session":1,"admitted":true,"prefix_len":3}',
+                '{"op":"call","name":"admit","req":1,"session":1,"admitted":true,"prefix_len":0}',
+                '{"op":"call","name":"finish","req":1,"session":1,"committed_len":2}',
+                '{"op":"call","name":"add_request","req":2,"tokens":[1,2,3,4],"session":1}',
+                '{"op":"call","name":"admit","req":2,"session":1,"admitted":true,"prefix_len":3}',
             ],
             "resume is append-only",
             "beyond",
@@ -327,6 +386,10 @@ def test_round_trip_reports_what_it_checked(tmp_path: Path) -> None:
         ([ADD, '{"op":"call","name":"teleport","req":1}'], "one of add_request"),
         ([ADD, '{"op":"alloc_kv","req":1,"n":1,"slots":[1]}'], "an event of a system trace"),
         (['{"op":"call","name":"admit","req":1,"session":3,"admitted":true}'], "a request added earlier"),
+        ([ADD, '{"op":"call","name":"retract","req":1,"ended":{"retract":[2]}}'], "a request added earlier"),
+        ([ADD, '{"op":"call","name":"retract","req":1,"ended":{"chunk":[1]}}'], "finish, retract, abort"),
+        ([ADD, '{"op":"call","name":"abort","req":1,"ended":{"abort":[1],"finish":[1]}}'], "each item once"),
+        ([ADD, '{"op":"call","name":"abort","req":1,"ended":[1]}'], "finish, retract, abort"),
     ],
 )
 def test_malformed_system_trace_exits_2(events: list[str], expected: str) -> None:

@@ -168,6 +168,7 @@ _HAND_CALL_FIELDS = (
     "handles_before",
     "handles_after",
     "committed_len",
+    "ended",
     "tokens",
     "n",
     "admitted",
@@ -231,8 +232,8 @@ def test_every_field_of_every_event_fuzzed(corpus: list[list[str]]) -> None:
     )
 
 
-# Fields the short recorded corpus may lack (a call's error, a session's committed length, the cache
-# freeing duplicates itself): fuzzed on hand-written events below.
+# Fields the short recorded corpus may lack (a call's error, a session's committed length, whom an engine's
+# step ended, the cache freeing duplicates itself): fuzzed on hand-written events below.
 HAND_MADE_FIELDS = {("call", name) for name in _HAND_CALL_FIELDS} | {("insert", "dups_freed")}
 
 HAND_HEADER = json.dumps(
@@ -255,6 +256,7 @@ HAND_CALL = {
     "handles_before": [1],
     "handles_after": [2],
     "committed_len": 1,
+    "ended": {"abort": []},
     "tokens": [1],
     "n": 1,
     "admitted": True,
