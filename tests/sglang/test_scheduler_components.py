@@ -927,3 +927,52 @@ def test_a_scheduler_that_never_decodes_breaks_a_running_request_moves(model: st
     result = run_machine("system", model, machine_for_system(planted), list(RULES), FIND, seed=0)
     assert result.violation is not None and result.violation.rule == "a running request moves", result.violation
     assert re.search(r"(extend|finish) of request \d+: still running", result.violation.message)
+
+
+@needs_components
+def test_finding_a_streaming_turn_retracted_twice_leaves_its_session() -> None:
+    """Found by ``kvledger check --suite system --adapter sglang-system --model swa --seed 2 --examples 300`` on
+    0.5.23 (285 programs; the shrunk program, 10 steps, below): 0.5.13, 0.5.17, 0.5.21 and 0.5.23 alike.
+
+    A streaming session's turn is admitted beside another request and retracted (SGLang's forced retraction).
+    The retraction keeps the turn's record in the session slot and calls ``Session.finish_req(req)``, which makes
+    the turn the session's last request. Admitted again, it resumes on the slot (all but the token its logits
+    need). Retracted a second time, ``finish_req`` meets the session's last request, the turn itself, and detaches
+    it as the predecessor of the new last turn: ``prev_node.req.session = None`` on the request it then records.
+    The turn is admitted again as an ordinary request: it matches the radix tree (8 tokens) instead of the 9 its
+    session committed and holds (``resume reuses the session``), allocates its KV anew beside the session's
+    record, and finishes outside the session. The ``swa`` kind shows it because its wider pool runs two requests
+    together, so the forced retraction picks the turn (with one request running it keeps that one)."""
+    from kvledger.contracts.machines.suites import ENGINE_SYSTEM_CONFIGS
+    from kvledger.spec.types import Component
+
+    made: list[Any] = []
+
+    def factory() -> SystemAdapter:
+        made.append(_adapter(ENGINE_SYSTEM_CONFIGS["swa"]))
+        return made[-1]
+
+    state = machine_for_system(factory)()
+    state.swarm(off=frozenset({"tight budgets", "speculative"}))
+    state.inv_all_laws()
+    state.close_session(sid=1)
+    state.inv_all_laws()
+    state.arrive(budget=64, edge=1, prompt=0, step=False, suffix=[2, 3])
+    state.inv_all_laws()
+    state.repeat_sequence(branch=None, finish=True, pick=13, sid=None)
+    state.inv_all_laws()
+    state.repeat_sequence(branch=None, finish=False, pick=0, sid=1)
+    state.inv_all_laws()
+    state.retract(pick=0)
+    state.inv_all_laws()
+    state.admit(batch=True, budget=64, edge=None, pick=7)
+    state.inv_all_laws()
+    state.evict(comp=Component.FULL, n=7)
+    state.inv_all_laws()
+    state.retract(pick=2)
+    state.inv_all_laws()
+    (turn,) = [rid for rid, v in state.last.requests.items() if v.session == 1]
+    assert state.last.requests[turn].status == "waiting" and state.last.sessions[1].committed_len == 9
+    assert made[-1].reqs[turn].session is None, "the twice-retracted turn no longer names its session"
+    with pytest.raises(AssertionError, match=r"resume reuses the session: request \d+ .* resumed session 1 on 8"):
+        state.repeat_sequence(branch=None, finish=True, pick=1, sid=1)
