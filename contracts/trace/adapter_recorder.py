@@ -232,10 +232,10 @@ class AdapterRecorder:
         self._run(op, fields, lambda: getattr(self.sys, op)(rid))
         after = self.sys.snapshot()
         view = after.sessions.get(fields.get("session", -1))
-        if op in ENDS and view is not None and view.lent_to is None:
-            # NOTE: an engine may save an aborted or retracted turn too (SGLang's streaming sessions keep it)
-            fields["committed_len"] = view.committed_len
         if op in ENDS:
+            if view is not None and view.lent_to is None:
+                # NOTE: an engine may save an aborted or retracted turn too (SGLang's streaming sessions keep it)
+                fields["committed_len"] = view.committed_len
             fields["ended"] = _ended(before, after)
         self._emit([(op, fields)])
 

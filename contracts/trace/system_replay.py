@@ -72,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from kvledger.contracts.trace.format import (
+    ENDS,
     HOLDER_RE,
     OWNER_RE,
     SYSTEM_OPS,
@@ -124,7 +125,6 @@ SYSTEM_NEEDS = {
     **dict.fromkeys(SHARED_LAWS[:4], _NO_SHARED),
     "sentinel_count_fixed": "no sentinel block (header 'shared') moved in the trace",
 }
-_ENDS = {"finish", "retract", "abort"}
 LEDGER_RULES = {
     "DoubleFree": "inv_single_owner",
     "OverAllocation": "inv_single_owner",
@@ -693,7 +693,7 @@ class SystemReplayer:
             self.checked[UNCHANGED] += 1
         req = request(ev["req"]) if "req" in ev else None
         sid = ev.get("session")
-        if name in _ENDS and req is not None and "error" not in ev:
+        if name in ENDS and req is not None and "error" not in ev:
             # NOTE: ``ended`` names the requests the call ended, by how (an engine's step may pick others);
             # without it the call's own request ended
             for how, ids in ev.get("ended", {name: [ev["req"]]}).items():
@@ -704,7 +704,7 @@ class SystemReplayer:
         if name == "close_session" and sid is not None and "error" not in ev:
             self._must_hold_nothing(session(sid), f"session {sid} after close_session")
             del self.sessions[sid]
-        if name in _ENDS and sid is not None and "committed_len" in ev and "error" not in ev:
+        if name in ENDS and sid is not None and "committed_len" in ev and "error" not in ev:
             self.sessions[sid] = ev["committed_len"]
             # NOTE: as the machine reads a session: its next turn resumes if it committed tokens or keeps memory
             # (a session an end left with nothing starts over, and may match the prefix cache like any request)
