@@ -184,6 +184,13 @@ def record(
             return
     what = "memory manager" if system else "cache"
     typer.echo(f"recorded {result.ops} operations ({result.events} events) of the {model} {what} to {output}")
+    if result.broken is not None:
+        typer.echo(
+            f"the implementation broke {result.broken!r} at operation {result.ops} (the trace ends there): "
+            f"{result.stopped_by}",
+            err=True,
+        )
+        raise typer.Exit(1)
     if result.stopped_by:
         typer.echo(f"the implementation stopped the workload: {result.stopped_by}")
 

@@ -41,7 +41,7 @@ from kvledger.contracts.adapters.protocol import CacheAdapter, CacheConfig, Inse
 from kvledger.contracts.trace.arguments import CACHE_CORE, check_count, check_faults, check_members, check_sink
 from kvledger.contracts.trace.format import Header, TraceWriter
 from kvledger.spec import prefix as P
-from kvledger.spec.errors import KVLedgerError
+from kvledger.spec.errors import KVLedgerError, LawBroken
 from kvledger.spec.locks import LockSite
 from kvledger.spec.lru import LruState
 from kvledger.spec.types import Component, NodeId
@@ -271,12 +271,17 @@ class Recorder:
 
 @dataclass
 class WorkloadResult:
-    """How a recorded workload went: operations driven, events written, and the error that stopped it (if any)."""
+    """How a recorded workload went: operations driven, events written, and the error that stopped it (if any).
+
+    ``broken`` is the law an engine's call met broken (:class:`~kvledger.spec.errors.LawBroken`, e.g. a scheduler
+    that stopped moving a running request), which stopped the run: a finding, where ``stopped_by`` alone is a
+    refusal the workload could not go past."""
 
     ops: int
     events: int
     stopped_by: str | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    broken: str | None = None
 
 
 @dataclass(eq=False)
@@ -415,22 +420,24 @@ def drive(
 ) -> WorkloadResult:
     """Run ``step`` ``ops`` times (then ``last``), counting what each did, and close ``writer``.
 
-    A kvledger error raised by the implementation stops the run there; the
+    A kvledger error raised by the implementation, or a law one of its calls met broken
+    (:class:`~kvledger.spec.errors.LawBroken`, also in ``broken``), stops the run there; the
     trace keeps everything written up to it and ``stopped_by`` says what happened.
     """
     counts: dict[str, int] = {}
-    done, stopped = 0, None
+    done, stopped, broken = 0, None, None
     try:
         for done in range(1, ops + 1):  # noqa: B007
             what = step()
             counts[what] = counts.get(what, 0) + 1
         if last is not None:
             last()
-    except KVLedgerError as err:
+    except (KVLedgerError, LawBroken) as err:
         stopped = f"{type(err).__name__}: {err}"
+        broken = str(err).split(":", 1)[0] if isinstance(err, LawBroken) else None
     finally:
         writer.close()
-    return WorkloadResult(done, writer.step, stopped, counts)
+    return WorkloadResult(done, writer.step, stopped, counts, broken)
 
 
 def write_synthetic(path: Path | str | IO[str], events: int, config: CacheConfig | None = None) -> int:

@@ -976,3 +976,31 @@ def test_finding_a_streaming_turn_retracted_twice_leaves_its_session() -> None:
     assert made[-1].reqs[turn].session is None, "the twice-retracted turn no longer names its session"
     with pytest.raises(AssertionError, match=r"resume reuses the session: request \d+ .* resumed session 1 on 8"):
         state.repeat_sequence(branch=None, finish=True, pick=1, sid=1)
+
+
+@needs_components
+def test_turns_the_adapter_holds_back_count_as_waiting_in_the_stall_bound() -> None:
+    """A streaming session's turns wait outside the engine while an earlier turn is in flight, and the adapter sends
+    the next each time one ends: a session closed with six turns held sends them one step after another, and SGLang
+    spends a prefill step on each (it refuses a turn of a closing session there). Those are steps the scheduler
+    gives to waiting requests, so the bound on a running request's still steps counts them: before, it counted only
+    the engine's own queue (one turn at a time), and ``kvledger record --system --adapter sglang-system --model swa
+    --seed 1`` stopped on ``a running request moves`` for a request that then decoded. The swa kind's wider pool
+    runs the other request beside the session's turn."""
+    from kvledger.contracts.machines.suites import ENGINE_SYSTEM_CONFIGS
+
+    a: Any = _adapter(ENGINE_SYSTEM_CONFIGS["swa"])
+    a.open_session(1)
+    turn = a.add_request((5, 6, 7, 8), 1)
+    assert a.admit(64).admitted == (turn,)
+    held = [a.add_request((5, 6, 7, 8, 9), 1) for _ in range(6)]
+    assert sorted(a.held) == held
+    other = a.add_request((10, 11, 12))
+    a.admit(64)
+    a.close_session(1)
+    a.abort(turn)
+    assert a.snapshot().requests[other].status == "running"
+    before = len(a.reqs[other].output_ids)
+    got = a.extend(other, 1)
+    assert len(a.reqs[other].output_ids) == before + 1, got
+    assert not a.held and set(got.finished) <= set(held), got

@@ -834,8 +834,9 @@ class SchedulerSystemAdapter:
 
     def _decode_until(self, rid: int, done: Any, what: str, decoding_moves: bool = True) -> StepResult:
         """Engine steps until ``done()`` or request ``rid`` stops running; the steps in which it does not move (decode,
-        where ``decoding_moves``) are bounded by the prefills the scheduler may run first (one per waiting request
-        and per chunk still to prefill, and three more), past which a request still running is a finding (``a running
+        where ``decoding_moves``) are bounded by the prefills the scheduler may run first (one per waiting request,
+        in the engine's queue or a session's turn the adapter holds back and sends once its previous turn ends, one
+        per chunk still to prefill, and three more), past which a request still running is a finding (``a running
         request moves``, :func:`~kvledger.contracts.adapters.sglang.common.stalled`). A finish
         passes ``decoding_moves=False``: a request that decodes on past its EOS is not moving towards its end."""
         before = self._statuses()
@@ -843,7 +844,7 @@ class SchedulerSystemAdapter:
         # NOTE: a request the engine retracted or ended on the way is a step's outcome, not a refusal
 
         def slack() -> int:
-            return 3 + len(self.s.waiting_queue) + self._chunk_steps()
+            return 3 + len(self.s.waiting_queue) + len(self.held) + self._chunk_steps()
 
         if not step_until(
             self._step,
