@@ -434,7 +434,10 @@ def drive(
             last()
     except (KVLedgerError, LawBroken) as err:
         stopped = f"{type(err).__name__}: {err}"
-        broken = str(err).split(":", 1)[0] if isinstance(err, LawBroken) else None
+        if isinstance(err, LawBroken):
+            from kvledger.contracts.machines.runner import rule_of  # NOTE: on a finding only (it loads Hypothesis)
+
+            broken = rule_of(str(err))
     finally:
         writer.close()
     return WorkloadResult(done, writer.step, stopped, counts, broken)
