@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SGLANG = ("0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", *(f"0.5.{n}" for n in range(14, 24)))
-VLLM = ("0.6.6.post1", "0.7.3", "0.8.5.post1", "0.9.2", "0.10.2", "0.33.0")
+VLLM = ("0.6.6.post1", "0.7.3", "0.8.5.post1", "0.9.2", "0.10.2", "0.34.0")
 ENGINES = {"sglang": ("SGLang", "SGLANG_ENV_DIR"), "vllm": ("vLLM", "VLLM_ENV_DIR")}
 
 

@@ -47,8 +47,8 @@ Each implementation runs in a subprocess of the venv that has it (SGLang
 0.5.9 and 0.5.23 cannot share one; ``.ci/sglang_env`` builds
 ``build/sglang-0.5.9`` and ``build/sglang-0.5.23``); kvledger runs in the
 0.5.23 one, one subprocess per (variant, page, round) running every selected
-workload. vLLM 0.33.0's ``KVCacheManager`` (full attention, prefix caching
-on) runs in ``build/vllm-0.33.0`` (``.ci/vllm_env``), at block size 16 and 1;
+workload. vLLM 0.34.0's ``KVCacheManager`` (full attention, prefix caching
+on) runs in ``build/vllm-0.34.0`` (``.ci/vllm_env``), at block size 16 and 1;
 it is skipped when that venv is absent. Its loop is vLLM's own:
 ``get_computed_blocks`` -> ``allocate_slots`` -> ``free`` (no separate lock,
 evict or insert: a request's blocks stay cached on the free queue and
@@ -94,7 +94,7 @@ VARIANTS = {
     "sglang 0.5.23 unified (python core)": "0.5.23",
     "sglang 0.5.23 unified (rust core)": "0.5.23",
     "sglang 0.5.20 RadixCacheCpp (C++ tree)": "sglang-0.5.20",
-    "vllm 0.33.0 KVCacheManager": "vllm-0.33.0",
+    "vllm 0.34.0 KVCacheManager": "vllm-0.34.0",
 }
 BASELINE = "kvledger (baseline)"
 """kvledger as of ``--baseline REV`` (its packages from ``git archive``, first on PYTHONPATH)."""

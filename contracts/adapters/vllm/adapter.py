@@ -234,9 +234,31 @@ class VLLMAdapter:
             out.append((comp, m.req_to_blocks))
         return out
 
-    def _index(self) -> Mapping[Any, Any]:
+    def _index_maps(self) -> list[dict[Any, Any]]:
+        """The engine's own hash-index dicts, as it keeps them.
+
+        Before 0.34 one dict from key to a block or ``{block_id: block}`` (bare, or as a
+        ``BlockHashToBlockMap``'s ``_cache``); from 0.34 the map's ``_cache`` holds one block id per
+        key and ``_dup_ids`` every id of a key that several blocks cache (``{block_id: None}``).
+        """
         index = self.pool.cached_block_hash_to_block
-        return getattr(index, "_cache", index)  # type: ignore[no-any-return]
+        own = getattr(index, "_cache", index)
+        dups = getattr(index, "_dup_ids", None)
+        return [own] if dups is None else [own, dups]
+
+    def _index(self) -> dict[Any, set[int]]:
+        """Key to the ids of the blocks the index names under it, read from every shape the index had."""
+        out: dict[Any, set[int]] = {}
+        for entries in self._index_maps():
+            for k, v in entries.items():
+                ids = out.setdefault(k, set())
+                if isinstance(v, int):
+                    ids.add(v)
+                elif hasattr(v, "block_id"):
+                    ids.add(v.block_id)
+                else:
+                    ids.update(b if x is None else x.block_id for b, x in v.items())
+        return out
 
     # ------------------------------------------------------------ requests
 
@@ -523,9 +545,8 @@ class VLLMAdapter:
             if carried:
                 keys[b.block_id] = {self._key(k) for k in carried}
         index: dict[Hashable, set[int]] = {}
-        for k, v in self._index().items():
-            named = [v] if hasattr(v, "block_id") else list(v.values())
-            index.setdefault(self._key(k), set()).update(x.block_id for x in named)
+        for k, ids in self._index().items():
+            index.setdefault(self._key(k), set()).update(ids)
         order, _ = self._walk()
         return SharedPool(
             "kv",

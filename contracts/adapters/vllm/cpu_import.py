@@ -91,6 +91,7 @@ TESTED: tuple[str, ...] = (
     "0.31.0",
     "0.32.0",
     "0.33.0",
+    "0.34.0",
 )
 """The releases the vLLM adapter was run against (docs/vllm.md lists each one's API shape and results)."""
 
