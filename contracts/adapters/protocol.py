@@ -17,6 +17,7 @@ rules that need it are reported as *skipped*, never silently passed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
@@ -306,8 +307,18 @@ first release with a Rust core): the installed release's cache on its tree core,
 AdapterFactory = Callable[[CacheConfig], CacheAdapter]
 
 
+def release_alias(spec: str) -> str:
+    """``spec`` with a post release named as the release it patches: ``sglang-0.5.12.post1-system`` is
+    ``sglang-0.5.12-system`` (a post release ships its release's memory manager)."""
+    return _POST_ALIAS.sub(r"\1", spec)
+
+
+_POST_ALIAS = re.compile(r"^(sglang-\d+\.\d+\.\d+)\.post\d+(?=-|$)")
+
+
 def load_factory(spec: str) -> AdapterFactory:
     """The factory named by ``spec``: an alias, or ``package.module:callable`` taking a ``CacheConfig``."""
+    spec = release_alias(spec)
     target = ALIASES.get(spec, spec)
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from kvledger.contracts.adapters.protocol import release_alias
 from kvledger.spec.ledger import Ledger
 from kvledger.spec.locks import LockState
 from kvledger.spec.lru import LruState
@@ -523,6 +524,7 @@ SYSTEM_ALIASES: dict[str, str] = {
 
 def load_system_factory(spec: str) -> SystemAdapterFactory:
     """The factory named by ``spec``: an alias, or ``package.module:callable`` taking a ``SystemConfig``."""
+    spec = release_alias(spec)
     target = SYSTEM_ALIASES.get(spec, spec)
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:

@@ -125,12 +125,13 @@ def _digest_elsewhere(suite: str, model: str, hash_seed: str) -> str:
 
 
 def test_the_default_check_draws_the_same_examples_in_every_process() -> None:
-    """The check's draws of one model in this process and in two fresh ones with other hash seeds (other heaps,
-    other modules loaded): every example alike. Before ``stable``, about one run in two of this model drew other
-    examples from about the 75th on."""
+    """The check's draws of one model in this process and in a fresh one with a fixed hash seed (another heap,
+    other string hashes, other modules loaded; this worker's hash seed is random): every example alike. Before
+    ``stable``, about one run in two of this model drew other examples from about the 75th on.
+
+    NOTE: one fresh process, not two (CI time: each is a whole default check of the model, ~27 s)."""
     here = _digest("pools", "paged")
     assert _digest_elsewhere("pools", "paged", "0") == here
-    assert _digest_elsewhere("pools", "paged", "1") == here
 
 
 @pytest.mark.local_constants  # NOTE: the suite's autouse fixture fixes them for every other test

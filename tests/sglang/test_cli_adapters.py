@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvledger.contracts.adapters.sglang.cpu_import import installed_version_or_none, unavailable_reason
+from kvledger.contracts.adapters.sglang.cpu_import import installed_version_or_none, release_tuple, unavailable_reason
 from kvledger.contracts.cli import app
 
 runner = CliRunner()
@@ -65,7 +65,7 @@ WINDOW_KINDS = ["--model", "swa", "--model", "hybrid"]
 def _wires_a_window() -> bool:
     """SGLang's schedulers wire a sliding window from 0.5.13 (the components schedulers)."""
     release = installed_version_or_none()
-    return release is not None and tuple(int(p) for p in release.split(".")) >= (0, 5, 13)
+    return release is not None and release_tuple(release) >= (0, 5, 13)
 
 
 @pytest.mark.skipif(installed_version_or_none() is None, reason="needs an SGLang release (.ci/sglang_env)")

@@ -13,7 +13,9 @@ from kvledger.contracts.adapters.sglang.cpu_import import (
     SGLangVersionError,
     StubbedGPUModule,
     TestedRange,
+    base_release,
     installed_version_or_none,
+    release_tuple,
 )
 
 
@@ -27,6 +29,25 @@ def test_tested_ranges_name_their_versions() -> None:
     assert UNIFIED.describe() == "SGLang 0.5.22 to 0.5.23"
     assert TestedRange("x", "0.5.23", "0.5.23", ()).describe() == "SGLang 0.5.23"
     assert TestedRange("x", "0.5.9", "0.5.23", ()).describe() == "SGLang 0.5.9 to 0.5.23"
+
+
+def test_a_post_release_is_its_release_patched() -> None:
+    """0.5.12.post1 ships 0.5.12's memory manager (B1 and B5 with it): in 0.5.12's ranges, driven by its names."""
+    from kvledger.contracts.adapters.protocol import ALIASES, load_factory, release_alias
+    from kvledger.contracts.adapters.system import SYSTEM_ALIASES
+
+    assert release_tuple("0.5.9") < release_tuple("0.5.12") < release_tuple("0.5.12.post1") < release_tuple("0.5.13")
+    assert release_tuple("0.5.23+cpu") == (0, 5, 23) and release_tuple("0.5.13rc1") == (0, 5, 13)
+    assert base_release("0.5.12.post1") == "0.5.12" and base_release("0.5.10") == "0.5.10"
+    b1 = TestedRange("B1", "0.5.9", "0.5.12", ())
+    assert b1.contains("0.5.12.post1") and b1.contains("0.5.10.post1") and not b1.contains("0.5.13")
+    assert LEGACY.contains("0.5.23.post1") and not LEGACY.contains("0.5.24.post1")
+    assert release_alias("sglang-0.5.12.post1-system") == "sglang-0.5.12-system" in SYSTEM_ALIASES
+    assert release_alias("sglang-0.5.10.post1-mamba") == "sglang-0.5.10-mamba" in ALIASES
+    assert release_alias("sglang-0.5.12.post1") == "sglang-0.5.12" in ALIASES
+    assert release_alias("pkg.mod:factory") == "pkg.mod:factory"
+    with pytest.raises(ValueError, match="expected an alias"):
+        load_factory("sglang-0.5.12.post1x")  # NOTE: not a post release's name: refused as before
 
 
 @pytest.mark.skipif(installed_version_or_none() is not None, reason="checks the error without SGLang installed")

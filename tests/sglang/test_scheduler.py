@@ -7,15 +7,21 @@ the bug and passes in the first release that fixed it.
 
 from __future__ import annotations
 
+import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from kvledger.contracts.adapters.sglang.cpu_import import installed_version_or_none
+from kvledger.contracts.adapters.sglang.cpu_import import (
+    base_release,
+    installed_release_or_none,
+    installed_version_or_none,
+)
 from kvledger.contracts.adapters.system import SystemAdapter, SystemConfig
 
-VERSION = installed_version_or_none()
+VERSION = installed_release_or_none()  # NOTE: a post release is judged as the release it patches
 DRIVEN = ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
 pytestmark = pytest.mark.skipif(VERSION not in DRIVEN, reason=f"needs SGLang {' or '.join(DRIVEN)}; have {VERSION}")
 MAMBA = SystemConfig(mamba=True, ping_pong=0)
@@ -36,7 +42,7 @@ def test_the_real_scheduler_is_driven() -> None:
     a = scheduler_factory(MAMBA)  # NOTE: first: it imports SGLang with the CPU stubs
     import sglang.srt.managers.scheduler as sg  # type: ignore[import-not-found]
 
-    assert isinstance(a, SystemAdapter) and a.version == VERSION
+    assert isinstance(a, SystemAdapter) and base_release(a.version) == VERSION
     assert type(a.sched).__mro__[1] is sg.Scheduler and a.engine_class == "sglang.srt.managers.scheduler.Scheduler"
     assert a.cache_class == "MambaRadixCache"
     rid = a.add_request((5, 6, 7, 8))
@@ -504,7 +510,8 @@ def test_an_extend_waits_out_the_prefills_the_scheduler_runs_first(cpp: bool) ->
 
     if cpp and (shutil.which("c++") is None or shutil.which("ninja") is None):
         pytest.skip("the C++ tree needs a C++ compiler and ninja")
-    name = f"sglang-{VERSION}-system{'-cpp' if cpp else ''}"
+    # NOTE: named by the version as installed: a post release's name (sglang-0.5.12.post1-system) is its release's
+    name = f"sglang-{installed_version_or_none()}-system{'-cpp' if cpp else ''}"
     state: Any = machine_for_system(lambda: load_system_factory(name)(SYSTEM_CONFIGS["paged"]))()
     state.inv_all_laws()
     program: list[tuple[str, dict[str, Any]]] = [
@@ -574,5 +581,12 @@ def test_a_scheduler_that_never_decodes_breaks_a_running_request_moves(model: st
     quick = settings(settings.get_profile("ci"), max_examples=10, stateful_step_count=20, phases=[Phase.generate])
     result = run_machine("system", model, machine_for_system(planted), list(RULES), quick, seed=0)
     v = result.violation
+    prepare = sys.modules["sglang.srt.managers.schedule_batch"].ScheduleBatch.prepare_for_decode  # NOTE: imported
+    if "self.input_ids = self.output_ids.to(" in inspect.getsource(prepare):
+        # NOTE: 0.5.12.post1 coerces the last step's output ids as it prepares a decode: the decode the plant dropped
+        # had taken them, so the next one fails inside SGLang in the same step, a crash reported with the program
+        assert v is not None and v.rule == "implementation crashed: AttributeError", v
+        assert "schedule_batch.py" in v.message and any(s.startswith("extend(") for s in v.steps), v
+        return
     assert v is not None and v.rule == "a running request moves", v
     assert "of request" in v.message and "still running" in v.message, v.message

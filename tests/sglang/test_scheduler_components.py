@@ -19,7 +19,7 @@ from kvledger.contracts.adapters.sglang.cpu_import import (
     COMPONENTS,
     EARLY_COMPONENTS,
     TestedRange,
-    installed_version_or_none,
+    installed_release_or_none,
     unavailable_reason,
 )
 from kvledger.contracts.adapters.system import SystemAdapter, SystemConfig, load_system_factory, skipped_system_rules
@@ -29,7 +29,7 @@ from kvledger.contracts.machines.system import RULES, check_snapshot, machine_fo
 from kvledger.spec.locks import locked_length
 from kvledger.spec.types import HandleId, OwnerKind
 
-HAVE = installed_version_or_none()
+HAVE = installed_release_or_none()  # NOTE: a post release is judged as the release it patches
 pytestmark = pytest.mark.skipif(HAVE is None, reason=str(unavailable_reason(COMPONENTS.highest)))
 RELEASES = {
     COMPONENTS: "kvledger.contracts.adapters.sglang.scheduler_components:scheduler_system_factory",

@@ -22,14 +22,14 @@ import pytest
 from hypothesis import settings
 
 from kvledger.contracts.adapters.protocol import set_aside
-from kvledger.contracts.adapters.sglang.cpu_import import installed_version_or_none
+from kvledger.contracts.adapters.sglang.cpu_import import installed_release_or_none
 from kvledger.contracts.adapters.system import SystemAdapter, SystemConfig, load_system_factory, skipped_system_rules
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.runner import run_machine
 from kvledger.contracts.machines.system import RULES, check_snapshot, machine_for_system
 from kvledger.spec.types import Owner, request, session
 
-HAVE = installed_version_or_none()
+HAVE = installed_release_or_none()  # NOTE: a post release is judged as the release it patches
 MIXINS = ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
 DRIVEN = (*MIXINS, *(f"0.5.{n}" for n in range(13, 24)))
 pytestmark = pytest.mark.skipif(HAVE not in DRIVEN, reason=f"needs SGLang 0.5.9 to 0.5.23 (have {HAVE})")

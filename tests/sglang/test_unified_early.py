@@ -22,11 +22,16 @@ import pytest
 from hypothesis import Phase, settings
 
 from kvledger.contracts.adapters.protocol import ALIASES, CacheAdapter, CacheConfig, load_factory, set_aside
-from kvledger.contracts.adapters.sglang.cpu_import import EARLY_UNIFIED, installed_version_or_none
+from kvledger.contracts.adapters.sglang.cpu_import import (
+    EARLY_UNIFIED,
+    base_release,
+    installed_release_or_none,
+    release_tuple,
+)
 from kvledger.contracts.machines.profiles import register_profiles
 from kvledger.contracts.machines.suites import CACHE_MODELS
 
-INSTALLED = installed_version_or_none()
+INSTALLED = installed_release_or_none()  # NOTE: a post release is judged as the release it patches
 pytestmark = pytest.mark.skipif(
     INSTALLED is None or not EARLY_UNIFIED.contains(INSTALLED),
     reason=f"needs {EARLY_UNIFIED.describe()}; installed: {INSTALLED}",
@@ -34,7 +39,7 @@ pytestmark = pytest.mark.skipif(
 register_profiles()
 CI = settings.get_profile("ci")
 FIND = settings(CI, phases=[Phase.explicit, Phase.generate])  # NOTE: B5 as first met, not shrunk
-FIXED = INSTALLED is not None and tuple(int(x) for x in INSTALLED.split(".")[:3]) >= (0, 5, 13)
+FIXED = INSTALLED is not None and release_tuple(INSTALLED) >= (0, 5, 13)
 """0.5.13 fixed B1 and B5 in this cache."""
 LRU_LAWS = {"inv_lru_detached", "inv_lru_links_symmetric", "inv_lru_members"}
 B5_VERDICT = r"inv_lock_ref_counts_handles|release_component_lock\(swa\) on node with lock_ref=0"
@@ -51,7 +56,7 @@ def test_aliases_name_the_release_range() -> None:
     for release in ("0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16"):
         assert ALIASES[f"sglang-{release}"].endswith("unified_early:early_unified_factory")
     a = load_factory(f"sglang-{INSTALLED}")(CacheConfig(window=2, mamba=True))
-    assert isinstance(a, CacheAdapter) and a.version == INSTALLED
+    assert isinstance(a, CacheAdapter) and base_release(a.version) == INSTALLED
     assert {"locks", "lru", "mamba_cow", "content"} <= a.capabilities
 
 
@@ -143,7 +148,7 @@ def test_observing_reads_a_cache_built_elsewhere() -> None:
     own.write_kv(slots, (1, 2, 3, 4), 0)
     own.insert(1, (1, 2, 3, 4), slots, state)
     seen = EarlyUnifiedAdapter.observing(own.cache, own.pools, cfg, own.kv)  # type: ignore[attr-defined]
-    assert seen.version == INSTALLED
+    assert base_release(seen.version) == INSTALLED
     mine, theirs = own.snapshot(), seen.snapshot()
     assert theirs.prefix == mine.prefix and theirs.ledgers == mine.ledgers
     assert theirs.prefix.full and theirs.prefix.mamba_state

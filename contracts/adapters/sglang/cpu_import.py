@@ -28,6 +28,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.metadata
 import importlib.util
+import re
 import sys
 import types
 from collections.abc import Sequence
@@ -48,9 +49,12 @@ __all__ = [
     "SGLangVersionError",
     "StubbedGPUModule",
     "TestedRange",
+    "base_release",
     "import_sglang",
     "import_sglang_package",
+    "installed_release_or_none",
     "installed_version",
+    "release_tuple",
     "stubbed_modules",
 ]
 
@@ -67,14 +71,30 @@ class StubbedGPUModule(RuntimeError):
     """Code tried to *use* something from a GPU-only module that was stubbed for a CPU run."""
 
 
-def _parse(version: str) -> tuple[int, ...]:
-    parts: list[int] = []
-    for piece in version.split("+")[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
+def release_tuple(version: str) -> tuple[int, ...]:
+    """A version as numbers to compare: its dotted release, then a post release's number.
+
+    ``0.5.12`` -> ``(0, 5, 12)``; ``0.5.12.post1`` -> ``(0, 5, 12, 1)`` (after ``0.5.12``, before ``0.5.13``). A
+    local part (``+cpu``) and a pre-release tag (``rc1``) are not counted.
+    """
+    found = _VERSION.match(version)
+    if found is None:
+        return ()
+    numbers = tuple(int(p) for p in found.group(1).split("."))
+    return (*numbers, int(found.group(2))) if found.group(2) else numbers
+
+
+def base_release(version: str) -> str:
+    """The release a version patches: ``0.5.12.post1`` -> ``0.5.12``; a plain release is its own.
+
+    A post release ships its release's memory manager with fixes elsewhere, so the adapters drive it, and the
+    tests judge it, as that release (B1 and B5 shipped in 0.5.12.post1 as in 0.5.12; B3 and B4 in 0.5.10.post1).
+    """
+    found = _VERSION.match(version)
+    return version if found is None else found.group(1)
+
+
+_VERSION = re.compile(r"(\d+(?:\.\d+)*)(?:\.?post(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -94,7 +114,8 @@ class TestedRange:
     __test__ = False  # NOTE: not a pytest test class despite the name
 
     def contains(self, version: str) -> bool:
-        return _parse(self.lowest) <= _parse(version) <= _parse(self.highest)
+        """Whether ``version`` (or the release a post release patches) lies in the range."""
+        return release_tuple(self.lowest) <= release_tuple(base_release(version)) <= release_tuple(self.highest)
 
     def describe(self) -> str:
         span = self.lowest if self.lowest == self.highest else f"{self.lowest} to {self.highest}"
@@ -223,6 +244,12 @@ def installed_version_or_none() -> str | None:
         return installed_version()
     except SGLangUnavailable:
         return None
+
+
+def installed_release_or_none() -> str | None:
+    """The release the installed SGLang is, or patches (:func:`base_release`); ``None`` when none is installed."""
+    have = installed_version_or_none()
+    return None if have is None else base_release(have)
 
 
 def unavailable_reason(version: str) -> str | None:

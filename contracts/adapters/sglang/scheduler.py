@@ -80,7 +80,7 @@ from kvledger.contracts.adapters.sglang.common import (
     still_prefilling,
     uncached,
 )
-from kvledger.contracts.adapters.sglang.cpu_import import SCHEDULER, import_sglang
+from kvledger.contracts.adapters.sglang.cpu_import import SCHEDULER, base_release, import_sglang
 from kvledger.contracts.adapters.sglang.legacy_cpp import cpp_row_boundary, radix_cache_cpp, reads_one_dump
 from kvledger.contracts.adapters.system import (
     IdleVerdict,
@@ -339,7 +339,7 @@ class SchedulerAdapter:
         caps |= {"sessions", "locks"} if self.streaming else {"locks"}
         if no_cache:
             caps.discard("locks")  # NOTE: nothing is locked either
-        if config.mamba and self.version not in ("0.5.9", "0.5.10"):
+        if config.mamba and base_release(self.version) not in ("0.5.9", "0.5.10"):
             # NOTE: from 0.5.11 a session request that admission rejects keeps the copy-on-write Mamba slot its match
             # took (``get_new_batch_prefill`` frees it only for requests without a session, as 0.5.13 and 0.5.23 do)
             caps.add("reservations")

@@ -102,7 +102,7 @@ from kvledger.contracts.adapters.sglang.common import (
     still_prefilling,
     uncached,
 )
-from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, TestedRange
+from kvledger.contracts.adapters.sglang.cpu_import import COMPONENTS, TestedRange, base_release
 from kvledger.contracts.adapters.sglang.legacy_cpp import reads_one_dump
 from kvledger.contracts.adapters.sglang.scheduler import _patch_page_kernels
 from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter, _sglang, _tokens, new_cache
@@ -1327,7 +1327,7 @@ def early_layout(alias: str) -> bool:
     """Whether the installed SGLang has 0.5.13 to 0.5.16's layout (``scheduler_components_early``); ``alias`` names
     the adapter in the error when SGLang is not installed."""
     try:
-        return version("sglang") in EARLY_COMPONENT_RELEASES
+        return base_release(version("sglang")) in EARLY_COMPONENT_RELEASES
     except PackageNotFoundError as err:
         raise SchedulerError(f"{alias}: SGLang is not installed (.ci/sglang_env builds a venv with it)") from err
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from kvledger.contracts.adapters.protocol import Unsupported
+from kvledger.contracts.adapters.sglang.cpu_import import base_release
 from kvledger.contracts.adapters.system import COMPONENT_RELEASES, EARLY_COMPONENT_RELEASES, SystemAdapter, SystemConfig
 
 MIXINS = ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
@@ -31,6 +32,7 @@ def _installed(config: SystemConfig, chunked: bool) -> SystemAdapter:
         release = version("sglang")
     except PackageNotFoundError as err:
         raise ValueError("sglang-system: SGLang is not installed (build a venv with .ci/sglang_env)") from err
+    release = base_release(release)  # NOTE: a post release is driven as the release it patches
     if release in MIXINS:
         from kvledger.contracts.adapters.sglang.scheduler import chunked_scheduler_factory, scheduler_factory
 
