@@ -377,3 +377,42 @@ def test_a_decode_waits_out_the_prefills_before_it_and_a_stuck_one_is_given_up()
     moved = iter(range(10**6))
     assert not step_until(counted(lambda: None), lambda: False, lambda: next(moved), lambda: 0)
     assert steps == MOST_STEPS
+
+
+def test_the_early_schedulers_holders_get_the_skip_set_of_their_own_acquire() -> None:
+    """0.5.13 to 0.5.16's holders keep no skip set: the adapter watches the cache's acquires and gives each holder
+    the one of its own lock, so a tombstone its acquire passed over is no site of its handle (0.5.17 keeps it on
+    the request). Checked on a fake cache: a new lock takes the step's last acquire of its node and uuid; a lock
+    that did not move keeps its own; a session slot taking its request's lock over keeps the request's; a holder
+    that holds nothing is forgotten."""
+    from kvledger.contracts.adapters.sglang.scheduler_components_early import _Acquires, _Holder
+    from kvledger.spec.types import request, session
+
+    class Result(SimpleNamespace):
+        pass
+
+    class Cache:
+        def inc_lock_ref(self, node: Any) -> Any:
+            return Result(swa_uuid_for_lock=node.uuid, skip_lock_node_ids={"mamba": set(node.tombs)})
+
+    cache, acq = Cache(), _Acquires()
+    acq.watch(cache)
+    n7 = SimpleNamespace(id=7, uuid=3, tombs={7})
+    n8 = SimpleNamespace(id=8, uuid=None, tombs=set())
+    a, b, s = request(1), request(2), session(1)
+    cache.inc_lock_ref(n7)  # a's lock: node 7's Mamba state was a tombstone
+    acq.settle({}, {a: (7, 3)})
+    assert acq.kept[a] == ((7, 3), {"mamba": frozenset({7})})
+    n7.tombs = set()  # revived
+    cache.inc_lock_ref(n7)  # b's lock on the same node: nothing passed over
+    cache.inc_lock_ref(n8)  # a temporary lock, released in the step
+    acq.settle({a: (7, 3)}, {a: (7, 3), b: (7, 3)})
+    assert acq.kept[a][1] == {"mamba": frozenset({7})}, "a lock that did not move keeps its own skip set"
+    assert acq.kept[b][1] == {"mamba": frozenset()}
+    acq.settle({a: (7, 3), b: (7, 3)}, {b: (7, 3), s: (7, 3)})  # a's turn ends: its session's slot takes its lock
+    assert acq.kept[s][1] == {"mamba": frozenset({7})} and a not in acq.kept
+    acq.settle({b: (7, 3), s: (7, 3)}, {s: (7, 3)})
+    assert set(acq.kept) == {s}
+    held = _Holder(SimpleNamespace(swa_uuid_for_lock=3, last_node=n7), acq.kept[s][1])
+    assert held.swa_uuid_for_lock == 3 and held.skip_lock_node_ids == {"mamba": frozenset({7})}
+    assert not hasattr(held, "lock")  # NOTE: the receipt readers tell releases apart by this field

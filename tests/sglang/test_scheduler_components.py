@@ -353,17 +353,16 @@ def test_a_lock_its_holder_never_releases_breaks_the_lock_laws(monkeypatch: pyte
         check_snapshot(sys.snapshot(), None, sys.capabilities)
 
 
-@pytest.mark.skipif(TESTED is not COMPONENTS, reason=f"receipts kept by the holder from 0.5.17; {HAVE} is installed")
 @pytest.mark.parametrize("receipts", [True, False], ids=["read", "not_read"])
 @pytest.mark.parametrize("component", ["MAMBA", "SWA"])
 def test_a_mamba_or_swa_lock_its_holder_never_releases_breaks_the_lock_laws(
     monkeypatch: pytest.MonkeyPatch, receipts: bool, component: str
 ) -> None:
     """A request whose match ended on a cached Mamba state locks that state too, and with a window the SWA segment
-    up to the node its receipt's uuid stamps (its handle covers them, replayed from the receipt the request keeps).
-    SGLang's release of that component made a no-op: the finish leaves a count no handle explains, and
-    ``inv_lock_ref_counts_handles`` says so at once. With the receipts not read (as before, full attention's
-    counts only) the same state passes."""
+    up to the node its receipt's uuid stamps (its handle covers them, replayed from the receipt the request keeps;
+    to 0.5.16, from the acquires the adapter watched). SGLang's release of that component made a no-op: the finish
+    leaves a count no handle explains, and ``inv_lock_ref_counts_handles`` says so at once. With the receipts not
+    read (as before, full attention's counts only) the same state passes."""
     from kvledger.spec.types import Component
 
     config = MODELS["mamba"] if component == "MAMBA" else SystemConfig(window=4)

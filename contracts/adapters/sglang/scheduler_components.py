@@ -57,8 +57,8 @@ what each session holds from its record (``tree_cache.session_records()`` from 0
 The tree's locks (``locks``): its lock counts, and one handle per lock a running request or a
 session's slot holds (``req.lock`` / ``slot.lock`` from 0.5.22, ``last_node`` before), covering the pages from the
 root to the locked node, on a Mamba model the state at that node unless the holder's receipt says the lock
-skipped it, and with a window the SWA segment up to the node the receipt's uuid stamps (``_lock_state``; full
-attention's counts only where holders keep no receipt, 0.5.13 to 0.5.16).
+skipped it, and with a window the SWA segment up to the node the receipt's uuid stamps (``_lock_state``; 0.5.13 to
+0.5.16's holders keep only the uuid, and the early adapter keeps what each acquire skipped itself).
 
 Not expressible here (capabilities absent, laws reported skipped):
 ``targeted_admission`` (the policy picks from the waiting queue),
@@ -298,9 +298,9 @@ class SchedulerSystemAdapter:
     DISABLED = False
     """``--disable-radix-cache``: the scheduler's cache matches and caches nothing."""
     RECEIPTS = True
-    """Whether a lock's holder keeps what its acquire skipped (:func:`_mamba_skipped`), so its Mamba count can be
-    replayed: 0.5.17 on (``skip_lock_node_ids`` to 0.5.19, ``lock_receipt`` in 0.5.20 and 0.5.21, ``lock.receipt``
-    from 0.5.22)."""
+    """Whether what a lock's acquire skipped is known (:func:`_mamba_skipped`), so its Mamba and SWA counts can be
+    replayed: the holder keeps it from 0.5.17 (``skip_lock_node_ids`` to 0.5.19, ``lock_receipt`` in 0.5.20 and
+    0.5.21, ``lock.receipt`` from 0.5.22); for 0.5.13 to 0.5.16 the early adapter keeps it (its ``_holder``)."""
 
     def __init__(self, config: SystemConfig, chunk_tokens: int | None = None) -> None:
         if (config.window is not None or config.mamba) and config.page_size != 1:
@@ -1127,8 +1127,8 @@ class SchedulerSystemAdapter:
         keeps one (:attr:`RECEIPTS`, 0.5.17 on): the full-attention pages from the root to its node; on a Mamba
         model the Mamba state at that node unless the acquire skipped it (SGLang counts a lock there on a tombstone
         too; a release that gave the state up early records it in the receipt); with a window, the SWA segment from
-        the node up to the one its receipt's uuid stamps (:meth:`_swa_sites`). Without receipts (0.5.13 to 0.5.16)
-        Mamba's and SWA's counts are left to the cache suite, whose handles carry SGLang's receipt."""
+        the node up to the one its receipt's uuid stamps (:meth:`_swa_sites`). Without :attr:`RECEIPTS` Mamba's and
+        SWA's counts are left to the cache suite, whose handles carry SGLang's receipt."""
         mamba = self.config.mamba and self.RECEIPTS
         swa = self.config.window is not None and self.RECEIPTS
         lock_ref = {

@@ -33,6 +33,12 @@ things elsewhere:
   scheduler pops it from the queue and releases nothing) keeps a stale copy of
   the slot's ``req_pool_idx``; the slot still holds the row, so such a request
   is not read as a second holder.
+
+A holder keeps only the SWA uuid of its lock's receipt: ``IncLockRefResult`` names the tombstones the acquire
+passed over (``skip_lock_node_ids``), but the scheduler drops them (0.5.17 keeps them on the request). The adapter
+keeps them itself (:class:`_Acquires`): it sees every acquire of the cache, and after each engine step gives a
+holder whose lock is new the skip set of that step's acquire on its node and uuid (a session slot that takes its
+request's lock over keeps the request's). Mamba's and SWA's lock counts are then replayed as from 0.5.17 on.
 """
 
 from __future__ import annotations
@@ -44,12 +50,68 @@ from typing import Any
 
 from kvledger.contracts.adapters.sglang.common import chunk_size
 from kvledger.contracts.adapters.sglang.cpu_import import EARLY_COMPONENTS, TestedRange
-from kvledger.contracts.adapters.sglang.scheduler_components import SchedulerSystemAdapter
+from kvledger.contracts.adapters.sglang.scheduler_components import SchedulerSystemAdapter, _lock_node
 from kvledger.contracts.adapters.sglang.unified import UnifiedAdapter
 from kvledger.contracts.adapters.sglang.unified_early import EarlyUnifiedAdapter, _sglang
 from kvledger.contracts.adapters.system import SystemConfig
+from kvledger.spec.types import Owner
 
 __all__ = ["EarlyComponentsSchedulerAdapter", "early_components_factory"]
+
+
+LockKey = tuple[int, int | None]
+"""A lock as its holder names it: the locked node's id and the SWA uuid of its receipt."""
+Skips = dict[Any, frozenset[int]]
+"""What an acquire passed over: component type to node ids (SGLang's ``skip_lock_node_ids``)."""
+
+
+class _Acquires:
+    """The skip sets of the locks the holders keep (0.5.13 to 0.5.16 drop them), kept by watching the cache."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[LockKey, Skips]] = []
+        """Every acquire since the last engine step ended, in order."""
+        self.kept: dict[Owner, tuple[LockKey, Skips | None]] = {}
+        """Each holder's lock and its skip set (``None``: no acquire of it was seen)."""
+
+    def watch(self, cache: Any) -> None:
+        """Record every ``inc_lock_ref`` of ``cache`` (the scheduler's, the cache's own and its session layer's)."""
+        real = cache.inc_lock_ref
+
+        def inc_lock_ref(node: Any, *args: Any, **kwargs: Any) -> Any:
+            result = real(node, *args, **kwargs)
+            skipped = getattr(result, "skip_lock_node_ids", None)
+            if skipped is not None and hasattr(node, "id"):
+                uuid = getattr(result, "swa_uuid_for_lock", None)
+                self.seen.append(((node.id, uuid), {ct: frozenset(ids) for ct, ids in skipped.items()}))
+            return result
+
+        cache.inc_lock_ref = inc_lock_ref
+
+    def settle(self, before: dict[Owner, LockKey], after: dict[Owner, LockKey]) -> None:
+        """After a step: a holder whose lock is new takes the skip set of the step's last acquire of it, or of the
+        holder that let that lock go in the step (a session slot taking its request's over); a holder whose lock
+        did not move keeps its own; a holder that holds none is forgotten."""
+        seen, self.seen = self.seen, []
+        gone = {self.kept[o][0]: self.kept[o][1] for o in self.kept if after.get(o) != self.kept[o][0]}
+        for owner, key in after.items():
+            if before.get(owner) == key and owner in self.kept and self.kept[owner][0] == key:
+                continue
+            hit = next((skips for k, skips in reversed(seen) if k == key), None)
+            self.kept[owner] = (key, hit if hit is not None else gone.get(key))
+        for owner in [o for o in self.kept if o not in after]:
+            del self.kept[owner]
+
+
+class _Holder:
+    """A lock's holder as the receipt readers see it: the holder's own fields, and the skip set kept for it."""
+
+    def __init__(self, holder: Any, skips: Skips) -> None:
+        self._holder = holder
+        self.skip_lock_node_ids = skips
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._holder, name)
 
 
 class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
@@ -57,7 +119,62 @@ class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
 
     TESTED: TestedRange = EARLY_COMPONENTS
     VIEW: type[UnifiedAdapter] = EarlyUnifiedAdapter
-    RECEIPTS = False  # NOTE: 0.5.13's request keeps only the SWA uuid of its lock's receipt, not what it skipped
+    RECEIPTS = True  # NOTE: replayed from the acquires the adapter watched (``_Acquires``): holders keep no skip set
+    _acquires: _Acquires | None = None
+    """The acquires watched; ``None`` on a cache that locks nothing (the radix cache disabled: a ``ChunkCache``)."""
+
+    def _new_cache(self) -> Any:
+        cache = super()._new_cache()
+        if hasattr(cache, "inc_lock_ref") and hasattr(cache, "root_node"):
+            self._acquires = _Acquires()
+            self._acquires.watch(cache)
+        return cache
+
+    def _lock_keys(self) -> dict[Owner, LockKey]:
+        """Each holder's lock: its node's id and its receipt's SWA uuid."""
+        out: dict[Owner, LockKey] = {}
+        for owner, (_, node) in self._lock_holders().items():
+            out[owner] = (self._node(node).id, getattr(super()._holder(owner), "swa_uuid_for_lock", None))
+        return out
+
+    def _step(self) -> Any:
+        acquires = self._acquires
+        if acquires is None or "locks" not in self.capabilities:
+            return super()._step()
+        before = self._lock_keys()
+        batch = super()._step()
+        acquires.settle(before, self._lock_keys())
+        return batch
+
+    def _holder(self, owner: Owner) -> Any:
+        """The holder with the skip set its acquire left; where no acquire of its lock was seen (a lock taken
+        outside an engine step), the tombstones its segment has now (those it holds cannot become one)."""
+        holder = super()._holder(owner)
+        node = self._node(_lock_node(holder))
+        acquires = self._acquires
+        if acquires is None:
+            return _Holder(holder, self._tombstones(node))
+        key = (node.id, getattr(holder, "swa_uuid_for_lock", None))
+        kept = acquires.kept.get(owner)
+        if kept is None or kept[0] != key:  # NOTE: a lock taken since the last step (outside one)
+            hit = next((skips for k, skips in reversed(acquires.seen) if k == key), None)
+            kept = acquires.kept[owner] = (key, hit)
+        return _Holder(holder, kept[1] if kept[1] is not None else self._tombstones(node))
+
+    def _tombstones(self, node: Any) -> Skips:
+        """The nodes from ``node`` up to the root whose SWA or Mamba value is gone (Mamba: ``node``'s own only)."""
+        ct = self.sg.ComponentType
+        out: dict[Any, set[int]] = {}
+        mamba = node.component_data.get(ct.MAMBA)
+        if mamba is not None and mamba.value is None:
+            out[ct.MAMBA] = {node.id}
+        root, n = self._root(), node
+        while n is not None and n is not root:
+            swa = n.component_data.get(ct.SWA)
+            if swa is not None and swa.value is None:
+                out.setdefault(ct.SWA, set()).add(n.id)
+            n = n.parent
+        return {c: frozenset(ids) for c, ids in out.items()}
 
     def _import_cache(self) -> tuple[str, SimpleNamespace]:
         return _sglang(self.TESTED)  # NOTE: the early cache adapter's import
