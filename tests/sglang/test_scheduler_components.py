@@ -353,6 +353,7 @@ def test_a_lock_its_holder_never_releases_breaks_the_lock_laws(monkeypatch: pyte
         check_snapshot(sys.snapshot(), None, sys.capabilities)
 
 
+@needs_components
 @pytest.mark.parametrize("receipts", [True, False], ids=["read", "not_read"])
 @pytest.mark.parametrize("component", ["MAMBA", "SWA"])
 def test_a_mamba_or_swa_lock_its_holder_never_releases_breaks_the_lock_laws(
