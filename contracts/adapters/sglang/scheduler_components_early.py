@@ -97,10 +97,20 @@ class _Acquires:
         for owner, key in after.items():
             if before.get(owner) == key and owner in self.kept and self.kept[owner][0] == key:
                 continue
-            hit = next((skips for k, skips in reversed(seen) if k == key), None)
+            hit = _last_of(seen, key)
             self.kept[owner] = (key, hit if hit is not None else gone.get(key))
         for owner in [o for o in self.kept if o not in after]:
             del self.kept[owner]
+
+
+def _last_of(seen: list[tuple[LockKey, Skips]], key: LockKey) -> Skips | None:
+    """The skip set of the last acquire of lock ``key`` in ``seen`` (``None``: none)."""
+    return next((skips for k, skips in reversed(seen) if k == key), None)
+
+
+def _lock_key(holder: Any, node: Any) -> LockKey:
+    """The lock ``holder`` keeps on ``node`` (0.5.13's nodes are objects with an ``id``), as :data:`LockKey`."""
+    return (node.id, getattr(holder, "swa_uuid_for_lock", None))
 
 
 class _Holder:
@@ -134,7 +144,7 @@ class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
         """Each holder's lock: its node's id and its receipt's SWA uuid."""
         out: dict[Owner, LockKey] = {}
         for owner, (_, node) in self._lock_holders().items():
-            out[owner] = (self._node(node).id, getattr(super()._holder(owner), "swa_uuid_for_lock", None))
+            out[owner] = _lock_key(super()._holder(owner), self._node(node))
         return out
 
     def _step(self) -> Any:
@@ -154,11 +164,10 @@ class EarlyComponentsSchedulerAdapter(SchedulerSystemAdapter):
         acquires = self._acquires
         if acquires is None:
             return _Holder(holder, self._tombstones(node))
-        key = (node.id, getattr(holder, "swa_uuid_for_lock", None))
+        key = _lock_key(holder, node)
         kept = acquires.kept.get(owner)
         if kept is None or kept[0] != key:  # NOTE: a lock taken since the last step (outside one)
-            hit = next((skips for k, skips in reversed(acquires.seen) if k == key), None)
-            kept = acquires.kept[owner] = (key, hit)
+            kept = acquires.kept[owner] = (key, _last_of(acquires.seen, key))
         return _Holder(holder, kept[1] if kept[1] is not None else self._tombstones(node))
 
     def _tombstones(self, node: Any) -> Skips:
