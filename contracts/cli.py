@@ -123,15 +123,29 @@ def _one_of(option: str, what: str, value: str, allowed: Any) -> None:
         _fail_usage(f"{option}: unknown {what} {value!r}; expected one of {', '.join(allowed)}")
 
 
+def _listed(values: list[str] | None) -> list[str] | None:
+    """A repeatable option's values, each of which may also list several separated by commas
+    (``--model mamba,hybrid`` is ``--model mamba --model hybrid``); ``None`` stays ``None``."""
+    if values is None:
+        return None
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
 # ---------------------------------------------------------------- check
 
 
 @app.command()
 def check(
     suite: Annotated[
-        list[str] | None, typer.Option("--suite", help=f"suite(s) to run: {', '.join(SUITE_NAMES)} (default: all)")
+        list[str] | None,
+        typer.Option(
+            "--suite", help=f"suite(s) to run: {', '.join(SUITE_NAMES)} (default: all; repeatable or comma-separated)"
+        ),
     ] = None,
-    model: Annotated[list[str] | None, typer.Option("--model", help="model kind(s) within the suites")] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", help="model kind(s) within the suites (repeatable or comma-separated)"),
+    ] = None,
     profile: Annotated[
         str,
         typer.Option(
@@ -143,7 +157,8 @@ def check(
     seed: Annotated[int | None, typer.Option(help="random seed (default: the profile's derandomised run)")] = None,
     contracts: Annotated[str, typer.Option(help=f"contract tier during the run: {', '.join(LEVELS)}")] = "on",
     fault: Annotated[
-        list[str] | None, typer.Option("--fault", help="switch a named fault on (B1..B5, repeatable); expect exit 1")
+        list[str] | None,
+        typer.Option("--fault", help="switch a named fault on (B1..B5, repeatable or comma-separated); expect exit 1"),
     ] = None,
     adapter: Annotated[
         str | None,
@@ -157,7 +172,7 @@ def check(
         typer.Option(
             "--set-aside",
             help="with --adapter: check without a capability's laws, named by the capability or by one of its "
-            "laws (repeatable; for a finding already filed)",
+            "laws (repeatable or comma-separated; for a finding already filed)",
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a machine-readable result")] = False,
@@ -189,6 +204,7 @@ def check(
     ] = None,
 ) -> None:
     """Run the conformance machines against the reference implementation (or an engine's adapter)."""
+    suite, model, fault, set_aside_names = map(_listed, (suite, model, fault, set_aside_names))
     _one_of("--profile", "profile", profile, PROFILES)
     _one_of("--contracts", "contract tier", contracts, LEVELS)
     for name in suite or []:

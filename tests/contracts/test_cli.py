@@ -50,6 +50,17 @@ def test_fault_exits_1_with_rule_program_and_regression() -> None:
     )
 
 
+def test_repeatable_options_also_take_comma_separated_lists() -> None:
+    code, out = invoke("check", "--suite", "pools", "--model", "token, paged", "--examples", "2", "--json")
+    assert code == 0, out
+    data = json.loads(out[out.index("{") :])
+    assert sorted(r["model"] for r in data["results"]) == ["paged", "token"]
+    code, out = invoke("check", "--suite", "pools,nope")
+    assert code == 2 and "unknown suite 'nope'" in out, out
+    code, out = invoke("check", "--fault", "B1,B9")
+    assert code == 2 and "unknown fault 'B9'" in out, out
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
