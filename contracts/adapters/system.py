@@ -411,7 +411,7 @@ SYSTEM_RULES_NEEDING: dict[str, tuple[str, ...]] = {
     ),
     "prefix_locked": ("inv_lock_covers_prefix",),
     "content": ("inv_content",),
-    "rows": ("inv_rows_held", "inv_borrowed_under_lock"),
+    "rows": ("inv_rows_held", "inv_borrowed_under_lock", "extend takes what it asked"),
     "speculative": ("extend takes what it asked",),
     "sessions": ("resume is append-only", "inv_committed_within_allocated", "close_session (rule)"),
     "chunk": ("chunk (rule)",),

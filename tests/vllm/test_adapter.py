@@ -288,6 +288,74 @@ def test_sliding_window_frees_a_request_holding_the_null_block() -> None:
     assert not check_transition(before, mid)
 
 
+def _speculative() -> bool:
+    """The installed release decodes draft tokens (``Request.spec_token_ids``, 0.7 on)."""
+    return unavailable_reason() is None and "speculative" in _adapter("full").capabilities
+
+
+SPEC_FINDINGS: dict[str, tuple[str, str]] = {
+    "lookahead past max_model_len": ("0.8.5.post1", "0.9.2"),
+}
+"""Speculative decoding's findings: ``name -> (first release seen asserting, first release seen passing)``, as
+measured (docs/vllm.md); vLLM's PR 17474 (0.9.0) caps the slots a step asks at ``max_model_len``."""
+
+
+def test_a_speculative_step_keeps_the_accepted_drafts_and_rolls_back_the_rest() -> None:
+    if not _speculative():
+        with pytest.raises(ValueError, match="decodes no drafts"):
+            a = _adapter("full")
+            rid = a.add_request((1, 2, 3, 4, 5))
+            a.admit(64)
+            a.extend(rid, 2, ahead=2)
+        return
+    from kvledger.contracts.adapters.vllm.adapter import _vocab_token
+
+    a = _adapter("full")
+    calls: list[tuple[int, int, int]] = []
+    allocate = a.mgr.allocate_slots
+
+    def watched(req, n, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append((n, len(req.spec_token_ids), kwargs.get("num_lookahead_tokens", 0)))
+        return allocate(req, n, *args, **kwargs)
+
+    a.mgr.allocate_slots = watched
+    rid = a.add_request((1, 2, 3, 4, 5))
+    a.admit(64)
+    before, tokens = a.requests[rid].num_computed_tokens, list(a.requests[rid].all_token_ids)
+    snap0 = a.shared_snapshot()
+    a.extend(rid, 9, ahead=3)
+    req = a.requests[rid]
+    assert req.num_computed_tokens == before + 9 and req.spec_token_ids == []
+    # NOTE: the kept drafts are the tokens the model samples there: the sequence is the one plain decoding makes
+    assert list(req.all_token_ids) == tokens + [_vocab_token(rid, p) for p in range(len(tokens), len(tokens) + 9)]
+    decode = calls[1:]
+    assert decode and all(drafts == 3 and n == 1 + drafts for n, drafts, _ in decode), decode
+    # NOTE: some steps kept drafts (fewer steps than tokens), and some rejected them (not every step kept all)
+    assert len(decode) < 9 and len(decode) > 9 // 4, decode
+    if "num_lookahead_tokens" in a._alloc_params:
+        assert all(ahead == 3 for _, _, ahead in decode), decode
+    broken, _ = _laws(a, snap0)
+    assert broken == set(), broken
+
+
+@pytest.mark.skipif(not _speculative(), reason="no draft tokens before 0.7")
+def test_a_step_whose_lookahead_passes_max_model_len() -> None:
+    """A request near the end of its context with lookahead slots asked past it: 0.8.x's manager asserts (it clips
+    the new blocks at the block table's width and then asserts there is one); from 0.9 the ask is capped."""
+    a = _adapter("full")
+    rid = a.add_request(tuple(i % 5 + 1 for i in range(a.max_model_len - 8)))
+    a.admit(64)
+    first, fixed = SPEC_FINDINGS["lookahead past max_model_len"]
+    if _v(first) <= _v(HAVE or "0") < _v(fixed):
+        with pytest.raises(AssertionError):
+            a.extend(rid, 2, ahead=10)
+    else:
+        a.extend(rid, 2, ahead=10)
+        assert a.requests[rid].num_computed_tokens == a.max_model_len - 8 + 2
+        broken, _ = _laws(a)
+        assert broken == set(), broken
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["full", "hybrid", "mamba"])
 def test_the_machine_finds_no_unrecorded_break(model: str) -> None:

@@ -95,3 +95,49 @@ def test_the_fault_sites_exist_on_this_release() -> None:
             n for o in objects for n, v in vars(o).items() if callable(v) and callable(getattr(type(o), n, None))
         ]
         assert shadowed, fault
+
+
+def _plant_free_forgets_lookahead(adapter: object) -> None:
+    """``free`` forgets the blocks a request holds past its computed tokens (its lookahead and rejected drafts'
+    blocks): they are dropped from the request's tables unreleased, so they stay counted with no holder."""
+    mgr, size = adapter.mgr, adapter.block_size  # type: ignore[attr-defined]
+    call = mgr.free
+
+    def faulty(request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        keep = -(-request.num_computed_tokens // size)
+        for _, tables in adapter._groups():  # type: ignore[attr-defined]
+            table = tables.get(request.request_id)
+            if table is not None and len(table) > keep:
+                del table[keep:]
+        return call(request, *args, **kwargs)
+
+    mgr.free = faulty
+
+
+def test_a_fault_only_speculative_decoding_reaches_is_found_with_drafts_and_not_without() -> None:
+    """With drafts a request holds blocks past its computed tokens, so a ``free`` that forgets those leaks; without
+    them (``speculative`` set aside) no request holds such a block (from 0.8, which preallocates none) and the same
+    fault is invisible. The drafts the system machine asks for are what lets the laws see this class."""
+    if "speculative" not in bench.load_system_factory("vllm")(bench.MODELS["full"]).capabilities:
+        pytest.skip(f"vLLM {HAVE} decodes no drafts (0.7 on)")
+
+    def run(aside: frozenset[str]) -> CheckResult:
+        def make():  # type: ignore[no-untyped-def]
+            adapter = bench.factory("vllm", "full", None, 3, aside)()
+            _plant_free_forgets_lookahead(adapter)
+            return adapter
+
+        profile = settings(settings.get_profile("check"))
+        return run_machine("system", "full", machine_for_system(make), list(RULES), profile, seed=1, shrink_for=0.5)
+
+    found = run(frozenset())
+    assert found.violation is not None and found.violation.rule == "inv_refcount_counts_holders", found.violation
+    assert "0 holder(s)" in found.violation.message, found.violation.message
+    blind = run(frozenset({"speculative"}))
+    # NOTE: 0.7.x preallocates blocks past the computed tokens itself (``num_preallocate_blocks``): there the fault
+    # is visible without drafts too
+    preallocates = getattr(bench.load_system_factory("vllm")(bench.MODELS["full"]).mgr, "num_preallocate_blocks", 0)
+    if preallocates:
+        assert blind.violation is not None and blind.violation.rule == "inv_refcount_counts_holders", blind.violation
+    else:
+        assert blind.violation is None, blind.violation

@@ -8,10 +8,15 @@ release has them) and drives it at the request level:
 * ``admit(budget)`` runs, for the waiting requests in order, what the
   scheduler runs: ``get_computed_blocks`` then ``allocate_slots`` (a ``None``
   is a refusal: the request stays waiting and the scheduler stops);
-* ``extend(rid, n)`` runs ``n`` decode steps, each an ``allocate_slots`` (or
-  ``append_slots``) for one token followed by the token being appended; a step
-  that does not fit preempts running requests, newest first, as the scheduler
-  does, until it fits or ``rid`` itself is preempted;
+* ``extend(rid, n, ahead)`` runs decode steps until ``n`` tokens are
+  computed, each an ``allocate_slots`` (or ``append_slots``) followed by the
+  tokens being appended; a step that does not fit preempts running requests,
+  newest first, as the scheduler does, until it fits or ``rid`` itself is
+  preempted. With ``ahead`` (speculative decoding, 0.7 on) each step carries
+  up to ``ahead`` draft tokens (``Request.spec_token_ids``) and asks as many
+  lookahead slots (``num_lookahead_tokens``, 0.8 on); the verification accepts
+  a varying number of them and the rejected ones roll ``num_computed_tokens``
+  back, as the scheduler's ``update_from_output`` does;
 * ``finish`` / ``abort`` call ``free``; ``retract`` preempts as the scheduler
   does (``free``, then back to waiting with nothing computed).
 
@@ -77,13 +82,27 @@ def _vocab_token(rid: int, pos: int) -> int:
     return (rid * 7 + pos * 3) % 5 + 1
 
 
+def _accepted(rid: int, pos: int, drafts: int) -> int:
+    """How many of ``drafts`` draft tokens from position ``pos`` the verification accepts (0 to all, varying)."""
+    return (rid * 5 + pos * 3) % (drafts + 1)
+
+
+def _draft_token(rid: int, pos: int, right: bool) -> int:
+    """The draft at position ``pos``: the token the model then samples there, or (rejected) another one."""
+    token = _vocab_token(rid, pos)
+    return token if right else token % 5 + 1
+
+
 class VLLMAdapter:
     """vLLM's ``KVCacheManager`` at the request level (see the module docstring)."""
 
     name = "vllm"
     capabilities = frozenset({"abort", "retract", "targeted_admission"})
     """Of the protocol's capabilities. The shared-block laws (``shared_snapshot``) are checked by
-    :mod:`kvledger.contracts.machines.block_machine`; the single-owner ledgers of ``snapshot`` stay empty."""
+    :mod:`kvledger.contracts.machines.block_machine`; the single-owner ledgers of ``snapshot`` stay empty. An
+    instance adds ``speculative`` where the release decodes drafts (``Request.spec_token_ids``, 0.7 on) and the model
+    has no Mamba group (vLLM keeps a Mamba request's draft states in ``MambaSpec.num_speculative_blocks``, which the
+    adapter does not configure)."""
 
     def __init__(
         self,
@@ -121,6 +140,8 @@ class VLLMAdapter:
         self.engine_class = f"{kvm.__module__}.{kvm.__qualname__}"
         alloc = inspect.signature(self.mgr.allocate_slots).parameters
         self._alloc_params = set(alloc)
+        if not mamba and hasattr(self._request_mod.Request, "num_tokens_with_spec"):
+            self.capabilities = VLLMAdapter.capabilities | {"speculative"}
         self._hasher = self._block_hasher()
         self.requests: dict[int, Any] = {}
         self.status: dict[int, str] = {}
@@ -326,14 +347,21 @@ class VLLMAdapter:
             n -= self.block_size
         return blocks, n
 
-    def _allocate(self, req: Any, n_new: int, blocks: Any = None, n_computed: int = 0) -> Any:
+    def _allocate(self, req: Any, n_new: int, blocks: Any = None, n_computed: int = 0, lookahead: int = 0) -> Any:
+        """``allocate_slots`` in the release's shape; ``lookahead``: the step's draft tokens (already in
+        ``req.spec_token_ids``), passed as ``num_lookahead_tokens`` (0.8 on) and ``num_draft_tokens`` (0.9)."""
+        extra: dict[str, int] = {}
+        if lookahead:
+            for name in ("num_lookahead_tokens", "num_draft_tokens"):
+                if name in self._alloc_params:
+                    extra[name] = lookahead
         if "num_new_computed_tokens" in self._alloc_params:
-            return self.mgr.allocate_slots(req, n_new, n_computed, blocks)
+            return self.mgr.allocate_slots(req, n_new, n_computed, blocks, **extra)
         if "computed_blocks" in self._alloc_params:  # 0.6.6.post1: new requests only
             if blocks is None:
                 return self.mgr.append_slots(req, n_new)
             return self.mgr.allocate_slots(req, n_new, list(blocks))
-        return self.mgr.allocate_slots(req, n_new, list(blocks) if blocks is not None else None)
+        return self.mgr.allocate_slots(req, n_new, list(blocks) if blocks is not None else None, **extra)
 
     def _forget_written(self, new_blocks: Any) -> None:
         groups = getattr(new_blocks, "blocks", None)
@@ -414,32 +442,63 @@ class VLLMAdapter:
         return StepResult(admitted=tuple(admitted), rejected=tuple(rejected))
 
     def extend(self, rid: int, n: int, ahead: int = 0) -> StepResult:
-        """``n`` decode steps of running request ``rid``; a step that does not fit preempts, as vLLM's scheduler does.
+        """Decode steps of running request ``rid`` until ``n`` more tokens are computed; a step that does not fit
+        preempts, as vLLM's scheduler does.
 
         A refused step preempts the newest running request (:meth:`retract`) and is tried again, until it fits
         or ``rid`` itself was preempted. So ``rid`` ends running with ``n`` more tokens computed, finished (its
         context is full), or back to waiting; the preempted requests are in the result's ``retracted``.
+
+        ``ahead`` (with ``speculative``): each step schedules the last token and up to ``ahead`` drafts, with as
+        many lookahead slots; :func:`_accepted` decides how many drafts the verification keeps (never more than
+        ``n`` needs), the rest roll ``num_computed_tokens`` back, and the step appends the kept drafts and the
+        token sampled after them.
         """
         if self.status.get(rid) != "running":
             raise ValueError(f"extend: request {rid} is not running")
+        if ahead and "speculative" not in self.capabilities:
+            raise ValueError(f"extend: vLLM {self.version} adapter decodes no drafts here (ahead={ahead})")
         preempted: list[int] = []
-        for _ in range(n):
+        done = 0
+        while done < n:
             req = self.requests[rid]
             if req.num_tokens >= self.max_model_len:
                 return dataclasses.replace(self.finish(rid), retracted=tuple(preempted))
             self._new_step()
-            # NOTE: vLLM's Scheduler.schedule (FCFS): on a refused decode allocation it pops the last running
-            # request, preempts it and retries; when that was the request being scheduled, it stops.
-            new = self._allocate(req, req.num_tokens - req.num_computed_tokens)
-            while new is None:
-                victim = self.running[-1]
-                self.retract(victim)
-                preempted.append(victim)
-                if victim == rid:
-                    return StepResult(retracted=tuple(preempted))
-                new = self._allocate(req, req.num_tokens - req.num_computed_tokens)
+            # NOTE: the scheduler keeps a step inside the context: position num_computed + scheduled < max_model_len.
+            # With a sliding window a step drafts fewer than half the window: the checked windows are a few blocks,
+            # real ones hundreds to thousands of tokens against a handful of drafts, and a step that accepts a
+            # window's worth of drafts reaches states no deployment does (0.9.2 then asserts in cache_full_blocks)
+            cap = ahead if self.window is None else min(ahead, max(0, self.window // 2 - 1))
+            drafts = max(0, min(cap, self.max_model_len - 1 - req.num_tokens))
+            base, accepted = req.num_tokens, _accepted(rid, req.num_tokens, drafts)
+            scheduled = base + drafts - req.num_computed_tokens
+            if drafts:
+                req.spec_token_ids = [_draft_token(rid, base + i, i < accepted) for i in range(drafts)]
+            try:
+                # NOTE: vLLM's Scheduler.schedule (FCFS): on a refused decode allocation it pops the last running
+                # request, preempts it and retries; when that was the request being scheduled, it stops.
+                new = self._allocate(req, scheduled, lookahead=drafts)
+                while new is None:
+                    victim = self.running[-1]
+                    self.retract(victim)
+                    preempted.append(victim)
+                    if victim == rid:
+                        return StepResult(retracted=tuple(preempted))
+                    new = self._allocate(req, scheduled, lookahead=drafts)
+            finally:
+                if drafts:
+                    req.spec_token_ids = []  # NOTE: the scheduler clears them once scheduled (0.34; set anew per step)
             self._forget_written(new)
-            self._step_done(rid, req.num_tokens - req.num_computed_tokens)
+            kept = min(accepted, n - done - 1)
+            # NOTE: the scheduler counts every scheduled token computed, the verification rolls the rejected back
+            req.num_computed_tokens += scheduled
+            req.num_computed_tokens -= drafts - kept
+            for pos in range(base, base + kept + 1):
+                req.append_output_token_ids(_vocab_token(rid, pos))
+            done += kept + 1
+            self._learn_meanings()
+            self._observe_writes()
         return StepResult(retracted=tuple(preempted))
 
     def _new_step(self) -> None:
