@@ -301,12 +301,12 @@ measured (docs/vllm.md); vLLM's PR 17474 (0.9.0) caps the slots a step asks at `
 
 
 def test_a_speculative_step_keeps_the_accepted_drafts_and_rolls_back_the_rest() -> None:
-    if not _speculative():
-        with pytest.raises(ValueError, match="decodes no drafts"):
-            a = _adapter("full")
-            rid = a.add_request((1, 2, 3, 4, 5))
-            a.admit(64)
-            a.extend(rid, 2, ahead=2)
+    if not _speculative():  # NOTE: 0.6.6.post1: no drafts, so `ahead` is not expressed and the step decodes plainly
+        a = _adapter("full")
+        rid = a.add_request((1, 2, 3, 4, 5))
+        a.admit(64)
+        a.extend(rid, 2, ahead=2)
+        assert a.requests[rid].num_computed_tokens == 5 + 2
         return
     from kvledger.contracts.adapters.vllm.adapter import _vocab_token
 

@@ -450,14 +450,14 @@ class VLLMAdapter:
         context is full), or back to waiting; the preempted requests are in the result's ``retracted``.
 
         ``ahead`` (with ``speculative``): each step schedules the last token and up to ``ahead`` drafts, with as
-        many lookahead slots; :func:`_accepted` decides how many drafts the verification keeps (never more than
+        many lookahead slots; ``_accepted`` decides how many drafts the verification keeps (never more than
         ``n`` needs), the rest roll ``num_computed_tokens`` back, and the step appends the kept drafts and the
         token sampled after them.
         """
         if self.status.get(rid) != "running":
             raise ValueError(f"extend: request {rid} is not running")
-        if ahead and "speculative" not in self.capabilities:
-            raise ValueError(f"extend: vLLM {self.version} adapter decodes no drafts here (ahead={ahead})")
+        if "speculative" not in self.capabilities:
+            ahead = 0  # NOTE: a release (or model) without drafts decodes plainly, as the protocol lets it
         preempted: list[int] = []
         done = 0
         while done < n:
