@@ -29,6 +29,9 @@ def _v(version: str) -> tuple[int, ...]:
 FINDINGS: dict[tuple[str, str], tuple[str, str]] = {
     ("full", "admission is a transaction"): ("0.6.6.post1", "0.7.0"),
     ("hybrid", "sentinel_count_fixed"): ("0.9.2", "0.33.0"),  # NOTE: every hybrid release before 0.33.0; docs/vllm.md
+    # NOTE: finding 2 on the Mamba group too, where the adapter builds one before 0.33.0 (0.18.1 and 0.25.1 measured)
+    ("mamba", "sentinel_count_fixed"): ("0.9.2", "0.33.0"),
+    ("mamba", "inv_refcount_nonnegative"): ("0.9.2", "0.33.0"),
 }
 """``(model, law) -> (first release seen breaking it, first release that passes)``, from docs/vllm.md."""
 
@@ -46,7 +49,7 @@ def _adapter(model: str):  # type: ignore[no-untyped-def]
 
 
 def _mamba_ok() -> bool:
-    """The installed release caches Mamba states by prefix (a ``MambaSpec`` with ``mamba_cache_mode``, 0.33.0 on)."""
+    """The installed release caches Mamba states by prefix (a ``MambaSpec`` with ``mamba_cache_mode``; it holds its laws from 0.33.0)."""
     if unavailable_reason() is not None:
         return False
     from kvledger.contracts.adapters.protocol import Unsupported
@@ -193,6 +196,11 @@ def test_a_mamba_state_cached_at_a_block_end_is_shared_from_the_next_step() -> N
         with pytest.raises(Unsupported, match="caches no Mamba state"):
             _adapter("mamba")
         return
+    if affected("mamba", "inv_refcount_nonnegative"):
+        pytest.skip(
+            f"vLLM {HAVE} moves the null block's count on the Mamba group too (finding 2, fixed in 0.33.0): "
+            "test_the_machine_finds_no_unrecorded_break[mamba] pins it"
+        )
     prefix = (1, 2, 3, 4, 5, 6, 7, 8)
     a = _adapter("mamba")
     r1, r2 = a.add_request(prefix), a.add_request((*prefix, 7))

@@ -70,8 +70,10 @@ CASES += [("vllm-mamba", f) for f in sorted(bench.VLLM_FAULTS)]
 def test_a_planted_fault_breaks_a_shared_block_law(adapter: str, fault: str) -> None:
     try:
         bench.load_system_factory(adapter)(bench.MODELS["full"])
-    except Unsupported as why:  # NOTE: vllm-mamba before 0.33.0
+    except Unsupported as why:  # NOTE: vllm-mamba where the release has no Mamba prefix caching
         pytest.skip(str(why))
+    if adapter == "vllm-mamba" and HAVE is not None and _v(HAVE) < _v("0.33.0"):
+        pytest.skip(f"vLLM {HAVE}: the control breaks finding 2 (the null block's count) in its first program")
     control = _control(adapter)
     result = _run(adapter, fault)
     v = result.violation

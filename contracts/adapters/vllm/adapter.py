@@ -134,7 +134,7 @@ class VLLMAdapter:
         if mamba and not self._mamba_capable():
             raise Unsupported(
                 f"vLLM {self.version} caches no Mamba state (mamba_cache_mode 'align' and a hybrid coordinator are "
-                "needed: 0.33.0 on)"
+                "needed)"
             )
         self.mgr = self._build_manager(kvm)
         self.engine_class = f"{kvm.__module__}.{kvm.__qualname__}"
