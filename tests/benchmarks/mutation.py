@@ -77,6 +77,11 @@ REACH["system"] |= {"requests", "leaks"}
 """Which ``impl`` modules each suite runs (a mutant elsewhere cannot change what that suite sees)."""
 
 EQUIVALENT: dict[str, str] = {
+    "impl/arguments.py:check_int:negate-cmp:hi is not None#2": (
+        "message text only (new family, seed 79, 2026-12-03): the bound a refusal quotes is swapped (``>= lo`` for "
+        "``[lo, hi)``, ``[lo, None)`` for ``>= lo``); the same test refuses the same values with ``InvalidArgument`` "
+        "naming the operation, the argument and its value, and nothing else changes"
+    ),
     "impl/radix.py:RadixCache.insert:const+1:1": (
         "node ids skip one (new family, seed 76, 2026-12-02): an insert that adds a leaf advances the next id by two; "
         "ids stay unique and increasing, nothing reads them as dense, and the id space (2**56) is out of reach"
