@@ -49,7 +49,8 @@ def _adapter(model: str):  # type: ignore[no-untyped-def]
 
 
 def _mamba_ok() -> bool:
-    """The installed release caches Mamba states by prefix (a ``MambaSpec`` with ``mamba_cache_mode``; it holds its laws from 0.33.0)."""
+    """The installed release caches Mamba states by prefix (a ``MambaSpec`` with ``mamba_cache_mode``; the laws hold
+    from 0.33.0)."""
     if unavailable_reason() is not None:
         return False
     from kvledger.contracts.adapters.protocol import Unsupported
