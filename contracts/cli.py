@@ -128,7 +128,7 @@ def _listed(values: list[str] | None) -> list[str] | None:
     (``--model mamba,hybrid`` is ``--model mamba --model hybrid``); ``None`` stays ``None``."""
     if values is None:
         return None
-    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+    return [part.strip() for value in values for part in value.split(",")]  # NOTE: an empty name is refused by name
 
 
 # ---------------------------------------------------------------- check

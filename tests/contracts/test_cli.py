@@ -59,6 +59,8 @@ def test_repeatable_options_also_take_comma_separated_lists() -> None:
     assert code == 2 and "unknown suite 'nope'" in out, out
     code, out = invoke("check", "--fault", "B1,B9")
     assert code == 2 and "unknown fault 'B9'" in out, out
+    code, out = invoke("check", "--model", "token,", "--suite", "pools")
+    assert code == 2 and "unknown model ''" in out, out
 
 
 @pytest.mark.parametrize(
