@@ -102,18 +102,20 @@ def test_the_fault_sites_exist_on_this_release() -> None:
 def _plant_free_forgets_lookahead(adapter: object) -> None:
     """``free`` forgets the blocks a request holds past its computed tokens (its lookahead and rejected drafts'
     blocks): they are dropped from the request's tables unreleased, so they stay counted with no holder."""
-    mgr, size = adapter.mgr, adapter.block_size  # type: ignore[attr-defined]
-    call = mgr.free
+    size = adapter.block_size  # type: ignore[attr-defined]
 
-    def faulty(request, *args, **kwargs):  # type: ignore[no-untyped-def]
-        keep = -(-request.num_computed_tokens // size)
-        for _, tables in adapter._groups():  # type: ignore[attr-defined]
-            table = tables.get(request.request_id)
-            if table is not None and len(table) > keep:
-                del table[keep:]
-        return call(request, *args, **kwargs)
+    def make(call):  # type: ignore[no-untyped-def]
+        def faulty(request, *args, **kwargs):  # type: ignore[no-untyped-def]
+            keep = -(-request.num_computed_tokens // size)
+            for _, tables in adapter._groups():  # type: ignore[attr-defined]
+                table = tables.get(request.request_id)
+                if table is not None and len(table) > keep:
+                    del table[keep:]
+            return call(request, *args, **kwargs)
 
-    mgr.free = faulty
+        return faulty
+
+    bench._wrap(adapter.mgr, "free", make)  # type: ignore[attr-defined]
 
 
 def test_a_fault_only_speculative_decoding_reaches_is_found_with_drafts_and_not_without() -> None:

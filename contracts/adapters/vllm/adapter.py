@@ -369,10 +369,12 @@ class VLLMAdapter:
             for b in group:
                 self._written.pop(b.block_id, None)
 
-    def _step_done(self, rid: int, n: int) -> None:
+    def _step_done(self, rid: int, n: int, sampled: int = 1) -> None:
+        """A step of request ``rid`` computed ``n`` tokens and sampled ``sampled`` (kept drafts and the token after)."""
         req = self.requests[rid]
         req.num_computed_tokens += n
-        req.append_output_token_ids(_vocab_token(rid, req.num_tokens))
+        for _ in range(sampled):
+            req.append_output_token_ids(_vocab_token(rid, req.num_tokens))
         self._learn_meanings()
         self._observe_writes()
 
@@ -492,13 +494,8 @@ class VLLMAdapter:
             self._forget_written(new)
             kept = min(accepted, n - done - 1)
             # NOTE: the scheduler counts every scheduled token computed, the verification rolls the rejected back
-            req.num_computed_tokens += scheduled
-            req.num_computed_tokens -= drafts - kept
-            for pos in range(base, base + kept + 1):
-                req.append_output_token_ids(_vocab_token(rid, pos))
+            self._step_done(rid, scheduled - (drafts - kept), kept + 1)
             done += kept + 1
-            self._learn_meanings()
-            self._observe_writes()
         return StepResult(retracted=tuple(preempted))
 
     def _new_step(self) -> None:
